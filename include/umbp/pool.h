@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * pool.h — the shared-memory pool segment and its process registry.
+ *
+ * A pool is one POSIX shared-memory object (/dev/shm/umbp.NAME, or a file
+ * umbp.NAME on a hugetlbfs mount) that holds a versioned header, the process
+ * registry, the block index and the slot arena, split into one partition per
+ * chosen NUMA node. Every process maps it at its own address; the segment
+ * holds only integers and offsets.
+ *
+ * Lifetime rules:
+ *  - umbp_pool_create() is exclusive (a second creator gets -EEXIST) and
+ *    writes the header's magic last; attachers that arrive earlier wait up to
+ *    their timeout for it.
+ *  - A pool outlives the processes that use it until umbp_pool_destroy() (or
+ *    `umbp pool destroy NAME`) unlinks it; mappings that already exist stay
+ *    valid until their owners detach. A reboot removes it (tmpfs).
+ *  - Each read-write attachment claims a slot in the process registry; the
+ *    claim is tied to an open-file-description lock that the kernel drops when
+ *    the process dies, so any process can tell a dead slot from a live one
+ *    without trusting a pid. umbp_pool_reap() frees dead slots together with
+ *    the per-process state hung on them (pins, reader state, reservations).
+ *
+ * Threading: a umbp_pool handle may be used by many threads of its process at
+ * once unless a function says otherwise; create/attach/detach/destroy are not
+ * to be raced against other calls on the same handle.
+ */
+#ifndef UMBP_POOL_H
+#define UMBP_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "umbp/umbp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define UMBP_NAME_MAX 64          /* pool names: [A-Za-z0-9._-]{1,64} */
+#define UMBP_MAX_PARTITIONS 16
+#define UMBP_MAX_PROCS 64         /* registry slots */
+#define UMBP_MAX_THREADS 64       /* reader-state slots per process */
+#define UMBP_MAX_NAMESPACES 256
+
+typedef struct umbp_pool umbp_pool;
+
+enum umbp_mempolicy {
+  UMBP_MPOL_BIND = 0,      /* default: each partition bound to its node */
+  UMBP_MPOL_PREFERRED = 1, /* prefer the node, fall back to others */
+  UMBP_MPOL_INTERLEAVE = 2,/* interleave the whole arena over the chosen nodes */
+  UMBP_MPOL_NONE = 3,      /* leave placement to the kernel */
+};
+
+enum umbp_role {
+  UMBP_ROLE_OTHER = 0,
+  UMBP_ROLE_SCHEDULER = 1,
+  UMBP_ROLE_WORKER = 2,
+  UMBP_ROLE_DAEMON = 3,
+  UMBP_ROLE_TOOL = 4,
+};
+
+typedef struct umbp_pool_params {
+  uint64_t capacity;        /* bytes of slot arena (rounded down to whole slots) */
+  uint64_t slot_size;       /* bytes per block slot; multiple of 64, >= 4096 */
+  int numa_nodes[UMBP_MAX_PARTITIONS]; /* chosen nodes; n_numa_nodes == 0: every node with memory */
+  unsigned n_numa_nodes;
+  int mempolicy;            /* enum umbp_mempolicy */
+  bool group_access;        /* mode 0660 and group `group` instead of 0600 */
+  gid_t group;
+  bool hugepages;           /* back the pool by a file on a hugetlbfs mount */
+  const char *hugetlbfs_dir;/* NULL: the first hugetlbfs mount in /proc/mounts */
+  unsigned prefault_threads;/* 0: min(online CPUs, 8) */
+  bool no_prefault;         /* skip pre-faulting (tests) */
+  uint32_t event_capacity;  /* events kept in the event ring; 0: 65536 */
+  umbp_progress_fn progress;/* pre-fault progress; may be NULL */
+  void *progress_arg;
+} umbp_pool_params;
+
+/* Fill defaults: capacity 0 (must be set), slot_size 256 KiB, all nodes, BIND, 0600. */
+UMBP_API void umbp_pool_params_init(umbp_pool_params *p);
+
+typedef struct umbp_attach_opts {
+  bool read_only;       /* map PROT_READ, claim no registry slot (inspection) */
+  int role;             /* enum umbp_role, recorded in the registry */
+  int rank;             /* TP rank or -1 */
+  unsigned timeout_ms;  /* wait for a creator still initialising; 0: 10000 */
+} umbp_attach_opts;
+
+UMBP_API void umbp_attach_opts_init(umbp_attach_opts *o);
+
+/* Create pool `name` and attach to it read-write as its first process.
+ * Returns 0 and *ret_pool, or: -EINVAL bad name/params; -EEXIST a pool of
+ * that name exists; -ENOSPC /dev/shm (or hugetlbfs) too small; -ENOMEM more
+ * than available memory (both refused before any large allocation); -EACCES,
+ * -EIO. The detailed reason is in umbp_last_error(). Any thread. */
+UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *params, umbp_pool **ret_pool);
+
+/* Attach to an existing pool. Returns 0 and *ret_pool, or: -ENOENT no such
+ * pool; -EACCES no permission; -ETIMEDOUT creator still initialising after
+ * timeout_ms; -EPROTO other layout version or ABI; -EBADMSG truncated or
+ * corrupted segment; -EUSERS registry full. Never crashes on a bad segment. */
+UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, umbp_pool **ret_pool);
+
+/* Release this process's registry slot and unmap. Accepts NULL. Not to be
+ * called while other threads still use the handle. */
+UMBP_API void umbp_pool_detach(umbp_pool *pool);
+
+/* Unlink pool `name` (existing mappings stay valid). 0, -ENOENT, -EACCES. */
+UMBP_API int umbp_pool_destroy(const char *name);
+
+/* Free registry slots of dead processes and the state hung on them. Returns
+ * the number of slots reaped (>= 0) or -EROFS on a read-only handle. Any
+ * thread, any process, concurrently with everything else. */
+UMBP_API int umbp_pool_reap(umbp_pool *pool);
+
+/* Record that this process is alive and working (heartbeat_ns). Cheap. */
+UMBP_API void umbp_pool_heartbeat(umbp_pool *pool);
+
+/* Check that `name` is a valid pool name: 0 or -EINVAL (with message). */
+UMBP_API int umbp_pool_name_valid(const char *name);
+
+typedef struct umbp_partition_info {
+  int numa_node;         /* -1: no NUMA placement */
+  int mempolicy;
+  uint32_t first_slot, slot_count;
+  uint64_t bytes;
+  uint64_t free_slots;   /* slots on the free queue right now (0 before the index exists) */
+} umbp_partition_info;
+
+typedef struct umbp_pool_info {
+  char name[UMBP_NAME_MAX + 1];
+  char path[256];              /* file backing the pool */
+  uint16_t layout_major, layout_minor;
+  uint64_t compat_features, incompat_features;
+  uint64_t abi_fingerprint;
+  uint64_t total_size;         /* bytes of the whole segment */
+  uint64_t slot_size;
+  uint32_t slot_count;
+  uint32_t n_partitions;
+  umbp_partition_info partitions[UMBP_MAX_PARTITIONS];
+  uint8_t uuid[16];
+  uint64_t run_generation;
+  uint64_t created_ns;         /* CLOCK_REALTIME */
+  int creator_pid;
+  uint32_t creator_uid;
+  bool hugepages;
+  uint32_t max_procs;
+  uint32_t procs_live;         /* registry slots whose owner is alive */
+  uint32_t procs_dead;         /* claimed slots whose owner died (reapable) */
+} umbp_pool_info;
+
+/* Describe the pool. 0 or -EINVAL. Any thread; read-only handles too. */
+UMBP_API int umbp_pool_get_info(umbp_pool *pool, umbp_pool_info *ret_info);
+
+typedef struct umbp_proc_info {
+  unsigned slot;
+  int pid;
+  uint64_t start_time;   /* clock ticks since boot, from /proc/PID/stat */
+  int role, rank;
+  uint64_t attach_ns, heartbeat_ns; /* CLOCK_REALTIME */
+  uint64_t incarnation;  /* bumps each time the slot is claimed */
+  bool alive;
+  bool self;             /* this handle's own slot */
+  char comm[16];
+} umbp_proc_info;
+
+/* Fill up to max entries with the claimed registry slots; returns the number
+ * written (>= 0). Any thread; read-only handles too. */
+UMBP_API int umbp_pool_list_procs(umbp_pool *pool, umbp_proc_info *out, unsigned max);
+
+/* This handle's registry slot, or -1 for a read-only handle. */
+UMBP_API int umbp_pool_proc_slot(const umbp_pool *pool);
+
+UMBP_API const char *umbp_role_name(int role);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1533 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * index.c — the block index: a hash table, slot states, pins, grace periods
+ * and eviction, all in the pool segment and shared by every process.
+ *
+ * Design note.
+ *
+ * Table. An array of 64-byte buckets (a power of two, sized at creation so that
+ * a full pool fills at most half of the ways). A bucket holds 7 ways, each a
+ * 64-bit word `sig32 << 32 | (slot + 1)` (0 = empty), a lock word used only by
+ * inserters, and an overflow count: how many keys whose home is this bucket
+ * live in one of the next UMBP_MAX_PROBE-1 buckets. A key's full bytes live in
+ * its slot's metadata (struct umbp_slot_meta), so there is one entry per slot
+ * and the slot id is the entry id (DPDK's rte_hash keeps signatures in buckets
+ * and keys in a flat store the same way). Lines touched: a miss reads its home
+ * bucket (one line; more only when the home overflowed); a hit reads the
+ * bucket, the slot's metadata line and, to pin, its pin line.
+ *
+ * Readers never wait and write nothing shared. A lookup loads the ways with
+ * acquire order (pairing with the inserter's release CAS, so the key bytes it
+ * compares and the block bytes it will read are those the publisher wrote).
+ * The only store of a lookup is its own thread's reader-state line.
+ *
+ * Slot states (slot_meta.state = state | owner << 8 | gen << 24; every
+ * transition is a CAS that bumps gen, so there is no ABA):
+ *
+ *   FREE --reserve(X)--> RESERVED(X) --publish--> PUBLISHED --evict/remove(Y)-->
+ *   EVICTING(Y) --pins seen--> PUBLISHED          (abort)
+ *   EVICTING(Y) --no pins, way cleared--> RETIRED(Y, epoch) --grace--> FREE
+ *   RESERVED(X) --abort / duplicate key--> FREE
+ * Only X moves RESERVED(X); only Y moves EVICTING(Y) and RETIRED(Y); the
+ * reaper of a dead X or Y moves them while holding the dead process's
+ * registry lock, acting under the dead process's owner id.
+ *
+ * Pins. A pin is a byte in the slot's pin line, one byte per registry slot
+ * (struct umbp_pin_row). A process only writes its own byte, so reaping a dead
+ * process zeroes exactly its pins. Pinning races with eviction in Dekker
+ * style: the pinner increments its byte then re-reads the state word; the
+ * evictor CASes the state to EVICTING then reads the pin line; all four are
+ * seq_cst, so at least one sees the other: either the pinner sees EVICTING and
+ * backs off (a miss), or the evictor sees the pin and restores PUBLISHED.
+ *
+ * Grace periods (who may reuse a removed slot, and when). Reader state lives in
+ * the segment: one cache line per (process, thread), holding 0 (outside a read
+ * section) or the global epoch the reader entered at. A remover clears the way,
+ * then records retire_epoch = epoch and keeps the slot RETIRED on its own
+ * process-local limbo list. Reclaiming bumps the epoch, issues
+ * membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) (every process registers for it
+ * at attach; where the kernel lacks it, readers issue a seq_cst fence after
+ * their store instead), then reads every live reader line: a retired slot is
+ * reusable once every reader is either outside a section or entered at an
+ * epoch > retire_epoch. Argument: the membarrier puts a full barrier in every
+ * running reader between its reader-state store and its table loads, so after
+ * it either the reader's store is visible to the scan (and it is waited for),
+ * or the reader's table loads happen after the barrier and so after the way
+ * was cleared (it cannot reach the slot). This is liburcu's memb flavour with
+ * the reader registry moved into shared memory, as DPDK's rte_rcu_qsbr does.
+ * Reclaim never waits: a reader that does not leave its section (stopped in a
+ * debugger) only delays the reuse of slots retired before it entered; live
+ * processes go on, and a dead reader's line is zeroed by the reaper.
+ *
+ * Free slots travel on one MPMC ring per partition (shm/ring.h). A consumer
+ * takes a slot id with a two-phase dequeue and moves the slot FREE ->
+ * RESERVED(X) before completing the dequeue; a producer records the slot in
+ * its thread's ledger (proc_slot.inflight_slot) before it frees it. The
+ * reaper of X therefore finds every slot X held in a half-finished ring
+ * operation: in a claimed cell, or in the ledger (see reap_proc()).
+ *
+ * Eviction is CLOCK (second chance): a hit sets the slot's reference bit (only
+ * if not set, so a hot block does not bounce its line); the hand clears set
+ * bits and evicts the first unpinned PUBLISHED slot with a clear bit. A
+ * namespace over its quota evicts its own blocks first. Each eviction emits a
+ * removed event into the event ring; a full ring drops its oldest event and
+ * counts the drop.
+ *
+ * Counters are kept per thread in process memory and added every 64
+ * operations into the process's own row in the segment (lookups must not
+ * write shared lines); the reaper folds a dead process's row into the
+ * "reaped" row.
+ */
+#include "index/index_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shm/ring_claim.h"
+
+#define THREAD_NONE UINT32_MAX
+
+/* A ring payload buffer as large as any ring element (free rings carry 8 bytes). */
+union ring_elem {
+  uint64_t v;
+  unsigned char b[UMBP_RING_MAX_ELEM];
+};
+
+/* ---- per-process instances and thread slots ------------------------------- */
+static pthread_mutex_t inst_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct umbp_index *instances[64];
+static uint64_t next_instance = 1;
+static pthread_key_t tl_key;
+static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
+
+struct tl_slot {
+  uint64_t instance;
+  unsigned tid;
+  /* pending counters */
+  uint32_t ctr_ns;
+  int ctr_part;
+  uint32_t pend_ops;
+  uint64_t pend_ns[UMBP_CTR_COUNT];
+  uint64_t pend_part[UMBP_CTR_COUNT];
+};
+#define TL_MAX 4
+struct tl_state {
+  struct tl_slot s[TL_MAX];
+};
+static _Thread_local struct tl_state tl;
+static _Thread_local bool tl_registered;
+
+static struct umbp_index *instance_find(uint64_t id) {
+  for (unsigned i = 0; i < 64; i++)
+    if (instances[i] && instances[i]->instance == id) return instances[i];
+  return NULL;
+}
+
+static void flush_slot(struct umbp_index *ix, struct tl_slot *t);
+
+static void tl_destructor(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&inst_mu);
+  for (unsigned i = 0; i < TL_MAX; i++) {
+    struct tl_slot *t = &tl.s[i];
+    if (!t->instance) continue;
+    struct umbp_index *ix = instance_find(t->instance);
+    if (ix) {
+      flush_slot(ix, t);
+      struct umbp_proc_slot *ps = &ix->p->procs[ix->p->proc_slot];
+      atomic_store_explicit(&ix->readers[t->tid].ctr, 0, memory_order_release);
+      atomic_fetch_and_explicit(&ps->thread_bits, ~(1ull << t->tid), memory_order_release);
+    }
+    t->instance = 0;
+  }
+  pthread_mutex_unlock(&inst_mu);
+}
+
+static void tl_init_key(void) { pthread_key_create(&tl_key, tl_destructor); }
+
+/* This thread's slot for ix: reader line and ledger index. NULL: all 64 taken. */
+static struct tl_slot *thread_slot(struct umbp_index *ix) {
+  for (unsigned i = 0; i < TL_MAX; i++)
+    if (tl.s[i].instance == ix->instance) return &tl.s[i];
+  struct tl_slot *t = NULL;
+  for (unsigned i = 0; i < TL_MAX && !t; i++)
+    if (!tl.s[i].instance) t = &tl.s[i];
+  if (!t) {
+    /* evict the cache entry of an instance that no longer exists */
+    pthread_mutex_lock(&inst_mu);
+    for (unsigned i = 0; i < TL_MAX && !t; i++)
+      if (!instance_find(tl.s[i].instance)) t = &tl.s[i];
+    pthread_mutex_unlock(&inst_mu);
+    if (!t) {
+      umbp_fail(-EUSERS, "this thread uses more than %d pools at once", TL_MAX);
+      return NULL;
+    }
+  }
+  struct umbp_proc_slot *ps = &ix->p->procs[ix->p->proc_slot];
+  for (;;) {
+    uint64_t bits = atomic_load_explicit(&ps->thread_bits, memory_order_relaxed);
+    if (bits == UINT64_MAX) {
+      umbp_fail(-EUSERS, "more than %d threads of this process use pool '%s': use fewer threads for pool "
+                         "calls",
+                UMBP_MAX_THREADS, ix->p->name);
+      return NULL;
+    }
+    unsigned tid = (unsigned)__builtin_ctzll(~bits);
+    if (atomic_compare_exchange_weak_explicit(&ps->thread_bits, &bits, bits | (1ull << tid),
+                                              memory_order_acq_rel, memory_order_relaxed)) {
+      memset(t, 0, sizeof *t);
+      t->instance = ix->instance;
+      t->tid = tid;
+      t->ctr_part = -1;
+      t->ctr_ns = UINT32_MAX;
+      break;
+    }
+  }
+  if (!tl_registered) {
+    pthread_once(&tl_once, tl_init_key);
+    pthread_setspecific(tl_key, &tl);
+    tl_registered = true;
+  }
+  return t;
+}
+
+/* ---- read sections --------------------------------------------------------- */
+static inline void rd_lock(struct umbp_index *ix, struct umbp_reader_shm *r) {
+  uint64_t e = atomic_load_explicit(&ix->ih->epoch, memory_order_acquire);
+  /* release: a reclaimer that reads this value (acquire) is ordered after this
+   * thread's previous read section (pairs with reclaim()'s acquire loads) */
+  atomic_store_explicit(&r->ctr, e, memory_order_release);
+  if (ix->memb) atomic_signal_fence(memory_order_seq_cst); /* writers' membarrier is our fence */
+  else atomic_thread_fence(memory_order_seq_cst);
+}
+
+static inline void rd_unlock(struct umbp_reader_shm *r) {
+  /* pairs with the acquire load in reclaim() */
+  atomic_store_explicit(&r->ctr, 0, memory_order_release);
+}
+
+/* ---- counters ---------------------------------------------------------------- */
+static void flush_slot(struct umbp_index *ix, struct tl_slot *t) {
+  if (t->ctr_ns < UMBP_MAX_NAMESPACES)
+    for (int c = 0; c < UMBP_CTR_COUNT; c++)
+      if (t->pend_ns[c]) {
+        atomic_fetch_add_explicit(&ix->ctr->ns[t->ctr_ns][c], t->pend_ns[c], memory_order_relaxed);
+        t->pend_ns[c] = 0;
+      }
+  if (t->ctr_part >= 0)
+    for (int c = 0; c < UMBP_CTR_COUNT; c++)
+      if (t->pend_part[c]) {
+        atomic_fetch_add_explicit(&ix->ctr->part[t->ctr_part][c], t->pend_part[c], memory_order_relaxed);
+        t->pend_part[c] = 0;
+      }
+  t->pend_ops = 0;
+}
+
+static inline void count_ns(struct umbp_index *ix, struct tl_slot *t, uint32_t ns, int c, uint64_t n) {
+  if (ns >= UMBP_MAX_NAMESPACES || !ix->ctr) return;
+  if (t->ctr_ns != ns) {
+    flush_slot(ix, t);
+    t->ctr_ns = ns;
+  }
+  t->pend_ns[c] += n;
+  if (++t->pend_ops >= 64) flush_slot(ix, t);
+}
+
+static inline void count_part(struct umbp_index *ix, struct tl_slot *t, int part, int c, uint64_t n) {
+  if (part < 0 || !ix->ctr) return;
+  if (t->ctr_part != part) {
+    flush_slot(ix, t);
+    t->ctr_part = part;
+  }
+  t->pend_part[c] += n;
+}
+
+UMBP_API void umbp_counters_flush(umbp_pool *p) {
+  if (!p || !p->index) return;
+  for (unsigned i = 0; i < TL_MAX; i++)
+    if (tl.s[i].instance == p->index->instance) flush_slot(p->index, &tl.s[i]);
+}
+
+/* ---- keys ------------------------------------------------------------------- */
+static int key_to_shm(const umbp_key *k, struct umbp_key_shm *out) {
+  if (!k) return umbp_fail(-EINVAL, "key is NULL");
+  if (k->hash_len < 1 || k->hash_len > UMBP_HASH_MAX)
+    return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_HASH_MAX);
+  memset(out, 0, sizeof *out);
+  out->ns = k->ns;
+  out->tp = k->tp_rank;
+  out->pcp = k->pcp_rank;
+  out->dcp = k->dcp_rank;
+  out->pp = k->pp_rank;
+  out->group = k->group;
+  out->hash_len = k->hash_len;
+  memcpy(out->hash, k->hash, k->hash_len);
+  return 0;
+}
+
+static void key_from_shm(const struct umbp_key_shm *s, umbp_key *k) {
+  memset(k, 0, sizeof *k);
+  k->ns = s->ns;
+  k->tp_rank = s->tp;
+  k->pcp_rank = s->pcp;
+  k->dcp_rank = s->dcp;
+  k->pp_rank = s->pp;
+  k->group = s->group;
+  k->hash_len = s->hash_len > UMBP_HASH_MAX ? UMBP_HASH_MAX : s->hash_len;
+  memcpy(k->hash, s->hash, k->hash_len);
+}
+
+static inline bool key_eq(const struct umbp_key_shm *a, const struct umbp_key_shm *b) {
+  return memcmp(a, b, sizeof *a) == 0;
+}
+
+static inline uint64_t way_make(uint64_t h, uint32_t slot) { return ((h >> 32) << 32) | (uint64_t)(slot + 1); }
+
+/* ---- regions ------------------------------------------------------------------- */
+static inline int slot_part(const umbp_pool *p, uint32_t slot) {
+  const struct umbp_shm_header *h = p->hdr;
+  for (unsigned i = 0; i < h->n_partitions; i++)
+    if (slot - h->partitions[i].first_slot < h->partitions[i].slot_count) return (int)i;
+  return -1;
+}
+
+UMBP_API int umbp_slot_partition(const umbp_pool *p, uint32_t slot) {
+  if (!p || slot >= p->hdr->slot_count) return -1;
+  return slot_part(p, slot);
+}
+
+UMBP_API void *umbp_slot_ptr(umbp_pool *p, uint32_t slot) {
+  if (!p || slot >= p->hdr->slot_count) return NULL;
+  int part = slot_part(p, slot);
+  if (part < 0) return NULL;
+  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  return umbp_pool_at(p, d->offset + (uint64_t)(slot - d->first_slot) * p->hdr->slot_size, p->hdr->slot_size);
+}
+
+UMBP_API uint64_t umbp_slot_size(const umbp_pool *p) { return p ? p->hdr->slot_size : 0; }
+UMBP_API uint32_t umbp_slot_count(const umbp_pool *p) { return p ? p->hdr->slot_count : 0; }
+
+static void *part_ring(umbp_pool *p, unsigned part) {
+  return (char *)p->base + p->hdr->partitions[part].ring_offset;
+}
+
+int umbp_index_init_regions(umbp_pool *p) {
+  struct umbp_shm_header *h = p->hdr;
+  struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+  atomic_store_explicit(&ih->epoch, 1, memory_order_relaxed);
+  atomic_store_explicit(&ih->low_watermark_pct, 5, memory_order_relaxed);
+  atomic_store_explicit(&ih->high_watermark_pct, 10, memory_order_relaxed);
+  struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+  for (uint32_t s = 0; s < h->slot_count; s++) atomic_store_explicit(&meta[s].state, ST_MAKE(UMBP_SLOT_FREE, 0, 1), memory_order_relaxed);
+  for (unsigned i = 0; i < h->n_partitions; i++) {
+    const struct umbp_partition_desc *d = &h->partitions[i];
+    uint32_t cap = 2;
+    while (cap < d->slot_count) cap <<= 1;
+    void *ring = part_ring(p, i);
+    int rc = umbp_ring_init(ring, d->ring_bytes, cap, sizeof(uint64_t));
+    if (rc) return umbp_fail(rc, "cannot initialise the free-slot queue of partition %u", i);
+    for (uint32_t s = 0; s < d->slot_count;) {
+      uint64_t batch[256];
+      unsigned n = 0;
+      while (n < 256 && s < d->slot_count) batch[n++] = d->first_slot + s++;
+      unsigned put = umbp_ring_enqueue_burst(ring, batch, n, 0xffff);
+      if (put != n) return umbp_fail(-EBADMSG, "free-slot queue of partition %u overflowed at init", i);
+    }
+  }
+  int rc = umbp_ring_init(umbp_pool_region(p, UMBP_REG_EVENTS), h->regions[UMBP_REG_EVENTS].size,
+                          h->event_capacity, sizeof(struct umbp_event_shm));
+  if (rc) return umbp_fail(rc, "cannot initialise the event ring");
+  return 0;
+}
+
+uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part) {
+  if (part >= p->hdr->n_partitions) return 0;
+  void *ring = part_ring(p, part);
+  if (umbp_ring_check_header(ring, p->hdr->partitions[part].ring_bytes)) return 0;
+  return umbp_ring_count(ring);
+}
+
+int umbp_index_attach_hook(umbp_pool *p) {
+  struct umbp_index *ix = calloc(1, sizeof *ix);
+  if (!ix) return -ENOMEM;
+  struct umbp_shm_header *h = p->hdr;
+  ix->p = p;
+  ix->ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+  ix->buckets = umbp_pool_region(p, UMBP_REG_BUCKETS);
+  ix->bmask = h->n_buckets - 1;
+  ix->meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+  ix->pins = umbp_pool_region(p, UMBP_REG_PINS);
+  ix->ns = umbp_pool_region(p, UMBP_REG_NAMESPACES);
+  ix->slot_count = h->slot_count;
+  ix->slot_size = h->slot_size;
+  ix->events = umbp_pool_region(p, UMBP_REG_EVENTS);
+  if (umbp_ring_check_header(ix->events, h->regions[UMBP_REG_EVENTS].size)) {
+    free(ix);
+    return umbp_fail(-EBADMSG, "pool '%s': the event ring header is corrupted", p->name);
+  }
+  for (unsigned i = 0; i < h->n_partitions; i++) {
+    ix->rings[i] = part_ring(p, i);
+    if (umbp_ring_check_header(ix->rings[i], h->partitions[i].ring_bytes)) {
+      free(ix);
+      return umbp_fail(-EBADMSG, "pool '%s': the free-slot queue of partition %u is corrupted", p->name, i);
+    }
+  }
+  if (p->proc_slot >= 0) {
+    ix->readers = (struct umbp_reader_shm *)umbp_pool_region(p, UMBP_REG_READERS) +
+                  (size_t)p->proc_slot * UMBP_MAX_THREADS;
+    ix->ctr = (struct umbp_counter_row *)umbp_pool_region(p, UMBP_REG_COUNTERS) + p->proc_slot;
+    /* membarrier mode is the segment's choice; a process that cannot register fences itself */
+    ix->memb = (h->compat_features & UMBP_FEAT_COMPAT_MEMBARRIER) && umbp_membarrier_supported();
+    if ((h->compat_features & UMBP_FEAT_COMPAT_MEMBARRIER) && !ix->memb) {
+      free(ix);
+      return umbp_fail(-ENOSYS, "pool '%s' relies on membarrier(GLOBAL_EXPEDITED), which this process "
+                                "cannot use (seccomp?): allow the membarrier syscall",
+                       p->name);
+    }
+  }
+  pthread_mutex_init(&ix->limbo_mu, NULL);
+  pthread_mutex_lock(&inst_mu);
+  ix->instance = next_instance++;
+  for (unsigned i = 0; i < 64; i++)
+    if (!instances[i]) {
+      instances[i] = ix;
+      break;
+    }
+  pthread_mutex_unlock(&inst_mu);
+  p->index = ix;
+  /* adopt retired slots a reaper left under our id */
+  if (p->proc_slot >= 0 && atomic_exchange(&p->procs[p->proc_slot].orphans, 0)) {
+    for (uint32_t s = 0; s < ix->slot_count; s++) {
+      uint64_t w = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
+      if (ST_STATE(w) == UMBP_SLOT_RETIRED && ST_OWNER(w) == p->owner_id) {
+        if (ix->nlimbo == ix->limbo_cap) {
+          size_t nc = ix->limbo_cap ? ix->limbo_cap * 2 : 1024;
+          uint32_t *nl = realloc(ix->limbo, nc * sizeof *nl);
+          if (!nl) break;
+          ix->limbo = nl;
+          ix->limbo_cap = nc;
+        }
+        ix->limbo[ix->nlimbo++] = s;
+      }
+    }
+  }
+  return 0;
+}
+
+void umbp_index_detach_hook(umbp_pool *p) {
+  struct umbp_index *ix = p->index;
+  if (!ix) return;
+  umbp_evictor_stop(p);
+  umbp_counters_flush(p);
+  /* give back what we can; what is left stays RETIRED under our id and is
+   * adopted by the next process that claims our registry slot */
+  umbp_reclaim(p);
+  if (ix->nlimbo && p->proc_slot >= 0) atomic_store(&p->procs[p->proc_slot].orphans, 1);
+  pthread_mutex_lock(&inst_mu);
+  for (unsigned i = 0; i < 64; i++)
+    if (instances[i] == ix) instances[i] = NULL;
+  for (unsigned i = 0; i < TL_MAX; i++)
+    if (tl.s[i].instance == ix->instance) tl.s[i].instance = 0;
+  pthread_mutex_unlock(&inst_mu);
+  if (p->proc_slot >= 0) atomic_store(&p->procs[p->proc_slot].thread_bits, 0);
+  pthread_mutex_destroy(&ix->limbo_mu);
+  free(ix->limbo);
+  free(ix);
+  p->index = NULL;
+}
+
+/* ---- namespaces ----------------------------------------------------------- */
+static void spin_lock_owner(umbp_pool *p, _Atomic uint32_t *lock) {
+  uint32_t me = p->owner_id;
+  for (unsigned spins = 0;; spins++) {
+    uint32_t cur = 0;
+    if (atomic_compare_exchange_weak_explicit(lock, &cur, me, memory_order_acquire, memory_order_relaxed)) return;
+    if (cur && (spins & 1023) == 1023 && !umbp_registry_alive(p, cur - 1)) {
+      /* the holder died: steal the lock (its critical sections leave the table
+       * consistent at every store, see publish()) */
+      if (atomic_compare_exchange_strong_explicit(lock, &cur, me, memory_order_acquire, memory_order_relaxed))
+        return;
+    }
+    umbp_cpu_relax();
+    if (spins > 100000) {
+      struct timespec ts = {0, 50000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+static void spin_unlock(_Atomic uint32_t *lock) { atomic_store_explicit(lock, 0, memory_order_release); }
+
+static int ns_find(struct umbp_index *ix, const char *name, size_t len) {
+  for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++) {
+    struct umbp_ns_shm *n = &ix->ns[i];
+    if (atomic_load_explicit(&n->state, memory_order_acquire) != 1) continue;
+    if (n->name_len == len && !memcmp(n->name, name, len)) return (int)i;
+  }
+  return -1;
+}
+
+static int ns_check_name(const char *name, size_t *len) {
+  *len = 0;
+  if (!name) return umbp_fail(-EINVAL, "namespace name is NULL");
+  *len = strlen(name);
+  if (*len == 0 || *len > 128)
+    return umbp_fail(-EINVAL, "namespace name is %zu bytes: use 1 to 128", *len);
+  return 0;
+}
+
+UMBP_API int umbp_ns_lookup(umbp_pool *p, const char *name, uint32_t *ret_id) {
+  size_t len;
+  if (!p || !ret_id) return -EINVAL;
+  int rc = ns_check_name(name, &len);
+  if (rc) return rc;
+  struct umbp_ns_shm *ns = umbp_pool_region(p, UMBP_REG_NAMESPACES);
+  for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++) {
+    if (atomic_load_explicit(&ns[i].state, memory_order_acquire) != 1) continue;
+    if (ns[i].name_len == len && !memcmp(ns[i].name, name, len)) {
+      *ret_id = ns[i].id;
+      return 0;
+    }
+  }
+  return -ENOENT;
+}
+
+UMBP_API int umbp_ns_register(umbp_pool *p, const char *name, uint32_t *ret_id) {
+  size_t len;
+  if (!p || !ret_id) return umbp_fail(-EINVAL, "umbp_ns_register: pool and ret_id are required");
+  int rc = ns_check_name(name, &len);
+  if (rc) return rc;
+  if (umbp_ns_lookup(p, name, ret_id) == 0) return 0;
+  if (p->read_only || !p->index) return umbp_fail(-EROFS, "pool is attached read-only: cannot register namespaces");
+  struct umbp_index *ix = p->index;
+  spin_lock_owner(p, &ix->ih->ns_lock);
+  int i = ns_find(ix, name, len);
+  if (i < 0) {
+    for (unsigned k = 0; k < UMBP_MAX_NAMESPACES; k++)
+      if (atomic_load_explicit(&ix->ns[k].state, memory_order_relaxed) == 0) {
+        struct umbp_ns_shm *n = &ix->ns[k];
+        n->id = k; /* ids are table positions: stable for the pool's life */
+        n->name_len = (uint32_t)len;
+        memset(n->name, 0, sizeof n->name);
+        memcpy(n->name, name, len);
+        atomic_store_explicit(&n->quota_bytes, 0, memory_order_relaxed);
+        /* pairs with the acquire loads in ns_find / umbp_ns_lookup */
+        atomic_store_explicit(&n->state, 1, memory_order_release);
+        atomic_fetch_add(&ix->ih->n_namespaces, 1);
+        i = (int)k;
+        break;
+      }
+  }
+  spin_unlock(&ix->ih->ns_lock);
+  if (i < 0) return umbp_fail(-ENOSPC, "all %d namespaces of the pool are in use", UMBP_MAX_NAMESPACES);
+  *ret_id = (uint32_t)i;
+  return 0;
+}
+
+UMBP_API int umbp_ns_name(umbp_pool *p, uint32_t id, char *buf, size_t n) {
+  if (!p || !buf || !n || id >= UMBP_MAX_NAMESPACES) return -EINVAL;
+  struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + id;
+  if (atomic_load_explicit(&ns->state, memory_order_acquire) != 1) return -ENOENT;
+  size_t l = ns->name_len < 128 ? ns->name_len : 128;
+  if (l >= n) l = n - 1;
+  memcpy(buf, ns->name, l);
+  buf[l] = 0;
+  return 0;
+}
+
+UMBP_API int umbp_ns_set_quota(umbp_pool *p, uint32_t id, uint64_t bytes) {
+  if (!p || id >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", id);
+  if (p->read_only) return -EROFS;
+  struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + id;
+  if (atomic_load_explicit(&ns->state, memory_order_acquire) != 1)
+    return umbp_fail(-ENOENT, "namespace %u is not registered", id);
+  atomic_store_explicit(&ns->quota_bytes, bytes, memory_order_relaxed);
+  return 0;
+}
+
+static bool ns_over_quota(struct umbp_index *ix, uint32_t ns) {
+  if (ns >= UMBP_MAX_NAMESPACES) return false;
+  uint64_t q = atomic_load_explicit(&ix->ns[ns].quota_bytes, memory_order_relaxed);
+  if (!q) return false;
+  return atomic_load_explicit(&ix->ns[ns].used_slots, memory_order_relaxed) * ix->slot_size >= q;
+}
+
+/* ---- events -------------------------------------------------------------- */
+static void emit(struct umbp_index *ix, int type, const struct umbp_key_shm *k) {
+  struct umbp_event_shm ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = (uint8_t)type;
+  ev.key = *k;
+  umbp_ring_enqueue_overwrite(ix->events, &ev, ix->p->owner_id);
+}
+
+UMBP_API int umbp_events_drain(umbp_pool *p, umbp_event *out, unsigned max) {
+  if (!p || (!out && max)) return -EINVAL;
+  if (p->read_only || !p->index) return umbp_fail(-EROFS, "draining events needs a read-write attachment");
+  unsigned n = 0;
+  while (n < max) {
+    struct umbp_event_shm ev[16];
+    unsigned want = max - n < 16 ? max - n : 16;
+    unsigned got = umbp_ring_dequeue_burst(p->index->events, ev, want, p->owner_id);
+    for (unsigned i = 0; i < got; i++) {
+      out[n + i].type = ev[i].type;
+      key_from_shm(&ev[i].key, &out[n + i].key);
+    }
+    n += got;
+    if (got < want) break;
+  }
+  return (int)n;
+}
+
+UMBP_API uint64_t umbp_events_dropped(umbp_pool *p) {
+  if (!p) return 0;
+  return umbp_ring_dropped(umbp_pool_region(p, UMBP_REG_EVENTS));
+}
+
+UMBP_API void umbp_events_enable_stored(umbp_pool *p, bool on) {
+  if (p && p->index) atomic_store(&p->index->ev_stored, on);
+}
+
+/* ---- probing ------------------------------------------------------------------- */
+/* Find the slot holding key k (hash h). Caller is inside a read section.
+ * Returns the slot or UMBP_NO_SLOT; *ret_st gets the state word seen. */
+static inline uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st) {
+  uint32_t home = (uint32_t)h & ix->bmask;
+  uint32_t sig = (uint32_t)(h >> 32);
+  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
+    struct umbp_bucket *b = &ix->buckets[(home + d) & ix->bmask];
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
+      /* acquire: pairs with the release CAS in publish(); makes the key and block bytes visible */
+      uint64_t v = atomic_load_explicit(&b->way[w], memory_order_acquire);
+      if ((uint32_t)(v >> 32) != sig || !v) continue;
+      uint32_t s = (uint32_t)v - 1;
+      if (UMBP_UNLIKELY(s >= ix->slot_count)) continue; /* garbage from a buggy writer: ignore */
+      struct umbp_slot_meta *m = &ix->meta[s];
+      if (!key_eq(&m->key, k)) continue;
+      uint64_t st = atomic_load_explicit(&m->state, memory_order_acquire);
+      if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) continue;
+      *ret_st = st;
+      return s;
+    }
+    if (d == 0 && atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire) == 0) break;
+  }
+  return UMBP_NO_SLOT;
+}
+
+static inline struct umbp_reader_shm *reader_of(struct umbp_index *ix, struct tl_slot *t) {
+  return &ix->readers[t->tid];
+}
+
+/* Read-only handles have no reader line: their lookups are for inspection
+ * only, bounds-checked, and may see a slot in mid-reuse (never crash). */
+static struct umbp_reader_shm ro_reader;
+
+static int ix_get(umbp_pool *p, struct umbp_index **ix, struct tl_slot **t) {
+  if (!p) return umbp_fail(-EINVAL, "pool is NULL");
+  if (!p->index) return umbp_fail(-EROFS, "pool '%s' is attached read-only", p->name);
+  *ix = p->index;
+  *t = thread_slot(p->index);
+  return *t ? 0 : -EUSERS;
+}
+
+static inline int pin_slot(struct umbp_index *ix, uint32_t s, uint64_t st) {
+  _Atomic uint8_t *pb = &ix->pins[s].by_proc[ix->p->proc_slot];
+  uint8_t old = atomic_fetch_add_explicit(pb, 1, memory_order_seq_cst);
+  if (UMBP_UNLIKELY(old == 255)) {
+    atomic_fetch_sub_explicit(pb, 1, memory_order_seq_cst);
+    return -EOVERFLOW;
+  }
+  /* Dekker with try_evict(): pin store, then state load (both seq_cst) */
+  if (atomic_load_explicit(&ix->meta[s].state, memory_order_seq_cst) != st) {
+    atomic_fetch_sub_explicit(pb, 1, memory_order_release);
+    return -ENOENT;
+  }
+  if (!atomic_load_explicit(&ix->meta[s].ref, memory_order_relaxed))
+    atomic_store_explicit(&ix->meta[s].ref, 1, memory_order_relaxed);
+  return 0;
+}
+
+UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_slot) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  struct umbp_key_shm k;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  if ((rc = key_to_shm(key, &k))) return rc;
+  if (!ret_slot) return -EINVAL;
+  uint64_t h = umbp_key_hash(&k), st = 0;
+  struct umbp_reader_shm *r = reader_of(ix, t);
+  rd_lock(ix, r);
+  uint32_t s = probe(ix, &k, h, &st);
+  if (s != UMBP_NO_SLOT) rc = pin_slot(ix, s, st);
+  else rc = -ENOENT;
+  rd_unlock(r);
+  count_ns(ix, t, k.ns, UMBP_CTR_LOOKUPS, 1);
+  if (rc == 0) {
+    count_ns(ix, t, k.ns, UMBP_CTR_HITS, 1);
+    count_ns(ix, t, k.ns, UMBP_CTR_PINS, 1);
+    count_part(ix, t, slot_part(p, s), UMBP_CTR_HITS, 1);
+    *ret_slot = s;
+  } else {
+    count_ns(ix, t, k.ns, UMBP_CTR_MISSES, 1);
+  }
+  return rc;
+}
+
+#define BULK_CHUNK 32
+
+/* Bulk probe in stages so that the cache misses of up to 32 keys overlap. */
+static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_key_shm *k, uint32_t *slots,
+                           uint64_t *sts) {
+  uint64_t h[BULK_CHUNK];
+  uint32_t cand[BULK_CHUNK];
+  unsigned hits = 0;
+  for (unsigned i = 0; i < n; i++) {
+    h[i] = umbp_key_hash(&k[i]);
+    __builtin_prefetch(&ix->buckets[(uint32_t)h[i] & ix->bmask]);
+  }
+  for (unsigned i = 0; i < n; i++) {
+    cand[i] = UMBP_NO_SLOT;
+    struct umbp_bucket *b = &ix->buckets[(uint32_t)h[i] & ix->bmask];
+    uint32_t sig = (uint32_t)(h[i] >> 32);
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
+      uint64_t v = atomic_load_explicit(&b->way[w], memory_order_acquire);
+      if (v && (uint32_t)(v >> 32) == sig && (uint32_t)v - 1 < ix->slot_count) {
+        cand[i] = (uint32_t)v - 1;
+        __builtin_prefetch(&ix->meta[cand[i]]);
+        break;
+      }
+    }
+  }
+  for (unsigned i = 0; i < n; i++) {
+    uint32_t s = cand[i];
+    uint64_t st = 0;
+    if (s != UMBP_NO_SLOT && key_eq(&ix->meta[s].key, &k[i])) {
+      st = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
+      if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) s = UMBP_NO_SLOT;
+    } else {
+      s = probe(ix, &k[i], h[i], &st); /* slow path: other ways, overflow buckets */
+    }
+    slots[i] = s;
+    sts[i] = st;
+    hits += s != UMBP_NO_SLOT;
+  }
+  return hits;
+}
+
+static int keys_to_shm(unsigned n, const umbp_key *keys, struct umbp_key_shm *out) {
+  for (unsigned i = 0; i < n; i++) {
+    int rc = key_to_shm(&keys[i], &out[i]);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys, uint32_t *ret_slots) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  if (n && (!keys || !ret_slots)) return -EINVAL;
+  struct umbp_reader_shm *r = reader_of(ix, t);
+  int hits = 0;
+  for (unsigned off = 0; off < n; off += BULK_CHUNK) {
+    unsigned c = n - off < BULK_CHUNK ? n - off : BULK_CHUNK;
+    struct umbp_key_shm k[BULK_CHUNK];
+    uint32_t s[BULK_CHUNK];
+    uint64_t st[BULK_CHUNK];
+    if ((rc = keys_to_shm(c, keys + off, k))) {
+      umbp_unpin_bulk(p, off, ret_slots); /* undo: outputs only on success */
+      return rc;
+    }
+    rd_lock(ix, r);
+    probe_bulk(ix, c, k, s, st);
+    for (unsigned i = 0; i < c; i++)
+      if (s[i] != UMBP_NO_SLOT && pin_slot(ix, s[i], st[i]) != 0) s[i] = UMBP_NO_SLOT;
+    rd_unlock(r);
+    for (unsigned i = 0; i < c; i++) {
+      ret_slots[off + i] = s[i];
+      count_ns(ix, t, k[i].ns, UMBP_CTR_LOOKUPS, 1);
+      count_ns(ix, t, k[i].ns, s[i] != UMBP_NO_SLOT ? UMBP_CTR_HITS : UMBP_CTR_MISSES, 1);
+      if (s[i] != UMBP_NO_SLOT) {
+        hits++;
+        count_ns(ix, t, k[i].ns, UMBP_CTR_PINS, 1);
+      }
+    }
+  }
+  return hits;
+}
+
+UMBP_API int umbp_unpin(umbp_pool *p, uint32_t slot) {
+  if (!p || !p->index) return -EINVAL;
+  if (slot >= p->hdr->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
+  _Atomic uint8_t *pb = &p->index->pins[slot].by_proc[p->proc_slot];
+  uint8_t cur = atomic_load_explicit(pb, memory_order_relaxed);
+  for (;;) {
+    if (cur == 0) return umbp_fail(-EINVAL, "slot %u is not pinned by this process", slot);
+    /* release: our reads of the block happen before an evictor sees the pin gone */
+    if (atomic_compare_exchange_weak_explicit(pb, &cur, (uint8_t)(cur - 1), memory_order_release,
+                                              memory_order_relaxed))
+      return 0;
+  }
+}
+
+UMBP_API int umbp_unpin_bulk(umbp_pool *p, unsigned n, const uint32_t *slots) {
+  if (!p || (n && !slots)) return -EINVAL;
+  int rc = 0;
+  for (unsigned i = 0; i < n; i++)
+    if (slots[i] != UMBP_NO_SLOT) {
+      int r = umbp_unpin(p, slots[i]);
+      if (r && !rc) rc = r;
+    }
+  return rc;
+}
+
+static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t *present, bool prefix) {
+  if (!p) return -EINVAL;
+  if (n && !keys) return -EINVAL;
+  struct umbp_index *ix = p->index;
+  struct tl_slot *t = NULL;
+  struct umbp_reader_shm *r = &ro_reader;
+  struct umbp_index tmp;
+  if (ix) {
+    t = thread_slot(ix);
+    if (!t) return -EUSERS;
+    r = reader_of(ix, t);
+  } else {
+    /* read-only handle: a transient view of the regions */
+    memset(&tmp, 0, sizeof tmp);
+    tmp.p = p;
+    tmp.ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+    tmp.buckets = umbp_pool_region(p, UMBP_REG_BUCKETS);
+    tmp.bmask = p->hdr->n_buckets - 1;
+    tmp.meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+    tmp.slot_count = p->hdr->slot_count;
+    ix = &tmp;
+  }
+  int count = 0;
+  for (unsigned off = 0; off < n; off += BULK_CHUNK) {
+    unsigned c = n - off < BULK_CHUNK ? n - off : BULK_CHUNK;
+    struct umbp_key_shm k[BULK_CHUNK];
+    uint32_t s[BULK_CHUNK];
+    uint64_t st[BULK_CHUNK];
+    int rc = keys_to_shm(c, keys + off, k);
+    if (rc) return rc;
+    if (t) rd_lock(ix, r);
+    if (c == 1) s[0] = probe(ix, &k[0], umbp_key_hash(&k[0]), &st[0]);
+    else probe_bulk(ix, c, k, s, st);
+    if (t) rd_unlock(r);
+    for (unsigned i = 0; i < c; i++) {
+      if (t) {
+        count_ns(ix, t, k[i].ns, UMBP_CTR_LOOKUPS, 1);
+        count_ns(ix, t, k[i].ns, s[i] != UMBP_NO_SLOT ? UMBP_CTR_HITS : UMBP_CTR_MISSES, 1);
+      }
+      if (present) present[off + i] = s[i] != UMBP_NO_SLOT;
+      if (prefix) {
+        if (s[i] == UMBP_NO_SLOT) return count;
+        count++;
+      } else {
+        count += s[i] != UMBP_NO_SLOT;
+      }
+    }
+  }
+  return count;
+}
+
+UMBP_API int umbp_contains(umbp_pool *p, const umbp_key *key) {
+  if (!key) return -EINVAL;
+  return contains_impl(p, 1, key, NULL, false);
+}
+
+UMBP_API int umbp_contains_bulk(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t *present) {
+  return contains_impl(p, n, keys, present, false);
+}
+
+UMBP_API int umbp_prefix_probe(umbp_pool *p, unsigned n, const umbp_key *keys) {
+  return contains_impl(p, n, keys, NULL, true);
+}
+
+/* ---- freeing and reclaiming ------------------------------------------------- */
+/* Put slot s (state `w`, owned by us in RESERVED or RETIRED) back on its free
+ * queue. The thread's ledger names s while it travels (see reap_proc()). */
+static void free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s, uint16_t as_owner) {
+  struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
+  int part = slot_part(p, s);
+  if (part < 0) return;
+  atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_seq_cst);
+  uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
+  atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
+  union ring_elem v = {.v = s};
+  void *ring = part_ring(p, (unsigned)part);
+  while (umbp_ring_enqueue(ring, &v, as_owner) != 0) umbp_cpu_relax(); /* cannot be full: one cell per slot */
+  atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
+}
+
+static int limbo_push(struct umbp_index *ix, uint32_t s) {
+  pthread_mutex_lock(&ix->limbo_mu);
+  if (ix->nlimbo == ix->limbo_cap) {
+    size_t nc = ix->limbo_cap ? ix->limbo_cap * 2 : 1024;
+    uint32_t *nl = realloc(ix->limbo, nc * sizeof *nl);
+    if (!nl) {
+      pthread_mutex_unlock(&ix->limbo_mu);
+      return -ENOMEM; /* stays RETIRED under our id; adopted after we detach */
+    }
+    ix->limbo = nl;
+    ix->limbo_cap = nc;
+  }
+  ix->limbo[ix->nlimbo++] = s;
+  pthread_mutex_unlock(&ix->limbo_mu);
+  return 0;
+}
+
+/* Oldest epoch any live reader is in (UINT64_MAX: none). After bumping the
+ * epoch and the membarrier, see the design note. */
+static uint64_t readers_min_epoch(umbp_pool *p, bool memb) {
+  struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+  atomic_fetch_add_explicit(&ih->epoch, 1, memory_order_seq_cst);
+  if (memb) {
+    if (umbp_membarrier_global() != 0) atomic_thread_fence(memory_order_seq_cst);
+  } else {
+    atomic_thread_fence(memory_order_seq_cst);
+  }
+  struct umbp_reader_shm *rd = umbp_pool_region(p, UMBP_REG_READERS);
+  uint64_t min = UINT64_MAX;
+  for (unsigned ps = 0; ps < UMBP_MAX_PROCS; ps++) {
+    uint64_t bits = atomic_load_explicit(&p->procs[ps].thread_bits, memory_order_acquire);
+    if (atomic_load_explicit(&p->procs[ps].state, memory_order_acquire) == UMBP_PROC_FREE && !bits) continue;
+    /* scan the whole row when bits are unknown (a dead process's bits stay set until reaped) */
+    for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
+      if (!(bits & (1ull << t))) continue;
+      /* acquire: pairs with rd_lock/rd_unlock's release stores */
+      uint64_t c = atomic_load_explicit(&rd[ps * UMBP_MAX_THREADS + t].ctr, memory_order_acquire);
+      if (c && c < min) min = c;
+    }
+  }
+  return min;
+}
+
+UMBP_API int umbp_reclaim(umbp_pool *p) {
+  if (!p || !p->index) return -EINVAL;
+  struct umbp_index *ix = p->index;
+  struct tl_slot *t = thread_slot(ix);
+  if (!t) return -EUSERS;
+  pthread_mutex_lock(&ix->limbo_mu);
+  if (!ix->nlimbo) {
+    pthread_mutex_unlock(&ix->limbo_mu);
+    return 0;
+  }
+  uint64_t min = readers_min_epoch(p, ix->memb);
+  int freed = 0;
+  size_t keep = 0;
+  for (size_t i = 0; i < ix->nlimbo; i++) {
+    uint32_t s = ix->limbo[i];
+    struct umbp_slot_meta *m = &ix->meta[s];
+    uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
+    if (ST_STATE(w) != UMBP_SLOT_RETIRED || ST_OWNER(w) != p->owner_id) continue; /* not ours any more */
+    if (atomic_load_explicit(&m->retire_epoch, memory_order_relaxed) < min) {
+      free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
+      freed++;
+    } else {
+      ix->limbo[keep++] = s;
+    }
+  }
+  ix->nlimbo = keep;
+  pthread_mutex_unlock(&ix->limbo_mu);
+  if (freed) atomic_fetch_sub_explicit(&ix->ih->retired_count, (uint64_t)freed, memory_order_relaxed);
+  return freed;
+}
+
+/* Reclaim, waiting up to budget_ns for readers to move on. */
+static int reclaim_wait(umbp_pool *p, uint64_t budget_ns) {
+  uint64_t end = umbp_now_ns() + budget_ns;
+  int total = 0;
+  for (;;) {
+    int n = umbp_reclaim(p);
+    if (n > 0) total += n;
+    if (n < 0 || !p->index->nlimbo || umbp_now_ns() > end) return total;
+    umbp_cpu_relax();
+  }
+}
+
+/* ---- remove one published slot ----------------------------------------------- */
+static bool pins_clear(const struct umbp_pin_row *row) {
+  const _Atomic uint64_t *w = (const _Atomic uint64_t *)row;
+  for (unsigned i = 0; i < sizeof *row / 8; i++)
+    if (atomic_load_explicit(&w[i], memory_order_seq_cst)) return false;
+  return true;
+}
+
+/* Clear the way that points at slot s (key hash h); returns true if found. */
+static bool unlink_way(struct umbp_bucket *buckets, uint32_t bmask, uint32_t s, uint64_t h) {
+  uint32_t home = (uint32_t)h & bmask;
+  uint64_t want = way_make(h, s);
+  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
+    struct umbp_bucket *b = &buckets[(home + d) & bmask];
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
+      uint64_t v = want;
+      if (atomic_compare_exchange_strong_explicit(&b->way[w], &v, 0, memory_order_seq_cst, memory_order_relaxed)) {
+        if (d) atomic_fetch_sub_explicit(&buckets[home].overflow, 1, memory_order_release);
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+/* Try to take published slot s (state st) out of the index. 0, -EBUSY (pinned
+ * or changed meanwhile). why: UMBP_CTR_EVICTIONS or UMBP_CTR_REMOVES. */
+static int try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why) {
+  struct umbp_index *ix = p->index;
+  struct umbp_slot_meta *m = &ix->meta[s];
+  uint64_t ev = ST_NEXT(st, UMBP_SLOT_EVICTING, p->owner_id);
+  if (!atomic_compare_exchange_strong_explicit(&m->state, &st, ev, memory_order_seq_cst, memory_order_relaxed))
+    return -EBUSY;
+  /* Dekker with pin_slot(): state store above, pin loads below (seq_cst) */
+  if (!pins_clear(&ix->pins[s])) {
+    atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_PUBLISHED, 0), memory_order_seq_cst);
+    return -EBUSY;
+  }
+  struct umbp_key_shm k = m->key;
+  unlink_way(ix->buckets, ix->bmask, s, umbp_key_hash(&k));
+  /* retire_epoch before the state: a reclaimer that sees RETIRED (acquire) sees the epoch */
+  atomic_store_explicit(&m->retire_epoch, atomic_load_explicit(&ix->ih->epoch, memory_order_seq_cst),
+                        memory_order_relaxed);
+  atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_RETIRED, p->owner_id), memory_order_release);
+  atomic_fetch_add_explicit(&ix->ih->retired_count, 1, memory_order_relaxed);
+  if (k.ns < UMBP_MAX_NAMESPACES) atomic_fetch_sub_explicit(&ix->ns[k.ns].used_slots, 1, memory_order_relaxed);
+  count_ns(ix, t, k.ns, why, 1);
+  count_part(ix, t, slot_part(p, s), why, 1);
+  emit(ix, UMBP_EV_REMOVED, &k);
+  limbo_push(ix, s);
+  return 0;
+}
+
+UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  struct umbp_key_shm k;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  if ((rc = key_to_shm(key, &k))) return rc;
+  uint64_t st = 0;
+  struct umbp_reader_shm *r = reader_of(ix, t);
+  rd_lock(ix, r);
+  uint32_t s = probe(ix, &k, umbp_key_hash(&k), &st);
+  rd_unlock(r);
+  if (s == UMBP_NO_SLOT) return -ENOENT;
+  rc = try_remove(p, t, s, st, UMBP_CTR_REMOVES);
+  if (rc == -EBUSY) return umbp_fail(-EBUSY, "the block is pinned by a reader: retry after it is unpinned");
+  umbp_reclaim(p);
+  return rc;
+}
+
+UMBP_API int umbp_clear_ns(umbp_pool *p, uint32_t ns) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  int n = 0;
+  for (uint32_t s = 0; s < ix->slot_count; s++) {
+    uint64_t st = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
+    if (ST_STATE(st) != UMBP_SLOT_PUBLISHED || ix->meta[s].key.ns != ns) continue;
+    if (try_remove(p, t, s, st, UMBP_CTR_REMOVES) == 0) n++;
+  }
+  umbp_reclaim(p);
+  return n;
+}
+
+/* CLOCK over one partition; ns_filter UINT32_MAX: any namespace. */
+static int evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned want, uint32_t ns_filter) {
+  struct umbp_index *ix = p->index;
+  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  unsigned done = 0;
+  uint64_t budget = 2ull * d->slot_count + 8;
+  for (uint64_t i = 0; i < budget && done < want; i++) {
+    uint32_t hand = atomic_fetch_add_explicit(&ix->ih->clock_hand[part], 1, memory_order_relaxed);
+    uint32_t s = d->first_slot + hand % d->slot_count;
+    struct umbp_slot_meta *m = &ix->meta[s];
+    uint64_t st = atomic_load_explicit(&m->state, memory_order_acquire);
+    if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) continue;
+    if (ns_filter != UINT32_MAX && m->key.ns != ns_filter) continue;
+    if (atomic_load_explicit(&m->ref, memory_order_relaxed)) {
+      atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
+      continue;
+    }
+    if (try_remove(p, t, s, st, UMBP_CTR_EVICTIONS) == 0) done++;
+  }
+  return (int)done;
+}
+
+UMBP_API int umbp_evict(umbp_pool *p, int part, unsigned want) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  if (part >= (int)p->hdr->n_partitions) return umbp_fail(-EINVAL, "partition %d does not exist", part);
+  int n = 0;
+  /* namespaces over quota give up their own blocks first */
+  for (uint32_t ns = 0; ns < UMBP_MAX_NAMESPACES && (unsigned)n < want; ns++) {
+    if (!ns_over_quota(ix, ns)) continue;
+    for (unsigned q = 0; q < p->hdr->n_partitions && (unsigned)n < want; q++)
+      if (part < 0 || (int)q == part) n += evict_part(p, t, q, want - (unsigned)n, ns);
+  }
+  for (unsigned q = 0; q < p->hdr->n_partitions && (unsigned)n < want; q++)
+    if (part < 0 || (int)q == part) n += evict_part(p, t, q, want - (unsigned)n, UINT32_MAX);
+  umbp_reclaim(p);
+  return n;
+}
+
+/* ---- reserve / publish / abort ------------------------------------------------ */
+static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint32_t *ret) {
+  void *ring = ix->rings[part];
+  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  for (;;) {
+    union ring_elem e;
+    struct umbp_ring_claim c;
+    if (umbp_ring_dequeue_begin(ring, &e, p->owner_id, &c) != 0) return -ENOSPC;
+    uint64_t v = e.v;
+    uint32_t s = (uint32_t)v;
+    bool ok = false;
+    if (v < ix->slot_count && s - d->first_slot < d->slot_count) {
+      struct umbp_slot_meta *m = &ix->meta[s];
+      uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
+      /* FREE -> RESERVED(us) before the dequeue completes: a reaper of ours finds
+       * the slot either in our claimed cell or RESERVED under our id */
+      if (ST_STATE(w) == UMBP_SLOT_FREE &&
+          atomic_compare_exchange_strong_explicit(&m->state, &w, ST_NEXT(w, UMBP_SLOT_RESERVED, p->owner_id),
+                                                  memory_order_acq_rel, memory_order_relaxed))
+        ok = true;
+    }
+    umbp_ring_dequeue_commit(ring, &c);
+    if (ok) {
+      *ret = s;
+      return 0;
+    }
+    umbp_log(UMBP_LOG_WARN, "pool %s: dropped bad free-queue entry %llu on partition %u", p->name,
+             (unsigned long long)v, part);
+  }
+}
+
+static int pick_part(umbp_pool *p, int part) {
+  if (part >= 0) return part;
+  unsigned best = 0;
+  uint64_t bestn = 0;
+  for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
+    uint64_t n = umbp_ring_count(p->index->rings[i]);
+    if (n > bestn) {
+      bestn = n;
+      best = i;
+    }
+  }
+  return (int)best;
+}
+
+UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, uint32_t *ret_slots) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  if (n && !ret_slots) return -EINVAL;
+  if (part >= (int)p->hdr->n_partitions || part < -1)
+    return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u)", part, p->hdr->n_partitions);
+  if (ns >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", ns);
+  unsigned got = 0;
+  int q = pick_part(p, part);
+  for (unsigned attempt = 0; got < n && attempt < 8; attempt++) {
+    if (ns_over_quota(ix, ns)) {
+      evict_part(p, t, (unsigned)q, n - got, ns);
+      reclaim_wait(p, 2000000);
+    }
+    while (got < n && reserve_one(p, ix, (unsigned)q, &ret_slots[got]) == 0) got++;
+    if (got == n) break;
+    /* on-demand eviction, bounded: a batch, then a short wait for readers */
+    reclaim_wait(p, 0);
+    unsigned want = n - got < 32 ? 32 : n - got;
+    int ev = evict_part(p, t, (unsigned)q, want, UINT32_MAX);
+    reclaim_wait(p, 2000000);
+    if (ev <= 0 && attempt >= 2) {
+      if (umbp_pool_reap(p) <= 0 && part < 0 && p->hdr->n_partitions > 1) q = (q + 1) % (int)p->hdr->n_partitions;
+      else if (attempt >= 4) break;
+    }
+  }
+  if (got == 0 && n)
+    return umbp_fail(-ENOSPC, "no free slot on partition %d of pool '%s' and nothing could be evicted "
+                              "(every block is pinned or reserved): unpin blocks or enlarge the pool",
+                     q, p->name);
+  return (int)got;
+}
+
+UMBP_API int umbp_reserve(umbp_pool *p, int part, uint32_t ns, uint32_t *ret_slot) {
+  uint32_t s;
+  int rc = umbp_reserve_bulk(p, part, ns, 1, &s);
+  if (rc < 0) return rc;
+  *ret_slot = s;
+  return 0;
+}
+
+static int check_reserved(umbp_pool *p, uint32_t slot, uint64_t *ret_w) {
+  if (slot >= p->hdr->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
+  uint64_t w = atomic_load_explicit(&p->index->meta[slot].state, memory_order_acquire);
+  if (ST_STATE(w) != UMBP_SLOT_RESERVED || ST_OWNER(w) != p->owner_id)
+    return umbp_fail(-EINVAL, "slot %u is not reserved by this process", slot);
+  *ret_w = w;
+  return 0;
+}
+
+UMBP_API int umbp_abort(umbp_pool *p, uint32_t slot) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  uint64_t w;
+  if ((rc = check_reserved(p, slot, &w))) return rc;
+  free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
+  return 0;
+}
+
+UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  struct umbp_key_shm k;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  if ((rc = key_to_shm(key, &k))) return rc;
+  uint64_t w;
+  if ((rc = check_reserved(p, slot, &w))) return rc;
+  if (k.ns >= UMBP_MAX_NAMESPACES || atomic_load_explicit(&ix->ns[k.ns].state, memory_order_acquire) != 1)
+    return umbp_fail(-EINVAL, "namespace %u is not registered: register it with umbp_ns_register()", k.ns);
+  struct umbp_slot_meta *m = &ix->meta[slot];
+  uint64_t h = umbp_key_hash(&k);
+  m->key = k; /* made visible by the release CAS of the way below */
+  m->hash32 = (uint32_t)h;
+  atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
+  uint32_t home = (uint32_t)h & ix->bmask;
+  struct umbp_bucket *hb = &ix->buckets[home];
+  spin_lock_owner(p, &hb->lock);
+  /* first writer wins: look for the key under the home lock */
+  uint64_t st;
+  struct umbp_reader_shm *r = reader_of(ix, t);
+  rd_lock(ix, r);
+  uint32_t other = probe(ix, &k, h, &st);
+  rd_unlock(r);
+  if (other != UMBP_NO_SLOT) {
+    spin_unlock(&hb->lock);
+    free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
+    count_ns(ix, t, k.ns, UMBP_CTR_DUPLICATES, 1);
+    return -EEXIST;
+  }
+  uint64_t way = way_make(h, slot);
+  bool placed = false;
+  for (unsigned d = 0; d < UMBP_MAX_PROBE && !placed; d++) {
+    struct umbp_bucket *b = &ix->buckets[(home + d) & ix->bmask];
+    for (unsigned i = 0; i < UMBP_BUCKET_WAYS; i++) {
+      if (atomic_load_explicit(&b->way[i], memory_order_relaxed)) continue;
+      /* overflow first (release), so a reader that finds the home bucket without
+       * the key still looks further (pairs with probe()'s acquire load) */
+      if (d) atomic_fetch_add_explicit(&hb->overflow, 1, memory_order_release);
+      uint64_t z = 0;
+      /* release: the key and block bytes written before are visible to a
+       * reader that loads this way (pairs with probe()'s acquire load) */
+      if (atomic_compare_exchange_strong_explicit(&b->way[i], &z, way, memory_order_release, memory_order_relaxed)) {
+        /* PUBLISHED only once linked: an evictor never sees a published slot
+         * without its way; a reader that finds the way before this store sees
+         * RESERVED and misses (pairs with probe()'s acquire load of state) */
+        atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_PUBLISHED, 0), memory_order_release);
+        placed = true;
+        break;
+      }
+      if (d) atomic_fetch_sub_explicit(&hb->overflow, 1, memory_order_relaxed);
+    }
+  }
+  spin_unlock(&hb->lock);
+  if (!placed) {
+    free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
+    return umbp_fail(-ENOSPC, "index neighbourhood of this key is full (%d buckets): the pool's index is "
+                              "overloaded",
+                     UMBP_MAX_PROBE);
+  }
+  atomic_fetch_add_explicit(&ix->ns[k.ns].used_slots, 1, memory_order_relaxed);
+  count_ns(ix, t, k.ns, UMBP_CTR_INSERTS, 1);
+  count_part(ix, t, slot_part(p, slot), UMBP_CTR_INSERTS, 1);
+  if (atomic_load_explicit(&ix->ev_stored, memory_order_relaxed)) emit(ix, UMBP_EV_STORED, &k);
+  return 0;
+}
+
+UMBP_API int umbp_publish_bulk(umbp_pool *p, unsigned n, const uint32_t *slots, const umbp_key *keys, int *rc) {
+  if (!p || (n && (!slots || !keys))) return -EINVAL;
+  int ok = 0;
+  for (unsigned i = 0; i < n; i++) {
+    int r = umbp_publish(p, slots[i], &keys[i]);
+    if (rc) rc[i] = r;
+    ok += r == 0;
+  }
+  return ok;
+}
+
+/* ---- reaping a dead process's index state --------------------------------- */
+struct reap_ctx {
+  umbp_pool *p;
+  uint16_t dead;
+  unsigned ledger_tid;
+};
+
+static void reap_ring_item(void *arg, const void *elem) {
+  struct reap_ctx *c = arg;
+  uint64_t v;
+  memcpy(&v, elem, sizeof v);
+  umbp_pool *p = c->p;
+  if (v >= p->hdr->slot_count) return;
+  struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + v;
+  uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
+  if (ST_STATE(w) == UMBP_SLOT_RESERVED && ST_OWNER(w) == c->dead) return; /* handled as a reservation */
+  if (ST_STATE(w) != UMBP_SLOT_FREE) return;
+  free_slot(p, &p->procs[c->dead - 1], c->ledger_tid, (uint32_t)v, c->dead);
+}
+
+/* Called with the dead process's registry lock held (registry.c). Acts under
+ * the dead process's owner id, so that if this reaper dies too, the next one
+ * repairs its half-done steps the same way. */
+void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
+  struct umbp_shm_header *h = p->hdr;
+  struct umbp_proc_slot *ps = &p->procs[slot];
+  uint16_t dead = (uint16_t)(slot + 1);
+  struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+  struct umbp_pin_row *pins = umbp_pool_region(p, UMBP_REG_PINS);
+  struct umbp_bucket *buckets = umbp_pool_region(p, UMBP_REG_BUCKETS);
+  struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+  struct umbp_reader_shm *rd = (struct umbp_reader_shm *)umbp_pool_region(p, UMBP_REG_READERS) +
+                               (size_t)slot * UMBP_MAX_THREADS;
+  /* 1. reader state: a dead reader must not hold back reclamation */
+  for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) atomic_store_explicit(&rd[t].ctr, 0, memory_order_release);
+  atomic_store_explicit(&ps->thread_bits, 0, memory_order_release);
+  /* 2. half-finished ring operations. Ledger slot 0 is the reaper's. */
+  struct reap_ctx c = {.p = p, .dead = dead, .ledger_tid = 0};
+  uint32_t ledger[UMBP_MAX_THREADS];
+  for (unsigned t = 0; t < UMBP_MAX_THREADS; t++)
+    ledger[t] = atomic_load_explicit(&ps->inflight_slot[t], memory_order_acquire);
+  for (unsigned i = 0; i < h->n_partitions; i++) umbp_ring_repair(part_ring(p, i), dead, reap_ring_item, &c);
+  umbp_ring_repair(umbp_pool_region(p, UMBP_REG_EVENTS), dead, NULL, NULL);
+  /* 3. slots a thread was freeing: back on the queue unless they made it there */
+  for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
+    uint32_t s = ledger[t];
+    if (s >= h->slot_count) continue;
+    uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
+    int part = slot_part(p, s);
+    union ring_elem v = {.v = s};
+    if (part >= 0 && (ST_STATE(w) == UMBP_SLOT_FREE || (ST_STATE(w) == UMBP_SLOT_RETIRED && ST_OWNER(w) == dead)) &&
+        !umbp_ring_contains(part_ring(p, (unsigned)part), &v)) {
+      /* a RETIRED one is left for step 4 */
+      if (ST_STATE(w) == UMBP_SLOT_FREE) free_slot(p, ps, 0, s, dead);
+    }
+    atomic_store_explicit(&ps->inflight_slot[t], UINT32_MAX, memory_order_relaxed);
+  }
+  /* 4. reservations, half-done removals and retired slots of the dead process */
+  unsigned orphans = 0;
+  for (uint32_t s = 0; s < h->slot_count; s++) {
+    uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
+    if (ST_OWNER(w) != dead) continue;
+    unsigned st = ST_STATE(w);
+    if (st == UMBP_SLOT_RESERVED || st == UMBP_SLOT_EVICTING) {
+      /* it may be in the index (died inside publish or remove): unlink, then retire */
+      struct umbp_key_shm k = meta[s].key;
+      bool was_linked = unlink_way(buckets, h->n_buckets - 1, s, umbp_key_hash(&k));
+      if (st == UMBP_SLOT_EVICTING || was_linked) {
+        if (k.ns < UMBP_MAX_NAMESPACES && st == UMBP_SLOT_EVICTING) {
+          struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + k.ns;
+          atomic_fetch_sub_explicit(&ns->used_slots, 1, memory_order_relaxed);
+        }
+      }
+      atomic_store_explicit(&meta[s].retire_epoch, atomic_load(&ih->epoch), memory_order_relaxed);
+      atomic_store_explicit(&meta[s].state, ST_NEXT(w, UMBP_SLOT_RETIRED, dead), memory_order_release);
+      atomic_fetch_add_explicit(&ih->retired_count, 1, memory_order_relaxed);
+      orphans++;
+    } else if (st == UMBP_SLOT_RETIRED) {
+      orphans++;
+    }
+  }
+  /* 5. pins held by the dead process */
+  for (uint32_t s = 0; s < h->slot_count; s++)
+    if (atomic_load_explicit(&pins[s].by_proc[slot], memory_order_relaxed))
+      atomic_store_explicit(&pins[s].by_proc[slot], 0, memory_order_release);
+  /* 6. locks it held */
+  for (uint32_t b = 0; b < h->n_buckets; b++) {
+    uint32_t cur = dead;
+    atomic_compare_exchange_strong(&buckets[b].lock, &cur, 0);
+  }
+  uint32_t cur = dead;
+  atomic_compare_exchange_strong(&ih->ns_lock, &cur, 0);
+  cur = dead;
+  atomic_compare_exchange_strong(&ih->evict_lock, &cur, 0);
+  /* 7. counters: fold into the reaped row */
+  struct umbp_counter_row *rows = umbp_pool_region(p, UMBP_REG_COUNTERS);
+  struct umbp_counter_row *from = &rows[slot], *to = &rows[UMBP_MAX_PROCS];
+  for (unsigned n = 0; n < UMBP_MAX_NAMESPACES; n++)
+    for (unsigned k = 0; k < UMBP_CTR_COUNT; k++) {
+      uint64_t v = atomic_exchange_explicit(&from->ns[n][k], 0, memory_order_relaxed);
+      if (v) atomic_fetch_add_explicit(&to->ns[n][k], v, memory_order_relaxed);
+    }
+  for (unsigned n = 0; n < UMBP_MAX_PARTITIONS; n++)
+    for (unsigned k = 0; k < UMBP_CTR_COUNT; k++) {
+      uint64_t v = atomic_exchange_explicit(&from->part[n][k], 0, memory_order_relaxed);
+      if (v) atomic_fetch_add_explicit(&to->part[n][k], v, memory_order_relaxed);
+    }
+  /* 8. retired slots: reclaim those whose grace period is over, leave the
+   * rest to whoever claims this registry slot next (orphans flag) */
+  if (orphans) {
+    bool memb = (h->compat_features & UMBP_FEAT_COMPAT_MEMBARRIER) && umbp_membarrier_supported();
+    uint64_t end = umbp_now_ns() + 5000000;
+    unsigned left;
+    do {
+      left = 0;
+      uint64_t min = readers_min_epoch(p, memb);
+      for (uint32_t s = 0; s < h->slot_count; s++) {
+        uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
+        if (ST_STATE(w) != UMBP_SLOT_RETIRED || ST_OWNER(w) != dead) continue;
+        if (atomic_load_explicit(&meta[s].retire_epoch, memory_order_relaxed) < min) {
+          free_slot(p, ps, 0, s, dead);
+          atomic_fetch_sub_explicit(&ih->retired_count, 1, memory_order_relaxed);
+        } else {
+          left++;
+        }
+      }
+    } while (left && umbp_now_ns() < end);
+    atomic_store(&ps->orphans, left ? 1u : 0u);
+  }
+}
+
+/* ---- statistics --------------------------------------------------------------- */
+static void sum_row(const struct umbp_counter_row *rows, bool part, unsigned id, umbp_counters *out) {
+  uint64_t v[UMBP_CTR_COUNT] = {0};
+  for (unsigned r = 0; r <= UMBP_MAX_PROCS; r++)
+    for (unsigned k = 0; k < UMBP_CTR_COUNT; k++)
+      v[k] += atomic_load_explicit(part ? &rows[r].part[id][k] : &rows[r].ns[id][k], memory_order_relaxed);
+  out->lookups += v[UMBP_CTR_LOOKUPS];
+  out->hits += v[UMBP_CTR_HITS];
+  out->misses += v[UMBP_CTR_MISSES];
+  out->inserts += v[UMBP_CTR_INSERTS];
+  out->duplicates += v[UMBP_CTR_DUPLICATES];
+  out->evictions += v[UMBP_CTR_EVICTIONS];
+  out->removes += v[UMBP_CTR_REMOVES];
+  out->pins += v[UMBP_CTR_PINS];
+}
+
+UMBP_API int umbp_counters_ns(umbp_pool *p, uint32_t ns, umbp_counters *ret) {
+  if (!p || !ret) return -EINVAL;
+  if (ns != UINT32_MAX && ns >= UMBP_MAX_NAMESPACES) return -EINVAL;
+  umbp_counters_flush(p);
+  umbp_counters c;
+  memset(&c, 0, sizeof c);
+  const struct umbp_counter_row *rows = umbp_pool_region(p, UMBP_REG_COUNTERS);
+  if (ns == UINT32_MAX)
+    for (unsigned n = 0; n < UMBP_MAX_NAMESPACES; n++) sum_row(rows, false, n, &c);
+  else
+    sum_row(rows, false, ns, &c);
+  *ret = c;
+  return 0;
+}
+
+UMBP_API int umbp_counters_part(umbp_pool *p, unsigned part, umbp_counters *ret) {
+  if (!p || !ret || part >= p->hdr->n_partitions) return -EINVAL;
+  umbp_counters_flush(p);
+  umbp_counters c;
+  memset(&c, 0, sizeof c);
+  sum_row(umbp_pool_region(p, UMBP_REG_COUNTERS), true, part, &c);
+  *ret = c;
+  return 0;
+}
+
+UMBP_API int umbp_census(umbp_pool *p, umbp_slot_census *ret) {
+  if (!p || !ret) return -EINVAL;
+  umbp_slot_census c;
+  memset(&c, 0, sizeof c);
+  const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+  const struct umbp_pin_row *pins = umbp_pool_region(p, UMBP_REG_PINS);
+  c.total = p->hdr->slot_count;
+  for (uint32_t s = 0; s < p->hdr->slot_count; s++) {
+    uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
+    switch (ST_STATE(w)) {
+    case UMBP_SLOT_FREE: c.free_++; break;
+    case UMBP_SLOT_RESERVED: c.reserved++; break;
+    case UMBP_SLOT_PUBLISHED:
+      c.published++;
+      if (!pins_clear(&pins[s])) c.pinned++;
+      break;
+    case UMBP_SLOT_EVICTING: c.evicting++; break;
+    case UMBP_SLOT_RETIRED: c.retired++; break;
+    default: break;
+    }
+  }
+  for (unsigned i = 0; i < p->hdr->n_partitions; i++) c.in_rings += umbp_index_free_slots(p, i);
+  *ret = c;
+  return 0;
+}
+
+UMBP_API int umbp_index_stats(umbp_pool *p, uint64_t *ret_entries, uint64_t *hist, unsigned nhist) {
+  if (!p || !ret_entries) return -EINVAL;
+  const struct umbp_bucket *b = umbp_pool_region(p, UMBP_REG_BUCKETS);
+  const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+  uint32_t mask = p->hdr->n_buckets - 1;
+  uint64_t n = 0;
+  if (hist) memset(hist, 0, nhist * sizeof *hist);
+  for (uint32_t i = 0; i <= mask; i++)
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
+      uint64_t v = atomic_load_explicit(&b[i].way[w], memory_order_acquire);
+      if (!v) continue;
+      n++;
+      uint32_t s = (uint32_t)v - 1;
+      if (!hist || s >= p->hdr->slot_count) continue;
+      uint32_t home = meta[s].hash32 & mask;
+      unsigned d = (i - home) & mask;
+      if (d >= nhist) d = nhist - 1;
+      hist[d]++;
+    }
+  *ret_entries = n;
+  return 0;
+}
+
+/* ---- background evictor -------------------------------------------------------- */
+static void *evictor_main(void *arg) {
+  umbp_pool *p = arg;
+  struct umbp_index *ix = p->index;
+  while (!atomic_load_explicit(&ix->ev_stop, memory_order_acquire)) {
+    umbp_pool_heartbeat(p);
+    for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
+      uint64_t total = p->hdr->partitions[i].slot_count;
+      uint64_t low = total * ix->ev_low / 100, high = total * ix->ev_high / 100;
+      uint64_t free_n = umbp_ring_count(ix->rings[i]);
+      if (free_n < low) umbp_evict(p, (int)i, (unsigned)(high - free_n));
+    }
+    umbp_reclaim(p);
+    struct timespec ts = {ix->ev_period_ms / 1000, (long)(ix->ev_period_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  umbp_counters_flush(p);
+  return NULL;
+}
+
+UMBP_API int umbp_evictor_start(umbp_pool *p, unsigned low_pct, unsigned high_pct, unsigned period_ms) {
+  if (!p || !p->index) return -EINVAL;
+  struct umbp_index *ix = p->index;
+  if (ix->ev_running) return umbp_fail(-EBUSY, "this process already runs an evictor on pool '%s'", p->name);
+  if (!low_pct) low_pct = 5;
+  if (!high_pct) high_pct = 10;
+  if (low_pct >= high_pct || high_pct > 100)
+    return umbp_fail(-EINVAL, "watermarks %u%% / %u%% are invalid: need low < high <= 100", low_pct, high_pct);
+  ix->ev_low = low_pct;
+  ix->ev_high = high_pct;
+  ix->ev_period_ms = period_ms ? period_ms : 10;
+  atomic_store(&ix->ev_stop, false);
+  int rc = pthread_create(&ix->ev_thread, NULL, evictor_main, p);
+  if (rc) return umbp_fail(-rc, "cannot start the evictor thread: %s", strerror(rc));
+  ix->ev_running = true;
+  return 0;
+}
+
+UMBP_API void umbp_evictor_stop(umbp_pool *p) {
+  if (!p || !p->index || !p->index->ev_running) return;
+  atomic_store_explicit(&p->index->ev_stop, true, memory_order_release);
+  pthread_join(p->index->ev_thread, NULL);
+  p->index->ev_running = false;
+}

@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Per-process state of the block index and its hot-path helpers (internal). */
+#ifndef UMBP_INDEX_INTERNAL_H
+#define UMBP_INDEX_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "index/index_shm.h"
+#include "shm/pool_internal.h"
+#include "umbp/index.h"
+
+#define UMBP_MAX_PROBE 16 /* buckets a key may live from its home */
+
+/* Slot state word: state | owner << 8 | gen << 24 */
+#define ST_STATE(w) ((unsigned)((w) & 0xff))
+#define ST_OWNER(w) ((uint16_t)(((w) >> 8) & 0xffff))
+#define ST_GEN(w) ((w) >> 24)
+#define ST_MAKE(state, owner, gen) ((uint64_t)(state) | ((uint64_t)(owner) << 8) | ((uint64_t)(gen) << 24))
+#define ST_NEXT(w, state, owner) ST_MAKE(state, owner, ST_GEN(w) + 1)
+
+struct umbp_index {
+  umbp_pool *p;
+  uint64_t instance; /* unique per process, for thread-local caches */
+  struct umbp_index_hdr *ih;
+  struct umbp_bucket *buckets;
+  uint32_t bmask;
+  struct umbp_slot_meta *meta;
+  struct umbp_pin_row *pins;
+  struct umbp_reader_shm *readers; /* this process's row of UMBP_MAX_THREADS */
+  struct umbp_ns_shm *ns;
+  struct umbp_counter_row *ctr;    /* this process's row */
+  void *events;
+  void *rings[UMBP_MAX_PARTITIONS];
+  uint32_t slot_count;
+  uint64_t slot_size;
+  char *arena_base; /* unused: slots are addressed through partitions */
+  bool memb;        /* readers rely on the writers' membarrier */
+  _Atomic bool ev_stored;
+  pthread_mutex_t limbo_mu;
+  uint32_t *limbo;
+  size_t nlimbo, limbo_cap;
+  /* evictor thread */
+  pthread_t ev_thread;
+  bool ev_running;
+  _Atomic bool ev_stop;
+  unsigned ev_low, ev_high, ev_period_ms;
+};
+
+/* 64-bit key hash (not cryptographic: the block hash is already one). */
+static inline uint64_t umbp_key_hash(const struct umbp_key_shm *k) {
+  uint64_t w[6];
+  memcpy(w, k, sizeof w);
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 6; i++) {
+    uint64_t x = w[i] * 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 31;
+    h = (h ^ x) * 0x94d049bb133111ebull;
+  }
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 32;
+  return h;
+}
+
+#endif

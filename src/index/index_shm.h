@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Shared-memory structures of the block index (frozen layout; see index.c for
+ * the design note). Integers only. */
+#ifndef UMBP_INDEX_SHM_H
+#define UMBP_INDEX_SHM_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "umbp/pool.h"
+
+#define UMBP_HASH_MAX 32
+#define UMBP_BUCKET_WAYS 7
+
+/* The full key of a block, kept in its slot's metadata for exact comparison. */
+struct umbp_key_shm {
+  uint32_t ns;
+  uint16_t tp, pcp, dcp, pp;
+  uint16_t group;
+  uint8_t hash_len;
+  uint8_t pad;
+  uint8_t hash[UMBP_HASH_MAX];
+};
+_Static_assert(sizeof(struct umbp_key_shm) == 48, "key frozen");
+
+/* Slot states (low 8 bits of slot_meta.state); bits 8..23 owner (registry slot+1)
+ * for RESERVED; bits 24..63 a generation that bumps on every transition. */
+enum umbp_slot_state {
+  UMBP_SLOT_FREE = 0,      /* on its partition's free ring (or being dequeued) */
+  UMBP_SLOT_RESERVED = 1,  /* owned by one process, bytes being written */
+  UMBP_SLOT_PUBLISHED = 2, /* in the index, readable, pinnable */
+  UMBP_SLOT_EVICTING = 3,  /* an evictor/remover won it; pins are being checked */
+  UMBP_SLOT_RETIRED = 4,   /* out of the index; waiting for a grace period */
+};
+
+struct umbp_slot_meta {
+  _Atomic uint64_t state;  /* state | owner << 8 | gen << 24 */
+  struct umbp_key_shm key; /* valid from publish until reuse */
+  uint32_t hash32;         /* key hash (bucket + signature) */
+  _Atomic uint8_t ref;     /* CLOCK reference bit */
+  uint8_t pad[3];
+  _Atomic uint64_t retire_epoch; /* for RETIRED: grace-period token */
+};
+_Static_assert(sizeof(struct umbp_slot_meta) == 72, "slot meta frozen");
+
+struct umbp_bucket {
+  _Atomic uint64_t way[UMBP_BUCKET_WAYS]; /* 0 empty; else sig32 << 32 | (slot + 1) */
+  _Atomic uint32_t lock;                  /* inserter's owner id, 0 free */
+  _Atomic uint32_t overflow;              /* keys homed here that live in later buckets */
+};
+_Static_assert(sizeof(struct umbp_bucket) == 64, "bucket is one cache line");
+
+/* Pins: one byte per (slot, process); a slot is pinned iff any byte is non-zero. */
+struct umbp_pin_row {
+  _Atomic uint8_t by_proc[UMBP_MAX_PROCS];
+};
+_Static_assert(sizeof(struct umbp_pin_row) == 64, "pin row is one cache line");
+
+/* Reader state for grace periods: one cache line per (process, thread). */
+struct umbp_reader_shm {
+  _Atomic uint64_t ctr; /* 0: offline; else the epoch the reader entered at */
+  uint64_t pad[7];
+};
+
+struct umbp_ns_shm {
+  _Atomic uint32_t state; /* 0 free, 1 in use */
+  uint32_t id;
+  uint32_t name_len;
+  uint32_t reserved;
+  _Atomic uint64_t quota_bytes; /* 0: none */
+  _Atomic uint64_t used_slots;
+  char name[136];
+  uint8_t pad[256 - 168];
+};
+_Static_assert(sizeof(struct umbp_ns_shm) == 256, "namespace frozen");
+
+enum umbp_counter_id {
+  UMBP_CTR_LOOKUPS = 0,
+  UMBP_CTR_HITS,
+  UMBP_CTR_MISSES,
+  UMBP_CTR_INSERTS,
+  UMBP_CTR_DUPLICATES,
+  UMBP_CTR_EVICTIONS,
+  UMBP_CTR_REMOVES,
+  UMBP_CTR_PINS,
+  UMBP_CTR_COUNT
+};
+
+/* Counters are written only by their own process (one row per registry slot,
+ * plus a row for the folded-in totals of reaped processes) so that a lookup
+ * never writes a line another process writes. */
+struct umbp_counter_row {
+  _Atomic uint64_t ns[UMBP_MAX_NAMESPACES][UMBP_CTR_COUNT];
+  _Atomic uint64_t part[UMBP_MAX_PARTITIONS][UMBP_CTR_COUNT];
+};
+
+struct umbp_event_shm {
+  uint8_t type; /* 1 stored, 2 removed, 3 cleared */
+  uint8_t pad[7];
+  struct umbp_key_shm key;
+};
+_Static_assert(sizeof(struct umbp_event_shm) == 56, "event frozen");
+
+struct umbp_index_hdr {
+  _Atomic uint64_t epoch __attribute__((aligned(64))); /* grace-period token */
+  _Atomic uint32_t ns_lock __attribute__((aligned(64)));
+  _Atomic uint32_t n_namespaces;
+  _Atomic uint32_t evict_lock __attribute__((aligned(64)));
+  _Atomic uint32_t clock_hand[UMBP_MAX_PARTITIONS] __attribute__((aligned(64)));
+  _Atomic uint64_t retired_count __attribute__((aligned(64)));
+  _Atomic uint64_t low_watermark_pct;  /* eviction starts below this % free */
+  _Atomic uint64_t high_watermark_pct; /* and stops at this % free */
+};
+
+#endif

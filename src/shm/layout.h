@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * layout.h — the frozen byte layout of a pool segment (internal).
+ *
+ * Design note. The segment begins with a 4 KiB header, then regions whose
+ * offsets (from the segment base) and sizes are recorded in the header's
+ * region table, so a reader never derives a position from its own build's
+ * constants. Everything in the segment is an integer, an index or an offset:
+ * processes map it at different addresses (STYLE 6).
+ *
+ *   [header 4 KiB][registry][readers][namespaces][index header][buckets]
+ *   [slot meta][pins][free rings][event ring][counters] ... [arena: partitions,
+ *   each 2 MiB-aligned, slot_count_p * slot_size bytes]
+ *
+ * The header is immutable after creation except for its trailing "mutable"
+ * cache line (run generation, owner). The immutable part carries a checksum,
+ * so a corrupted header is refused instead of followed. The magic is stored
+ * last with release order; attachers load it with acquire order, which makes
+ * every initialising store of the creator visible to them (pairing:
+ * segment.c:publish_magic / segment.c:wait_magic).
+ *
+ * Versioning: layout_major changes when an older build could misread the
+ * segment (refused on attach, naming both versions); layout_minor adds
+ * compatible fields. compat/incompat feature bits work as in pmdk's pool_hdr:
+ * an unknown incompat bit is refused. The ABI fingerprint hashes the sizes and
+ * alignments of every shared struct and the cache-line size.
+ */
+#ifndef UMBP_SHM_LAYOUT_H
+#define UMBP_SHM_LAYOUT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "umbp/pool.h"
+
+#define UMBP_MAGIC 0x4c4f4f5050424d55ull /* "UMBPPOOL" little-endian */
+#define UMBP_LAYOUT_MAJOR 1
+#define UMBP_LAYOUT_MINOR 0
+#define UMBP_HEADER_BYTES 4096u
+#define UMBP_PART_ALIGN (2u << 20) /* 2 MiB: hugepage size, partition start alignment */
+
+/* incompat feature bits (an attacher refuses unknown ones) */
+#define UMBP_FEAT_INCOMPAT_HUGEPAGES (1ull << 0)
+#define UMBP_FEAT_INCOMPAT_KNOWN (UMBP_FEAT_INCOMPAT_HUGEPAGES)
+/* compat feature bits (informational) */
+#define UMBP_FEAT_COMPAT_MEMBARRIER (1ull << 0) /* readers rely on membarrier(GLOBAL_EXPEDITED) */
+
+enum umbp_region_id {
+  UMBP_REG_REGISTRY = 0,
+  UMBP_REG_READERS,
+  UMBP_REG_NAMESPACES,
+  UMBP_REG_INDEXHDR,
+  UMBP_REG_BUCKETS,
+  UMBP_REG_SLOTMETA,
+  UMBP_REG_PINS,
+  UMBP_REG_FREERINGS,
+  UMBP_REG_EVENTS,
+  UMBP_REG_COUNTERS,
+  UMBP_REG_ARENA,
+  UMBP_REG_COUNT
+};
+#define UMBP_REG_TABLE 16
+
+struct umbp_region_desc {
+  uint64_t offset; /* from the segment base, 64-byte aligned */
+  uint64_t size;
+};
+
+struct umbp_partition_desc {
+  int32_t numa_node; /* -1: none */
+  uint32_t mempolicy;
+  uint32_t first_slot;
+  uint32_t slot_count;
+  uint64_t offset;     /* of the partition's first slot, from the segment base */
+  uint64_t bytes;      /* slot_count * slot_size */
+  uint64_t ring_offset;/* this partition's free-slot ring, from the segment base */
+  uint64_t ring_bytes;
+};
+
+struct umbp_shm_header {
+  _Atomic uint64_t magic; /* UMBP_MAGIC once initialised (stored last, release) */
+  uint16_t layout_major;
+  uint16_t layout_minor;
+  uint32_t header_bytes;
+  uint64_t compat_features;
+  uint64_t incompat_features;
+  uint64_t abi_fingerprint;
+  uint64_t total_size;
+  uint32_t n_regions;
+  uint32_t n_partitions;
+  struct umbp_region_desc regions[UMBP_REG_TABLE];
+  struct umbp_partition_desc partitions[UMBP_MAX_PARTITIONS];
+  uint64_t slot_size;
+  uint32_t slot_count;
+  uint32_t max_procs;
+  uint32_t max_threads;
+  uint32_t max_namespaces;
+  uint32_t n_buckets;      /* power of two */
+  uint32_t event_capacity; /* power of two */
+  uint8_t uuid[16];
+  uint64_t created_ns;
+  int32_t creator_pid;
+  uint32_t creator_uid;
+  uint32_t flags;
+  uint32_t reserved0;
+  char name[UMBP_NAME_MAX + 8];
+  uint64_t header_checksum; /* FNV-1a of bytes [8, offsetof(header_checksum)) */
+  /* ---- mutable part, not checksummed ---- */
+  _Atomic uint64_t run_generation __attribute__((aligned(64)));
+  _Atomic uint32_t owner_slot; /* registry slot + 1 of the owning daemon, 0: none */
+  uint32_t reserved1;
+};
+
+_Static_assert(sizeof(struct umbp_shm_header) <= UMBP_HEADER_BYTES, "header fits its page");
+_Static_assert(offsetof(struct umbp_shm_header, magic) == 0, "magic first");
+_Static_assert(sizeof(struct umbp_partition_desc) == 48, "partition desc frozen");
+_Static_assert(sizeof(struct umbp_region_desc) == 16, "region desc frozen");
+
+/* ---- process registry --------------------------------------------------- */
+enum umbp_proc_state { UMBP_PROC_FREE = 0, UMBP_PROC_LIVE = 1 };
+
+/* One slot per attached read-write process. The slot's liveness is the OFD
+ * lock on byte UMBP_LOCK_PROC_BASE + slot of the segment file, never the pid. */
+struct umbp_proc_slot {
+  _Atomic uint32_t state;
+  uint32_t role;
+  int32_t rank;
+  int32_t pid;
+  uint64_t start_time;
+  uint64_t attach_ns;
+  _Atomic uint64_t heartbeat_ns;
+  _Atomic uint64_t incarnation;
+  char comm[16];
+  /* Per-process ledger used by the index: the slot a thread of this process
+   * is dequeuing from a free ring (see index.c, "who holds a slot"). */
+  _Atomic uint32_t inflight_slot[UMBP_MAX_THREADS];
+  _Atomic uint64_t thread_bits; /* reader-state slots in use by this process's threads */
+  _Atomic uint32_t orphans;     /* retired slots left under this id by a reaper */
+  uint32_t reserved0;
+  uint8_t reserved[256 - 64 - 16];
+};
+_Static_assert(sizeof(struct umbp_proc_slot) == 512, "proc slot frozen");
+
+#define UMBP_LOCK_PROC_BASE 0    /* byte i: registry slot i */
+#define UMBP_LOCK_DAEMON 4096    /* byte held by the pool's daemon */
+
+#endif

@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The process-local pool handle (never in shared memory). */
+#ifndef UMBP_POOL_INTERNAL_H
+#define UMBP_POOL_INTERNAL_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shm/layout.h"
+#include "umbp/pool.h"
+
+struct umbp_index; /* index module's per-process state */
+
+struct umbp_pool {
+  int fd;
+  void *base;              /* this process's mapping */
+  size_t size;
+  bool read_only;
+  bool hugepages;
+  int proc_slot;           /* registry slot, -1 if read-only */
+  uint16_t owner_id;       /* proc_slot + 1: the id this process writes into shared words */
+  char name[UMBP_NAME_MAX + 1];
+  char path[256];
+  struct umbp_shm_header *hdr;
+  struct umbp_proc_slot *procs;
+  struct umbp_index *index;/* lazily created per-process index state */
+};
+
+/* Checked offset-to-pointer: NULL when [off, off+len) is not inside the mapping. */
+static inline void *umbp_pool_at(const umbp_pool *p, uint64_t off, uint64_t len) {
+  if (off > p->size || len > p->size - off) return NULL;
+  return (char *)p->base + off;
+}
+
+static inline void *umbp_pool_region(const umbp_pool *p, int region) {
+  return (char *)p->base + p->hdr->regions[region].offset;
+}
+
+/* Is registry slot `slot` owned by a live process? Uses the OFD lock. */
+bool umbp_registry_alive(const umbp_pool *p, unsigned slot);
+
+/* Hook run (by the reaper holding the dead slot's lock) to release the state
+ * a dead process left behind: index pins, reader state, reservations, ring
+ * claims. Implemented by the index module. */
+void umbp_index_reap_proc(umbp_pool *p, unsigned slot);
+/* Index hooks for attach/detach (per-process state). */
+int umbp_index_attach_hook(umbp_pool *p);
+void umbp_index_detach_hook(umbp_pool *p);
+/* Initialise the index regions of a fresh segment (creator only). */
+int umbp_index_init_regions(umbp_pool *p);
+/* Free slots on a partition's ring. */
+uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part);
+
+/* Compute the layout of a pool with these parameters into *h (regions,
+ * partitions, totals). Exposed for tests and the fuzzer. */
+int umbp_layout_compute(const umbp_pool_params *params, const int *nodes, unsigned n_nodes,
+                        struct umbp_shm_header *h);
+/* Validate a header against the size of the file it came from; 0, -EPROTO or
+ * -EBADMSG with a message. Never reads outside [hdr, hdr + UMBP_HEADER_BYTES). */
+int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size);
+uint64_t umbp_abi_fingerprint(void);
+uint64_t umbp_header_checksum(const struct umbp_shm_header *h);
+
+#endif

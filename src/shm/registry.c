@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * registry.c — the process registry: one slot per read-write attachment.
+ *
+ * Design note. Liveness is never read from a pid (pids are reused, and
+ * processes in other pid namespaces see other numbers). Each registry slot i
+ * has a byte-range lock on byte UMBP_LOCK_PROC_BASE + i of the pool file,
+ * taken as an open-file-description (OFD) lock on the handle's own fd. The
+ * kernel drops it when the last fd of that description closes, i.e. when the
+ * process dies, however it dies. So:
+ *
+ *   alive(i)  <=>  someone holds lock byte i        (F_OFD_GETLK)
+ *
+ * The lock byte is also the slot's mutex for claiming and reaping:
+ *  - claim: try-lock byte i (F_OFD_SETLK, never blocking); on success the slot
+ *    is ours. If its state is not FREE, a dead process left it: reap its state
+ *    first. Then fill the fields and store state = LIVE (release; pairs with
+ *    the acquire loads of readers of the table).
+ *  - reap: try-lock byte i of a non-FREE slot; success means its owner is dead
+ *    (a live owner holds the lock). Holding the lock, release the state the
+ *    dead process left (umbp_index_reap_proc), store state = FREE, unlock.
+ *    Two reapers cannot reap the same slot: the lock admits one.
+ * A process killed between taking the lock and storing LIVE leaves a FREE
+ * slot whose lock the kernel drops: nothing to repair. The pid and start time
+ * are recorded for people (inspect), not for decisions.
+ *
+ * Caveat: a child created by fork() shares the parent's open file
+ * descriptions and so keeps the parent's slots "alive" until it exits or
+ * execs (the fd is O_CLOEXEC). Attach in the child after fork instead.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "shm/pool_internal.h"
+
+int umbp_registry_claim(struct umbp_pool *p, int role, int rank);
+void umbp_registry_release(struct umbp_pool *p);
+
+static int lock_byte(int fd, unsigned slot, int type) {
+  struct flock fl = {.l_type = (short)type, .l_whence = SEEK_SET,
+                     .l_start = UMBP_LOCK_PROC_BASE + (off_t)slot, .l_len = 1};
+  return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
+}
+
+bool umbp_registry_alive(const umbp_pool *p, unsigned slot) {
+  if (slot >= UMBP_MAX_PROCS) return false;
+  if ((int)slot == p->proc_slot) return true; /* our own OFD lock does not conflict with itself */
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                     .l_start = UMBP_LOCK_PROC_BASE + (off_t)slot, .l_len = 1};
+  if (fcntl(p->fd, F_OFD_GETLK, &fl) != 0) return true; /* cannot tell: assume alive (never reap wrongly) */
+  return fl.l_type != F_UNLCK;
+}
+
+static void reap_locked(struct umbp_pool *p, unsigned slot) {
+  struct umbp_proc_slot *s = &p->procs[slot];
+  umbp_log(UMBP_LOG_INFO, "pool %s: reaping registry slot %u of dead pid %d (%s)", p->name, slot, s->pid,
+           umbp_role_name((int)s->role));
+  umbp_index_reap_proc(p, slot);
+  /* pairs with the acquire load in umbp_pool_list_procs / claim */
+  atomic_store_explicit(&s->state, UMBP_PROC_FREE, memory_order_release);
+}
+
+int umbp_registry_claim(struct umbp_pool *p, int role, int rank) {
+  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+    struct umbp_proc_slot *s = &p->procs[i];
+    if (lock_byte(p->fd, i, F_WRLCK) != 0) continue; /* held by a live process (or a reaper) */
+    if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE) reap_locked(p, i);
+    s->role = (uint32_t)role;
+    s->rank = rank;
+    s->pid = getpid();
+    s->start_time = umbp_proc_start_time(s->pid);
+    s->attach_ns = umbp_realtime_ns();
+    atomic_store_explicit(&s->heartbeat_ns, s->attach_ns, memory_order_relaxed);
+    memset(s->comm, 0, sizeof s->comm);
+    prctl(PR_GET_NAME, s->comm, 0, 0, 0);
+    s->comm[15] = 0;
+    for (unsigned t = 0; t < UMBP_MAX_THREADS; t++)
+      atomic_store_explicit(&s->inflight_slot[t], UINT32_MAX, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->incarnation, 1, memory_order_relaxed);
+    /* release: the fields above are visible to whoever sees LIVE (acquire) */
+    atomic_store_explicit(&s->state, UMBP_PROC_LIVE, memory_order_release);
+    p->proc_slot = (int)i;
+    p->owner_id = (uint16_t)(i + 1);
+    return 0;
+  }
+  return umbp_fail(-EUSERS, "all %d process slots of pool '%s' are held by live processes: detach some, or "
+                            "check for stuck processes with 'umbp pool info %s'",
+                   UMBP_MAX_PROCS, p->name, p->name);
+}
+
+void umbp_registry_release(struct umbp_pool *p) {
+  if (p->proc_slot < 0) return;
+  struct umbp_proc_slot *s = &p->procs[p->proc_slot];
+  atomic_store_explicit(&s->state, UMBP_PROC_FREE, memory_order_release);
+  lock_byte(p->fd, (unsigned)p->proc_slot, F_UNLCK);
+  p->proc_slot = -1;
+  p->owner_id = 0;
+}
+
+UMBP_API int umbp_pool_reap(umbp_pool *p) {
+  if (!p) return -EINVAL;
+  if (p->read_only) return umbp_fail(-EROFS, "pool '%s' is attached read-only: reaping needs a read-write attachment", p->name);
+  int n = 0;
+  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+    if ((int)i == p->proc_slot) continue;
+    struct umbp_proc_slot *s = &p->procs[i];
+    if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE) continue;
+    if (lock_byte(p->fd, i, F_WRLCK) != 0) continue; /* alive, or being reaped by someone else */
+    if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE) {
+      reap_locked(p, i);
+      n++;
+    }
+    lock_byte(p->fd, i, F_UNLCK);
+  }
+  return n;
+}
+
+UMBP_API void umbp_pool_heartbeat(umbp_pool *p) {
+  if (!p || p->proc_slot < 0) return;
+  atomic_store_explicit(&p->procs[p->proc_slot].heartbeat_ns, umbp_realtime_ns(), memory_order_relaxed);
+}
+
+UMBP_API int umbp_pool_proc_slot(const umbp_pool *p) { return p ? p->proc_slot : -1; }
+
+UMBP_API const char *umbp_role_name(int role) {
+  switch (role) {
+  case UMBP_ROLE_SCHEDULER: return "scheduler";
+  case UMBP_ROLE_WORKER: return "worker";
+  case UMBP_ROLE_DAEMON: return "daemon";
+  case UMBP_ROLE_TOOL: return "tool";
+  default: return "other";
+  }
+}
+
+UMBP_API int umbp_pool_list_procs(umbp_pool *p, umbp_proc_info *out, unsigned max) {
+  if (!p || (!out && max)) return -EINVAL;
+  unsigned n = 0;
+  for (unsigned i = 0; i < UMBP_MAX_PROCS && n < max; i++) {
+    struct umbp_proc_slot *s = &p->procs[i];
+    if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE) continue;
+    umbp_proc_info *o = &out[n++];
+    memset(o, 0, sizeof *o);
+    o->slot = i;
+    o->pid = s->pid;
+    o->start_time = s->start_time;
+    o->role = (int)s->role;
+    o->rank = s->rank;
+    o->attach_ns = s->attach_ns;
+    o->heartbeat_ns = atomic_load_explicit(&s->heartbeat_ns, memory_order_relaxed);
+    o->incarnation = atomic_load_explicit(&s->incarnation, memory_order_relaxed);
+    o->alive = umbp_registry_alive(p, i);
+    o->self = (int)i == p->proc_slot;
+    memcpy(o->comm, s->comm, sizeof o->comm);
+    o->comm[15] = 0;
+  }
+  return (int)n;
+}

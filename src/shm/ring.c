@@ -1,0 +1,228 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * ring.c - the non-hot parts of the shared-memory MPMC ring: sizing, init,
+ * header validation, overwrite enqueue, statistics and dead-owner repair.
+ * The design note (cell states, who repairs a half-finished operation, the
+ * ordering pairs [R1]..[A3]) is at the top of ring.h.
+ *
+ * Like ring.h this file needs only libc, so it also builds outside meson.
+ */
+#include "shm/ring.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Bytes [8, 56) of the header as plain integers: what check_header copies out
+ * of the shared mapping once and validates. */
+struct umbp_ring_geom {
+  uint16_t layout_major;
+  uint16_t layout_minor;
+  uint32_t hdr_bytes;
+  uint32_t capacity;
+  uint32_t mask;
+  uint32_t elem_size;
+  uint32_t cell_size;
+  uint64_t total_bytes;
+  uint64_t abi;
+  uint64_t checksum;
+};
+_Static_assert(sizeof(struct umbp_ring_geom) == 48, "geometry mirrors header bytes [8, 56)");
+_Static_assert(offsetof(struct umbp_ring_geom, capacity) + 8 == offsetof(struct umbp_ring_hdr, capacity),
+               "geometry mirror layout");
+_Static_assert(offsetof(struct umbp_ring_geom, checksum) + 8 == offsetof(struct umbp_ring_hdr, checksum),
+               "geometry mirror layout");
+
+/* ABI fingerprint: what two builds must agree on to share a ring. */
+#define UMBP_RING_ABI                                                                                  \
+  ((uint64_t)sizeof(struct umbp_ring_hdr) | (uint64_t)sizeof(struct umbp_ring_cell) << 16 |            \
+   (uint64_t)UMBP_RING_LINE << 24 | (uint64_t)UMBP_RING_SEQ_BITS << 32 |                               \
+   (uint64_t)_Alignof(_Atomic uint64_t) << 40 | (uint64_t)UMBP_RING_LAYOUT_MAJOR << 48)
+
+/* FNV-1a 64 over the geometry fields (not the checksum itself). */
+static uint64_t ring_checksum(const struct umbp_ring_geom *g) {
+  const unsigned char *p = (const unsigned char *)g;
+  uint64_t h = UINT64_C(0xcbf29ce484222325);
+  for (size_t i = 0; i < offsetof(struct umbp_ring_geom, checksum); i++) {
+    h ^= p[i];
+    h *= UINT64_C(0x100000001b3);
+  }
+  return h;
+}
+
+static bool ring_params_ok(uint32_t capacity, uint32_t elem_size) {
+  if (capacity < 2 || capacity > UMBP_RING_MAX_CAPACITY || (capacity & (capacity - 1)) != 0) return false;
+  if (elem_size == 0 || elem_size > UMBP_RING_MAX_ELEM || elem_size % 8 != 0) return false;
+  return true;
+}
+
+size_t umbp_ring_bytes(uint32_t capacity, uint32_t elem_size) {
+  if (!ring_params_ok(capacity, elem_size)) return 0;
+  uint64_t cells = (uint64_t)capacity * (sizeof(struct umbp_ring_cell) + elem_size);
+  uint64_t total = UMBP_RING_HDR_BYTES + cells;
+  total = (total + UMBP_RING_LINE - 1) & ~(uint64_t)(UMBP_RING_LINE - 1);
+  return (size_t)total;
+}
+
+int umbp_ring_init_at(void *mem, size_t mem_bytes, uint32_t capacity, uint32_t elem_size,
+                      uint64_t start_pos) {
+  if (!mem || ((uintptr_t)mem % UMBP_RING_LINE) != 0) return -EINVAL;
+  size_t need = umbp_ring_bytes(capacity, elem_size);
+  if (need == 0 || mem_bytes < need) return -EINVAL;
+
+  struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)mem;
+  /* Nobody else may use the ring yet (contract), so plain stores are fine
+   * for everything but the atomics, which get relaxed stores; the magic's
+   * release below publishes them all. */
+  memset(mem, 0, need);
+  struct umbp_ring_geom g = {
+      .layout_major = UMBP_RING_LAYOUT_MAJOR,
+      .layout_minor = UMBP_RING_LAYOUT_MINOR,
+      .hdr_bytes = UMBP_RING_HDR_BYTES,
+      .capacity = capacity,
+      .mask = capacity - 1,
+      .elem_size = elem_size,
+      .cell_size = (uint32_t)sizeof(struct umbp_ring_cell) + elem_size,
+      .total_bytes = need,
+      .abi = UMBP_RING_ABI,
+  };
+  g.checksum = ring_checksum(&g);
+  memcpy((unsigned char *)mem + 8, &g, sizeof g);
+
+  atomic_store_explicit(&h->enq_pos, start_pos, memory_order_relaxed);
+  atomic_store_explicit(&h->deq_pos, start_pos, memory_order_relaxed);
+  atomic_store_explicit(&h->dropped, 0, memory_order_relaxed);
+  for (uint32_t i = 0; i < capacity; i++) {
+    /* The first position at or after start_pos that maps to cell i. */
+    uint64_t p = start_pos + ((i - start_pos) & g.mask);
+    struct umbp_ring_cell *c = umbp_ring__cell(h, p);
+    atomic_store_explicit(&c->word, umbp_ring__word(p, UMBP_RING_STABLE, 0), memory_order_relaxed);
+  }
+  /* Release: pairs with the load-acquire of the magic in check_header. */
+  atomic_store_explicit(&h->magic, UMBP_RING_MAGIC, memory_order_release);
+  return 0;
+}
+
+int umbp_ring_init(void *mem, size_t mem_bytes, uint32_t capacity, uint32_t elem_size) {
+  return umbp_ring_init_at(mem, mem_bytes, capacity, elem_size, 0);
+}
+
+int umbp_ring_check_header(const void *mem, size_t mem_bytes) {
+  if (!mem || ((uintptr_t)mem % UMBP_RING_LINE) != 0) return -EINVAL;
+  if (mem_bytes < UMBP_RING_HDR_BYTES) return -EBADMSG;
+  const struct umbp_ring_hdr *h = (const struct umbp_ring_hdr *)mem;
+  /* Acquire: pairs with init's release of the magic. */
+  uint64_t magic = atomic_load_explicit((_Atomic uint64_t *)&h->magic, memory_order_acquire);
+  if (magic != UMBP_RING_MAGIC) return -EBADMSG;
+
+  struct umbp_ring_geom g;
+  memcpy(&g, (const unsigned char *)mem + 8, sizeof g); /* one private copy, validated below */
+  if (g.layout_major != UMBP_RING_LAYOUT_MAJOR) return -EBADMSG;
+  if (g.abi != UMBP_RING_ABI) return -EBADMSG;
+  if (g.checksum != ring_checksum(&g)) return -EBADMSG;
+  if (g.hdr_bytes != UMBP_RING_HDR_BYTES) return -EBADMSG;
+  if (!ring_params_ok(g.capacity, g.elem_size)) return -EBADMSG;
+  if (g.mask != g.capacity - 1) return -EBADMSG;
+  if (g.cell_size != sizeof(struct umbp_ring_cell) + g.elem_size) return -EBADMSG;
+  size_t need = umbp_ring_bytes(g.capacity, g.elem_size);
+  if (g.total_bytes != need || need > mem_bytes) return -EBADMSG;
+  return 0;
+}
+
+/* Attempts before enqueue_overwrite gives up and drops the new element: enough
+ * to drop a whole ring's worth twice over, plus some spinning for a consumer
+ * that is in the middle of reading the one cell we need. */
+#define RING_OVERWRITE_SPINS 1024u
+
+unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owner) {
+  struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
+  const uint64_t limit = 2 * (uint64_t)h->capacity + RING_OVERWRITE_SPINS;
+  uint64_t scratch[UMBP_RING_MAX_ELEM / 8];
+  unsigned dropped = 0;
+
+  for (uint64_t tries = 0;; tries++) {
+    if (umbp_ring_enqueue_burst(ring, elem, 1, owner) == 1) return dropped;
+    if (tries >= limit) {
+      /* Nothing droppable and still no room: drop the new element itself. */
+      atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
+      return dropped + 1;
+    }
+    if (umbp_ring_dequeue_burst(ring, scratch, 1, owner) == 1) {
+      /* Relaxed: a statistic; no data is published through it. */
+      atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
+      dropped++;
+    } else {
+      umbp_ring__relax();
+    }
+  }
+}
+
+uint64_t umbp_ring_count(const void *ring) {
+  struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
+  /* deq first: both only grow, so reading enq later can only overestimate. */
+  uint64_t d = atomic_load_explicit(&h->deq_pos, memory_order_relaxed);
+  uint64_t e = atomic_load_explicit(&h->enq_pos, memory_order_relaxed);
+  int64_t n = (int64_t)(e - d);
+  if (n < 0) return 0; /* a repaired producer claim can leave enq_pos behind for a moment */
+  if ((uint64_t)n > h->capacity) return h->capacity;
+  return (uint64_t)n;
+}
+
+uint64_t umbp_ring_dropped(const void *ring) {
+  struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
+  return atomic_load_explicit(&h->dropped, memory_order_relaxed);
+}
+
+/* Help position *p past the cell whose seq is `seq`, if it still points there. */
+static void ring_help_seq(_Atomic uint64_t *p, uint64_t seq) {
+  uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
+  if ((cur & UMBP_RING_SEQ_MASK) == (seq & UMBP_RING_SEQ_MASK)) umbp_ring__help(p, cur);
+}
+
+unsigned umbp_ring_repair(void *ring, uint16_t dead_owner, void (*cb)(void *arg, const void *elem),
+                          void *arg) {
+  if (!ring || dead_owner == 0) return 0;
+  struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
+  const uint32_t cap = h->capacity, esz = h->elem_size;
+  uint64_t copy[UMBP_RING_MAX_ELEM / 8];
+  unsigned repaired = 0;
+
+  for (uint32_t i = 0; i < cap; i++) {
+    struct umbp_ring_cell *c = umbp_ring__cell(h, i);
+    /* [A1r] acquire: for a READING cell this synchronises with the producer's
+     * [R1] through the release sequence continued by the consumer's claim. */
+    uint64_t w = atomic_load_explicit(&c->word, memory_order_acquire);
+    if (umbp_ring__wowner(w) != dead_owner) continue;
+    uint64_t seq = umbp_ring__wseq(w);
+    switch (umbp_ring__wkind(w)) {
+    case UMBP_RING_WRITING:
+      /* Claimed at position seq, never published: tombstone at seq + 1.
+       * [R3] release, paired with the skip-consume CAS [A3]. */
+      if (atomic_compare_exchange_strong_explicit(&c->word, &w, umbp_ring__word(seq + 1, UMBP_RING_SKIP, 0),
+                                                  memory_order_release, memory_order_relaxed)) {
+        repaired++;
+        ring_help_seq(&h->enq_pos, seq);
+      }
+      break;
+    case UMBP_RING_READING:
+      /* Claimed for the consumer at seq - 1; copy out, then free it for the
+       * next lap (seq - 1 + cap) before the callback, so that the callback
+       * can re-enqueue into a ring that this very cell kept full.  If the CAS
+       * loses (another reaper won) the copy is discarded unread. */
+      umbp_ring__copy(copy, c->payload, esz);
+      if (atomic_compare_exchange_strong_explicit(&c->word, &w,
+                                                  umbp_ring__word(seq - 1 + cap, UMBP_RING_STABLE, 0),
+                                                  memory_order_release, memory_order_relaxed)) {
+        /* [R2r] release above pairs with the next producer's [A2]. */
+        repaired++;
+        ring_help_seq(&h->deq_pos, seq - 1);
+        if (cb) cb(arg, copy);
+      }
+      break;
+    default:
+      /* STABLE/SKIP never carry an owner; a nonzero one is garbage from a
+       * buggy writer and is left alone rather than guessed at. */
+      break;
+    }
+  }
+  return repaired;
+}

@@ -1,0 +1,869 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * segment.c — create, attach, validate, detach and destroy pool segments.
+ *
+ * Design note (see also layout.h):
+ *  - Creation is shm_open(O_CREAT|O_EXCL) + ftruncate + mmap, so a second
+ *    creator gets -EEXIST from the kernel, not from a race-prone check.
+ *    Every size check (the shm file system's free space, MemAvailable, the
+ *    chosen NUMA nodes' memory) runs before ftruncate, so a pool that cannot
+ *    fit is refused before any large allocation.
+ *  - The arena's partitions are placed with mbind() before they are touched,
+ *    then pre-faulted by parallel threads (MADV_POPULATE_WRITE, or a touch
+ *    loop on kernels without it). A refused mbind (EPERM in a container
+ *    without CAP_SYS_NICE) is reported through the log callback and creation
+ *    continues with the kernel's default placement.
+ *  - The creator fills the header and the regions, claims its registry slot,
+ *    and only then stores the magic (release). An attacher maps the file,
+ *    waits (bounded) for the magic (acquire), then validates everything it
+ *    will ever follow: version, feature bits, ABI fingerprint, checksum, total
+ *    size against the file's real size, every region and partition inside the
+ *    file. A segment that fails any check is refused with a message naming
+ *    what differs; nothing past the header is read before that.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <numa.h>
+#include <numaif.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "index/index_shm.h"
+#include "shm/pool_internal.h"
+#include "shm/ring.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+#define SHM_DIR "/dev/shm"
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+static uint32_t pow2_at_least(uint64_t v) {
+  uint32_t p = 2;
+  while (p < v && p < (1u << 31)) p <<= 1;
+  return p;
+}
+
+UMBP_API void umbp_pool_params_init(umbp_pool_params *p) {
+  if (!p) return;
+  memset(p, 0, sizeof *p);
+  p->slot_size = 256 * 1024;
+  p->mempolicy = UMBP_MPOL_BIND;
+  p->group = (gid_t)-1;
+}
+
+UMBP_API void umbp_attach_opts_init(umbp_attach_opts *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->rank = -1;
+  o->timeout_ms = 10000;
+}
+
+UMBP_API int umbp_pool_name_valid(const char *name) {
+  if (!name || !*name)
+    return umbp_fail(-EINVAL, "pool name is empty: use 1 to 64 characters from [A-Za-z0-9._-]");
+  size_t n = strlen(name);
+  if (n > UMBP_NAME_MAX)
+    return umbp_fail(-EINVAL, "pool name is %zu characters long: use at most %d from [A-Za-z0-9._-]", n,
+                     UMBP_NAME_MAX);
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+          c == '_' || c == '-'))
+      return umbp_fail(-EINVAL, "pool name '%.*s' has '%c' at position %zu: use only [A-Za-z0-9._-]",
+                       (int)n, name, c >= 0x20 && c < 0x7f ? c : '?', i + 1);
+  }
+  if (!strcmp(name, ".") || !strcmp(name, ".."))
+    return umbp_fail(-EINVAL, "pool name '%s' is reserved: choose another", name);
+  return 0;
+}
+
+/* ---- ABI fingerprint and checksum ---------------------------------------- */
+uint64_t umbp_abi_fingerprint(void) {
+  const uint64_t shape[] = {
+      UMBP_LAYOUT_MAJOR,
+      UMBP_CACHELINE,
+      sizeof(struct umbp_shm_header), _Alignof(struct umbp_shm_header),
+      sizeof(struct umbp_region_desc), sizeof(struct umbp_partition_desc),
+      sizeof(struct umbp_proc_slot), _Alignof(struct umbp_proc_slot),
+      sizeof(struct umbp_slot_meta), _Alignof(struct umbp_slot_meta),
+      sizeof(struct umbp_bucket), sizeof(struct umbp_pin_row),
+      sizeof(struct umbp_reader_shm), sizeof(struct umbp_ns_shm),
+      sizeof(struct umbp_counter_row), sizeof(struct umbp_event_shm),
+      sizeof(struct umbp_index_hdr), _Alignof(struct umbp_index_hdr),
+      sizeof(struct umbp_key_shm),
+      UMBP_MAX_PROCS, UMBP_MAX_THREADS, UMBP_MAX_NAMESPACES, UMBP_MAX_PARTITIONS,
+      UMBP_BUCKET_WAYS, UMBP_HASH_MAX,
+      sizeof(_Atomic uint64_t), _Alignof(_Atomic uint64_t),
+  };
+  return umbp_fnv1a(shape, sizeof shape, 0x756d6270);
+}
+
+uint64_t umbp_header_checksum(const struct umbp_shm_header *h) {
+  const char *p = (const char *)h;
+  return umbp_fnv1a(p + 8, offsetof(struct umbp_shm_header, header_checksum) - 8, 0);
+}
+
+/* ---- layout --------------------------------------------------------------- */
+int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n_nodes,
+                        struct umbp_shm_header *h) {
+  if (!pp || !h || n_nodes == 0 || n_nodes > UMBP_MAX_PARTITIONS) return -EINVAL;
+  if (pp->slot_size < 4096 || pp->slot_size % 64)
+    return umbp_fail(-EINVAL,
+                     "slot size %llu is invalid: use a multiple of 64 bytes of at least 4 KiB "
+                     "(the KV bytes of one block, e.g. --slot-size 256KiB)",
+                     (unsigned long long)pp->slot_size);
+  if (pp->slot_size > (1ull << 32))
+    return umbp_fail(-EINVAL, "slot size %llu is larger than 4 GiB: use a smaller --slot-size",
+                     (unsigned long long)pp->slot_size);
+  uint64_t slots = pp->capacity / pp->slot_size;
+  if (slots < 2ull * n_nodes)
+    return umbp_fail(-EINVAL,
+                     "capacity %llu bytes holds %llu slots of %llu bytes: need at least 2 per "
+                     "partition (%u partitions); raise --capacity",
+                     (unsigned long long)pp->capacity, (unsigned long long)slots,
+                     (unsigned long long)pp->slot_size, n_nodes);
+  if (slots > (1ull << 30))
+    return umbp_fail(-EINVAL, "capacity holds %llu slots: at most 2^30 slots are supported; raise --slot-size",
+                     (unsigned long long)slots);
+  memset(h, 0, sizeof *h);
+  h->layout_major = UMBP_LAYOUT_MAJOR;
+  h->layout_minor = UMBP_LAYOUT_MINOR;
+  h->header_bytes = UMBP_HEADER_BYTES;
+  h->abi_fingerprint = umbp_abi_fingerprint();
+  h->slot_size = pp->slot_size;
+  h->slot_count = (uint32_t)slots;
+  h->max_procs = UMBP_MAX_PROCS;
+  h->max_threads = UMBP_MAX_THREADS;
+  h->max_namespaces = UMBP_MAX_NAMESPACES;
+  /* Bucket array: 7 ways a bucket; size it for <= 50% way occupancy when every
+   * slot holds a block, so probe chains stay short at any pool load. */
+  h->n_buckets = pow2_at_least((slots * 2 + UMBP_BUCKET_WAYS - 1) / UMBP_BUCKET_WAYS);
+  if (h->n_buckets < 8) h->n_buckets = 8;
+  h->event_capacity = pow2_at_least(pp->event_capacity ? pp->event_capacity : 65536);
+  if (pp->hugepages) h->incompat_features |= UMBP_FEAT_INCOMPAT_HUGEPAGES;
+
+  uint64_t off = UMBP_HEADER_BYTES;
+  uint64_t sizes[UMBP_REG_COUNT] = {0};
+  sizes[UMBP_REG_REGISTRY] = sizeof(struct umbp_proc_slot) * UMBP_MAX_PROCS;
+  sizes[UMBP_REG_READERS] = sizeof(struct umbp_reader_shm) * UMBP_MAX_PROCS * UMBP_MAX_THREADS;
+  sizes[UMBP_REG_NAMESPACES] = sizeof(struct umbp_ns_shm) * UMBP_MAX_NAMESPACES;
+  sizes[UMBP_REG_INDEXHDR] = align_up(sizeof(struct umbp_index_hdr), 64);
+  sizes[UMBP_REG_BUCKETS] = sizeof(struct umbp_bucket) * (uint64_t)h->n_buckets;
+  sizes[UMBP_REG_SLOTMETA] = align_up(sizeof(struct umbp_slot_meta) * slots, 64);
+  sizes[UMBP_REG_PINS] = sizeof(struct umbp_pin_row) * slots;
+  sizes[UMBP_REG_EVENTS] = umbp_ring_bytes(h->event_capacity, sizeof(struct umbp_event_shm));
+  sizes[UMBP_REG_COUNTERS] = align_up(sizeof(struct umbp_counter_row) * (UMBP_MAX_PROCS + 1), 64);
+
+  /* partitions: slots split evenly, the remainder to the first ones */
+  h->n_partitions = n_nodes;
+  uint64_t ring_total = 0;
+  uint32_t first = 0;
+  for (unsigned i = 0; i < n_nodes; i++) {
+    struct umbp_partition_desc *d = &h->partitions[i];
+    d->numa_node = nodes[i];
+    d->mempolicy = (uint32_t)pp->mempolicy;
+    d->slot_count = (uint32_t)(slots / n_nodes + (i < slots % n_nodes ? 1 : 0));
+    d->first_slot = first;
+    first += d->slot_count;
+    d->bytes = d->slot_count * pp->slot_size;
+    d->ring_bytes = umbp_ring_bytes(pow2_at_least(d->slot_count), sizeof(uint64_t));
+    ring_total += d->ring_bytes;
+  }
+  sizes[UMBP_REG_FREERINGS] = ring_total;
+
+  for (int r = 0; r < UMBP_REG_ARENA; r++) {
+    h->regions[r].offset = off;
+    h->regions[r].size = sizes[r];
+    off = align_up(off + sizes[r], 4096);
+  }
+  uint64_t roff = h->regions[UMBP_REG_FREERINGS].offset;
+  for (unsigned i = 0; i < n_nodes; i++) {
+    h->partitions[i].ring_offset = roff;
+    roff += h->partitions[i].ring_bytes;
+  }
+  uint64_t part_align = UMBP_PART_ALIGN;
+  off = align_up(off, part_align);
+  h->regions[UMBP_REG_ARENA].offset = off;
+  for (unsigned i = 0; i < n_nodes; i++) {
+    h->partitions[i].offset = off;
+    off = align_up(off + h->partitions[i].bytes, part_align);
+  }
+  h->regions[UMBP_REG_ARENA].size = off - h->regions[UMBP_REG_ARENA].offset;
+  h->n_regions = UMBP_REG_COUNT;
+  h->total_size = off;
+  return 0;
+}
+
+int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
+  uint64_t magic = atomic_load_explicit(&h->magic, memory_order_acquire);
+  if (magic != UMBP_MAGIC)
+    return umbp_fail(-EBADMSG, "not a umbp pool: magic is 0x%016llx, expected 0x%016llx",
+                     (unsigned long long)magic, (unsigned long long)UMBP_MAGIC);
+  if (h->layout_major != UMBP_LAYOUT_MAJOR)
+    return umbp_fail(-EPROTO,
+                     "pool layout version %u.%u, this build reads %u.x: use a umbp of the pool's "
+                     "version, or destroy and re-create the pool",
+                     h->layout_major, h->layout_minor, UMBP_LAYOUT_MAJOR);
+  if (h->incompat_features & ~UMBP_FEAT_INCOMPAT_KNOWN)
+    return umbp_fail(-EPROTO,
+                     "pool uses feature bits 0x%llx that this build (layout %u.%u) does not know: "
+                     "use a newer umbp",
+                     (unsigned long long)(h->incompat_features & ~UMBP_FEAT_INCOMPAT_KNOWN),
+                     UMBP_LAYOUT_MAJOR, UMBP_LAYOUT_MINOR);
+  if (h->abi_fingerprint != umbp_abi_fingerprint())
+    return umbp_fail(-EPROTO,
+                     "pool ABI fingerprint 0x%016llx differs from this build's 0x%016llx (same layout "
+                     "version %u.%u, different struct sizes or cache-line size): rebuild umbp alike "
+                     "on both sides, or re-create the pool",
+                     (unsigned long long)h->abi_fingerprint, (unsigned long long)umbp_abi_fingerprint(),
+                     h->layout_major, h->layout_minor);
+  uint64_t sum = umbp_header_checksum(h);
+  if (sum != h->header_checksum)
+    return umbp_fail(-EBADMSG,
+                     "pool header checksum 0x%016llx does not match its contents (0x%016llx): the "
+                     "header is corrupted; destroy the pool and create it again",
+                     (unsigned long long)h->header_checksum, (unsigned long long)sum);
+  if (h->header_bytes != UMBP_HEADER_BYTES)
+    return umbp_fail(-EBADMSG, "pool header size %u, expected %u", h->header_bytes, UMBP_HEADER_BYTES);
+  if (h->total_size != file_size)
+    return umbp_fail(-EBADMSG,
+                     "pool segment is %llu bytes but its header says %llu: the segment is %s; destroy "
+                     "it and create it again",
+                     (unsigned long long)file_size, (unsigned long long)h->total_size,
+                     file_size < h->total_size ? "truncated" : "resized");
+  if (h->n_regions != UMBP_REG_COUNT)
+    return umbp_fail(-EBADMSG, "pool header lists %u regions, expected %u", h->n_regions, UMBP_REG_COUNT);
+  for (unsigned r = 0; r < UMBP_REG_COUNT; r++) {
+    const struct umbp_region_desc *d = &h->regions[r];
+    if (d->offset < UMBP_HEADER_BYTES || d->offset % 64 || d->offset > file_size ||
+        d->size > file_size - d->offset)
+      return umbp_fail(-EBADMSG, "pool region %u [%llu, +%llu) lies outside the %llu-byte segment", r,
+                       (unsigned long long)d->offset, (unsigned long long)d->size,
+                       (unsigned long long)file_size);
+  }
+  if (h->slot_size < 4096 || h->slot_size % 64 || h->slot_count == 0 || h->slot_count > (1u << 30) ||
+      h->n_partitions == 0 || h->n_partitions > UMBP_MAX_PARTITIONS || h->max_procs != UMBP_MAX_PROCS ||
+      h->max_threads != UMBP_MAX_THREADS || h->max_namespaces != UMBP_MAX_NAMESPACES ||
+      h->n_buckets == 0 || (h->n_buckets & (h->n_buckets - 1)) || h->event_capacity < 2 ||
+      (h->event_capacity & (h->event_capacity - 1)))
+    return umbp_fail(-EBADMSG, "pool creation parameters are inconsistent (slot size %llu, %u slots, "
+                               "%u partitions): the header is corrupted",
+                     (unsigned long long)h->slot_size, h->slot_count, h->n_partitions);
+  /* every table sized from the parameters must fit its region */
+  const struct { int r; uint64_t need; } need[] = {
+      {UMBP_REG_REGISTRY, sizeof(struct umbp_proc_slot) * (uint64_t)UMBP_MAX_PROCS},
+      {UMBP_REG_READERS, sizeof(struct umbp_reader_shm) * (uint64_t)UMBP_MAX_PROCS * UMBP_MAX_THREADS},
+      {UMBP_REG_NAMESPACES, sizeof(struct umbp_ns_shm) * (uint64_t)UMBP_MAX_NAMESPACES},
+      {UMBP_REG_INDEXHDR, sizeof(struct umbp_index_hdr)},
+      {UMBP_REG_BUCKETS, sizeof(struct umbp_bucket) * (uint64_t)h->n_buckets},
+      {UMBP_REG_SLOTMETA, sizeof(struct umbp_slot_meta) * (uint64_t)h->slot_count},
+      {UMBP_REG_PINS, sizeof(struct umbp_pin_row) * (uint64_t)h->slot_count},
+      {UMBP_REG_EVENTS, umbp_ring_bytes(h->event_capacity, sizeof(struct umbp_event_shm))},
+      {UMBP_REG_COUNTERS, sizeof(struct umbp_counter_row) * (uint64_t)(UMBP_MAX_PROCS + 1)},
+  };
+  for (size_t i = 0; i < UMBP_ARRAY_SIZE(need); i++)
+    if (h->regions[need[i].r].size < need[i].need)
+      return umbp_fail(-EBADMSG, "pool region %d is %llu bytes, its table needs %llu: header corrupted",
+                       need[i].r, (unsigned long long)h->regions[need[i].r].size,
+                       (unsigned long long)need[i].need);
+  uint64_t slots = 0;
+  const struct umbp_region_desc *arena = &h->regions[UMBP_REG_ARENA];
+  const struct umbp_region_desc *rings = &h->regions[UMBP_REG_FREERINGS];
+  for (unsigned i = 0; i < h->n_partitions; i++) {
+    const struct umbp_partition_desc *d = &h->partitions[i];
+    if (d->first_slot != slots || d->slot_count == 0 || d->bytes != d->slot_count * h->slot_size ||
+        d->offset < arena->offset || d->offset > arena->offset + arena->size ||
+        d->bytes > arena->offset + arena->size - d->offset || d->ring_offset < rings->offset ||
+        d->ring_offset > rings->offset + rings->size || d->ring_bytes > rings->offset + rings->size - d->ring_offset ||
+        d->ring_bytes < umbp_ring_bytes(pow2_at_least(d->slot_count), sizeof(uint64_t)))
+      return umbp_fail(-EBADMSG, "pool partition %u (slots %u+%u at offset %llu) is inconsistent with "
+                                 "the arena: header corrupted",
+                       i, d->first_slot, d->slot_count, (unsigned long long)d->offset);
+    slots += d->slot_count;
+  }
+  if (slots != h->slot_count)
+    return umbp_fail(-EBADMSG, "pool partitions hold %llu slots, header says %u: header corrupted",
+                     (unsigned long long)slots, h->slot_count);
+  return 0;
+}
+
+/* ---- paths ---------------------------------------------------------------- */
+static int hugetlbfs_mount(char *out, size_t n) {
+  FILE *f = fopen("/proc/mounts", "re");
+  if (!f) return -ENOENT;
+  char dev[256], dir[256], type[64];
+  int rc = -ENOENT;
+  while (fscanf(f, "%255s %255s %63s %*[^\n]", dev, dir, type) == 3) {
+    if (!strcmp(type, "hugetlbfs") && strlen(dir) < n) {
+      memcpy(out, dir, strlen(dir) + 1);
+      rc = 0;
+      break;
+    }
+  }
+  fclose(f);
+  return rc;
+}
+
+/* Open the pool's file. flags as open(2). Sets path. */
+static int open_pool_file(const char *name, int flags, mode_t mode, bool hugepages, const char *hdir,
+                          char *path, size_t pathn) {
+  char dir[160];
+  if (hugepages) {
+    if (hdir) snprintf(dir, sizeof dir, "%s", hdir);
+    else if (hugetlbfs_mount(dir, sizeof dir) < 0)
+      return umbp_fail(-ENOENT, "--hugepages needs a hugetlbfs mount and none is in /proc/mounts: "
+                                "mount one (mount -t hugetlbfs none /dev/hugepages) and reserve pages "
+                                "(sysctl vm.nr_hugepages=N), or drop --hugepages");
+    snprintf(path, pathn, "%s/umbp.%s", dir, name);
+    int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW, mode);
+    return fd < 0 ? -errno : fd;
+  }
+  snprintf(path, pathn, SHM_DIR "/umbp.%s", name);
+  char shm_name[UMBP_NAME_MAX + 8];
+  snprintf(shm_name, sizeof shm_name, "/umbp.%s", name);
+  int fd = shm_open(shm_name, flags | O_NOFOLLOW, mode);
+  if (fd >= 0 || errno != ENOENT || (flags & O_CREAT)) return fd < 0 ? -errno : fd;
+  /* not in /dev/shm: maybe a hugepage pool */
+  if (hugetlbfs_mount(dir, sizeof dir) == 0) {
+    char hp[256];
+    snprintf(hp, sizeof hp, "%s/umbp.%s", dir, name);
+    fd = open(hp, flags | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (fd >= 0) {
+      snprintf(path, pathn, "%s", hp);
+      return fd;
+    }
+  }
+  return -ENOENT;
+}
+
+/* ---- capacity checks ------------------------------------------------------ */
+static uint64_t meminfo_kb(const char *key) {
+  FILE *f = fopen("/proc/meminfo", "re");
+  if (!f) return 0;
+  char line[256];
+  uint64_t v = 0;
+  size_t kl = strlen(key);
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, key, kl) && line[kl] == ':') {
+      v = strtoull(line + kl + 1, NULL, 10);
+      break;
+    }
+  fclose(f);
+  return v;
+}
+
+static int check_fits(const umbp_pool_params *pp, const struct umbp_shm_header *h, const char *dir,
+                      bool hugepages) {
+  char a[32], b[32];
+  struct statvfs sv;
+  if (statvfs(dir, &sv) == 0) {
+    uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+    if (hugepages && sv.f_blocks == 0) {
+      /* hugetlbfs without a size limit reports 0 blocks: use the free pool */
+      avail = meminfo_kb("HugePages_Free") * meminfo_kb("Hugepagesize") * 1024;
+    }
+    if (h->total_size > avail) {
+      snprintf(a, sizeof a, "%.2f GiB", h->total_size / 1073741824.0);
+      snprintf(b, sizeof b, "%.2f GiB", avail / 1073741824.0);
+      if (hugepages)
+        return umbp_fail(-ENOSPC,
+                         "the pool needs %s of huge pages but %s has %s free: reserve more "
+                         "(sysctl vm.nr_hugepages=N) or choose a smaller --capacity",
+                         a, dir, b);
+      return umbp_fail(-ENOSPC,
+                       "the pool needs %s but %s has only %s free: enlarge it (mount -o "
+                       "remount,size=<N>G %s, or docker run --shm-size=<N>g), or choose a smaller "
+                       "--capacity",
+                       a, dir, b, dir);
+    }
+  }
+  uint64_t avail_kb = meminfo_kb("MemAvailable");
+  if (!hugepages && avail_kb && h->total_size > avail_kb * 1024) {
+    snprintf(a, sizeof a, "%.2f GiB", h->total_size / 1073741824.0);
+    snprintf(b, sizeof b, "%.2f GiB", avail_kb / 1048576.0);
+    return umbp_fail(-ENOMEM, "the pool needs %s but the machine has %s available (MemAvailable): choose "
+                              "a smaller --capacity",
+                     a, b);
+  }
+  if (pp->mempolicy == UMBP_MPOL_BIND && numa_available() >= 0) {
+    for (unsigned i = 0; i < h->n_partitions; i++) {
+      int node = h->partitions[i].numa_node;
+      if (node < 0) continue;
+      long long total = numa_node_size64(node, NULL);
+      if (total > 0 && h->partitions[i].bytes > (uint64_t)total) {
+        snprintf(a, sizeof a, "%.2f GiB", h->partitions[i].bytes / 1073741824.0);
+        snprintf(b, sizeof b, "%.2f GiB", total / 1073741824.0);
+        return umbp_fail(-ENOMEM, "partition %u needs %s on NUMA node %d, which has %s in all: spread "
+                                  "the pool over more nodes (--numa-nodes) or shrink --capacity",
+                         i, a, node, b);
+      }
+    }
+  }
+  return 0;
+}
+
+static int choose_nodes(const umbp_pool_params *pp, int *nodes, unsigned *n) {
+  bool numa = numa_available() >= 0;
+  if (pp->n_numa_nodes > UMBP_MAX_PARTITIONS)
+    return umbp_fail(-EINVAL, "%u NUMA nodes requested: at most %d partitions are supported",
+                     pp->n_numa_nodes, UMBP_MAX_PARTITIONS);
+  if (pp->n_numa_nodes == 0) {
+    *n = 0;
+    if (numa) {
+      for (int nd = 0; nd <= numa_max_node() && *n < UMBP_MAX_PARTITIONS; nd++)
+        if (numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)nd) && numa_node_size64(nd, NULL) > 0)
+          nodes[(*n)++] = nd;
+    }
+    if (*n == 0) nodes[(*n)++] = -1;
+    return 0;
+  }
+  for (unsigned i = 0; i < pp->n_numa_nodes; i++) {
+    int nd = pp->numa_nodes[i];
+    for (unsigned j = 0; j < i; j++)
+      if (pp->numa_nodes[j] == nd)
+        return umbp_fail(-EINVAL, "NUMA node %d is listed twice: list each node once", nd);
+    if (nd < 0) return umbp_fail(-EINVAL, "NUMA node %d is negative", nd);
+    if (!numa) {
+      if (nd != 0)
+        return umbp_fail(-EINVAL, "NUMA node %d requested but this kernel reports no NUMA support; use "
+                                  "node 0 or leave --numa-nodes out", nd);
+      nodes[i] = -1;
+      continue;
+    }
+    if (nd > numa_max_node() || !numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)nd) ||
+        numa_node_size64(nd, NULL) <= 0) {
+      char list[128] = "";
+      size_t l = 0;
+      for (int k = 0; k <= numa_max_node(); k++)
+        if (numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)k) && numa_node_size64(k, NULL) > 0)
+          l += (size_t)snprintf(list + l, sizeof list - l, "%s%d", l ? "," : "", k);
+      return umbp_fail(-EINVAL, "NUMA node %d does not exist or has no memory on this machine (nodes "
+                                "with memory: %s)",
+                       nd, list);
+    }
+    nodes[i] = nd;
+  }
+  *n = pp->n_numa_nodes;
+  return 0;
+}
+
+/* ---- placement and pre-faulting ------------------------------------------- */
+static void place_partitions(struct umbp_pool *p, int mempolicy) {
+  struct umbp_shm_header *h = p->hdr;
+  if (mempolicy == UMBP_MPOL_NONE || numa_available() < 0) return;
+  if (mempolicy == UMBP_MPOL_INTERLEAVE) {
+    unsigned long mask[16] = {0};
+    for (unsigned i = 0; i < h->n_partitions; i++)
+      if (h->partitions[i].numa_node >= 0 && h->partitions[i].numa_node < 1024)
+        mask[h->partitions[i].numa_node / 64] |= 1ul << (h->partitions[i].numa_node % 64);
+    const struct umbp_region_desc *a = &h->regions[UMBP_REG_ARENA];
+    if (mbind((char *)p->base + a->offset, a->size, MPOL_INTERLEAVE, mask, 1024, 0) != 0)
+      umbp_log(UMBP_LOG_WARN, "mbind(MPOL_INTERLEAVE) of the arena was refused (%s): the kernel places "
+                              "the pages; run with CAP_SYS_NICE to place them",
+               strerror(errno));
+    return;
+  }
+  for (unsigned i = 0; i < h->n_partitions; i++) {
+    const struct umbp_partition_desc *d = &h->partitions[i];
+    if (d->numa_node < 0 || d->numa_node >= 1024) continue;
+    unsigned long mask[16] = {0};
+    mask[d->numa_node / 64] |= 1ul << (d->numa_node % 64);
+    int mode = mempolicy == UMBP_MPOL_PREFERRED ? MPOL_PREFERRED : MPOL_BIND;
+    if (mbind((char *)p->base + d->offset, align_up(d->bytes, UMBP_PART_ALIGN), mode, mask, 1024, 0) != 0)
+      umbp_log(UMBP_LOG_WARN, "mbind of partition %u to NUMA node %d was refused (%s): its pages go "
+                              "where the kernel puts them; give the process CAP_SYS_NICE to place them",
+               i, d->numa_node, strerror(errno));
+  }
+}
+
+struct prefault_ctx {
+  char *base;
+  uint64_t len, chunk;
+  _Atomic uint64_t next;
+  _Atomic uint64_t done;
+  _Atomic int err;
+  pthread_mutex_t mu;
+  umbp_progress_fn progress;
+  void *arg;
+  uint64_t total_chunks;
+};
+
+static void *prefault_thread(void *arg) {
+  struct prefault_ctx *c = arg;
+  long page = sysconf(_SC_PAGESIZE);
+  for (;;) {
+    uint64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+    if (i >= c->total_chunks) break;
+    char *s = c->base + i * c->chunk;
+    uint64_t n = c->len - i * c->chunk < c->chunk ? c->len - i * c->chunk : c->chunk;
+    if (madvise(s, n, MADV_POPULATE_WRITE) != 0) {
+      if (errno == EINVAL || errno == ENOSYS) {
+        for (uint64_t o = 0; o < n; o += (uint64_t)page) {
+          /* a write that keeps the (zero) contents: faults the page in */
+          atomic_fetch_add_explicit((_Atomic char *)(s + o), 0, memory_order_relaxed);
+        }
+      } else {
+        atomic_store(&c->err, errno);
+        break;
+      }
+    }
+    uint64_t d = atomic_fetch_add_explicit(&c->done, 1, memory_order_relaxed) + 1;
+    if (c->progress) {
+      pthread_mutex_lock(&c->mu);
+      c->progress(c->arg, "prefault", d * c->chunk > c->len ? c->len : d * c->chunk, c->len);
+      pthread_mutex_unlock(&c->mu);
+    }
+  }
+  return NULL;
+}
+
+static int prefault(struct umbp_pool *p, const umbp_pool_params *pp) {
+  const struct umbp_region_desc *a = &p->hdr->regions[UMBP_REG_ARENA];
+  struct prefault_ctx c = {.base = (char *)p->base + a->offset, .len = a->size, .chunk = 32u << 20,
+                           .progress = pp->progress, .arg = pp->progress_arg};
+  pthread_mutex_init(&c.mu, NULL);
+  c.total_chunks = (c.len + c.chunk - 1) / c.chunk;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  unsigned nt = pp->prefault_threads ? pp->prefault_threads : (unsigned)(ncpu < 1 ? 1 : ncpu > 8 ? 8 : ncpu);
+  if (nt > c.total_chunks) nt = (unsigned)c.total_chunks;
+  if (nt == 0) nt = 1;
+  pthread_t th[64];
+  if (nt > 64) nt = 64;
+  unsigned started = 0;
+  for (unsigned i = 0; i < nt; i++)
+    if (pthread_create(&th[i], NULL, prefault_thread, &c) == 0) started++;
+  if (started == 0) prefault_thread(&c);
+  for (unsigned i = 0; i < started; i++) pthread_join(th[i], NULL);
+  pthread_mutex_destroy(&c.mu);
+  int e = atomic_load(&c.err);
+  if (e == EFAULT || e == ENOMEM || e == EIO)
+    return umbp_fail(-ENOMEM, "pre-faulting the pool failed (%s): memory ran out while the pool was "
+                              "being populated; choose a smaller --capacity",
+                     strerror(e));
+  if (e) umbp_log(UMBP_LOG_WARN, "pre-faulting stopped early (%s); pages fault in on first use", strerror(e));
+  return 0;
+}
+
+/* ---- create / attach ------------------------------------------------------ */
+int umbp_registry_claim(struct umbp_pool *p, int role, int rank);
+void umbp_registry_release(struct umbp_pool *p);
+
+static struct umbp_pool *pool_new(void) {
+  struct umbp_pool *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->fd = -1;
+  p->proc_slot = -1;
+  return p;
+}
+
+static void pool_free(struct umbp_pool *p) {
+  if (!p) return;
+  if (p->base && p->base != MAP_FAILED) munmap(p->base, p->size);
+  if (p->fd >= 0) close(p->fd);
+  free(p);
+}
+
+UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *pp, umbp_pool **ret_pool) {
+  int rc = umbp_pool_name_valid(name);
+  if (rc) return rc;
+  if (!pp || !ret_pool) return umbp_fail(-EINVAL, "umbp_pool_create: params and ret_pool are required");
+  if (pp->capacity == 0)
+    return umbp_fail(-EINVAL, "pool capacity is 0: give a size such as --capacity 8GiB");
+  if (pp->mempolicy < UMBP_MPOL_BIND || pp->mempolicy > UMBP_MPOL_NONE)
+    return umbp_fail(-EINVAL, "unknown memory policy %d: use bind, preferred, interleave or none", pp->mempolicy);
+  int nodes[UMBP_MAX_PARTITIONS];
+  unsigned n_nodes = 0;
+  rc = choose_nodes(pp, nodes, &n_nodes);
+  if (rc) return rc;
+  struct umbp_shm_header lay;
+  rc = umbp_layout_compute(pp, nodes, n_nodes, &lay);
+  if (rc) return rc;
+
+  char dir[160] = SHM_DIR;
+  if (pp->hugepages) {
+    if (pp->hugetlbfs_dir && strlen(pp->hugetlbfs_dir) >= sizeof dir)
+      return umbp_fail(-EINVAL, "hugetlbfs directory path is longer than %zu bytes", sizeof dir - 1);
+    if (pp->hugetlbfs_dir) snprintf(dir, sizeof dir, "%s", pp->hugetlbfs_dir);
+    else if (hugetlbfs_mount(dir, sizeof dir) < 0)
+      return umbp_fail(-ENOENT, "--hugepages needs a hugetlbfs mount and none is in /proc/mounts: mount "
+                                "one (mount -t hugetlbfs none /dev/hugepages) and reserve pages (sysctl "
+                                "vm.nr_hugepages=N), or drop --hugepages");
+    struct statvfs sv;
+    if (statvfs(dir, &sv) == 0 && sv.f_bsize > 0) lay.total_size = align_up(lay.total_size, sv.f_bsize);
+  }
+  rc = check_fits(pp, &lay, dir, pp->hugepages);
+  if (rc) return rc;
+
+  struct umbp_pool *p = pool_new();
+  if (!p) return -ENOMEM;
+  mode_t mode = pp->group_access ? 0660 : 0600;
+  int fd = open_pool_file(name, O_RDWR | O_CREAT | O_EXCL, mode, pp->hugepages, pp->hugepages ? dir : NULL,
+                          p->path, sizeof p->path);
+  if (fd < 0) {
+    pool_free(p);
+    if (fd == -EEXIST)
+      return umbp_fail(-EEXIST, "a pool named '%s' already exists (%s): attach to it, pick another name, "
+                                "or remove it with 'umbp pool destroy %s'",
+                       name, SHM_DIR, name);
+    if (fd == -EACCES)
+      return umbp_fail(-EACCES, "cannot create %s: permission denied", p->path);
+    return umbp_fail(fd, "cannot create pool file for '%s': %s", name, strerror(-fd));
+  }
+  p->fd = fd;
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->hugepages = pp->hugepages;
+  /* shm_open applies the umask: set the mode we promise explicitly */
+  if (fchmod(fd, mode) != 0) umbp_log(UMBP_LOG_WARN, "fchmod(%o) of %s failed: %s", mode, p->path, strerror(errno));
+  if (pp->group_access && pp->group != (gid_t)-1 && fchown(fd, (uid_t)-1, pp->group) != 0) {
+    rc = umbp_fail(-errno, "cannot give pool '%s' to group %u: %s (you must be a member of the group)", name,
+                   (unsigned)pp->group, strerror(errno));
+    goto fail_unlink;
+  }
+  if (ftruncate(fd, (off_t)lay.total_size) != 0) {
+    rc = umbp_fail(-errno == -EINVAL ? -ENOSPC : -errno, "cannot size pool '%s' to %llu bytes: %s", name,
+                   (unsigned long long)lay.total_size, strerror(errno));
+    goto fail_unlink;
+  }
+  p->size = lay.total_size;
+  p->base = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p->base == MAP_FAILED) {
+    p->base = NULL;
+    rc = umbp_fail(errno == ENOMEM ? -ENOMEM : -errno, "cannot map pool '%s' (%llu bytes): %s", name,
+                   (unsigned long long)p->size, strerror(errno));
+    goto fail_unlink;
+  }
+  p->hdr = p->base;
+  /* header without magic */
+  memcpy((char *)p->hdr + 8, (char *)&lay + 8, sizeof lay - 8);
+  struct umbp_shm_header *h = p->hdr;
+  if (getrandom(h->uuid, sizeof h->uuid, 0) != (ssize_t)sizeof h->uuid) {
+    uint64_t t = umbp_now_ns() ^ (uint64_t)getpid();
+    memcpy(h->uuid, &t, 8);
+    t = umbp_fnv1a(&t, 8, umbp_realtime_ns());
+    memcpy(h->uuid + 8, &t, 8);
+  }
+  h->created_ns = umbp_realtime_ns();
+  h->creator_pid = getpid();
+  h->creator_uid = getuid();
+  snprintf(h->name, sizeof h->name, "%s", name);
+  if (umbp_membarrier_supported()) h->compat_features |= UMBP_FEAT_COMPAT_MEMBARRIER;
+  h->header_checksum = umbp_header_checksum(h);
+  atomic_store_explicit(&h->run_generation, 1, memory_order_relaxed);
+  p->procs = umbp_pool_region(p, UMBP_REG_REGISTRY);
+
+  place_partitions(p, pp->mempolicy);
+  if (!pp->no_prefault) {
+    rc = prefault(p, pp);
+    if (rc) goto fail_unlink;
+  }
+  rc = umbp_index_init_regions(p);
+  if (rc) goto fail_unlink;
+  rc = umbp_registry_claim(p, UMBP_ROLE_OTHER, -1);
+  if (rc) goto fail_unlink;
+  rc = umbp_index_attach_hook(p);
+  if (rc) goto fail_unlink;
+  /* Publish: pairs with the acquire load in wait_magic()/umbp_header_validate(). */
+  atomic_store_explicit(&h->magic, UMBP_MAGIC, memory_order_release);
+  *ret_pool = p;
+  return 0;
+
+fail_unlink:
+  if (p->hugepages) unlink(p->path);
+  else {
+    char shm_name[UMBP_NAME_MAX + 8];
+    snprintf(shm_name, sizeof shm_name, "/umbp.%s", name);
+    shm_unlink(shm_name);
+  }
+  pool_free(p);
+  return rc;
+}
+
+static void sleep_ms(unsigned ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, umbp_pool **ret_pool) {
+  int rc = umbp_pool_name_valid(name);
+  if (rc) return rc;
+  if (!ret_pool) return umbp_fail(-EINVAL, "umbp_pool_attach: ret_pool is required");
+  umbp_attach_opts def;
+  if (!opts) {
+    umbp_attach_opts_init(&def);
+    opts = &def;
+  }
+  struct umbp_pool *p = pool_new();
+  if (!p) return -ENOMEM;
+  p->read_only = opts->read_only;
+  snprintf(p->name, sizeof p->name, "%s", name);
+  int fd = open_pool_file(name, opts->read_only ? O_RDONLY : O_RDWR, 0, false, NULL, p->path, sizeof p->path);
+  if (fd < 0) {
+    pool_free(p);
+    if (fd == -ENOENT)
+      return umbp_fail(-ENOENT, "no pool named '%s' (looked for %s/umbp.%s): create it with 'umbp pool "
+                                "create %s --capacity SIZE', or list pools with 'umbp pool ls'",
+                       name, SHM_DIR, name, name);
+    if (fd == -EACCES)
+      return umbp_fail(-EACCES, "pool '%s' exists but you may not open it %s: it belongs to another user "
+                                "(mode 0600); ask its owner to create it with group access",
+                       name, opts->read_only ? "for reading" : "for writing");
+    return umbp_fail(fd, "cannot open pool '%s': %s", name, strerror(-fd));
+  }
+  p->fd = fd;
+  unsigned timeout = opts->timeout_ms ? opts->timeout_ms : 10000;
+  uint64_t deadline = umbp_now_ns() + (uint64_t)timeout * 1000000ull;
+  struct stat st;
+  for (;;) {
+    if (fstat(fd, &st) != 0) {
+      rc = umbp_fail(-errno, "cannot stat pool '%s': %s", name, strerror(errno));
+      goto fail;
+    }
+    if ((uint64_t)st.st_size >= UMBP_HEADER_BYTES) {
+      /* wait_magic: the acquire load pairs with the creator's release store */
+      const struct umbp_shm_header *h0 =
+          mmap(NULL, UMBP_HEADER_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+      if (h0 == MAP_FAILED) {
+        rc = umbp_fail(-errno, "cannot map pool '%s': %s", name, strerror(errno));
+        goto fail;
+      }
+      uint64_t magic = atomic_load_explicit(&h0->magic, memory_order_acquire);
+      int creator = h0->creator_pid;
+      if (magic == UMBP_MAGIC) {
+        rc = umbp_header_validate(h0, (uint64_t)st.st_size);
+        munmap((void *)h0, UMBP_HEADER_BYTES);
+        if (rc) goto fail;
+        break;
+      }
+      munmap((void *)h0, UMBP_HEADER_BYTES);
+      if (magic != 0) {
+        rc = umbp_fail(-EBADMSG, "'%s' is not a umbp pool (magic 0x%016llx, expected 0x%016llx): remove it "
+                                 "with 'umbp pool destroy %s' if it is stale",
+                       name, (unsigned long long)magic, (unsigned long long)UMBP_MAGIC, name);
+        goto fail;
+      }
+      if (umbp_now_ns() > deadline) {
+        bool dead = creator > 0 && kill(creator, 0) != 0 && errno == ESRCH;
+        rc = umbp_fail(-ETIMEDOUT,
+                       "pool '%s' is still not initialised after %u ms%s: %s", name, timeout,
+                       dead ? " and the process that was creating it has died" : "",
+                       dead ? "it was left half-made; remove it with 'umbp pool destroy' and create it again"
+                            : "its creator may still be pre-faulting a large pool; retry with a longer "
+                              "timeout, or remove it with 'umbp pool destroy' if it is stale");
+        goto fail;
+      }
+    } else if (umbp_now_ns() > deadline) {
+      rc = umbp_fail(-ETIMEDOUT, "pool '%s' is %lld bytes, smaller than a pool header, after %u ms: it is "
+                                 "truncated or was never finished; remove it with 'umbp pool destroy %s'",
+                     name, (long long)st.st_size, timeout, name);
+      goto fail;
+    }
+    sleep_ms(2);
+  }
+  p->size = (size_t)st.st_size;
+  p->base = mmap(NULL, p->size, opts->read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p->base == MAP_FAILED) {
+    p->base = NULL;
+    rc = umbp_fail(-errno, "cannot map pool '%s' (%zu bytes): %s", name, p->size, strerror(errno));
+    goto fail;
+  }
+  p->hdr = p->base;
+  /* The file could have been replaced between the check and this mapping: check again. */
+  rc = umbp_header_validate(p->hdr, p->size);
+  if (rc) goto fail;
+  p->hugepages = (p->hdr->incompat_features & UMBP_FEAT_INCOMPAT_HUGEPAGES) != 0;
+  p->procs = umbp_pool_region(p, UMBP_REG_REGISTRY);
+  if (!opts->read_only) {
+    rc = umbp_registry_claim(p, opts->role, opts->rank);
+    if (rc) goto fail;
+    rc = umbp_index_attach_hook(p);
+    if (rc) {
+      umbp_registry_release(p);
+      goto fail;
+    }
+  }
+  *ret_pool = p;
+  return 0;
+fail:
+  pool_free(p);
+  return rc;
+}
+
+UMBP_API void umbp_pool_detach(umbp_pool *p) {
+  if (!p) return;
+  if (!p->read_only) {
+    umbp_index_detach_hook(p);
+    umbp_registry_release(p);
+  }
+  pool_free(p);
+}
+
+UMBP_API int umbp_pool_destroy(const char *name) {
+  int rc = umbp_pool_name_valid(name);
+  if (rc) return rc;
+  char shm_name[UMBP_NAME_MAX + 8];
+  snprintf(shm_name, sizeof shm_name, "/umbp.%s", name);
+  if (shm_unlink(shm_name) == 0) return 0;
+  int e = errno;
+  char dir[160], path[256];
+  if (e == ENOENT && hugetlbfs_mount(dir, sizeof dir) == 0) {
+    snprintf(path, sizeof path, "%s/umbp.%s", dir, name);
+    if (unlink(path) == 0) return 0;
+    if (errno != ENOENT) e = errno;
+  }
+  if (e == ENOENT) return umbp_fail(-ENOENT, "no pool named '%s' (see 'umbp pool ls')", name);
+  if (e == EACCES || e == EPERM)
+    return umbp_fail(-EACCES, "cannot remove pool '%s': it belongs to another user", name);
+  return umbp_fail(-e, "cannot remove pool '%s': %s", name, strerror(e));
+}
+
+UMBP_API int umbp_pool_get_info(umbp_pool *p, umbp_pool_info *out) {
+  if (!p || !out) return -EINVAL;
+  const struct umbp_shm_header *h = p->hdr;
+  umbp_pool_info i;
+  memset(&i, 0, sizeof i);
+  snprintf(i.name, sizeof i.name, "%s", p->name);
+  snprintf(i.path, sizeof i.path, "%s", p->path);
+  i.layout_major = h->layout_major;
+  i.layout_minor = h->layout_minor;
+  i.compat_features = h->compat_features;
+  i.incompat_features = h->incompat_features;
+  i.abi_fingerprint = h->abi_fingerprint;
+  i.total_size = h->total_size;
+  i.slot_size = h->slot_size;
+  i.slot_count = h->slot_count;
+  i.n_partitions = h->n_partitions;
+  for (unsigned k = 0; k < h->n_partitions; k++) {
+    i.partitions[k].numa_node = h->partitions[k].numa_node;
+    i.partitions[k].mempolicy = (int)h->partitions[k].mempolicy;
+    i.partitions[k].first_slot = h->partitions[k].first_slot;
+    i.partitions[k].slot_count = h->partitions[k].slot_count;
+    i.partitions[k].bytes = h->partitions[k].bytes;
+    i.partitions[k].free_slots = umbp_index_free_slots(p, k);
+  }
+  memcpy(i.uuid, h->uuid, 16);
+  i.run_generation = atomic_load_explicit(&h->run_generation, memory_order_relaxed);
+  i.created_ns = h->created_ns;
+  i.creator_pid = h->creator_pid;
+  i.creator_uid = h->creator_uid;
+  i.hugepages = p->hugepages;
+  i.max_procs = h->max_procs;
+  for (unsigned s = 0; s < UMBP_MAX_PROCS; s++) {
+    if (atomic_load_explicit(&p->procs[s].state, memory_order_acquire) == UMBP_PROC_FREE) continue;
+    if (umbp_registry_alive(p, s)) i.procs_live++;
+    else i.procs_dead++;
+  }
+  *out = i;
+  return 0;
+}

@@ -1,0 +1,517 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Block index: every operation and every error, single process. */
+#include <pthread.h>
+
+#include "test_util.h"
+
+#include "index/index_internal.h"
+#include "index_test_util.h"
+#include "umbp/index.h"
+#include "umbp/pool.h"
+
+struct fx {
+  umbp_pool *p;
+  char name[64];
+  uint32_t ns;
+};
+
+static int setup_n(void **state, uint64_t slots, uint32_t evcap) {
+  struct fx *f = calloc(1, sizeof *f);
+  snprintf(f->name, sizeof f->name, "%s", tu_name("ix"));
+  umbp_pool_params pp;
+  umbp_pool_params_init(&pp);
+  pp.slot_size = 4096;
+  pp.capacity = slots * 4096;
+  pp.no_prefault = true;
+  pp.n_numa_nodes = 0;
+  pp.event_capacity = evcap;
+  if (umbp_pool_create(f->name, &pp, &f->p)) {
+    fprintf(stderr, "create: %s\n", umbp_last_error());
+    return -1;
+  }
+  if (umbp_ns_register(f->p, "model-a", &f->ns)) return -1;
+  *state = f;
+  return 0;
+}
+static int setup(void **state) { return setup_n(state, 256, 0); }
+static int setup_ev16(void **state) { return setup_n(state, 64, 16); }
+
+static int teardown(void **state) {
+  struct fx *f = *state;
+  umbp_pool_detach(f->p);
+  umbp_pool_destroy(f->name);
+  free(f);
+  return 0;
+}
+
+/* reserve + fill + publish; returns slot */
+static uint32_t put(umbp_pool *p, const umbp_key *k) {
+  uint32_t s;
+  assert_int_equal(umbp_reserve(p, -1, k->ns, &s), 0);
+  itu_fill(umbp_slot_ptr(p, s), umbp_slot_size(p), k);
+  assert_int_equal(umbp_publish(p, s, k), 0);
+  return s;
+}
+
+static void census_ok(umbp_pool *p) {
+  umbp_slot_census c;
+  assert_int_equal(umbp_census(p, &c), 0);
+  assert_int_equal(c.free_ + c.reserved + c.published + c.evicting + c.retired, c.total);
+  assert_int_equal(c.in_rings, c.free_);
+}
+
+static void test_namespaces(void **state) {
+  struct fx *f = *state;
+  uint32_t a, b, a2;
+  assert_int_equal(umbp_ns_register(f->p, "model-a", &a), 0);
+  assert_int_equal(a, f->ns);
+  assert_int_equal(umbp_ns_register(f->p, "model-b", &b), 0);
+  assert_int_not_equal(a, b);
+  assert_int_equal(umbp_ns_lookup(f->p, "model-b", &a2), 0);
+  assert_int_equal(a2, b);
+  assert_int_equal(umbp_ns_lookup(f->p, "nope", &a2), -ENOENT);
+  char buf[160];
+  assert_int_equal(umbp_ns_name(f->p, b, buf, sizeof buf), 0);
+  assert_string_equal(buf, "model-b");
+  assert_int_equal(umbp_ns_register(f->p, "", &a2), -EINVAL);
+  char longname[200];
+  memset(longname, 'n', 129);
+  longname[129] = 0;
+  assert_int_equal(umbp_ns_register(f->p, longname, &a2), -EINVAL);
+  longname[128] = 0;
+  assert_int_equal(umbp_ns_register(f->p, longname, &a2), 0);
+  /* a second attachment (another registry slot) gets the same ids */
+  umbp_pool *q;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
+  assert_int_equal(umbp_ns_register(q, "model-b", &a2), 0);
+  assert_int_equal(a2, b);
+  umbp_pool_detach(q);
+  /* fill the table */
+  int rc = 0;
+  for (int i = 0; i < UMBP_MAX_NAMESPACES + 1 && rc == 0; i++) {
+    char n[32];
+    snprintf(n, sizeof n, "fill-%d", i);
+    rc = umbp_ns_register(f->p, n, &a2);
+  }
+  assert_int_equal(rc, -ENOSPC);
+}
+
+static void test_roundtrip(void **state) {
+  struct fx *f = *state;
+  umbp_key k = itu_key(f->ns, 1, 0);
+  uint32_t s = put(f->p, &k), got;
+  assert_int_equal(umbp_lookup_pin(f->p, &k, &got), 0);
+  assert_int_equal(got, s);
+  assert_true(itu_check(umbp_slot_ptr(f->p, got), umbp_slot_size(f->p), &k));
+  assert_int_equal(umbp_contains(f->p, &k), 1);
+  assert_int_equal(umbp_unpin(f->p, got), 0);
+  assert_int_equal(umbp_unpin(f->p, got), -EINVAL); /* no pin of ours left */
+  /* same hash, other rank: another key */
+  umbp_key k1 = k;
+  k1.tp_rank = 1;
+  assert_int_equal(umbp_contains(f->p, &k1), 0);
+  assert_int_equal(umbp_lookup_pin(f->p, &k1, &got), -ENOENT);
+  /* bytes past hash_len are ignored */
+  umbp_key k2 = k;
+  k2.hash_len = 16;
+  memset(k2.hash + 16, 0xee, 16);
+  umbp_key k3 = k2;
+  memset(k3.hash + 16, 0x11, 16);
+  put(f->p, &k2);
+  assert_int_equal(umbp_contains(f->p, &k3), 1);
+  census_ok(f->p);
+}
+
+static void test_errors(void **state) {
+  struct fx *f = *state;
+  umbp_key k = itu_key(f->ns, 2, 0);
+  uint32_t s;
+  k.hash_len = 0;
+  assert_int_equal(umbp_contains(f->p, &k), -EINVAL);
+  k.hash_len = 33;
+  assert_int_equal(umbp_lookup_pin(f->p, &k, &s), -EINVAL);
+  k.hash_len = 32;
+  assert_int_equal(umbp_publish(f->p, 5, &k), -EINVAL); /* not reserved by us */
+  assert_non_null(strstr(umbp_last_error(), "not reserved"));
+  assert_int_equal(umbp_publish(f->p, 1u << 30, &k), -EINVAL);
+  assert_int_equal(umbp_reserve(f->p, 7, f->ns, &s), -EINVAL); /* no such partition */
+  assert_int_equal(umbp_reserve(f->p, -1, 9999, &s), -EINVAL);
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s), 0);
+  umbp_key bad = itu_key(77, 1, 0); /* unregistered namespace */
+  assert_int_equal(umbp_publish(f->p, s, &bad), -EINVAL);
+  assert_int_equal(umbp_abort(f->p, s), 0);
+  assert_int_equal(umbp_abort(f->p, s), -EINVAL);
+  assert_int_equal(umbp_unpin(f->p, 1u << 30), -EINVAL);
+  assert_int_equal(umbp_remove(f->p, &k), -ENOENT);
+  assert_null(umbp_slot_ptr(f->p, 1u << 30));
+  census_ok(f->p);
+}
+
+static void test_first_writer_wins(void **state) {
+  struct fx *f = *state;
+  umbp_key k = itu_key(f->ns, 3, 0);
+  uint32_t s1, s2;
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s1), 0);
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s2), 0);
+  itu_fill(umbp_slot_ptr(f->p, s1), 4096, &k);
+  assert_int_equal(umbp_publish(f->p, s1, &k), 0);
+  umbp_slot_census before, after;
+  umbp_census(f->p, &before);
+  assert_int_equal(umbp_publish(f->p, s2, &k), -EEXIST);
+  umbp_census(f->p, &after);
+  assert_int_equal(after.free_, before.free_ + 1); /* the loser's slot went back */
+  assert_int_equal(after.reserved, before.reserved - 1);
+  umbp_counters c;
+  umbp_counters_ns(f->p, f->ns, &c);
+  assert_int_equal(c.duplicates, 1);
+  assert_int_equal(c.inserts, 1);
+  uint32_t got;
+  assert_int_equal(umbp_lookup_pin(f->p, &k, &got), 0);
+  assert_int_equal(got, s1);
+  umbp_unpin(f->p, got);
+}
+
+static void test_prefix_and_bulk(void **state) {
+  struct fx *f = *state;
+  umbp_key keys[40];
+  for (int i = 0; i < 40; i++) keys[i] = itu_key(f->ns, 100 + (uint64_t)i, 0);
+  uint32_t slots[40];
+  assert_int_equal(umbp_reserve_bulk(f->p, -1, f->ns, 40, slots), 40);
+  for (int i = 0; i < 40; i++) itu_fill(umbp_slot_ptr(f->p, slots[i]), 4096, &keys[i]);
+  int rc[40];
+  /* publish all but key 35 */
+  assert_int_equal(umbp_publish_bulk(f->p, 35, slots, keys, rc), 35);
+  assert_int_equal(umbp_publish_bulk(f->p, 4, slots + 36, keys + 36, rc), 4);
+  assert_int_equal(umbp_abort(f->p, slots[35]), 0);
+  assert_int_equal(umbp_prefix_probe(f->p, 40, keys), 35);
+  assert_int_equal(umbp_prefix_probe(f->p, 10, keys), 10);
+  assert_int_equal(umbp_prefix_probe(f->p, 5, keys + 35), 0);
+  assert_int_equal(umbp_prefix_probe(f->p, 0, keys), 0);
+  uint8_t present[40];
+  assert_int_equal(umbp_contains_bulk(f->p, 40, keys, present), 39);
+  assert_int_equal(present[35], 0);
+  assert_int_equal(present[36], 1);
+  uint32_t got[40];
+  assert_int_equal(umbp_lookup_pin_bulk(f->p, 40, keys, got), 39);
+  assert_int_equal(got[35], UMBP_NO_SLOT);
+  for (int i = 0; i < 40; i++)
+    if (i != 35) {
+      assert_int_equal(got[i], slots[i]);
+      assert_true(itu_check(umbp_slot_ptr(f->p, got[i]), 4096, &keys[i]));
+    }
+  assert_int_equal(umbp_unpin_bulk(f->p, 40, got), 0);
+  census_ok(f->p);
+}
+
+static void test_remove_and_events(void **state) {
+  struct fx *f = *state;
+  umbp_key k = itu_key(f->ns, 5, 0);
+  put(f->p, &k);
+  uint32_t got;
+  assert_int_equal(umbp_lookup_pin(f->p, &k, &got), 0);
+  assert_int_equal(umbp_remove(f->p, &k), -EBUSY);
+  assert_non_null(strstr(umbp_last_error(), "pinned"));
+  assert_true(itu_check(umbp_slot_ptr(f->p, got), 4096, &k)); /* bytes intact */
+  assert_int_equal(umbp_unpin(f->p, got), 0);
+  assert_int_equal(umbp_remove(f->p, &k), 0);
+  assert_int_equal(umbp_contains(f->p, &k), 0);
+  assert_int_equal(umbp_remove(f->p, &k), -ENOENT);
+  umbp_event ev[8];
+  int n = umbp_events_drain(f->p, ev, 8);
+  assert_int_equal(n, 1);
+  assert_int_equal(ev[0].type, UMBP_EV_REMOVED);
+  assert_int_equal(ev[0].key.ns, f->ns);
+  assert_memory_equal(ev[0].key.hash, k.hash, 32);
+  /* stored events on request */
+  umbp_events_enable_stored(f->p, true);
+  umbp_key k2 = itu_key(f->ns, 6, 0);
+  put(f->p, &k2);
+  n = umbp_events_drain(f->p, ev, 8);
+  assert_int_equal(n, 1);
+  assert_int_equal(ev[0].type, UMBP_EV_STORED);
+  umbp_events_enable_stored(f->p, false);
+  /* the removed slot is reusable (after its grace period, no reader is in a section) */
+  umbp_reclaim(f->p);
+  census_ok(f->p);
+  umbp_slot_census c;
+  umbp_census(f->p, &c);
+  assert_int_equal(c.retired, 0);
+}
+
+static void test_clear_ns(void **state) {
+  struct fx *f = *state;
+  uint32_t other;
+  assert_int_equal(umbp_ns_register(f->p, "model-b", &other), 0);
+  for (int i = 0; i < 10; i++) {
+    umbp_key a = itu_key(f->ns, 200 + (uint64_t)i, 0), b = itu_key(other, 200 + (uint64_t)i, 0);
+    put(f->p, &a);
+    put(f->p, &b);
+  }
+  umbp_key pinned = itu_key(f->ns, 200, 0);
+  uint32_t s;
+  assert_int_equal(umbp_lookup_pin(f->p, &pinned, &s), 0);
+  assert_int_equal(umbp_clear_ns(f->p, f->ns), 9);
+  assert_int_equal(umbp_contains(f->p, &pinned), 1);
+  for (int i = 0; i < 10; i++) {
+    umbp_key b = itu_key(other, 200 + (uint64_t)i, 0);
+    assert_int_equal(umbp_contains(f->p, &b), 1);
+  }
+  umbp_unpin(f->p, s);
+  assert_int_equal(umbp_clear_ns(f->p, f->ns), 1);
+  census_ok(f->p);
+}
+
+static void test_eviction_clock_and_pins(void **state) {
+  struct fx *f = *state;
+  umbp_pool_info info;
+  umbp_pool_get_info(f->p, &info);
+  unsigned total = info.slot_count;
+  /* fill the pool */
+  for (unsigned i = 0; i < total; i++) {
+    umbp_key k = itu_key(f->ns, 1000 + i, 0);
+    put(f->p, &k);
+  }
+  umbp_slot_census c;
+  umbp_census(f->p, &c);
+  assert_int_equal(c.free_, 0);
+  /* touch the first half (sets CLOCK reference bits) */
+  for (unsigned i = 0; i < total / 2; i++) {
+    umbp_key k = itu_key(f->ns, 1000 + i, 0);
+    uint32_t s;
+    assert_int_equal(umbp_lookup_pin(f->p, &k, &s), 0);
+    umbp_unpin(f->p, s);
+  }
+  /* a reserve on a full pool evicts on demand */
+  umbp_key nk = itu_key(f->ns, 5000, 0);
+  put(f->p, &nk);
+  /* evicting fewer than the cold half only takes cold blocks */
+  int ev = umbp_evict(f->p, -1, total / 4);
+  assert_int_equal(ev, (int)(total / 4));
+  for (unsigned i = 0; i < total / 2; i++) {
+    umbp_key k = itu_key(f->ns, 1000 + i, 0);
+    assert_int_equal(umbp_contains(f->p, &k), 1);
+  }
+  /* pin everything that is left; then nothing can be evicted */
+  uint32_t *pins = calloc(total * 2, sizeof *pins);
+  unsigned np = 0;
+  umbp_reclaim(f->p);
+  uint32_t s;
+  while (umbp_reserve(f->p, -1, f->ns, &s) == 0) {
+    umbp_key k = itu_key(f->ns, 9000 + np, 0);
+    itu_fill(umbp_slot_ptr(f->p, s), 4096, &k);
+    assert_int_equal(umbp_publish(f->p, s, &k), 0);
+    assert_int_equal(umbp_lookup_pin(f->p, &k, &pins[np++]), 0);
+    if (np > total * 2) break;
+  }
+  /* the loop ended because every slot is pinned or evicted-then-reused */
+  for (unsigned i = 0; i < total; i++) {
+    umbp_key k = itu_key(f->ns, 1000 + i, 0);
+    uint32_t g;
+    if (umbp_lookup_pin(f->p, &k, &g) == 0) pins[np++] = g;
+  }
+  umbp_key k5 = itu_key(f->ns, 5000, 0);
+  uint32_t g;
+  if (umbp_lookup_pin(f->p, &k5, &g) == 0) pins[np++] = g;
+  umbp_census(f->p, &c);
+  assert_int_equal(c.pinned, c.published);
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s), -ENOSPC);
+  assert_non_null(strstr(umbp_last_error(), "pinned"));
+  assert_int_equal(umbp_evict(f->p, -1, 10), 0);
+  /* every pinned block still holds its bytes */
+  for (unsigned i = 0; i < np; i++) assert_int_equal(ST_STATE(atomic_load(&f->p->index->meta[pins[i]].state)), UMBP_SLOT_PUBLISHED);
+  umbp_unpin_bulk(f->p, np, pins);
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s), 0);
+  umbp_abort(f->p, s);
+  umbp_counters cn;
+  umbp_counters_ns(f->p, f->ns, &cn);
+  assert_true(cn.evictions >= total / 4);
+  free(pins);
+  census_ok(f->p);
+}
+
+static void test_event_ring_drops_oldest(void **state) {
+  struct fx *f = *state;
+  /* 40 removals into a 16-event ring */
+  for (int i = 0; i < 40; i++) {
+    umbp_key k = itu_key(f->ns, 300 + (uint64_t)i, 0);
+    put(f->p, &k);
+    assert_int_equal(umbp_remove(f->p, &k), 0);
+  }
+  umbp_event ev[64];
+  int n = umbp_events_drain(f->p, ev, 64);
+  assert_int_equal(n, 16);
+  assert_int_equal(umbp_events_dropped(f->p), 24);
+  for (int i = 0; i < 16; i++) {
+    umbp_key k = itu_key(f->ns, 300 + 24 + (uint64_t)i, 0);
+    assert_memory_equal(ev[i].key.hash, k.hash, 32); /* the newest 16, oldest first */
+  }
+}
+
+static void test_quota(void **state) {
+  struct fx *f = *state;
+  uint32_t a = f->ns, b;
+  assert_int_equal(umbp_ns_register(f->p, "model-b", &b), 0);
+  assert_int_equal(umbp_ns_set_quota(f->p, a, 20 * 4096), 0);
+  assert_int_equal(umbp_ns_set_quota(f->p, 200, 1), -ENOENT);
+  umbp_pool_info info;
+  umbp_pool_get_info(f->p, &info);
+  /* b fills most of the pool */
+  unsigned nb = info.slot_count - 30;
+  for (unsigned i = 0; i < nb; i++) {
+    umbp_key k = itu_key(b, i, 0);
+    put(f->p, &k);
+  }
+  /* a stores 100 blocks: over its quota it evicts its own */
+  for (unsigned i = 0; i < 100; i++) {
+    umbp_key k = itu_key(a, i, 0);
+    put(f->p, &k);
+  }
+  for (unsigned i = 0; i < nb; i++) {
+    umbp_key k = itu_key(b, i, 0);
+    assert_int_equal(umbp_contains(f->p, &k), 1);
+  }
+  int present = 0;
+  for (unsigned i = 0; i < 100; i++) {
+    umbp_key k = itu_key(a, i, 0);
+    present += umbp_contains(f->p, &k);
+  }
+  assert_true(present <= 21 && present >= 10);
+  census_ok(f->p);
+}
+
+static void test_counters(void **state) {
+  struct fx *f = *state;
+  umbp_key k = itu_key(f->ns, 7, 0), miss = itu_key(f->ns, 8, 0);
+  put(f->p, &k);
+  uint32_t s;
+  for (int i = 0; i < 10; i++) {
+    assert_int_equal(umbp_lookup_pin(f->p, &k, &s), 0);
+    umbp_unpin(f->p, s);
+  }
+  for (int i = 0; i < 5; i++) assert_int_equal(umbp_lookup_pin(f->p, &miss, &s), -ENOENT);
+  umbp_counters c;
+  assert_int_equal(umbp_counters_ns(f->p, f->ns, &c), 0);
+  assert_int_equal(c.lookups, 15);
+  assert_int_equal(c.hits, 10);
+  assert_int_equal(c.misses, 5);
+  assert_int_equal(c.inserts, 1);
+  assert_int_equal(c.pins, 10);
+  umbp_counters all;
+  assert_int_equal(umbp_counters_ns(f->p, UINT32_MAX, &all), 0);
+  assert_int_equal(all.lookups, 15);
+  umbp_counters pc;
+  assert_int_equal(umbp_counters_part(f->p, 0, &pc), 0);
+  assert_true(pc.hits <= 10 && pc.inserts <= 1);
+  assert_int_equal(umbp_counters_part(f->p, 99, &pc), -EINVAL);
+  uint64_t entries, hist[4];
+  assert_int_equal(umbp_index_stats(f->p, &entries, hist, 4), 0);
+  assert_int_equal(entries, 1);
+  assert_int_equal(hist[0], 1);
+}
+
+/* A reader stuck in its read section delays reuse of what was retired before
+ * it entered, and nothing else: reclaim returns at once, never waits. */
+static void test_stuck_reader_bounded(void **state) {
+  struct fx *f = *state;
+  umbp_key k = itu_key(f->ns, 9, 0);
+  put(f->p, &k);
+  struct umbp_index *ix = f->p->index;
+  struct umbp_proc_slot *ps = &f->p->procs[f->p->proc_slot];
+  unsigned t = 63;
+  atomic_fetch_or(&ps->thread_bits, 1ull << t);
+  atomic_store(&ix->readers[t].ctr, atomic_load(&ix->ih->epoch)); /* "in a section" */
+  assert_int_equal(umbp_remove(f->p, &k), 0);
+  uint64_t t0 = umbp_now_ns();
+  assert_int_equal(umbp_reclaim(f->p), 0);
+  assert_true(umbp_now_ns() - t0 < 100000000ull);
+  umbp_slot_census c;
+  umbp_census(f->p, &c);
+  assert_int_equal(c.retired, 1);
+  atomic_store(&ix->readers[t].ctr, 0); /* leaves */
+  assert_int_equal(umbp_reclaim(f->p), 1);
+  atomic_fetch_and(&ps->thread_bits, ~(1ull << t));
+  census_ok(f->p);
+}
+
+/* ---- threads (also the TSan target) ---------------------------------------- */
+struct thr {
+  struct fx *f;
+  unsigned id;
+  _Atomic unsigned *stop;
+  unsigned long ops, torn;
+};
+
+static void *worker(void *arg) {
+  struct thr *t = arg;
+  umbp_pool *p = t->f->p;
+  uint64_t rng = 0x1234 + t->id;
+  while (!atomic_load(t->stop)) {
+    rng = itu_mix(rng);
+    uint64_t id = rng % 200;
+    umbp_key k = itu_key(t->f->ns, id, 0);
+    unsigned op = (unsigned)(rng >> 32) % 10;
+    uint32_t s;
+    if (op < 4) {
+      if (umbp_reserve(p, -1, k.ns, &s) == 0) {
+        itu_fill(umbp_slot_ptr(p, s), 4096, &k);
+        int rc = umbp_publish(p, s, &k);
+        assert_true(rc == 0 || rc == -EEXIST);
+      }
+    } else if (op < 9) {
+      if (umbp_lookup_pin(p, &k, &s) == 0) {
+        if (!itu_check(umbp_slot_ptr(p, s), 4096, &k)) t->torn++;
+        umbp_unpin(p, s);
+      }
+    } else {
+      umbp_remove(p, &k);
+    }
+    t->ops++;
+  }
+  umbp_counters_flush(p);
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  struct fx *f = *state;
+  enum { N = 4 };
+  pthread_t th[N];
+  struct thr t[N];
+  _Atomic unsigned stop = 0;
+  for (unsigned i = 0; i < N; i++) {
+    t[i] = (struct thr){.f = f, .id = i, .stop = &stop};
+    pthread_create(&th[i], NULL, worker, &t[i]);
+  }
+  struct timespec ts = {1, 0};
+  nanosleep(&ts, NULL);
+  atomic_store(&stop, 1);
+  unsigned long ops = 0, torn = 0;
+  for (unsigned i = 0; i < N; i++) {
+    pthread_join(th[i], NULL);
+    ops += t[i].ops;
+    torn += t[i].torn;
+  }
+  fprintf(stderr, "# threads: %lu ops, %lu torn reads\n", ops, torn);
+  assert_int_equal(torn, 0);
+  assert_true(ops > 1000);
+  umbp_reclaim(f->p);
+  census_ok(f->p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_namespaces, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_first_writer_wins, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_prefix_and_bulk, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_remove_and_events, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_clear_ns, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_eviction_clock_and_pins, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_event_ring_drops_oldest, setup_ev16, teardown),
+      cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_counters, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stuck_reader_bounded, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+  };
+  return cmocka_run_group_tests_name("index", tests, NULL, NULL);
+}

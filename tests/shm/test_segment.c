@@ -1,0 +1,515 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Segment lifecycle, header validation, registry liveness and reaping. */
+#include <fcntl.h>
+#include <pwd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "test_util.h"
+
+#include "common/common.h"
+#include "shm/pool_internal.h"
+#include "umbp/index.h"
+#include "umbp/pool.h"
+
+static umbp_pool_params small_params(void) {
+  umbp_pool_params pp;
+  umbp_pool_params_init(&pp);
+  pp.capacity = 16 << 20;
+  pp.slot_size = 64 << 10;
+  return pp;
+}
+
+static umbp_pool *create_small(const char *name) {
+  umbp_pool_params pp = small_params();
+  umbp_pool *p = NULL;
+  int rc = umbp_pool_create(name, &pp, &p);
+  if (rc) fprintf(stderr, "create %s: %s\n", name, umbp_last_error());
+  assert_int_equal(rc, 0);
+  return p;
+}
+
+static void shm_path(const char *name, char *buf, size_t n) { snprintf(buf, n, "/dev/shm/umbp.%s", name); }
+
+static void test_lifecycle(void **state) {
+  (void)state;
+  const char *name = tu_name("life");
+  umbp_pool *p = create_small(name);
+  umbp_pool_info info;
+  assert_int_equal(umbp_pool_get_info(p, &info), 0);
+  assert_int_equal(info.slot_count, 256);
+  assert_int_equal(info.slot_size, 64 << 10);
+  assert_int_equal(info.layout_major, 1);
+  assert_true(info.n_partitions >= 1);
+  assert_int_equal(info.procs_live, 1);
+  assert_true(umbp_pool_proc_slot(p) >= 0);
+
+  /* second creator: -EEXIST, and the first pool is untouched */
+  umbp_pool_params pp = small_params();
+  umbp_pool *q = NULL;
+  assert_int_equal(umbp_pool_create(name, &pp, &q), -EEXIST);
+  assert_non_null(strstr(umbp_last_error(), "already exists"));
+  assert_null(q);
+
+  /* attach read-write and read-only */
+  umbp_pool *a;
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), 0);
+  assert_int_not_equal(umbp_pool_proc_slot(a), umbp_pool_proc_slot(p));
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true;
+  umbp_pool *r;
+  assert_int_equal(umbp_pool_attach(name, &o, &r), 0);
+  assert_int_equal(umbp_pool_proc_slot(r), -1);
+  assert_int_equal(umbp_pool_reap(r), -EROFS);
+  uint32_t s;
+  assert_int_equal(umbp_reserve(r, 0, 0, &s), -EROFS);
+  assert_int_equal(umbp_pool_get_info(r, &info), 0);
+  assert_int_equal(info.procs_live, 2);
+  umbp_pool_detach(r);
+  umbp_pool_detach(a);
+  umbp_pool_detach(p);
+  umbp_pool_detach(NULL); /* accepts NULL */
+
+  /* mode 0600 by default */
+  char path[128];
+  struct stat st;
+  shm_path(name, path, sizeof path);
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0600);
+
+  assert_int_equal(umbp_pool_destroy(name), 0);
+  assert_int_equal(umbp_pool_destroy(name), -ENOENT);
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), -ENOENT);
+  assert_non_null(strstr(umbp_last_error(), "umbp pool create"));
+}
+
+static void test_names(void **state) {
+  (void)state;
+  assert_int_equal(umbp_pool_name_valid("kv-cache_1.2"), 0);
+  assert_int_equal(umbp_pool_name_valid(""), -EINVAL);
+  assert_int_equal(umbp_pool_name_valid(NULL), -EINVAL);
+  assert_int_equal(umbp_pool_name_valid("a/b"), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "'/'"));
+  assert_int_equal(umbp_pool_name_valid(".."), -EINVAL);
+  assert_int_equal(umbp_pool_name_valid("sp ace"), -EINVAL);
+  char longname[80];
+  memset(longname, 'x', 65);
+  longname[65] = 0;
+  assert_int_equal(umbp_pool_name_valid(longname), -EINVAL);
+  longname[64] = 0;
+  assert_int_equal(umbp_pool_name_valid(longname), 0);
+  umbp_pool_params pp = small_params();
+  umbp_pool *p;
+  assert_int_equal(umbp_pool_create("bad/name", &pp, &p), -EINVAL);
+  assert_int_equal(umbp_pool_attach("bad name", NULL, &p), -EINVAL);
+  assert_int_equal(umbp_pool_destroy("../etc"), -EINVAL);
+}
+
+static void test_bad_params(void **state) {
+  (void)state;
+  const char *name = tu_name("params");
+  umbp_pool *p;
+  umbp_pool_params pp = small_params();
+  pp.capacity = 0;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), -EINVAL);
+  pp = small_params();
+  pp.slot_size = 1000;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "multiple of 64"));
+  pp = small_params();
+  pp.capacity = pp.slot_size; /* one slot */
+  assert_int_equal(umbp_pool_create(name, &pp, &p), -EINVAL);
+  pp = small_params();
+  pp.n_numa_nodes = 1;
+  pp.numa_nodes[0] = 99;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "99"));
+  pp = small_params();
+  pp.n_numa_nodes = 2;
+  pp.numa_nodes[0] = 0;
+  pp.numa_nodes[1] = 0;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), -EINVAL);
+  pp = small_params();
+  pp.mempolicy = 42;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), -EINVAL);
+  assert_int_equal(umbp_pool_create(name, NULL, &p), -EINVAL);
+  /* nothing was left behind */
+  char path[128];
+  shm_path(name, path, sizeof path);
+  assert_int_not_equal(access(path, F_OK), 0);
+}
+
+static void test_too_big_refused_before_allocation(void **state) {
+  (void)state;
+  const char *name = tu_name("big");
+  umbp_pool_params pp = small_params();
+  pp.capacity = 1ull << 50; /* 1 PiB */
+  pp.slot_size = 1 << 30;   /* keeps the slot count small: the check is on bytes */
+  umbp_pool *p;
+  uint64_t t0 = umbp_now_ns();
+  int rc = umbp_pool_create(name, &pp, &p);
+  uint64_t dt = umbp_now_ns() - t0;
+  assert_true(rc == -ENOSPC || rc == -ENOMEM);
+  const char *msg = umbp_last_error();
+  assert_true(strstr(msg, "--capacity") != NULL);
+  if (rc == -ENOSPC) assert_non_null(strstr(msg, "shm-size"));
+  char path[128];
+  shm_path(name, path, sizeof path);
+  assert_int_not_equal(access(path, F_OK), 0); /* no file was created */
+  assert_true(dt < 1000000000ull);             /* nothing large was touched */
+}
+
+/* Patch the header of a detached pool in place, then try to attach. */
+static int attach_after_patch(const char *name, void (*patch)(struct umbp_shm_header *h, int fd), char *msg, size_t n) {
+  char path[128];
+  shm_path(name, path, sizeof path);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  struct umbp_shm_header *h = mmap(NULL, UMBP_HEADER_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  assert_true(h != MAP_FAILED);
+  patch(h, fd);
+  munmap(h, UMBP_HEADER_BYTES);
+  close(fd);
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.timeout_ms = 100;
+  umbp_pool *p = NULL;
+  int rc = umbp_pool_attach(name, &o, &p);
+  snprintf(msg, n, "%s", umbp_last_error());
+  if (rc == 0) umbp_pool_detach(p);
+  return rc;
+}
+
+static void patch_major(struct umbp_shm_header *h, int fd) { (void)fd; h->layout_major = 2; }
+static void patch_magic(struct umbp_shm_header *h, int fd) { (void)fd; atomic_store(&h->magic, 0x1234567812345678ull); }
+static void patch_fp(struct umbp_shm_header *h, int fd) {
+  (void)fd;
+  h->abi_fingerprint ^= 1;
+  h->header_checksum = umbp_header_checksum(h);
+}
+static void patch_slotsize(struct umbp_shm_header *h, int fd) { (void)fd; h->slot_size = 12345; }
+static void patch_region(struct umbp_shm_header *h, int fd) {
+  (void)fd;
+  h->regions[UMBP_REG_BUCKETS].offset = h->total_size + 4096;
+  h->header_checksum = umbp_header_checksum(h);
+}
+static void patch_truncate(struct umbp_shm_header *h, int fd) {
+  (void)h;
+  struct stat st;
+  fstat(fd, &st);
+  assert_int_equal(ftruncate(fd, st.st_size / 2), 0);
+}
+static void patch_incompat(struct umbp_shm_header *h, int fd) {
+  (void)fd;
+  h->incompat_features |= 1ull << 40;
+  h->header_checksum = umbp_header_checksum(h);
+}
+static unsigned patch_seed;
+static void patch_random(struct umbp_shm_header *h, int fd) {
+  (void)fd;
+  srand(patch_seed);
+  unsigned char *b = (unsigned char *)h;
+  int n = 1 + rand() % 8;
+  for (int i = 0; i < n; i++) b[8 + rand() % (int)(sizeof *h - 8)] ^= (unsigned char)(1 + rand() % 255);
+}
+
+static void test_header_validation(void **state) {
+  (void)state;
+  struct {
+    void (*patch)(struct umbp_shm_header *, int);
+    int expect;
+    const char *word;
+  } cases[] = {
+      {patch_major, -EPROTO, "layout version 2"},
+      {patch_magic, -EBADMSG, "magic"},
+      {patch_fp, -EPROTO, "fingerprint"},
+      {patch_slotsize, -EBADMSG, "checksum"},
+      {patch_region, -EBADMSG, "outside"},
+      {patch_truncate, -EBADMSG, "truncated"},
+      {patch_incompat, -EPROTO, "feature bits"},
+  };
+  char msg[512];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *name = tu_name("hdr");
+    umbp_pool_detach(create_small(name));
+    int rc = attach_after_patch(name, cases[i].patch, msg, sizeof msg);
+    if (rc != cases[i].expect || !strstr(msg, cases[i].word))
+      fprintf(stderr, "case %zu: rc %d msg '%s'\n", i, rc, msg);
+    assert_int_equal(rc, cases[i].expect);
+    assert_non_null(strstr(msg, cases[i].word));
+    assert_int_equal(umbp_pool_destroy(name), 0);
+  }
+  /* random header bytes: always refused, never a crash */
+  const char *name = tu_name("hdr-rand");
+  for (patch_seed = 1; patch_seed <= 40; patch_seed++) {
+    umbp_pool_detach(create_small(name));
+    int rc = attach_after_patch(name, patch_random, msg, sizeof msg);
+    assert_true(rc == -EBADMSG || rc == -EPROTO || rc == -ETIMEDOUT);
+    assert_int_equal(umbp_pool_destroy(name), 0);
+  }
+}
+
+static void test_attach_waits_for_creator(void **state) {
+  (void)state;
+  /* a file that never gets its magic: the attacher waits, then times out */
+  const char *name = tu_name("half");
+  char path[128], shm[128];
+  shm_path(name, path, sizeof path);
+  snprintf(shm, sizeof shm, "/umbp.%s", name);
+  int fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
+  assert_true(fd >= 0);
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.timeout_ms = 150;
+  umbp_pool *p;
+  uint64_t t0 = umbp_now_ns();
+  assert_int_equal(umbp_pool_attach(name, &o, &p), -ETIMEDOUT); /* size 0 */
+  assert_true(umbp_now_ns() - t0 >= 150000000ull);
+  assert_int_equal(ftruncate(fd, 1 << 20), 0);
+  struct umbp_shm_header *h = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  h->creator_pid = 999999; /* a pid that does not run */
+  munmap(h, 4096);
+  assert_int_equal(umbp_pool_attach(name, &o, &p), -ETIMEDOUT);
+  assert_non_null(strstr(umbp_last_error(), "umbp pool destroy"));
+  close(fd);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
+static void test_two_processes_share(void **state) {
+  (void)state;
+  const char *name = tu_name("share");
+  umbp_pool *p = create_small(name);
+  unsigned char *s0 = umbp_slot_ptr(p, 0), *s1 = umbp_slot_ptr(p, 1);
+  for (int i = 0; i < 4096; i++) s0[i] = (unsigned char)(i * 7 + 1);
+  char *argv[] = {(char *)tu_helper("pool_helper"), "rw", (char *)name, NULL};
+  int fd;
+  pid_t pid = tu_spawn(argv, &fd);
+  char line[256];
+  assert_true(tu_readline(fd, line, sizeof line) > 0);
+  close(fd);
+  assert_int_equal(tu_wait(pid), 0);
+  int ok;
+  void *their_base;
+  int their_slot;
+  assert_int_equal(sscanf(line, "ok %d base %p slot %d", &ok, &their_base, &their_slot), 3);
+  assert_int_equal(ok, 1);
+  assert_int_not_equal(their_slot, umbp_pool_proc_slot(p));
+  /* ASLR: the helper mapped the pool elsewhere (exec'd, not forked) */
+  if (their_base == (void *)s0) fprintf(stderr, "note: helper mapped at the same address\n");
+  for (int i = 0; i < 4096; i++) assert_int_equal(s1[i], (unsigned char)(i * 13 + 5));
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
+static void test_other_uid_kept_out(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    skip(); /* needs root to become another user: the CI runs as root */
+    return;
+  }
+  struct passwd *pw = getpwnam("nobody");
+  if (!pw) {
+    fprintf(stderr, "# skip: no 'nobody' user\n");
+    skip();
+    return;
+  }
+  const char *name = tu_name("uid");
+  umbp_pool *p = create_small(name);
+  char uid[16];
+  snprintf(uid, sizeof uid, "%u", (unsigned)pw->pw_uid);
+  char *argv[] = {(char *)tu_helper("pool_helper"), "attach-as", uid, (char *)name, NULL};
+  int fd;
+  pid_t pid = tu_spawn(argv, &fd);
+  char line[64];
+  assert_true(tu_readline(fd, line, sizeof line) > 0);
+  close(fd);
+  tu_wait(pid);
+  assert_int_equal(atoi(line), -EACCES);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
+static pid_t spawn_holder(const char *name, int *slot) {
+  char *argv[] = {(char *)tu_helper("pool_helper"), "hold", (char *)name, NULL};
+  int fd;
+  pid_t pid = tu_spawn(argv, &fd);
+  char line[128];
+  assert_true(tu_readline(fd, line, sizeof line) > 0);
+  close(fd);
+  assert_int_equal(sscanf(line, "ready %d", slot), 1);
+  return pid;
+}
+
+static void test_registry_reaps_killed(void **state) {
+  (void)state;
+  const char *name = tu_name("reap");
+  umbp_pool *p = create_small(name);
+  int slot_a, slot_b;
+  pid_t a = spawn_holder(name, &slot_a);
+  pid_t b = spawn_holder(name, &slot_b);
+  umbp_proc_info pi[UMBP_MAX_PROCS];
+  int n = umbp_pool_list_procs(p, pi, UMBP_MAX_PROCS);
+  assert_int_equal(n, 3);
+  for (int i = 0; i < n; i++) {
+    assert_true(pi[i].alive);
+    if ((int)pi[i].slot == slot_a) {
+      assert_int_equal(pi[i].pid, a);
+      assert_int_equal(pi[i].role, UMBP_ROLE_WORKER);
+      assert_int_equal(pi[i].rank, 3);
+      assert_true(pi[i].start_time > 0);
+    }
+  }
+  assert_int_equal(umbp_pool_reap(p), 0); /* nobody is dead */
+  kill(a, SIGKILL);
+  tu_wait(a);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
+  assert_int_equal(info.procs_live, 2);
+  assert_int_equal(info.procs_dead, 1);
+  assert_int_equal(umbp_pool_reap(p), 1);
+  assert_int_equal(umbp_pool_reap(p), 0);
+  umbp_pool_get_info(p, &info);
+  assert_int_equal(info.procs_dead, 0);
+  assert_int_equal(info.procs_live, 2);
+  /* the freed slot is claimable again */
+  umbp_pool *c;
+  assert_int_equal(umbp_pool_attach(name, NULL, &c), 0);
+  umbp_pool_detach(c);
+  kill(b, SIGKILL);
+  tu_wait(b);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
+/* Liveness never trusts a pid: a slot that names a live pid but whose lock is
+ * not held is dead; a live holder is never reaped whatever its pid says. */
+static void test_pid_reuse(void **state) {
+  (void)state;
+  const char *name = tu_name("pidreuse");
+  umbp_pool *p = create_small(name);
+  int slot_live;
+  pid_t live = spawn_holder(name, &slot_live);
+  /* a child that dies; then forge its slot to claim a pid that is alive (as if reused) */
+  int slot_dead;
+  pid_t dead = spawn_holder(name, &slot_dead);
+  kill(dead, SIGKILL);
+  tu_wait(dead);
+  pid_t sleeper;
+  {
+    char *argv[] = {(char *)tu_helper("pool_helper"), "sleep", NULL};
+    int fd;
+    sleeper = tu_spawn(argv, &fd);
+    char line[32];
+    tu_readline(fd, line, sizeof line);
+    close(fd);
+  }
+  p->procs[slot_dead].pid = sleeper; /* pid now belongs to a live, unrelated process */
+  p->procs[slot_dead].start_time = umbp_proc_start_time(sleeper);
+  /* and make the live holder's slot claim a dead pid */
+  p->procs[slot_live].pid = 999999;
+  assert_false(umbp_registry_alive(p, (unsigned)slot_dead));
+  assert_true(umbp_registry_alive(p, (unsigned)slot_live));
+  assert_int_equal(umbp_pool_reap(p), 1);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
+  assert_int_equal(info.procs_live, 2);
+  kill(sleeper, SIGKILL);
+  tu_wait(sleeper);
+  kill(live, SIGKILL);
+  tu_wait(live);
+  assert_int_equal(umbp_pool_reap(p), 1);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
+static void test_registry_full(void **state) {
+  (void)state;
+  const char *name = tu_name("full");
+  umbp_pool *p = create_small(name);
+  umbp_pool *h[UMBP_MAX_PROCS];
+  int n = 0;
+  while (n < UMBP_MAX_PROCS && umbp_pool_attach(name, NULL, &h[n]) == 0) n++;
+  assert_int_equal(n, UMBP_MAX_PROCS - 1); /* the creator holds one */
+  umbp_pool *x;
+  assert_int_equal(umbp_pool_attach(name, NULL, &x), -EUSERS);
+  assert_non_null(strstr(umbp_last_error(), "process slots"));
+  for (int i = 0; i < n; i++) umbp_pool_detach(h[i]);
+  assert_int_equal(umbp_pool_attach(name, NULL, &x), 0);
+  umbp_pool_detach(x);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
+static int progress_calls;
+static uint64_t progress_last;
+static void progress(void *arg, const char *what, uint64_t done, uint64_t total) {
+  (void)arg;
+  (void)what;
+  progress_calls++;
+  progress_last = done;
+  assert_true(done <= total);
+}
+
+static void test_prefault_progress(void **state) {
+  (void)state;
+  const char *name = tu_name("pf");
+  umbp_pool_params pp = small_params();
+  pp.capacity = 128 << 20;
+  pp.progress = progress;
+  pp.prefault_threads = 2;
+  umbp_pool *p;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
+  assert_true(progress_calls >= 4);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
+  uint64_t arena = 0;
+  for (unsigned i = 0; i < info.n_partitions; i++) arena += info.partitions[i].bytes;
+  assert_true(progress_last >= arena);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
+static void test_layout_compute(void **state) {
+  (void)state;
+  umbp_pool_params pp = small_params();
+  int nodes[2] = {0, 1};
+  struct umbp_shm_header h;
+  pp.capacity = 10 * pp.slot_size + 100;
+  assert_int_equal(umbp_layout_compute(&pp, nodes, 2, &h), 0);
+  assert_int_equal(h.slot_count, 10);
+  assert_int_equal(h.partitions[0].slot_count, 5);
+  assert_int_equal(h.partitions[1].first_slot, 5);
+  assert_int_equal(h.partitions[0].offset % UMBP_PART_ALIGN, 0);
+  assert_int_equal(h.partitions[1].offset % UMBP_PART_ALIGN, 0);
+  for (int r = 0; r + 1 < UMBP_REG_COUNT; r++)
+    assert_true(h.regions[r].offset + h.regions[r].size <= h.regions[r + 1].offset);
+  assert_true(h.total_size >= h.partitions[1].offset + h.partitions[1].bytes);
+  h.header_checksum = umbp_header_checksum(&h);
+  atomic_store(&h.magic, UMBP_MAGIC);
+  assert_int_equal(umbp_header_validate(&h, h.total_size), 0);
+  assert_int_equal(umbp_header_validate(&h, h.total_size - 1), -EBADMSG);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_lifecycle),
+      cmocka_unit_test(test_names),
+      cmocka_unit_test(test_bad_params),
+      cmocka_unit_test(test_too_big_refused_before_allocation),
+      cmocka_unit_test(test_layout_compute),
+      cmocka_unit_test(test_header_validation),
+      cmocka_unit_test(test_attach_waits_for_creator),
+      cmocka_unit_test(test_registry_full),
+      cmocka_unit_test(test_prefault_progress),
+  };
+  const struct CMUnitTest mp_tests[] = {
+      cmocka_unit_test(test_two_processes_share),
+      cmocka_unit_test(test_other_uid_kept_out),
+      cmocka_unit_test(test_registry_reaps_killed),
+      cmocka_unit_test(test_pid_reuse),
+  };
+  const char *which = getenv("UMBP_TEST_GROUP");
+  if (which && !strcmp(which, "mp")) return cmocka_run_group_tests_name("segment-mp", mp_tests, NULL, NULL);
+  return cmocka_run_group_tests_name("segment", tests, NULL, NULL);
+}

@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Shared helpers of the umbp command-line tool. */
+#ifndef UMBP_TOOLS_CLI_H
+#define UMBP_TOOLS_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit codes of every subcommand. */
+enum { CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2 };
+
+/* A subcommand: argv[0] is the subcommand's own name. Returns an exit code. */
+typedef int (*cli_fn)(int argc, char **argv);
+
+struct cli_command {
+  const char *name;
+  const char *summary;
+  cli_fn fn;
+};
+
+/* Subcommands (one file each in tools/). */
+int cmd_pool(int argc, char **argv);
+int cmd_topo(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_replay(int argc, char **argv);
+
+/* Parse "8GiB", "256KiB", "4096", "1.5GiB", "64MB" (MB = MiB here, said in --help).
+ * Returns 0 or -EINVAL. */
+int cli_parse_size(const char *s, uint64_t *ret);
+/* "1.5 GiB" style formatting into buf. */
+const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n);
+/* Parse a comma-separated list of non-negative ints ("0,1,3"); returns count or -EINVAL. */
+int cli_parse_int_list(const char *s, int *out, int max);
+
+/* Print "umbp: <msg>" to stderr. */
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Report a usage error: message + "Try 'umbp SUB --help'." and return CLI_USAGE. */
+int cli_usage_error(const char *sub, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Minimal JSON writer (no allocation): writes to a FILE with comma tracking. */
+struct json {
+  FILE *f;
+  int depth;
+  bool need_comma[32];
+};
+void json_begin(struct json *j, FILE *f);
+void json_obj(struct json *j, const char *key);  /* key NULL inside arrays / top level */
+void json_arr(struct json *j, const char *key);
+void json_end_obj(struct json *j);
+void json_end_arr(struct json *j);
+void json_str(struct json *j, const char *key, const char *v);
+void json_u64(struct json *j, const char *key, uint64_t v);
+void json_i64(struct json *j, const char *key, int64_t v);
+void json_dbl(struct json *j, const char *key, double v);
+void json_bool(struct json *j, const char *key, bool v);
+void json_null(struct json *j, const char *key);
+void json_finish(struct json *j); /* newline */
+
+/* True when stderr is a terminal (progress lines are drawn only then). */
+bool cli_stderr_tty(void);
+
+#endif

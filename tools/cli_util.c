@@ -1,0 +1,128 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+int cli_parse_size(const char *s, uint64_t *ret) {
+  if (!s || !*s) return -EINVAL;
+  errno = 0;
+  char *end;
+  double v = strtod(s, &end);
+  if (errno || end == s || v < 0 || !isfinite(v)) return -EINVAL;
+  while (*end == ' ') end++;
+  double mult = 1;
+  if (*end) {
+    static const struct { const char *suf; double m; } sufs[] = {
+        {"B", 1},          {"K", 1024.0},     {"KB", 1024.0},    {"KiB", 1024.0},
+        {"M", 1048576.0},  {"MB", 1048576.0}, {"MiB", 1048576.0}, {"G", 1073741824.0},
+        {"GB", 1073741824.0}, {"GiB", 1073741824.0}, {"T", 1099511627776.0},
+        {"TB", 1099511627776.0}, {"TiB", 1099511627776.0},
+    };
+    size_t i;
+    for (i = 0; i < sizeof sufs / sizeof sufs[0]; i++)
+      if (!strcasecmp(end, sufs[i].suf)) break;
+    if (i == sizeof sufs / sizeof sufs[0]) return -EINVAL;
+    mult = sufs[i].m;
+  }
+  double b = v * mult;
+  if (b > 18446744073709549568.0) return -EINVAL;
+  if (b != floor(b)) return -EINVAL;
+  *ret = (uint64_t)b;
+  return 0;
+}
+
+const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n) {
+  static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  int i = 0;
+  while (v >= 1024 && i < 4) { v /= 1024; i++; }
+  if (i == 0) snprintf(buf, n, "%llu B", (unsigned long long)bytes);
+  else if (v == floor(v)) snprintf(buf, n, "%.0f %s", v, u[i]);
+  else snprintf(buf, n, "%.2f %s", v, u[i]);
+  return buf;
+}
+
+int cli_parse_int_list(const char *s, int *out, int max) {
+  int n = 0;
+  const char *p = s;
+  if (!s || !*s) return -EINVAL;
+  while (*p) {
+    char *end;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (errno || end == p || v < 0 || v > 65535) return -EINVAL;
+    if (n >= max) return -EINVAL;
+    out[n++] = (int)v;
+    p = end;
+    if (*p == ',') { p++; if (!*p) return -EINVAL; }
+    else if (*p) return -EINVAL;
+  }
+  return n;
+}
+
+void cli_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("umbp: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+int cli_usage_error(const char *sub, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("umbp: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\nTry 'umbp %s --help'.\n", sub);
+  va_end(ap);
+  return CLI_USAGE;
+}
+
+bool cli_stderr_tty(void) { return isatty(2); }
+
+/* --- JSON ---------------------------------------------------------------- */
+static void json_sep(struct json *j, const char *key) {
+  if (j->need_comma[j->depth]) fputc(',', j->f);
+  j->need_comma[j->depth] = true;
+  if (key) {
+    fputc('"', j->f);
+    for (const char *p = key; *p; p++) fputc(*p, j->f);
+    fputs("\":", j->f);
+  }
+}
+static void json_escape(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\') { fputc('\\', f); fputc(*p, f); }
+    else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+    else fputc(*p, f);
+  }
+  fputc('"', f);
+}
+void json_begin(struct json *j, FILE *f) { memset(j, 0, sizeof *j); j->f = f; }
+void json_obj(struct json *j, const char *key) { json_sep(j, key); fputc('{', j->f); j->need_comma[++j->depth] = false; }
+void json_arr(struct json *j, const char *key) { json_sep(j, key); fputc('[', j->f); j->need_comma[++j->depth] = false; }
+void json_end_obj(struct json *j) { j->depth--; fputc('}', j->f); }
+void json_end_arr(struct json *j) { j->depth--; fputc(']', j->f); }
+void json_str(struct json *j, const char *key, const char *v) {
+  if (!j) return;
+  json_sep(j, key);
+  if (v) json_escape(j->f, v); else fputs("null", j->f);
+}
+void json_u64(struct json *j, const char *key, uint64_t v) { json_sep(j, key); fprintf(j->f, "%llu", (unsigned long long)v); }
+void json_i64(struct json *j, const char *key, int64_t v) { json_sep(j, key); fprintf(j->f, "%lld", (long long)v); }
+void json_dbl(struct json *j, const char *key, double v) {
+  json_sep(j, key);
+  if (isfinite(v)) fprintf(j->f, "%.6g", v); else fputs("null", j->f);
+}
+void json_bool(struct json *j, const char *key, bool v) { json_sep(j, key); fputs(v ? "true" : "false", j->f); }
+void json_null(struct json *j, const char *key) { json_sep(j, key); fputs("null", j->f); }
+void json_finish(struct json *j) { fputc('\n', j->f); fflush(j->f); }

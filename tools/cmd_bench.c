@@ -1,0 +1,3 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include "cli.h"
+int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; cli_error("bench: not built yet"); return CLI_RUNTIME; }

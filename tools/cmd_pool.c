@@ -1,0 +1,522 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* umbp pool — create, destroy, list, describe and reap pools. */
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "umbp/index.h"
+#include "umbp/pool.h"
+
+static const char *pool_usage =
+    "Usage: umbp pool SUBCOMMAND [OPTIONS]\n"
+    "\n"
+    "Manage umbp pools: POSIX shared-memory segments (/dev/shm/umbp.NAME) that hold\n"
+    "KV-cache blocks for every process on the host.\n"
+    "\n"
+    "Subcommands:\n"
+    "  create NAME --capacity SIZE [--slot-size SIZE] [--numa-nodes LIST|all]\n"
+    "              [--mempolicy bind|preferred|interleave|none] [--group GROUP]\n"
+    "              [--hugepages [--hugetlbfs DIR]] [--no-prefault] [--quiet]\n"
+    "  destroy NAME [--force]\n"
+    "  ls [--json]\n"
+    "  info NAME [--json]\n"
+    "  reap NAME\n"
+    "\n"
+    "Run 'umbp pool SUBCOMMAND --help' for details.\n";
+
+static const char *create_usage =
+    "Usage: umbp pool create NAME --capacity SIZE [OPTIONS]\n"
+    "\n"
+    "Create pool NAME and pre-fault its memory. The pool stays until 'umbp pool\n"
+    "destroy NAME' or a reboot; processes attach to it by name.\n"
+    "NAME is 1-64 characters from [A-Za-z0-9._-].\n"
+    "\n"
+    "Options:\n"
+    "  --capacity SIZE      bytes of block slots, e.g. 8GiB (required). SIZE takes\n"
+    "                       B, KiB, MiB, GiB, TiB (K/M/G/T and KB/MB/GB are read as\n"
+    "                       binary units too) and decimals: 1.5GiB.\n"
+    "  --slot-size SIZE     bytes per block slot (default 256KiB): the KV bytes of\n"
+    "                       one block on one rank; a multiple of 64, at least 4KiB.\n"
+    "  --numa-nodes LIST    NUMA nodes that get a partition each, e.g. 0,1 (default\n"
+    "                       'all': every node with memory).\n"
+    "  --mempolicy POLICY   bind (default): each partition on its node; preferred;\n"
+    "                       interleave: pages spread over the nodes; none.\n"
+    "  --group GROUP        let GROUP (name or gid) read and write the pool (mode\n"
+    "                       0660); by default only the creating user can (0600).\n"
+    "  --hugepages          back the pool with 2 MiB pages from a hugetlbfs mount.\n"
+    "  --hugetlbfs DIR      the hugetlbfs mount to use (default: first in /proc/mounts).\n"
+    "  --prefault-threads N threads that fault the memory in (default min(CPUs, 8)).\n"
+    "  --no-prefault        leave pages to fault in on first use.\n"
+    "  --event-capacity N   events kept for subscribers (default 65536).\n"
+    "  -q, --quiet          no progress output.\n"
+    "\n"
+    "The size is checked against /dev/shm's free space, MemAvailable and the chosen\n"
+    "nodes' memory before anything is allocated.\n"
+    "\n"
+    "Exit status: 0 created; 1 runtime error (exists, does not fit, ...); 2 usage error.\n"
+    "Example: umbp pool create kv --capacity 8GiB --slot-size 256KiB --numa-nodes 0,1\n";
+
+static const char *destroy_usage =
+    "Usage: umbp pool destroy NAME [--force]\n"
+    "\n"
+    "Remove pool NAME. Processes that still have it mapped keep their mapping until\n"
+    "they detach, but no one can attach any more. Without --force, a pool with live\n"
+    "processes attached is not removed.\n"
+    "\n"
+    "Exit status: 0 removed; 1 no such pool, in use, or no permission; 2 usage error.\n";
+
+static const char *ls_usage =
+    "Usage: umbp pool ls [--json]\n"
+    "\n"
+    "List the pools on this host (/dev/shm/umbp.* and hugetlbfs mounts) with their\n"
+    "size, slots and attached processes.\n"
+    "\n"
+    "Exit status: 0; 1 on a runtime error; 2 usage error.\n";
+
+static const char *info_usage =
+    "Usage: umbp pool info NAME [--json]\n"
+    "\n"
+    "Describe pool NAME: layout version, sizes, partitions, free slots, creation,\n"
+    "and the processes in its registry (alive or dead). Attaches read-only.\n"
+    "\n"
+    "JSON fields: name, path, layout (\"MAJOR.MINOR\"), uuid, total_bytes, slot_size,\n"
+    "slot_count, hugepages, created_unix, creator_pid, run_generation,\n"
+    "partitions[] {index, numa_node, slots, first_slot, bytes, free_slots},\n"
+    "slots {free, reserved, published, retired, pinned}, processes[] {slot, pid, role,\n"
+    "rank, alive, attach_unix, heartbeat_unix, comm}.\n"
+    "\n"
+    "Exit status: 0; 1 no such pool or unreadable; 2 usage error.\n";
+
+static const char *reap_usage =
+    "Usage: umbp pool reap NAME\n"
+    "\n"
+    "Free the registry slots of dead processes and what they held (pins, reserved\n"
+    "slots, reader state). Live processes are never touched.\n"
+    "\n"
+    "Exit status: 0; 1 runtime error; 2 usage error.\n";
+
+static bool want_help(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+  return false;
+}
+
+static void progress_cb(void *arg, const char *what, uint64_t done, uint64_t total) {
+  (void)arg;
+  static int last = -1;
+  int pct = total ? (int)(done * 100 / total) : 100;
+  if (pct == last) return;
+  last = pct;
+  fprintf(stderr, "\r%s: %3d%% (%llu of %llu MiB)", what, pct, (unsigned long long)(done >> 20),
+          (unsigned long long)(total >> 20));
+  if (done >= total) fputc('\n', stderr);
+  fflush(stderr);
+}
+
+static void log_cb(void *arg, int level, const char *msg) {
+  (void)arg;
+  fprintf(stderr, "umbp: %s: %s\n", level == UMBP_LOG_ERROR ? "error" : level == UMBP_LOG_WARN ? "warning" : "note",
+          msg);
+}
+
+static int fail_rc(int rc) {
+  const char *d = umbp_last_error();
+  cli_error("%s", d && *d ? d : umbp_strerror(rc));
+  return CLI_RUNTIME;
+}
+
+static int pool_create(int argc, char **argv) {
+  if (want_help(argc, argv)) {
+    fputs(create_usage, stdout);
+    return CLI_OK;
+  }
+  enum { O_CAP = 256, O_SLOT, O_NODES, O_POL, O_GROUP, O_HUGE, O_HDIR, O_PFT, O_NOPF, O_EVCAP };
+  static const struct option opts[] = {
+      {"capacity", required_argument, 0, O_CAP},       {"slot-size", required_argument, 0, O_SLOT},
+      {"numa-nodes", required_argument, 0, O_NODES},   {"mempolicy", required_argument, 0, O_POL},
+      {"group", required_argument, 0, O_GROUP},        {"hugepages", no_argument, 0, O_HUGE},
+      {"hugetlbfs", required_argument, 0, O_HDIR},     {"prefault-threads", required_argument, 0, O_PFT},
+      {"no-prefault", no_argument, 0, O_NOPF},         {"event-capacity", required_argument, 0, O_EVCAP},
+      {"quiet", no_argument, 0, 'q'},                  {0, 0, 0, 0}};
+  umbp_pool_params pp;
+  umbp_pool_params_init(&pp);
+  bool quiet = false, have_cap = false;
+  int c;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "q", opts, NULL)) != -1) {
+    uint64_t v;
+    switch (c) {
+    case O_CAP:
+      if (cli_parse_size(optarg, &v) || v == 0)
+        return cli_usage_error("pool create", "--capacity '%s' is not a size: use e.g. 8GiB or 512MiB", optarg);
+      pp.capacity = v;
+      have_cap = true;
+      break;
+    case O_SLOT:
+      if (cli_parse_size(optarg, &v) || v == 0)
+        return cli_usage_error("pool create", "--slot-size '%s' is not a size: use e.g. 256KiB", optarg);
+      pp.slot_size = v;
+      break;
+    case O_NODES:
+      if (!strcmp(optarg, "all") || !strcmp(optarg, "auto")) {
+        pp.n_numa_nodes = 0;
+      } else {
+        int n = cli_parse_int_list(optarg, pp.numa_nodes, UMBP_MAX_PARTITIONS);
+        if (n <= 0)
+          return cli_usage_error("pool create", "--numa-nodes '%s' is not a list of node numbers like 0,1 (at most %d)",
+                                 optarg, UMBP_MAX_PARTITIONS);
+        pp.n_numa_nodes = (unsigned)n;
+      }
+      break;
+    case O_POL:
+      if (!strcmp(optarg, "bind")) pp.mempolicy = UMBP_MPOL_BIND;
+      else if (!strcmp(optarg, "preferred")) pp.mempolicy = UMBP_MPOL_PREFERRED;
+      else if (!strcmp(optarg, "interleave")) pp.mempolicy = UMBP_MPOL_INTERLEAVE;
+      else if (!strcmp(optarg, "none")) pp.mempolicy = UMBP_MPOL_NONE;
+      else return cli_usage_error("pool create", "--mempolicy '%s': use bind, preferred, interleave or none", optarg);
+      break;
+    case O_GROUP: {
+      pp.group_access = true;
+      char *end;
+      long g = strtol(optarg, &end, 10);
+      if (*end == 0 && end != optarg && g >= 0) {
+        pp.group = (gid_t)g;
+      } else {
+        struct group *gr = getgrnam(optarg);
+        if (!gr) return cli_usage_error("pool create", "--group '%s': no such group", optarg);
+        pp.group = gr->gr_gid;
+      }
+      break;
+    }
+    case O_HUGE: pp.hugepages = true; break;
+    case O_HDIR: pp.hugetlbfs_dir = optarg; break;
+    case O_PFT: {
+      char *end;
+      long n = strtol(optarg, &end, 10);
+      if (*end || n < 1 || n > 64) return cli_usage_error("pool create", "--prefault-threads '%s': use 1 to 64", optarg);
+      pp.prefault_threads = (unsigned)n;
+      break;
+    }
+    case O_NOPF: pp.no_prefault = true; break;
+    case O_EVCAP: {
+      char *end;
+      long n = strtol(optarg, &end, 10);
+      if (*end || n < 2 || n > (1 << 24))
+        return cli_usage_error("pool create", "--event-capacity '%s': use 2 to 16777216", optarg);
+      pp.event_capacity = (uint32_t)n;
+      break;
+    }
+    case 'q': quiet = true; break;
+    default:
+      return cli_usage_error("pool create", "unknown or incomplete option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind != argc - 1)
+    return cli_usage_error("pool create", optind >= argc ? "missing pool NAME" : "too many arguments");
+  const char *name = argv[optind];
+  if (umbp_pool_name_valid(name)) return cli_usage_error("pool create", "%s", umbp_last_error());
+  if (!have_cap) return cli_usage_error("pool create", "--capacity is required, e.g. --capacity 8GiB");
+  if (!quiet && cli_stderr_tty()) {
+    pp.progress = progress_cb;
+  }
+  umbp_log_set(log_cb, NULL, UMBP_LOG_WARN);
+  umbp_pool *p;
+  int rc = umbp_pool_create(name, &pp, &p);
+  if (rc) return fail_rc(rc);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
+  char a[32], b[32];
+  if (!quiet)
+    printf("created pool %s: %u slots of %s (%s) in %u partition%s, segment %s at %s\n", name, info.slot_count,
+           cli_fmt_size(info.slot_size, a, sizeof a), cli_fmt_size((uint64_t)info.slot_count * info.slot_size, b, sizeof b),
+           info.n_partitions, info.n_partitions == 1 ? "" : "s", cli_fmt_size(info.total_size, b, sizeof b), info.path);
+  umbp_pool_detach(p);
+  return CLI_OK;
+}
+
+static int pool_destroy(int argc, char **argv) {
+  if (want_help(argc, argv)) {
+    fputs(destroy_usage, stdout);
+    return CLI_OK;
+  }
+  bool force = false;
+  const char *name = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--force") || !strcmp(argv[i], "-f")) force = true;
+    else if (argv[i][0] == '-') return cli_usage_error("pool destroy", "unknown option '%s'", argv[i]);
+    else if (name) return cli_usage_error("pool destroy", "too many arguments");
+    else name = argv[i];
+  }
+  if (!name) return cli_usage_error("pool destroy", "missing pool NAME");
+  if (umbp_pool_name_valid(name)) return cli_usage_error("pool destroy", "%s", umbp_last_error());
+  if (!force) {
+    umbp_attach_opts o;
+    umbp_attach_opts_init(&o);
+    o.read_only = true;
+    o.timeout_ms = 200;
+    umbp_pool *p;
+    if (umbp_pool_attach(name, &o, &p) == 0) {
+      umbp_proc_info pi[UMBP_MAX_PROCS];
+      int n = umbp_pool_list_procs(p, pi, UMBP_MAX_PROCS);
+      int live = 0;
+      char pids[256] = "";
+      size_t l = 0;
+      for (int i = 0; i < n; i++)
+        if (pi[i].alive) {
+          live++;
+          if (l < sizeof pids - 16) l += (size_t)snprintf(pids + l, sizeof pids - l, "%s%d", l ? ", " : "", pi[i].pid);
+        }
+      umbp_pool_detach(p);
+      if (live) {
+        cli_error("pool %s has %d live process%s attached (pid %s): stop them first, or pass --force (they keep "
+                  "their mapping until they detach)",
+                  name, live, live == 1 ? "" : "es", pids);
+        return CLI_RUNTIME;
+      }
+    }
+  }
+  int rc = umbp_pool_destroy(name);
+  if (rc) return fail_rc(rc);
+  printf("destroyed pool %s\n", name);
+  return CLI_OK;
+}
+
+static void print_uuid(const uint8_t *u, char *out) {
+  sprintf(out, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4],
+          u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+static int attach_ro(const char *name, umbp_pool **p) {
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true;
+  o.timeout_ms = 1000;
+  return umbp_pool_attach(name, &o, p);
+}
+
+static int pool_info(int argc, char **argv) {
+  if (want_help(argc, argv)) {
+    fputs(info_usage, stdout);
+    return CLI_OK;
+  }
+  bool json = false;
+  const char *name = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) json = true;
+    else if (argv[i][0] == '-') return cli_usage_error("pool info", "unknown option '%s'", argv[i]);
+    else if (name) return cli_usage_error("pool info", "too many arguments");
+    else name = argv[i];
+  }
+  if (!name) return cli_usage_error("pool info", "missing pool NAME");
+  if (umbp_pool_name_valid(name)) return cli_usage_error("pool info", "%s", umbp_last_error());
+  umbp_pool *p;
+  int rc = attach_ro(name, &p);
+  if (rc) return fail_rc(rc);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
+  umbp_slot_census cs;
+  umbp_census(p, &cs);
+  umbp_proc_info pi[UMBP_MAX_PROCS];
+  int np = umbp_pool_list_procs(p, pi, UMBP_MAX_PROCS);
+  char uuid[40], a[32], b[32];
+  print_uuid(info.uuid, uuid);
+  if (json) {
+    struct json j;
+    json_begin(&j, stdout);
+    json_obj(&j, NULL);
+    json_str(&j, "name", info.name);
+    json_str(&j, "path", info.path);
+    char lay[16];
+    snprintf(lay, sizeof lay, "%u.%u", info.layout_major, info.layout_minor);
+    json_str(&j, "layout", lay);
+    json_str(&j, "uuid", uuid);
+    json_u64(&j, "total_bytes", info.total_size);
+    json_u64(&j, "slot_size", info.slot_size);
+    json_u64(&j, "slot_count", info.slot_count);
+    json_bool(&j, "hugepages", info.hugepages);
+    json_u64(&j, "created_unix", info.created_ns / 1000000000ull);
+    json_i64(&j, "creator_pid", info.creator_pid);
+    json_u64(&j, "run_generation", info.run_generation);
+    json_arr(&j, "partitions");
+    for (unsigned k = 0; k < info.n_partitions; k++) {
+      json_obj(&j, NULL);
+      json_u64(&j, "index", k);
+      json_i64(&j, "numa_node", info.partitions[k].numa_node);
+      json_u64(&j, "slots", info.partitions[k].slot_count);
+      json_u64(&j, "first_slot", info.partitions[k].first_slot);
+      json_u64(&j, "bytes", info.partitions[k].bytes);
+      json_u64(&j, "free_slots", info.partitions[k].free_slots);
+      json_end_obj(&j);
+    }
+    json_end_arr(&j);
+    json_obj(&j, "slots");
+    json_u64(&j, "free", cs.free_);
+    json_u64(&j, "reserved", cs.reserved);
+    json_u64(&j, "published", cs.published);
+    json_u64(&j, "retired", cs.retired + cs.evicting);
+    json_u64(&j, "pinned", cs.pinned);
+    json_end_obj(&j);
+    json_arr(&j, "processes");
+    for (int i = 0; i < np; i++) {
+      json_obj(&j, NULL);
+      json_u64(&j, "slot", pi[i].slot);
+      json_i64(&j, "pid", pi[i].pid);
+      json_str(&j, "role", umbp_role_name(pi[i].role));
+      json_i64(&j, "rank", pi[i].rank);
+      json_bool(&j, "alive", pi[i].alive);
+      json_u64(&j, "attach_unix", pi[i].attach_ns / 1000000000ull);
+      json_u64(&j, "heartbeat_unix", pi[i].heartbeat_ns / 1000000000ull);
+      json_str(&j, "comm", pi[i].comm);
+      json_end_obj(&j);
+    }
+    json_end_arr(&j);
+    json_end_obj(&j);
+    json_finish(&j);
+  } else {
+    time_t ct = (time_t)(info.created_ns / 1000000000ull);
+    char tbuf[64];
+    strftime(tbuf, sizeof tbuf, "%Y-%m-%d %H:%M:%S %Z", localtime(&ct));
+    printf("pool %s\n", info.name);
+    printf("  path          %s%s\n", info.path, info.hugepages ? " (hugepages)" : "");
+    printf("  layout        %u.%u  uuid %s  generation %llu\n", info.layout_major, info.layout_minor, uuid,
+           (unsigned long long)info.run_generation);
+    printf("  created       %s by pid %d (uid %u)\n", tbuf, info.creator_pid, info.creator_uid);
+    printf("  segment       %s\n", cli_fmt_size(info.total_size, a, sizeof a));
+    printf("  slots         %u x %s = %s\n", info.slot_count, cli_fmt_size(info.slot_size, a, sizeof a),
+           cli_fmt_size((uint64_t)info.slot_count * info.slot_size, b, sizeof b));
+    printf("  slot states   free %llu, reserved %llu, published %llu (pinned %llu), retired %llu\n",
+           (unsigned long long)cs.free_, (unsigned long long)cs.reserved, (unsigned long long)cs.published,
+           (unsigned long long)cs.pinned, (unsigned long long)(cs.retired + cs.evicting));
+    printf("  partitions    %u\n", info.n_partitions);
+    for (unsigned k = 0; k < info.n_partitions; k++) {
+      char node[16];
+      if (info.partitions[k].numa_node < 0) snprintf(node, sizeof node, "-");
+      else snprintf(node, sizeof node, "%d", info.partitions[k].numa_node);
+      printf("    #%u  node %-3s  slots %u (from %u)  %s  free %llu\n", k, node, info.partitions[k].slot_count,
+             info.partitions[k].first_slot, cli_fmt_size(info.partitions[k].bytes, a, sizeof a),
+             (unsigned long long)info.partitions[k].free_slots);
+    }
+    printf("  processes     %d (%u alive, %u dead)\n", np, info.procs_live, info.procs_dead);
+    for (int i = 0; i < np; i++)
+      printf("    slot %-2u pid %-7d %-9s rank %-3d %-5s %s\n", pi[i].slot, pi[i].pid, umbp_role_name(pi[i].role),
+             pi[i].rank, pi[i].alive ? "alive" : "DEAD", pi[i].comm);
+  }
+  umbp_pool_detach(p);
+  return CLI_OK;
+}
+
+static int pool_ls(int argc, char **argv) {
+  if (want_help(argc, argv)) {
+    fputs(ls_usage, stdout);
+    return CLI_OK;
+  }
+  bool json = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) json = true;
+    else return cli_usage_error("pool ls", "unexpected argument '%s'", argv[i]);
+  }
+  DIR *d = opendir("/dev/shm");
+  if (!d) {
+    cli_error("cannot list /dev/shm: %s", strerror(errno));
+    return CLI_RUNTIME;
+  }
+  struct json j;
+  if (json) {
+    json_begin(&j, stdout);
+    json_arr(&j, NULL);
+  } else {
+    printf("%-24s %10s %10s %8s %6s  %s\n", "NAME", "SLOTS", "SLOT", "SEGMENT", "PROCS", "STATUS");
+  }
+  struct dirent *e;
+  int count = 0;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, "umbp.", 5)) continue;
+    const char *name = e->d_name + 5;
+    if (umbp_pool_name_valid(name)) continue;
+    count++;
+    umbp_pool *p;
+    int rc = attach_ro(name, &p);
+    umbp_pool_info info;
+    if (rc == 0) umbp_pool_get_info(p, &info);
+    char a[32], b[32];
+    if (json) {
+      json_obj(&j, NULL);
+      json_str(&j, "name", name);
+      if (rc == 0) {
+        json_u64(&j, "slot_count", info.slot_count);
+        json_u64(&j, "slot_size", info.slot_size);
+        json_u64(&j, "total_bytes", info.total_size);
+        json_u64(&j, "procs_alive", info.procs_live);
+        json_u64(&j, "procs_dead", info.procs_dead);
+        json_str(&j, "status", "ok");
+      } else {
+        json_str(&j, "status", umbp_last_error());
+      }
+      json_end_obj(&j);
+    } else if (rc == 0) {
+      char procs[16];
+      snprintf(procs, sizeof procs, "%u", info.procs_live);
+      printf("%-24s %10u %10s %8s %6s  %s\n", name, info.slot_count, cli_fmt_size(info.slot_size, a, sizeof a),
+             cli_fmt_size(info.total_size, b, sizeof b), procs, info.procs_dead ? "has dead processes (umbp pool reap)" : "ok");
+    } else {
+      printf("%-24s %10s %10s %8s %6s  %s\n", name, "-", "-", "-", "-", umbp_last_error());
+    }
+    if (rc == 0) umbp_pool_detach(p);
+  }
+  closedir(d);
+  if (json) {
+    json_end_arr(&j);
+    json_finish(&j);
+  } else if (!count) {
+    printf("(no pools)\n");
+  }
+  return CLI_OK;
+}
+
+static int pool_reap(int argc, char **argv) {
+  if (want_help(argc, argv)) {
+    fputs(reap_usage, stdout);
+    return CLI_OK;
+  }
+  if (argc != 2) return cli_usage_error("pool reap", argc < 2 ? "missing pool NAME" : "too many arguments");
+  if (umbp_pool_name_valid(argv[1])) return cli_usage_error("pool reap", "%s", umbp_last_error());
+  umbp_log_set(log_cb, NULL, UMBP_LOG_INFO);
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.role = UMBP_ROLE_TOOL;
+  umbp_pool *p;
+  int rc = umbp_pool_attach(argv[1], &o, &p);
+  if (rc) return fail_rc(rc);
+  int n = umbp_pool_reap(p);
+  umbp_pool_detach(p);
+  if (n < 0) return fail_rc(n);
+  printf("reaped %d dead process%s\n", n, n == 1 ? "" : "es");
+  return CLI_OK;
+}
+
+int cmd_pool(int argc, char **argv) {
+  if (argc < 2) {
+    fputs(pool_usage, stderr);
+    return CLI_USAGE;
+  }
+  const char *sub = argv[1];
+  if (!strcmp(sub, "--help") || !strcmp(sub, "-h") || !strcmp(sub, "help")) {
+    fputs(pool_usage, stdout);
+    return CLI_OK;
+  }
+  if (!strcmp(sub, "create")) return pool_create(argc - 1, argv + 1);
+  if (!strcmp(sub, "destroy")) return pool_destroy(argc - 1, argv + 1);
+  if (!strcmp(sub, "ls") || !strcmp(sub, "list")) return pool_ls(argc - 1, argv + 1);
+  if (!strcmp(sub, "info")) return pool_info(argc - 1, argv + 1);
+  if (!strcmp(sub, "reap")) return pool_reap(argc - 1, argv + 1);
+  return cli_usage_error("pool", "unknown subcommand '%s'", sub);
+}

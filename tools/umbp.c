@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* umbp — one binary, one subcommand per area. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "umbp/umbp.h"
+
+static const struct cli_command commands[] = {
+    {"pool", "create, destroy, list and describe pools", cmd_pool},
+    {"topo", "show the machine's GPU/NUMA topology and the per-rank placement plan", cmd_topo},
+    {"bench", "benchmarks: index lookups, copy bandwidth", cmd_bench},
+    {"replay", "replay a serving trace through a real pool with N worker processes", cmd_replay},
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "Usage: umbp COMMAND [ARGS...]\n"
+          "\n"
+          "umbp keeps LLM KV-cache blocks in a host-DRAM pool that every process on the\n"
+          "host shares through POSIX shared memory.\n"
+          "\n"
+          "Commands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f,
+          "\n"
+          "Run 'umbp COMMAND --help' for a command's options.\n"
+          "Exit status: 0 success, 1 runtime error, 2 usage error.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return CLI_USAGE;
+  }
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    usage(stdout);
+    return CLI_OK;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("umbp %s\n", umbp_version());
+    return CLI_OK;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "umbp: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return CLI_USAGE;
+}
