@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Runs `umbp topo` and checks its output against the JSON schema documented
+in tools/cmd_topo.c and docs/topo.md (umbp-topo/1), plus its exit codes.
+
+Environment (set by tests/meson.build): UMBP_TOOL = the umbp binary,
+UMBP_SHARED_DATA = ../shared/data (real hwloc XML topologies). Prints TAP.
+"""
+import json
+import os
+import subprocess
+import sys
+import traceback
+
+TOOL = os.environ.get("UMBP_TOOL", "")
+DATA = os.path.join(os.environ.get("UMBP_SHARED_DATA", ""), "topologies")
+have_data = os.path.isdir(DATA)
+
+results = []
+
+
+def check(name):
+    """Decorator: register a check; it returns None, or 'SKIP reason'."""
+    def deco(fn):
+        results.append((name, fn))
+        return fn
+    return deco
+
+
+# ASan builds: hwloc's PCI plugin leaks inside hwloc_topology_load (lsan.supp).
+SUPP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lsan.supp")
+ENV = dict(os.environ)
+ENV["LSAN_OPTIONS"] = ":".join(filter(None, [ENV.get("LSAN_OPTIONS"), f"suppressions={SUPP}"]))
+ENV["ASAN_OPTIONS"] = ":".join(filter(None, [ENV.get("ASAN_OPTIONS"), "fast_unwind_on_malloc=0"]))
+
+
+def run(*args):
+    p = subprocess.run([TOOL, "topo", *args], capture_output=True, text=True, timeout=60, env=ENV)
+    return p.returncode, p.stdout, p.stderr
+
+
+def topo_json(*args):
+    rc, out, err = run("--json", *args)
+    assert rc == 0, f"exit {rc}: {err}"
+    assert out.count("\n") == 1, "JSON output is one line"
+    return json.loads(out)
+
+
+def xml(name):
+    return os.path.join(DATA, name)
+
+
+def ints(v):
+    return isinstance(v, list) and all(isinstance(x, int) and x >= 0 for x in v)
+
+
+def check_schema(d):
+    """Every field of umbp-topo/1, with its type, and the plan invariants."""
+    assert d["schema"] == "umbp-topo/1"
+    m, p = d["machine"], d["plan"]
+    assert isinstance(m["source"], str) and isinstance(m["live"], bool)
+    for k in ("packages", "cores", "pus"):
+        assert isinstance(m[k], int) and m[k] >= 0, k
+    assert m["pus"] >= 1 and len(m["numa_nodes"]) >= 1
+    nodes = {}
+    for n in m["numa_nodes"]:
+        assert set(n) == {"os_index", "memory_bytes", "cores", "pus"}, n.keys()
+        assert ints(n["pus"]) and n["memory_bytes"] >= 0
+        nodes[n["os_index"]] = set(n["pus"])
+    assert sorted(nodes) == [n["os_index"] for n in m["numa_nodes"]]
+    gpus = m["gpus"]
+    for i, g in enumerate(gpus):
+        assert set(g) == {"index", "name", "pci_bus_id", "vendor", "model", "cuda_ordinal",
+                          "source", "placed", "numa_nodes", "local_pus"}, g.keys()
+        assert g["index"] == i
+        assert g["source"] in ("cudart", "hwloc-cuda", "hwloc-nvml")
+        assert g["cuda_ordinal"] is None or isinstance(g["cuda_ordinal"], int)
+        assert ints(g["numa_nodes"]) and ints(g["local_pus"])
+        assert all(n in nodes for n in g["numa_nodes"])
+        if not g["placed"]:
+            assert g["numa_nodes"] == [] and g["local_pus"] == []
+    assert all(isinstance(s, str) for s in m["notes"])
+    assert isinstance(p["threads_per_rank"], int) and p["threads_per_rank"] >= 1
+    assert ints(p["numa_nodes"]) and p["numa_nodes"] == sorted(set(p["numa_nodes"]))
+    ranks = p["ranks"]
+    assert len(ranks) >= 1
+    for i, r in enumerate(ranks):
+        assert set(r) == {"rank", "gpu", "gpu_name", "numa_node", "gpu_local", "cpus",
+                          "shared_cpus", "mempolicy", "mem_nodes", "notes"}, r.keys()
+        assert r["rank"] == i
+        assert r["numa_node"] in nodes and r["numa_node"] in p["numa_nodes"]
+        assert r["mempolicy"] in ("bind", "preferred", "interleave", "default")
+        assert ints(r["cpus"]) and 1 <= len(r["cpus"]) <= p["threads_per_rank"]
+        assert len(set(r["cpus"])) == len(r["cpus"])
+        assert ints(r["mem_nodes"]) and (r["mempolicy"] == "default") == (r["mem_nodes"] == [])
+        assert len(r["notes"]) >= 3 and all(isinstance(s, str) for s in r["notes"])
+        if r["gpu"] == -1:
+            assert r["gpu_name"] is None and not r["gpu_local"]
+        else:
+            g = gpus[r["gpu"]]
+            assert r["gpu_name"] == g["name"]
+            if r["gpu_local"]:
+                assert r["numa_node"] in g["numa_nodes"]
+                assert set(r["cpus"]) <= set(g["local_pus"])
+        if nodes[r["numa_node"]] and (r["gpu"] == -1 or r["gpu_local"]):
+            assert set(r["cpus"]) <= nodes[r["numa_node"]], (r["cpus"], r["numa_node"])
+    for a in ranks:
+        for b in ranks:
+            if a is not b and set(a["cpus"]) & set(b["cpus"]):
+                assert a["shared_cpus"] and b["shared_cpus"], (a["rank"], b["rank"])
+    assert all(isinstance(s, str) for s in p["notes"])
+    return m, p
+
+
+def need_data():
+    if not have_data:
+        return f"SKIP topology data not found in {DATA} (set UMBP_SHARED_DATA)"
+    return None
+
+
+@check("help: exit 0, man-page sections")
+def _():
+    rc, out, _ = run("--help")
+    assert rc == 0
+    for s in ("SYNOPSIS", "DESCRIPTION", "OPTIONS", "--xml", "--ranks", "--gpus",
+              "--threads-per-rank", "--json", "--explain", "JSON SCHEMA", "EXIT STATUS", "EXAMPLES"):
+        assert s in out, s
+
+
+@check("live machine: JSON parses and follows the schema")
+def _():
+    d = topo_json()
+    m, p = check_schema(d)
+    assert m["live"] and m["source"] == "this machine"
+
+
+@check("power8: cuda0,cuda1 on node 0, cuda2,cuda3 on node 1; plan local and disjoint")
+def _():
+    if need_data():
+        return need_data()
+    m, p = check_schema(topo_json("--xml", xml("power8gpudistances.xml")))
+    assert not m["live"] and m["packages"] == 2
+    assert [g["name"] for g in m["gpus"]] == ["cuda0", "cuda1", "cuda2", "cuda3"]
+    assert [g["numa_nodes"] for g in m["gpus"]] == [[0], [0], [1], [1]]
+    assert [r["numa_node"] for r in p["ranks"]] == [0, 0, 1, 1]
+    assert [r["gpu"] for r in p["ranks"]] == [0, 1, 2, 3]
+    assert not any(r["shared_cpus"] for r in p["ranks"])
+    assert p["numa_nodes"] == [0, 1]
+
+
+@check("power8 --gpus 2,3: both ranks on node 1")
+def _():
+    if need_data():
+        return need_data()
+    _, p = check_schema(topo_json("--xml", xml("power8gpudistances.xml"), "--gpus", "2,3"))
+    assert [r["numa_node"] for r in p["ranks"]] == [1, 1]
+    assert p["numa_nodes"] == [1]
+
+
+@check("power8 --ranks 12 --threads-per-rank 3: shared cores flagged")
+def _():
+    if need_data():
+        return need_data()
+    _, p = check_schema(topo_json("--xml", xml("power8gpudistances.xml"), "--ranks", "12",
+                                  "--threads-per-rank", "3"))
+    assert any(r["shared_cpus"] for r in p["ranks"])
+    assert any("scarce" in n for n in p["notes"])
+
+
+@check("32em64t: one GPU, cuda0 at 0000:84:00.0 on node 1")
+def _():
+    if need_data():
+        return need_data()
+    m, p = check_schema(topo_json("--xml", xml("32em64t-2n8c2t-pci-normalio.xml")))
+    assert len(m["gpus"]) == 1
+    g = m["gpus"][0]
+    assert g["name"] == "cuda0" and g["pci_bus_id"] == "0000:84:00.0" and g["numa_nodes"] == [1]
+    assert len(p["ranks"]) == 1 and p["ranks"][0]["numa_node"] == 1
+
+
+@check("96em64t (GPU without CUDA): fallback over 4 nodes, note")
+def _():
+    if need_data():
+        return need_data()
+    m, p = check_schema(topo_json("--xml", xml("96em64t-4n4d3ca2co-pci.xml")))
+    assert m["gpus"] == [] and len(m["numa_nodes"]) == 4
+    assert any("card0" in n for n in m["notes"])
+    assert [r["numa_node"] for r in p["ranks"]] == [0, 1, 2, 3]
+    assert all(r["gpu"] == -1 for r in p["ranks"])
+    assert any("no CUDA GPU found" in n for n in p["notes"])
+
+
+@check("24em64t (no GPU): --ranks 5 round-robin, disjoint")
+def _():
+    if need_data():
+        return need_data()
+    m, p = check_schema(topo_json("--xml", xml("24em64t-2n6c2t-pci.xml"), "--ranks", "5"))
+    assert m["gpus"] == []
+    assert [r["numa_node"] for r in p["ranks"]] == [0, 1, 0, 1, 0]
+    assert not any(r["shared_cpus"] for r in p["ranks"])
+    assert any("round-robin" in n for n in p["notes"])
+
+
+@check("own fixture: a GPU hwloc cannot place gets a valid plan and a note")
+def _():
+    fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unplaced-gpu.xml")
+    m, p = check_schema(topo_json("--xml", fixture))
+    assert [g["placed"] for g in m["gpus"]] == [True, False]
+    assert [r["numa_node"] for r in p["ranks"]] == [1, 0]
+    assert any("cannot place GPU 1" in n for n in p["notes"])
+
+
+@check("tables: summary and one row per rank; --explain adds reasons")
+def _():
+    if need_data():
+        return need_data()
+    rc, out, _ = run("--xml", xml("power8gpudistances.xml"))
+    assert rc == 0 and "NUMA nodes with memory" in out and "0002:01:00.0" in out
+    assert "why:" not in out
+    rc, out, _ = run("--xml", xml("power8gpudistances.xml"), "--explain")
+    assert rc == 0 and out.count("why:") >= 12
+
+
+@check("usage errors exit 2 and name the fix")
+def _():
+    cases = [(["--ranks", "0"], "--ranks"), (["--ranks", "x"], "--ranks"),
+             (["--ranks", "2", "--gpus", "0,1"], "exclusive"), (["--gpus", "a,b"], "--gpus"),
+             (["--threads-per-rank", "0"], "--threads-per-rank"), (["--mempolicy", "x"], "policy"),
+             (["--bogus"], "unknown option"), (["--xml"], "needs a value"), (["stray"], "unexpected")]
+    if have_data:
+        cases.append((["--xml", xml("power8gpudistances.xml"), "--gpus", "0,7"], "GPU 7"))
+        cases.append((["--xml", xml("24em64t-2n6c2t-pci.xml"), "--gpus", "0"], "no CUDA GPU"))
+    for args, needle in cases:
+        rc, out, err = run(*args)
+        assert rc == 2, (args, rc, err)
+        assert needle in err and "--help" in err, (args, err)
+        assert out == "", (args, out)
+
+
+@check("runtime errors exit 1: missing and unparsable XML")
+def _():
+    rc, out, err = run("--xml", "/nonexistent/topo.xml")
+    assert rc == 1 and "does not exist" in err and out == "", err
+    bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-bad-{os.getpid()}.xml")
+    with open(bad, "w") as f:
+        f.write("<topology version=\"2.0\"><object")
+    try:
+        rc, out, err = run("--xml", bad, "--json")
+        assert rc == 1 and bad in err and out == "", err
+    finally:
+        os.unlink(bad)
+
+
+def main():
+    if not TOOL or not os.access(TOOL, os.X_OK):
+        print("1..0 # SKIP UMBP_TOOL is not set to the umbp binary")
+        return 0
+    print(f"1..{len(results)}")
+    failed = 0
+    for i, (name, fn) in enumerate(results, 1):
+        try:
+            r = fn()
+        except Exception:  # noqa: BLE001 - report any failure as TAP
+            failed += 1
+            print(f"not ok {i} - {name}")
+            for line in traceback.format_exc().splitlines():
+                print(f"# {line}")
+            continue
+        if isinstance(r, str) and r.startswith("SKIP"):
+            print(f"ok {i} - {name} # {r}")
+        else:
+            print(f"ok {i} - {name}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
