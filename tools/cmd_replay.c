@@ -1,3 +1,527 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/* umbp replay — replay a serving trace through a real pool with N worker
+ * processes (tools/replay/ holds the parser, generator, scheduler, worker). */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "cli.h"
-int cmd_replay(int argc, char **argv) { (void)argc; (void)argv; cli_error("replay: not built yet"); return CLI_RUNTIME; }
+#include "replay/replay.h"
+#include "replay/trace.h"
+
+static const char *replay_usage =
+    "Usage: umbp replay TRACE.jsonl [OPTIONS]\n"
+    "       umbp replay --generate chat [GENERATOR OPTIONS] [OPTIONS]\n"
+    "       umbp replay --generate chat [GENERATOR OPTIONS] --output FILE\n"
+    "\n"
+    "Replay a serving trace through a real umbp pool: one scheduler process (this\n"
+    "one) and one worker process per tensor-parallel rank. For each request the\n"
+    "scheduler probes the pool for the longest prefix of the prompt's blocks that is\n"
+    "present on every rank; each worker loads those blocks from the pool into a\n"
+    "private buffer that stands in for its GPU's KV cache, verifies every byte, and\n"
+    "stores the prompt's remaining whole blocks. The pool is created fresh for the\n"
+    "run (named replay-PID-STEP) and removed at the end, also on Ctrl-C, SIGTERM or\n"
+    "when a worker dies.\n"
+    "\n"
+    "TRACE is Mooncake's JSONL format, one request per line:\n"
+    "  {\"timestamp\": MS, \"input_length\": N, \"output_length\": N, \"hash_ids\": [...]}\n"
+    "with one id per --block-tokens block of the prompt (equal ids = equal content,\n"
+    "chained as in vLLM). A prompt's trailing partial block is never stored or\n"
+    "counted. Other fields are ignored; timestamp is optional (0).\n"
+    "\n"
+    "Options:\n"
+    "  --tp N               tensor-parallel ranks = worker processes (default 1,\n"
+    "                       at most 32). Each rank stores its 1/N shard of a block.\n"
+    "  --capacity SIZE      bytes of block slots in the pool, all ranks together,\n"
+    "                       e.g. 1GiB (B, KiB, MiB, GiB, TiB; MB = MiB). Blocks are\n"
+    "                       evicted (CLOCK) when it is full.\n"
+    "  --unbounded          a pool with a slot for every distinct whole block of the\n"
+    "                       trace on every rank, so nothing is evicted (the default\n"
+    "                       when no capacity option is given).\n"
+    "  --capacity-sweep LIST\n"
+    "                       replay once per capacity in the comma-separated LIST\n"
+    "                       (sizes, or 'unbounded'), each with a fresh pool, and\n"
+    "                       print the hit-ratio curve: capacity, cache ratio, token\n"
+    "                       ratio, evictions. Use it to size a pool.\n"
+    "  --block-tokens N     tokens per block (default 512, as in Mooncake's traces).\n"
+    "  --bytes-per-token B  KV-cache bytes of one token over all ranks (default 128,\n"
+    "                       so a 512-token block is 64 KiB). Real models need far\n"
+    "                       more (Llama-3-8B: 128 KiB); the default keeps the\n"
+    "                       replay's pool small. A rank's shard is\n"
+    "                       block-tokens * B / tp bytes (rounded up to 8); a pool\n"
+    "                       slot is that rounded up to 64, at least 4 KiB.\n"
+    "  --speed X            replay the trace's timestamps at X times real time\n"
+    "                       (default 0: as fast as possible). Only the pacing\n"
+    "                       changes, never the figures.\n"
+    "  --json               print one JSON object instead of the text summary.\n"
+    "  -h, --help           this text.\n"
+    "\n"
+    "Generator (instead of TRACE):\n"
+    "  --generate chat      multi-turn conversations that share system prompts and\n"
+    "                       grow their history turn by turn. Lengths are uniform in\n"
+    "                       [mean/2, 3*mean/2].\n"
+    "  --seed S             random seed (default 1); the same seed and parameters\n"
+    "                       give the same workload, byte for byte.\n"
+    "  --conversations N    conversations (default 400).\n"
+    "  --turns T            each conversation has 1..T turns, uniformly (default 8).\n"
+    "  --system-prompts K   shared system prompts, picked uniformly per\n"
+    "                       conversation (default 8; 0: none).\n"
+    "  --system-tokens N    mean system-prompt length in tokens (default 2048).\n"
+    "  --user-tokens N      mean user-message length (default 256).\n"
+    "  --output-tokens N    mean answer length (default 192).\n"
+    "  --rate R             new conversations per second, Poisson (default 2).\n"
+    "  --think S            mean seconds between an answer and the next turn,\n"
+    "                       exponential (default 30); an answer of A tokens also\n"
+    "                       takes A * 20 ms.\n"
+    "  --output FILE        write the workload to FILE as JSONL ('-': stdout) and\n"
+    "                       exit without replaying it.\n"
+    "\n"
+    "Output: requests; average input and output length (tokens); cache ratio =\n"
+    "blocks of each prompt's longest prefix present on all ranks / all whole blocks;\n"
+    "token ratio = hit blocks * block-tokens / input tokens; bytes stored and loaded\n"
+    "(all ranks); evictions (umbp_counters_ns); lookup throughput = keys probed /\n"
+    "probe time (a probe stops at its first miss); copy throughput = bytes copied\n"
+    "between pool and worker buffers / the workers' summed copy time (GB = 1e9\n"
+    "bytes); p50 and p99 (nearest rank) of the pool time per request: the\n"
+    "scheduler's wall time for the probes and the workers' load and store round\n"
+    "trips (including verification and the fill that stands in for compute).\n"
+    "Progress goes to stderr when stderr is a terminal.\n"
+    "\n"
+    "JSON fields: trace, tp, block_tokens, bytes_per_token, block_bytes_per_rank,\n"
+    "slot_size, distinct_blocks, then for one run: capacity_bytes, slots,\n"
+    "pool_segment_bytes, unbounded, requests, avg_input_tokens, avg_output_tokens,\n"
+    "input_tokens, output_tokens, blocks_total, blocks_hit, cache_ratio,\n"
+    "token_ratio, blocks_stored, blocks_loaded, bytes_stored, bytes_loaded,\n"
+    "evictions, verify_failures, lookup_keys, lookup_seconds, lookup_keys_per_s,\n"
+    "copy_bytes, copy_seconds, copy_gb_per_s, pool_time_p50_ms, pool_time_p99_ms,\n"
+    "wall_seconds; with --capacity-sweep these per-run fields are in sweep[].\n"
+    "\n"
+    "Exit status: 0 done; 1 runtime error (unreadable or malformed trace, pool\n"
+    "creation, a worker died, a block failed verification); 2 usage error;\n"
+    "130 / 143 interrupted by SIGINT / SIGTERM (the pool is removed).\n"
+    "\n"
+    "Examples:\n"
+    "  umbp replay --generate chat --tp 2\n"
+    "  umbp replay ../shared/data/traces/synthetic_trace.jsonl --unbounded\n"
+    "  umbp replay trace.jsonl --tp 4 --capacity-sweep 256MiB,1GiB,2GiB,unbounded\n"
+    "  umbp replay --generate chat --seed 7 --conversations 1000 --output chat.jsonl\n";
+
+#define SWEEP_MAX 64
+
+enum {
+  OPT_TP = 256, OPT_CAPACITY, OPT_UNBOUNDED, OPT_SWEEP, OPT_BLOCK_TOKENS, OPT_BPT, OPT_SPEED, OPT_JSON, OPT_GENERATE,
+  OPT_SEED, OPT_CONV, OPT_TURNS, OPT_SYSP, OPT_SYST, OPT_USERT, OPT_OUTT, OPT_RATE, OPT_THINK, OPT_OUTPUT,
+};
+
+static const struct option long_opts[] = {
+    {"tp", required_argument, NULL, OPT_TP},
+    {"capacity", required_argument, NULL, OPT_CAPACITY},
+    {"unbounded", no_argument, NULL, OPT_UNBOUNDED},
+    {"capacity-sweep", required_argument, NULL, OPT_SWEEP},
+    {"block-tokens", required_argument, NULL, OPT_BLOCK_TOKENS},
+    {"bytes-per-token", required_argument, NULL, OPT_BPT},
+    {"speed", required_argument, NULL, OPT_SPEED},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"generate", required_argument, NULL, OPT_GENERATE},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"conversations", required_argument, NULL, OPT_CONV},
+    {"turns", required_argument, NULL, OPT_TURNS},
+    {"system-prompts", required_argument, NULL, OPT_SYSP},
+    {"system-tokens", required_argument, NULL, OPT_SYST},
+    {"user-tokens", required_argument, NULL, OPT_USERT},
+    {"output-tokens", required_argument, NULL, OPT_OUTT},
+    {"rate", required_argument, NULL, OPT_RATE},
+    {"think", required_argument, NULL, OPT_THINK},
+    {"output", required_argument, NULL, OPT_OUTPUT},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+static int parse_uint(const char *s, uint64_t lo, uint64_t hi, uint64_t *ret) {
+  if (!s || !*s || *s == '-' || *s == '+') return -EINVAL;
+  char *e;
+  errno = 0;
+  unsigned long long v = strtoull(s, &e, 10);
+  if (errno || e == s || *e || v < lo || v > hi) return -EINVAL;
+  *ret = v;
+  return 0;
+}
+
+static int parse_dbl(const char *s, double lo, double hi, double *ret) {
+  if (!s || !*s) return -EINVAL;
+  char *e;
+  errno = 0;
+  double v = strtod(s, &e);
+  if (errno || e == s || *e || !isfinite(v) || v < lo || v > hi) return -EINVAL;
+  *ret = v;
+  return 0;
+}
+
+static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
+static void json_run(struct json *j, const struct rp_config *cfg, const struct rp_result *r) {
+  json_u64(j, "capacity_bytes", r->capacity);
+  json_u64(j, "slots", r->slots);
+  json_u64(j, "pool_segment_bytes", r->segment_bytes);
+  json_bool(j, "unbounded", r->unbounded);
+  json_u64(j, "requests", r->requests);
+  json_dbl(j, "avg_input_tokens", ratio(r->input_tokens, r->requests));
+  json_dbl(j, "avg_output_tokens", ratio(r->output_tokens, r->requests));
+  json_u64(j, "input_tokens", r->input_tokens);
+  json_u64(j, "output_tokens", r->output_tokens);
+  json_u64(j, "blocks_total", r->blocks_total);
+  json_u64(j, "blocks_hit", r->blocks_hit);
+  json_dbl(j, "cache_ratio", ratio(r->blocks_hit, r->blocks_total));
+  json_dbl(j, "token_ratio", ratio(r->blocks_hit * cfg->block_tokens, r->input_tokens));
+  json_u64(j, "blocks_stored", r->blocks_stored);
+  json_u64(j, "blocks_loaded", r->blocks_loaded);
+  json_u64(j, "bytes_stored", r->bytes_stored);
+  json_u64(j, "bytes_loaded", r->bytes_loaded);
+  json_u64(j, "evictions", r->evictions);
+  json_u64(j, "verify_failures", r->verify_failures);
+  json_u64(j, "lookup_keys", r->keys_probed);
+  json_dbl(j, "lookup_seconds", (double)r->probe_ns / 1e9);
+  json_dbl(j, "lookup_keys_per_s", r->probe_ns ? (double)r->keys_probed * 1e9 / (double)r->probe_ns : 0.0);
+  json_u64(j, "copy_bytes", r->copy_bytes);
+  json_dbl(j, "copy_seconds", (double)r->copy_ns / 1e9);
+  json_dbl(j, "copy_gb_per_s", r->copy_ns ? (double)r->copy_bytes / (double)r->copy_ns : 0.0);
+  json_dbl(j, "pool_time_p50_ms", r->pool_p50_ms);
+  json_dbl(j, "pool_time_p99_ms", r->pool_p99_ms);
+  json_dbl(j, "wall_seconds", r->wall_s);
+}
+
+static void print_run(const struct rp_config *cfg, const struct rp_result *r) {
+  char a[32], b[32], c[32];
+  printf("pool         %s of slots (%llu slots of %s), segment %s%s\n", cli_fmt_size(r->capacity, a, sizeof a),
+         (unsigned long long)r->slots, cli_fmt_size(cfg->slot_size, b, sizeof b),
+         cli_fmt_size(r->segment_bytes, c, sizeof c), r->unbounded ? ", unbounded" : "");
+  printf("\n");
+  printf("requests                 %llu\n", (unsigned long long)r->requests);
+  printf("average input            %.2f tokens\n", ratio(r->input_tokens, r->requests));
+  printf("average output           %.2f tokens\n", ratio(r->output_tokens, r->requests));
+  printf("cache ratio              %.2f%%  (%llu of %llu whole blocks hit on all ranks)\n",
+         100 * ratio(r->blocks_hit, r->blocks_total), (unsigned long long)r->blocks_hit,
+         (unsigned long long)r->blocks_total);
+  printf("token ratio              %.2f%%  (%llu of %llu input tokens)\n",
+         100 * ratio(r->blocks_hit * cfg->block_tokens, r->input_tokens),
+         (unsigned long long)(r->blocks_hit * cfg->block_tokens), (unsigned long long)r->input_tokens);
+  printf("bytes stored             %s  (%llu block shards)\n", cli_fmt_size(r->bytes_stored, a, sizeof a),
+         (unsigned long long)r->blocks_stored);
+  printf("bytes loaded             %s  (%llu block shards, every byte verified)\n",
+         cli_fmt_size(r->bytes_loaded, a, sizeof a), (unsigned long long)r->blocks_loaded);
+  printf("evictions                %llu\n", (unsigned long long)r->evictions);
+  printf("lookup throughput        %.2f M keys/s  (%llu keys in %.3f s of probes)\n",
+         r->probe_ns ? (double)r->keys_probed * 1e3 / (double)r->probe_ns : 0.0, (unsigned long long)r->keys_probed,
+         (double)r->probe_ns / 1e9);
+  printf("copy throughput          %.2f GB/s  (%.2f GB in %.3f s of worker copies)\n",
+         r->copy_ns ? (double)r->copy_bytes / (double)r->copy_ns : 0.0, (double)r->copy_bytes / 1e9,
+         (double)r->copy_ns / 1e9);
+  printf("pool time per request    p50 %.3f ms, p99 %.3f ms\n", r->pool_p50_ms, r->pool_p99_ms);
+  printf("wall time                %.2f s  (%.0f requests/s)\n", r->wall_s,
+         r->wall_s > 0 ? (double)r->requests / r->wall_s : 0.0);
+}
+
+static int do_write(const char *path, const struct trace *t) {
+  FILE *f = strcmp(path, "-") ? fopen(path, "we") : stdout;
+  if (!f) {
+    cli_error("replay: cannot write '%s': %s", path, strerror(errno));
+    return CLI_RUNTIME;
+  }
+  int rc = trace_write(f, t);
+  if (f != stdout) {
+    if (fclose(f)) rc = -EIO;
+  } else if (fflush(f)) {
+    rc = -EIO;
+  }
+  if (rc) {
+    cli_error("replay: writing '%s' failed: %s", path, strerror(EIO));
+    return CLI_RUNTIME;
+  }
+  if (f != stdout) fprintf(stderr, "umbp: wrote %zu requests to %s\n", t->n, path);
+  return CLI_OK;
+}
+
+int cmd_replay(int argc, char **argv) {
+  if (argc >= 2 && !strcmp(argv[1], "--worker")) return rp_worker_main(argc, argv);
+
+  struct rp_config cfg = {.tp = 1, .block_tokens = 512, .bytes_per_token = 128};
+  struct gen_params gp;
+  gen_params_init(&gp);
+  bool json = false, unbounded = false, have_cap = false, generate = false, gen_opt = false;
+  uint64_t capacity = 0;
+  const char *sweep_arg = NULL, *output = NULL, *gen_opt_name = NULL;
+  uint64_t v;
+  double d;
+
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+    const char *name = optind > 1 && optind <= argc ? argv[optind - 1] : "";
+    switch (c) {
+      case 'h': fputs(replay_usage, stdout); return CLI_OK;
+      case OPT_TP:
+        if (parse_uint(optarg, 1, RP_MAX_TP, &v))
+          return cli_usage_error("replay", "--tp '%s' is not a rank count: use 1 to %d", optarg, RP_MAX_TP);
+        cfg.tp = (unsigned)v;
+        break;
+      case OPT_CAPACITY:
+        if (cli_parse_size(optarg, &capacity) || !capacity)
+          return cli_usage_error("replay", "--capacity '%s' is not a size: use e.g. 512MiB or 2GiB", optarg);
+        have_cap = true;
+        break;
+      case OPT_UNBOUNDED: unbounded = true; break;
+      case OPT_SWEEP: sweep_arg = optarg; break;
+      case OPT_BLOCK_TOKENS:
+        if (parse_uint(optarg, 1, 1u << 20, &v))
+          return cli_usage_error("replay", "--block-tokens '%s' is not a block size: use 1 to %u tokens (512 for "
+                                           "Mooncake's traces)", optarg, 1u << 20);
+        cfg.block_tokens = (unsigned)v;
+        break;
+      case OPT_BPT:
+        if (cli_parse_size(optarg, &v) || v == 0 || v > (1u << 24))
+          return cli_usage_error("replay", "--bytes-per-token '%s' is not a size: use 1 to 16MiB, e.g. 128", optarg);
+        cfg.bytes_per_token = v;
+        break;
+      case OPT_SPEED:
+        if (parse_dbl(optarg, 0, 1e12, &d))
+          return cli_usage_error("replay", "--speed '%s' is not a factor: use 0 (as fast as possible) or a positive "
+                                           "number such as 10", optarg);
+        cfg.speed = d;
+        break;
+      case OPT_JSON: json = true; break;
+      case OPT_GENERATE:
+        if (strcmp(optarg, "chat"))
+          return cli_usage_error("replay", "--generate '%s' is not a generator: the one there is is 'chat'", optarg);
+        generate = true;
+        break;
+      case OPT_OUTPUT: output = optarg; gen_opt = true; gen_opt_name = "--output"; break;
+      case OPT_SEED:
+        if (parse_uint(optarg, 0, UINT64_MAX, &v))
+          return cli_usage_error("replay", "--seed '%s' is not a non-negative integer", optarg);
+        gp.seed = v;
+        gen_opt = true;
+        gen_opt_name = "--seed";
+        break;
+      case OPT_CONV: case OPT_TURNS: case OPT_SYSP: case OPT_SYST: case OPT_USERT: case OPT_OUTT: {
+        uint64_t lo = (c == OPT_SYSP || c == OPT_SYST || c == OPT_OUTT) ? 0 : 1;
+        uint64_t hi = c == OPT_CONV ? 1000000 : c == OPT_TURNS ? 1000 : c == OPT_SYSP ? 100000 : 1000000;
+        if (parse_uint(optarg, lo, hi, &v))
+          return cli_usage_error("replay", "%s '%s' is out of range: use an integer from %llu to %llu", name, optarg,
+                                 (unsigned long long)lo, (unsigned long long)hi);
+        unsigned *dst = c == OPT_CONV ? &gp.conversations : c == OPT_TURNS ? &gp.turns : c == OPT_SYSP ? &gp.system_prompts
+                        : c == OPT_SYST ? &gp.system_tokens : c == OPT_USERT ? &gp.user_tokens : &gp.output_tokens;
+        *dst = (unsigned)v;
+        gen_opt = true;
+        gen_opt_name = name;
+        break;
+      }
+      case OPT_RATE:
+        if (parse_dbl(optarg, 1e-6, 1e6, &d) || d <= 0)
+          return cli_usage_error("replay", "--rate '%s' is not a rate: use conversations per second > 0, e.g. 2", optarg);
+        gp.rate = d;
+        gen_opt = true;
+        gen_opt_name = "--rate";
+        break;
+      case OPT_THINK:
+        if (parse_dbl(optarg, 0, 1e6, &d))
+          return cli_usage_error("replay", "--think '%s' is not a time: use seconds >= 0, e.g. 30", optarg);
+        gp.think_s = d;
+        gen_opt = true;
+        gen_opt_name = "--think";
+        break;
+      default:
+        if (optopt >= OPT_TP)
+          return cli_usage_error("replay", "option '%s' needs a value", name);
+        return cli_usage_error("replay", "unknown option '%s'", name);
+    }
+  }
+  const char *path = optind < argc ? argv[optind] : NULL;
+  if (gen_opt && !generate) return cli_usage_error("replay", "%s belongs to the generator: add --generate chat", gen_opt_name);
+  if (optind + 1 < argc) return cli_usage_error("replay", "one trace file at most (got '%s' too)", argv[optind + 1]);
+  if (path && generate)
+    return cli_usage_error("replay", "give a TRACE file or --generate chat, not both");
+  if (!path && !generate)
+    return cli_usage_error("replay", "no workload: give a TRACE.jsonl file or --generate chat");
+  if ((have_cap + unbounded + (sweep_arg != NULL)) > 1)
+    return cli_usage_error("replay", "--capacity, --unbounded and --capacity-sweep exclude each other: pick one");
+  if (!have_cap && !sweep_arg) unbounded = true;
+
+  /* sizes: a rank's shard of a block and the pool's slot */
+  uint64_t block_all = (uint64_t)cfg.block_tokens * cfg.bytes_per_token;
+  cfg.block_bytes = (block_all + cfg.tp - 1) / cfg.tp;
+  cfg.block_bytes = (cfg.block_bytes + 7) / 8 * 8;
+  if (cfg.block_bytes > (1ull << 30))
+    return cli_usage_error("replay", "a block shard of %llu bytes (block-tokens %u * bytes-per-token %llu / tp %u) is "
+                                     "over 1 GiB: lower --bytes-per-token or --block-tokens",
+                           (unsigned long long)cfg.block_bytes, cfg.block_tokens,
+                           (unsigned long long)cfg.bytes_per_token, cfg.tp);
+  cfg.slot_size = (cfg.block_bytes + 63) / 64 * 64;
+  if (cfg.slot_size < 4096) cfg.slot_size = 4096;
+
+  /* capacities */
+  uint64_t caps[SWEEP_MAX];
+  bool unb[SWEEP_MAX];
+  unsigned ncap = 0;
+  if (sweep_arg) {
+    const char *p = sweep_arg;
+    while (*p) {
+      const char *e = strchr(p, ',');
+      size_t l = e ? (size_t)(e - p) : strlen(p);
+      char tok[64];
+      if (l == 0 || l >= sizeof tok || ncap == SWEEP_MAX)
+        return cli_usage_error("replay", "--capacity-sweep '%s' is not a list of up to %d sizes: use e.g. "
+                                         "256MiB,1GiB,unbounded", sweep_arg, SWEEP_MAX);
+      memcpy(tok, p, l);
+      tok[l] = 0;
+      if (!strcmp(tok, "unbounded")) {
+        unb[ncap] = true;
+        caps[ncap++] = 0;
+      } else if (cli_parse_size(tok, &caps[ncap]) || !caps[ncap]) {
+        return cli_usage_error("replay", "--capacity-sweep: '%s' is not a size: use e.g. 256MiB,1GiB,unbounded", tok);
+      } else {
+        unb[ncap++] = false;
+      }
+      p += l;
+      if (*p == ',') {
+        p++;
+        if (!*p) return cli_usage_error("replay", "--capacity-sweep '%s' ends with a comma", sweep_arg);
+      }
+    }
+  } else {
+    unb[0] = unbounded;
+    caps[0] = capacity;
+    ncap = 1;
+  }
+  for (unsigned i = 0; i < ncap; i++)
+    if (!unb[i] && caps[i] / cfg.slot_size < cfg.tp) {
+      char a[32], b[32];
+      return cli_usage_error("replay", "capacity %s holds %llu slots of %s: at least %u (one per rank) are needed",
+                             cli_fmt_size(caps[i], a, sizeof a), (unsigned long long)(caps[i] / cfg.slot_size),
+                             cli_fmt_size(cfg.slot_size, b, sizeof b), cfg.tp);
+    }
+
+  /* the workload */
+  struct trace t;
+  trace_init(&t);
+  char err[768];
+  if (generate) {
+    int rc = gen_chat(&gp, cfg.block_tokens, &t, err, sizeof err);
+    if (rc) {
+      cli_error("replay: %s", rc == -ENOMEM ? "out of memory generating the workload" : err);
+      trace_free(&t);
+      return rc == -EINVAL ? CLI_USAGE : CLI_RUNTIME;
+    }
+    if (output) {
+      int r = do_write(output, &t);
+      trace_free(&t);
+      return r;
+    }
+    cfg.trace_name = "generated chat workload";
+  } else {
+    int rc = trace_load(path, cfg.block_tokens, &t, err, sizeof err);
+    if (rc) {
+      cli_error("replay: %s", rc == -ENOMEM ? "out of memory reading the trace" : err);
+      trace_free(&t);
+      return CLI_RUNTIME;
+    }
+    cfg.trace_name = path;
+  }
+  uint64_t distinct = trace_distinct_whole(&t);
+  for (unsigned i = 0; i < ncap; i++)
+    if (unb[i]) caps[i] = (distinct * cfg.tp + 64) * cfg.slot_size; /* + headroom for partition rounding */
+  cfg.progress = cli_stderr_tty();
+
+  char a[32], b[32];
+  if (!json) {
+    printf("umbp replay: %s\n", cfg.trace_name);
+    if (generate)
+      printf("workload     chat, seed %llu: %u conversations of 1-%u turns, %u system prompts of ~%u tokens, "
+             "user ~%u, answers ~%u tokens\n",
+             (unsigned long long)gp.seed, gp.conversations, gp.turns, gp.system_prompts, gp.system_tokens,
+             gp.user_tokens, gp.output_tokens);
+    printf("setup        %zu requests, tp %u, %u-token blocks, %llu bytes/token: %s per block, %s per rank; "
+           "%llu distinct blocks\n",
+           t.n, cfg.tp, cfg.block_tokens, (unsigned long long)cfg.bytes_per_token,
+           cli_fmt_size(block_all, a, sizeof a), cli_fmt_size(cfg.block_bytes, b, sizeof b),
+           (unsigned long long)distinct);
+    fflush(stdout);
+  }
+
+  struct rp_result *res = calloc(ncap, sizeof *res);
+  if (!res) {
+    trace_free(&t);
+    cli_error("replay: out of memory");
+    return CLI_RUNTIME;
+  }
+  int rc = 0;
+  unsigned ran = 0;
+  for (unsigned i = 0; i < ncap && !rc; i++, ran++) {
+    if (sweep_arg && !json && cfg.progress)
+      fprintf(stderr, "umbp: sweep step %u of %u: %s\n", i + 1, ncap,
+              unb[i] ? "unbounded" : cli_fmt_size(caps[i], a, sizeof a));
+    rc = rp_run(&cfg, &t, caps[i], unb[i], i, &res[i]);
+  }
+  if (rc) {
+    free(res);
+    trace_free(&t);
+    return rc;
+  }
+
+  if (json) {
+    struct json j;
+    json_begin(&j, stdout);
+    json_obj(&j, NULL);
+    json_str(&j, "trace", cfg.trace_name);
+    json_u64(&j, "tp", cfg.tp);
+    json_u64(&j, "block_tokens", cfg.block_tokens);
+    json_u64(&j, "bytes_per_token", cfg.bytes_per_token);
+    json_u64(&j, "block_bytes_per_rank", cfg.block_bytes);
+    json_u64(&j, "slot_size", cfg.slot_size);
+    json_u64(&j, "distinct_blocks", distinct);
+    if (sweep_arg) {
+      json_arr(&j, "sweep");
+      for (unsigned i = 0; i < ran; i++) {
+        json_obj(&j, NULL);
+        json_run(&j, &cfg, &res[i]);
+        json_end_obj(&j);
+      }
+      json_end_arr(&j);
+    } else {
+      json_run(&j, &cfg, &res[0]);
+    }
+    json_end_obj(&j);
+    json_finish(&j);
+  } else if (sweep_arg) {
+    const struct rp_result *r0 = &res[0];
+    printf("requests     %llu, average input %.2f tokens, average output %.2f tokens\n",
+           (unsigned long long)r0->requests, ratio(r0->input_tokens, r0->requests),
+           ratio(r0->output_tokens, r0->requests));
+    printf("\n%-22s %10s %12s %12s %12s %10s\n", "capacity", "slots", "cache ratio", "token ratio", "evictions",
+           "wall");
+    for (unsigned i = 0; i < ran; i++) {
+      const struct rp_result *r = &res[i];
+      char cap[40];
+      if (r->unbounded) snprintf(cap, sizeof cap, "%s (unbounded)", cli_fmt_size(r->capacity, a, sizeof a));
+      else cli_fmt_size(r->capacity, cap, sizeof cap);
+      printf("%-22s %10llu %11.2f%% %11.2f%% %12llu %9.2fs\n", cap, (unsigned long long)r->slots,
+             100 * ratio(r->blocks_hit, r->blocks_total),
+             100 * ratio(r->blocks_hit * cfg.block_tokens, r->input_tokens), (unsigned long long)r->evictions,
+             r->wall_s);
+    }
+  } else {
+    print_run(&cfg, &res[0]);
+  }
+  for (unsigned i = 0; i < ran; i++)
+    if (res[i].unbounded && res[i].evictions)
+      cli_error("replay: warning: %llu evictions in an unbounded run (capacity %s): this is a bug, please report it",
+                (unsigned long long)res[i].evictions, cli_fmt_size(res[i].capacity, a, sizeof a));
+  free(res);
+  trace_free(&t);
+  return CLI_OK;
+}

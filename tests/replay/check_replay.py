@@ -1,0 +1,375 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Runs `umbp replay` end to end: a scheduler and N exec'd workers on a real
+pool. Checks a small trace with a known hit pattern figure by figure, the
+generator, capacity sweeps, a worker killed mid-replay, interruption by
+SIGINT/SIGTERM, a scheduler killed by SIGKILL, and bad input.
+
+Usage: check_replay.py [synthetic]   (synthetic: only the Mooncake trace check)
+Environment (tests/meson.build): UMBP_TOOL = the umbp binary,
+UMBP_SHARED_DATA = ../shared/data. Prints TAP.
+"""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+TOOL = os.environ.get("UMBP_TOOL", "")
+DATA = os.environ.get("UMBP_SHARED_DATA", "")
+TMP = tempfile.mkdtemp(prefix="umbp-replay-test-")
+results = []
+
+
+def check(name):
+    def deco(fn):
+        results.append((name, fn))
+        return fn
+    return deco
+
+
+def run(*args, env=None, timeout=300):
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    p = subprocess.run([TOOL, "replay", *args], capture_output=True, text=True, timeout=timeout, env=e)
+    return p.returncode, p.stdout, p.stderr
+
+
+def run_json(*args, **kw):
+    rc, out, err = run("--json", *args, **kw)
+    assert rc == 0, f"exit {rc}: {err}"
+    assert out.count("\n") == 1, f"JSON output is one line: {out!r}"
+    return json.loads(out)
+
+
+def segments(pid):
+    return glob.glob(f"/dev/shm/umbp.replay-{pid}-*")
+
+
+def write(name, lines):
+    path = os.path.join(TMP, name)
+    with open(path, "w") as f:
+        for l in lines:
+            f.write((l if isinstance(l, str) else json.dumps(l)) + "\n")
+    return path
+
+
+def close(a, b, what, rel=1e-9):
+    assert abs(a - b) <= rel * max(1.0, abs(b)), f"{what}: got {a}, expected {b}"
+
+
+# Five requests, 512-token blocks, tp 2, 128 bytes/token (32 KiB per rank):
+#   r1 [1 2 3 4]      2048 tokens: 4 whole, hit 0, store 4
+#   r2 [1 2 3 4 5 6]  2660: 5 whole (6 is partial), hit 4, store 1
+#   r3 [1 2 7]        1200: 2 whole, hit 2, store 0
+#   r4 [1 2 6 8]      2048: 4 whole, hit 2 (6 was only ever partial), store 2
+#   r5 [9]             100: 0 whole
+SMALL = [
+    {"timestamp": 0, "input_length": 2048, "output_length": 10, "hash_ids": [1, 2, 3, 4]},
+    {"timestamp": 5, "input_length": 2660, "output_length": 20, "hash_ids": [1, 2, 3, 4, 5, 6],
+     "extra": {"nested": [1, {"a": None}, "s\\u00e9"], "b": True}},
+    {"hash_ids": [1, 2, 7], "output_length": 30, "input_length": 1200, "timestamp": 9.5},
+    {"timestamp": 12, "input_length": 2048, "output_length": 40, "hash_ids": [1, 2, 6, 8], "x": -1.5e3},
+    {"timestamp": 20, "input_length": 100, "output_length": 50, "hash_ids": [9]},
+]
+
+
+@check("small trace, tp 2: every figure")
+def _():
+    d = run_json(write("small.jsonl", SMALL), "--tp", "2")
+    per_rank = 512 * 128 // 2
+    assert d["tp"] == 2 and d["block_bytes_per_rank"] == per_rank and d["slot_size"] == per_rank
+    assert d["requests"] == 5
+    close(d["avg_input_tokens"], (2048 + 2660 + 1200 + 2048 + 100) / 5, "avg input", 1e-5)
+    close(d["avg_output_tokens"], 30, "avg output")
+    assert d["input_tokens"] == 8056 and d["output_tokens"] == 150
+    assert d["blocks_total"] == 15, d["blocks_total"]
+    assert d["blocks_hit"] == 8, d["blocks_hit"]
+    close(d["cache_ratio"], 8 / 15, "cache ratio", 1e-5)
+    close(d["token_ratio"], 8 * 512 / 8056, "token ratio", 1e-5)
+    assert d["distinct_blocks"] == 7
+    assert d["blocks_stored"] == 7 * 2, d["blocks_stored"]
+    assert d["bytes_stored"] == 7 * 2 * per_rank
+    assert d["blocks_loaded"] == 8 * 2
+    assert d["bytes_loaded"] == 8 * 2 * per_rank
+    assert d["evictions"] == 0 and d["verify_failures"] == 0 and d["unbounded"] is True
+    assert d["lookup_keys"] > 0 and d["copy_bytes"] == (7 + 8) * 2 * per_rank
+    assert 0 < d["pool_time_p50_ms"] <= d["pool_time_p99_ms"]
+
+
+@check("small trace: tp 1 and tp 3 give the same ratios, shards scale")
+def _():
+    for tp in (1, 3):
+        d = run_json(write("small.jsonl", SMALL), "--tp", str(tp))
+        per_rank = (512 * 128 + tp - 1) // tp
+        per_rank = (per_rank + 7) // 8 * 8
+        assert d["blocks_hit"] == 8 and d["blocks_total"] == 15
+        assert d["bytes_stored"] == 7 * tp * per_rank, (tp, d["bytes_stored"])
+        assert d["bytes_loaded"] == 8 * tp * per_rank
+
+
+@check("text summary names every figure")
+def _():
+    rc, out, err = run(write("small.jsonl", SMALL), "--tp", "2")
+    assert rc == 0, err
+    for w in ["requests", "average input", "average output", "cache ratio", "53.33%", "token ratio",
+              "bytes stored", "bytes loaded", "evictions", "lookup throughput", "copy throughput",
+              "p50", "p99"]:
+        assert w in out, f"{w!r} missing from:\n{out}"
+    assert err == "", f"no progress when stderr is not a terminal: {err!r}"
+
+
+@check("generator: same seed gives the same file, another seed another")
+def _():
+    a, b, c = (os.path.join(TMP, n) for n in ("g1.jsonl", "g2.jsonl", "g3.jsonl"))
+    for path, seed in ((a, "5"), (b, "5"), (c, "6")):
+        rc, out, err = run("--generate", "chat", "--seed", seed, "--conversations", "60", "--output", path)
+        assert rc == 0, err
+    fa, fb, fc = (open(p, "rb").read() for p in (a, b, c))
+    assert fa == fb, "same seed, different files"
+    assert fa != fc, "different seeds, same file"
+    lines = fa.decode().splitlines()
+    assert len(lines) > 60
+    for l in lines:
+        r = json.loads(l)
+        assert set(r) == {"timestamp", "input_length", "output_length", "hash_ids"}
+        assert len(r["hash_ids"]) == -(-r["input_length"] // 512)
+    ts = [json.loads(l)["timestamp"] for l in lines]
+    assert ts == sorted(ts), "requests in time order"
+
+
+@check("generator: a saved workload replays like the direct one, cache ratio > 0")
+def _():
+    path = os.path.join(TMP, "g1.jsonl")
+    if not os.path.exists(path):
+        run("--generate", "chat", "--seed", "5", "--conversations", "60", "--output", path)
+    d1 = run_json(path, "--tp", "2")
+    d2 = run_json("--generate", "chat", "--seed", "5", "--conversations", "60", "--tp", "2")
+    assert d1["cache_ratio"] > 0.3, d1["cache_ratio"]
+    for k in ("requests", "blocks_total", "blocks_hit", "bytes_stored", "bytes_loaded", "input_tokens"):
+        assert d1[k] == d2[k], (k, d1[k], d2[k])
+
+
+@check("generator: no system prompts and one turn gives no hits")
+def _():
+    d = run_json("--generate", "chat", "--conversations", "30", "--turns", "1", "--system-prompts", "0",
+                 "--user-tokens", "2000")
+    assert d["blocks_total"] > 0 and d["blocks_hit"] == 0, d
+
+
+@check("capacity sweep: small pools evict, the unbounded step matches a plain run")
+def _():
+    args = ["--generate", "chat", "--conversations", "80", "--tp", "2"]
+    plain = run_json(*args)
+    d = run_json(*args, "--capacity-sweep", "1MiB,4MiB,unbounded")
+    s = d["sweep"]
+    assert len(s) == 3
+    assert s[0]["slots"] == 1024 * 1024 // d["slot_size"]
+    assert s[0]["evictions"] > 0 and s[0]["cache_ratio"] < plain["cache_ratio"]
+    assert s[0]["cache_ratio"] <= s[1]["cache_ratio"] <= s[2]["cache_ratio"]
+    assert s[2]["evictions"] == 0 and s[2]["unbounded"]
+    for k in ("blocks_hit", "blocks_total", "bytes_stored", "bytes_loaded"):
+        assert s[2][k] == plain[k], k
+    rc, out, err = run(*args, "--capacity-sweep", "1MiB,unbounded")
+    assert rc == 0 and "cache ratio" in out and "evictions" in out and "(unbounded)" in out, out + err
+
+
+@check("bounded capacity is deterministic")
+def _():
+    args = ["--generate", "chat", "--conversations", "80", "--tp", "2", "--capacity", "3MiB"]
+    a, b = run_json(*args), run_json(*args)
+    assert a["evictions"] > 0
+    for k in ("blocks_hit", "evictions", "bytes_stored"):
+        assert a[k] == b[k], (k, a[k], b[k])
+
+
+@check("a worker killed mid-replay: rank named, exit 1, no segment left")
+def _():
+    p = subprocess.Popen([TOOL, "replay", "--generate", "chat", "--conversations", "40", "--tp", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, UMBP_REPLAY_TEST_KILL="1:5"))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 1, f"exit {p.returncode}: {err}"
+    assert "worker rank 1" in err and "killed by signal 9" in err, err
+    assert "removing pool" in err, err
+    assert not segments(p.pid), segments(p.pid)
+
+
+def start_slow():
+    """A replay paced at real time (it sleeps between requests)."""
+    p = subprocess.Popen([TOOL, "replay", "--generate", "chat", "--conversations", "40", "--tp", "2",
+                          "--speed", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(200):
+        if segments(p.pid):
+            break
+        time.sleep(0.05)
+    assert segments(p.pid), "pool never appeared"
+    time.sleep(0.3)
+    return p
+
+
+@check("SIGINT: exit 130, workers reaped, pool removed")
+def _():
+    p = start_slow()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, f"exit {p.returncode}: {err}"
+    assert "interrupted by SIGINT" in err, err
+    assert not segments(p.pid)
+
+
+@check("SIGTERM: exit 143, pool removed")
+def _():
+    p = start_slow()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 143, f"exit {p.returncode}: {err}"
+    assert not segments(p.pid)
+
+
+@check("scheduler killed by SIGKILL: the workers remove the pool")
+def _():
+    p = start_slow()
+    p.kill()
+    p.communicate(timeout=30)
+    for _ in range(100):
+        if not segments(p.pid):
+            break
+        time.sleep(0.05)
+    assert not segments(p.pid), segments(p.pid)
+
+
+BAD_FILES = [
+    ("not JSON", ["{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}", "hello"], ":2: column 1"),
+    ("missing hash_ids", ["{\"input_length\": 10, \"output_length\": 1}"], "no \"hash_ids\" field"),
+    ("hash id negative", ["{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [-1]}"], "non-negative integer"),
+    ("length a float", ["{\"input_length\": 1.5, \"output_length\": 1, \"hash_ids\": [1]}"], "input_length must be"),
+    ("ids do not cover input", ["{\"input_length\": 5000, \"output_length\": 1, \"hash_ids\": [1]}"], "--block-tokens"),
+    ("truncated", ["{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1,"], "column"),
+    ("trailing text", ["{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]} x"], "after the object"),
+    ("duplicate field", ["{\"input_length\": 10, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}"],
+     "appears twice"),
+    ("deep nesting", ["{\"a\": " + "[" * 100 + "]" * 100 + ", \"input_length\": 1, \"output_length\": 1, "
+                      "\"hash_ids\": [1]}"], "nested deeper"),
+    ("empty file", [], "no requests"),
+    ("huge id", ["{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [99999999999999999999999]}"], "64 bits"),
+]
+
+
+@check("bad trace files: file:line and the cause, exit 1")
+def _():
+    for i, (what, lines, expect) in enumerate(BAD_FILES):
+        path = write(f"bad{i}.jsonl", lines)
+        rc, out, err = run(path)
+        assert rc == 1, f"{what}: exit {rc}: {err}"
+        assert expect in err, f"{what}: {expect!r} not in {err!r}"
+        assert err.startswith("umbp: replay: "), err
+
+
+@check("binary garbage and a missing file: exit 1, no crash")
+def _():
+    path = os.path.join(TMP, "garbage.jsonl")
+    with open(path, "wb") as f:
+        f.write(os.urandom(1 << 16))
+    rc, out, err = run(path)
+    assert rc == 1 and "garbage.jsonl:1:" in err, (rc, err)
+    rc, out, err = run(os.path.join(TMP, "no-such-file.jsonl"))
+    assert rc == 1 and "cannot open trace" in err and "No such file" in err, (rc, err)
+
+
+BAD_ARGS = [
+    (["--tp", "0"], "--tp '0'"),
+    (["--tp", "x"], "--tp"),
+    (["--capacity", "lots"], "--capacity 'lots'"),
+    (["--capacity", "4KiB", "--tp", "2"], "at least 2"),
+    (["--capacity", "1GiB", "--unbounded"], "exclude each other"),
+    (["--capacity-sweep", "1GiB,"], "ends with a comma"),
+    (["--capacity-sweep", "1GiB,,2GiB"], "--capacity-sweep"),
+    (["--block-tokens", "0"], "--block-tokens"),
+    (["--bytes-per-token", "0"], "--bytes-per-token"),
+    (["--speed", "-1"], "--speed"),
+    (["--seed", "3"], "add --generate chat"),
+    (["--generate", "poems"], "'chat'"),
+    (["--frobnicate"], "unknown option"),
+    ([], "no workload"),
+]
+
+
+@check("bad arguments: a message naming the fix, exit 2")
+def _():
+    small = write("small.jsonl", SMALL)
+    for args, expect in BAD_ARGS:
+        full = args if not args or args[0] in ("--seed", "--generate") else [small, *args]
+        rc, out, err = run(*full)
+        assert rc == 2, f"{args}: exit {rc}: {err}"
+        assert expect in err and "Try 'umbp replay --help'" in err, f"{args}: {err!r}"
+    rc, out, err = run(small, "--generate", "chat")
+    assert rc == 2 and "not both" in err
+
+
+@check("--help documents the options and the generator")
+def _():
+    rc, out, err = run("--help")
+    assert rc == 0
+    for w in ["--tp", "--capacity", "--unbounded", "--capacity-sweep", "--block-tokens", "--bytes-per-token",
+              "--speed", "--json", "--generate chat", "--seed", "--conversations", "--turns",
+              "--system-prompts", "--system-tokens", "--user-tokens", "--output-tokens", "--rate", "--think",
+              "--output", "Exit status", "Example"]:
+        assert w in out, w
+    assert "--worker" not in out
+
+
+@check("synthetic Mooncake trace, unbounded: the paper's Table 2")
+def synthetic():
+    path = os.path.join(DATA, "traces", "synthetic_trace.jsonl")
+    if not os.path.exists(path):
+        return f"SKIP {path} not found (../shared/data is not beside the clone)"
+    t0 = time.time()
+    d = run_json(path, "--unbounded", timeout=900)
+    wall = time.time() - t0
+    assert d["requests"] == 3993, d["requests"]
+    assert round(d["avg_input_tokens"]) == 15325, d["avg_input_tokens"]
+    assert round(d["avg_output_tokens"]) == 149, d["avg_output_tokens"]
+    assert round(100 * d["cache_ratio"]) == 66, d["cache_ratio"]
+    # the exact counts, from a plain-set computation of the same definition
+    assert d["blocks_hit"] == 77740 and d["blocks_total"] == 117888, (d["blocks_hit"], d["blocks_total"])
+    assert d["distinct_blocks"] == 40148 and d["evictions"] == 0 and d["verify_failures"] == 0
+    assert d["pool_segment_bytes"] < 4 << 30, d["pool_segment_bytes"]
+    print(f"# synthetic: {wall:.1f} s wall, pool segment {d['pool_segment_bytes'] / 2**30:.2f} GiB, "
+          f"cache ratio {d['cache_ratio']:.4f}")
+
+
+def main():
+    if not TOOL or not os.access(TOOL, os.X_OK):
+        print("1..0 # SKIP UMBP_TOOL is not set to the umbp binary")
+        return 0
+    todo = results
+    if len(sys.argv) > 1 and sys.argv[1] == "synthetic":
+        todo = [r for r in results if r[1] is synthetic]
+    else:
+        todo = [r for r in results if r[1] is not synthetic]
+    print(f"1..{len(todo)}")
+    failed = 0
+    for i, (name, fn) in enumerate(todo, 1):
+        try:
+            r = fn()
+            if isinstance(r, str) and r.startswith("SKIP"):
+                print(f"ok {i} - {name} # {r}")
+            else:
+                print(f"ok {i} - {name}")
+        except Exception:
+            failed += 1
+            print(f"not ok {i} - {name}")
+            for line in traceback.format_exc().splitlines():
+                print(f"# {line}")
+        sys.stdout.flush()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
