@@ -112,7 +112,7 @@ struct tl_slot {
   uint64_t pend_ns[UMBP_CTR_COUNT];
   uint64_t pend_part[UMBP_CTR_COUNT];
 };
-#define TL_MAX 4
+#define TL_MAX 8
 struct tl_state {
   struct tl_slot s[TL_MAX];
 };

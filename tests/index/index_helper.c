@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Exec'd by the index's multi-process tests, so each process maps the pool at
+ * its own address.
+ *
+ *   index_helper work NAME NS SEED SECONDS THREADS KEYS
+ *       random reserve/publish/lookup_pin/verify/unpin/remove; prints
+ *       "ops N torn T" and exits 0 (3 if any torn read).
+ *   index_helper chaos NAME NS SEED THREADS KEYS
+ *       the same loop until killed; a torn read exits 99 at once.
+ *   index_helper die-at POINT NAME NS
+ *       leave the pool exactly as a process killed at POINT would, then
+ *       SIGKILL itself. POINTs: ring-claimed (a free-slot dequeue claimed, the
+ *       slot not yet reserved), reserved (slots reserved, not published),
+ *       linked (way inserted, state not yet published), pinned (pins held),
+ *       evicting (state EVICTING, way still linked), freeing (ledger set, state
+ *       FREE, not yet on the queue), reading (reader in a read section).
+ */
+#include <pthread.h>
+#include <sys/prctl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "index/index_internal.h"
+#include "index_test_util.h"
+#include "shm/ring_claim.h"
+
+struct wctx {
+  umbp_pool *p;
+  uint32_t ns;
+  uint64_t seed, keys;
+  double seconds; /* < 0: forever */
+  unsigned long ops, torn;
+};
+
+static void *work(void *arg) {
+  struct wctx *w = arg;
+  umbp_pool *p = w->p;
+  uint64_t rng = w->seed;
+  uint64_t slot_size = umbp_slot_size(p);
+  uint64_t end = w->seconds < 0 ? UINT64_MAX : umbp_now_ns() + (uint64_t)(w->seconds * 1e9);
+  uint32_t held[8];
+  unsigned nheld = 0;
+  while (umbp_now_ns() < end) {
+    rng = itu_mix(rng);
+    umbp_key k = itu_key(w->ns, rng % w->keys, 0);
+    unsigned op = (unsigned)(rng >> 40) % 16;
+    uint32_t s;
+    if (op < 5) {
+      if (umbp_reserve(p, -1, w->ns, &s) == 0) {
+        itu_fill(umbp_slot_ptr(p, s), slot_size, &k);
+        if ((op & 1) && (rng >> 20) % 7 == 0) umbp_abort(p, s);
+        else umbp_publish(p, s, &k);
+      }
+    } else if (op < 13) {
+      if (umbp_lookup_pin(p, &k, &s) == 0) {
+        if (!itu_check(umbp_slot_ptr(p, s), slot_size, &k)) {
+          w->torn++;
+          if (w->seconds < 0) _exit(99);
+        }
+        if (nheld < 8 && (rng >> 50) % 4 == 0) held[nheld++] = s; /* keep some pins a while */
+        else umbp_unpin(p, s);
+      }
+    } else if (op < 14) {
+      umbp_key ks[8];
+      uint32_t ss[8];
+      for (int i = 0; i < 8; i++) ks[i] = itu_key(w->ns, (rng + (uint64_t)i) % w->keys, 0);
+      int n = umbp_lookup_pin_bulk(p, 8, ks, ss);
+      if (n > 0) {
+        for (int i = 0; i < 8; i++)
+          if (ss[i] != UMBP_NO_SLOT && !itu_check(umbp_slot_ptr(p, ss[i]), slot_size, &ks[i])) {
+            w->torn++;
+            if (w->seconds < 0) _exit(99);
+          }
+        umbp_unpin_bulk(p, 8, ss);
+      }
+    } else {
+      umbp_remove(p, &k);
+    }
+    if (nheld && (rng >> 33) % 3 == 0) umbp_unpin(p, held[--nheld]);
+    w->ops++;
+  }
+  while (nheld) umbp_unpin(p, held[--nheld]);
+  umbp_counters_flush(p);
+  return NULL;
+}
+
+static int run_workers(umbp_pool *p, uint32_t ns, uint64_t seed, double seconds, unsigned threads, uint64_t keys) {
+  pthread_t th[16];
+  struct wctx w[16];
+  if (threads > 16) threads = 16;
+  for (unsigned i = 0; i < threads; i++) {
+    w[i] = (struct wctx){.p = p, .ns = ns, .seed = seed * 131 + i, .keys = keys, .seconds = seconds};
+    pthread_create(&th[i], NULL, work, &w[i]);
+  }
+  unsigned long ops = 0, torn = 0;
+  for (unsigned i = 0; i < threads; i++) {
+    pthread_join(th[i], NULL);
+    ops += w[i].ops;
+    torn += w[i].torn;
+  }
+  printf("ops %lu torn %lu\n", ops, torn);
+  fflush(stdout);
+  return torn ? 3 : 0;
+}
+
+static void die(void) {
+  fflush(stdout);
+  raise(SIGKILL);
+}
+
+static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
+  struct umbp_index *ix = p->index;
+  uint32_t s;
+  umbp_key k = itu_key(ns, 424242, 0);
+  printf("dying-at %s\n", point);
+  if (!strcmp(point, "ring-claimed")) {
+    union {
+      uint64_t v;
+      unsigned char b[UMBP_RING_MAX_ELEM];
+    } e;
+    struct umbp_ring_claim c;
+    if (umbp_ring_dequeue_begin(ix->rings[0], &e, p->owner_id, &c) != 0) return 4;
+    die();
+  }
+  if (!strcmp(point, "reserved")) {
+    uint32_t ss[5];
+    if (umbp_reserve_bulk(p, -1, ns, 5, ss) != 5) return 4;
+    die();
+  }
+  if (!strcmp(point, "linked")) {
+    if (umbp_reserve(p, -1, ns, &s)) return 4;
+    struct umbp_key_shm ks;
+    memset(&ks, 0, sizeof ks);
+    ks.ns = k.ns;
+    ks.hash_len = k.hash_len;
+    memcpy(ks.hash, k.hash, k.hash_len);
+    ix->meta[s].key = ks;
+    uint64_t h = umbp_key_hash(&ks);
+    struct umbp_bucket *b = &ix->buckets[(uint32_t)h & ix->bmask];
+    for (int w = 0; w < UMBP_BUCKET_WAYS; w++) {
+      uint64_t z = 0;
+      if (atomic_compare_exchange_strong(&b->way[w], &z, ((h >> 32) << 32) | (uint64_t)(s + 1))) break;
+    }
+    atomic_store(&b->lock, p->owner_id); /* and it held the bucket lock */
+    die();
+  }
+  if (!strcmp(point, "pinned")) {
+    /* pin every block published by the test (ids 0..63) */
+    int n = 0;
+    for (uint64_t i = 0; i < 64; i++) {
+      umbp_key kk = itu_key(ns, i, 0);
+      if (umbp_lookup_pin(p, &kk, &s) == 0) n++;
+      if (umbp_lookup_pin(p, &kk, &s) == 0) n++; /* twice: counts, not flags */
+    }
+    printf("pinned %d\n", n);
+    die();
+  }
+  if (!strcmp(point, "evicting")) {
+    umbp_key kk = itu_key(ns, 0, 0);
+    uint64_t st = 0;
+    struct umbp_key_shm ks;
+    memset(&ks, 0, sizeof ks);
+    ks.ns = kk.ns;
+    ks.hash_len = kk.hash_len;
+    memcpy(ks.hash, kk.hash, kk.hash_len);
+    for (s = 0; s < ix->slot_count; s++)
+      if (!memcmp(&ix->meta[s].key, &ks, sizeof ks)) break;
+    if (s == ix->slot_count) return 4;
+    st = atomic_load(&ix->meta[s].state);
+    if (!atomic_compare_exchange_strong(&ix->meta[s].state, &st, ST_NEXT(st, UMBP_SLOT_EVICTING, p->owner_id)))
+      return 4;
+    die();
+  }
+  if (!strcmp(point, "freeing")) {
+    if (umbp_reserve(p, -1, ns, &s)) return 4;
+    struct umbp_proc_slot *ps = &p->procs[p->proc_slot];
+    atomic_store(&ps->inflight_slot[1], s);
+    uint64_t w = atomic_load(&ix->meta[s].state);
+    atomic_store(&ix->meta[s].state, ST_NEXT(w, UMBP_SLOT_FREE, 0));
+    die();
+  }
+  if (!strcmp(point, "reading")) {
+    struct umbp_proc_slot *ps = &p->procs[p->proc_slot];
+    atomic_fetch_or(&ps->thread_bits, 1ull << 5);
+    atomic_store(&ix->readers[5].ctr, atomic_load(&ix->ih->epoch));
+    die();
+  }
+  fprintf(stderr, "unknown point %s\n", point);
+  return 2;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: see the comment at the top of index_helper.c\n");
+    return 2;
+  }
+  const char *mode = argv[1];
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
+  const char *name = !strcmp(mode, "die-at") ? argv[3] : argv[2];
+  umbp_pool *p;
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.role = UMBP_ROLE_WORKER;
+  int rc = umbp_pool_attach(name, &o, &p);
+  if (rc) {
+    printf("attach %d %s\n", rc, umbp_last_error());
+    return 1;
+  }
+  if (!strcmp(mode, "work") && argc >= 8) {
+    rc = run_workers(p, (uint32_t)atoi(argv[3]), strtoull(argv[4], 0, 10), atof(argv[5]), (unsigned)atoi(argv[6]),
+                     strtoull(argv[7], 0, 10));
+    umbp_pool_detach(p);
+    return rc;
+  }
+  if (!strcmp(mode, "chaos") && argc >= 7) {
+    printf("ready\n");
+    fflush(stdout);
+    return run_workers(p, (uint32_t)atoi(argv[3]), strtoull(argv[4], 0, 10), -1, (unsigned)atoi(argv[5]),
+                       strtoull(argv[6], 0, 10));
+  }
+  if (!strcmp(mode, "die-at") && argc >= 5) return die_at(argv[2], p, (uint32_t)atoi(argv[4]));
+  fprintf(stderr, "bad arguments\n");
+  return 2;
+}

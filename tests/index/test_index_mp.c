@@ -1,0 +1,253 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Block index across exec'd processes: stress with checksums, processes killed
+ * at exact points and at random points, and the accounting afterwards. */
+#include <fcntl.h>
+#include <poll.h>
+
+#include "test_util.h"
+
+#include "index/index_internal.h"
+#include "index_test_util.h"
+#include "umbp/index.h"
+#include "umbp/pool.h"
+
+static umbp_pool *mk_pool(const char *name, uint64_t slots, uint32_t *ns) {
+  umbp_pool_params pp;
+  umbp_pool_params_init(&pp);
+  pp.slot_size = 4096;
+  pp.capacity = slots * 4096;
+  pp.no_prefault = true;
+  umbp_pool *p;
+  int rc = umbp_pool_create(name, &pp, &p);
+  if (rc) fprintf(stderr, "create: %s\n", umbp_last_error());
+  assert_int_equal(rc, 0);
+  assert_int_equal(umbp_ns_register(p, "mp-model", ns), 0);
+  return p;
+}
+
+static unsigned env_uint(const char *name, unsigned def) {
+  const char *v = getenv(name);
+  return v && *v ? (unsigned)strtoul(v, NULL, 10) : def;
+}
+
+/* Every slot is accounted for: free (and on a queue exactly once), published,
+ * or retired; nothing reserved or half-evicted once every writer is gone. */
+static void accounting_ok(umbp_pool *p, bool expect_no_retired) {
+  umbp_reclaim(p);
+  umbp_slot_census c;
+  assert_int_equal(umbp_census(p, &c), 0);
+  fprintf(stderr, "# census: free %llu published %llu (pinned %llu) reserved %llu evicting %llu retired %llu "
+                  "in_rings %llu total %llu\n",
+          (unsigned long long)c.free_, (unsigned long long)c.published, (unsigned long long)c.pinned,
+          (unsigned long long)c.reserved, (unsigned long long)c.evicting, (unsigned long long)c.retired,
+          (unsigned long long)c.in_rings, (unsigned long long)c.total);
+  assert_int_equal(c.reserved, 0);
+  assert_int_equal(c.evicting, 0);
+  assert_int_equal(c.pinned, 0);
+  assert_int_equal(c.free_ + c.published + c.retired, c.total);
+  assert_int_equal(c.in_rings, c.free_);
+  if (expect_no_retired) assert_int_equal(c.retired, 0);
+  /* every published entry is reachable exactly once */
+  uint64_t entries;
+  assert_int_equal(umbp_index_stats(p, &entries, NULL, 0), 0);
+  assert_int_equal(entries, c.published);
+  /* and every free slot can be reserved (no eviction needed) */
+  uint32_t *s = calloc(c.total, sizeof *s);
+  int n = c.free_ ? umbp_reserve_bulk(p, -1, 0, (unsigned)c.free_, s) : 0;
+  assert_int_equal(n, (int)c.free_);
+  umbp_counters before, after;
+  umbp_counters_ns(p, UINT32_MAX, &before);
+  for (int i = 0; i < n; i++) assert_int_equal(umbp_abort(p, s[i]), 0);
+  umbp_counters_ns(p, UINT32_MAX, &after);
+  assert_int_equal(after.evictions, before.evictions);
+  free(s);
+}
+
+static pid_t spawn(char **argv, int *fd) {
+  pid_t pid = tu_spawn(argv, fd);
+  assert_true(pid > 0);
+  return pid;
+}
+
+static void test_stress(void **state) {
+  (void)state;
+  const char *name = tu_name("ixstress");
+  uint32_t ns;
+  umbp_pool *p = mk_pool(name, 512, &ns);
+  unsigned secs = env_uint("UMBP_STRESS_SECONDS", 3);
+  char nsb[16], sec[16];
+  snprintf(nsb, sizeof nsb, "%u", ns);
+  snprintf(sec, sizeof sec, "%u", secs);
+  enum { NP = 3 };
+  pid_t pids[NP];
+  int fds[NP];
+  for (int i = 0; i < NP; i++) {
+    char seed[16];
+    snprintf(seed, sizeof seed, "%d", 1000 + i);
+    char *argv[] = {(char *)tu_helper("index_helper"), "work", (char *)name, nsb, seed, sec, "2", "3000", NULL};
+    pids[i] = spawn(argv, &fds[i]);
+  }
+  unsigned long total_ops = 0;
+  for (int i = 0; i < NP; i++) {
+    char line[128];
+    assert_true(tu_readline(fds[i], line, sizeof line) > 0);
+    close(fds[i]);
+    unsigned long ops, torn;
+    assert_int_equal(sscanf(line, "ops %lu torn %lu", &ops, &torn), 2);
+    assert_int_equal(torn, 0);
+    total_ops += ops;
+    assert_int_equal(tu_wait(pids[i]), 0);
+  }
+  fprintf(stderr, "# stress: %d processes x 2 threads, %lu ops in %u s, no torn read\n", NP, total_ops, secs);
+  assert_true(total_ops > 1000);
+  umbp_counters c;
+  umbp_counters_ns(p, ns, &c);
+  assert_true(c.evictions > 0); /* the pool was small enough to churn */
+  accounting_ok(p, true);
+  umbp_pool_detach(p);
+  umbp_pool_destroy(name);
+}
+
+static void exact_point(const char *point) {
+  const char *name = tu_name("ixpoint");
+  uint32_t ns;
+  umbp_pool *p = mk_pool(name, 256, &ns);
+  for (uint64_t i = 0; i < 64; i++) {
+    umbp_key k = itu_key(ns, i, 0);
+    uint32_t s;
+    assert_int_equal(umbp_reserve(p, -1, ns, &s), 0);
+    itu_fill(umbp_slot_ptr(p, s), 4096, &k);
+    assert_int_equal(umbp_publish(p, s, &k), 0);
+  }
+  char nsb[16];
+  snprintf(nsb, sizeof nsb, "%u", ns);
+  char *argv[] = {(char *)tu_helper("index_helper"), "die-at", (char *)point, (char *)name, nsb, NULL};
+  int fd;
+  pid_t pid = spawn(argv, &fd);
+  char line[128];
+  tu_readline(fd, line, sizeof line);
+  close(fd);
+  assert_int_equal(tu_wait(pid), 128 + SIGKILL);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
+  assert_int_equal(info.procs_dead, 1);
+  assert_int_equal(umbp_pool_reap(p), 1);
+  fprintf(stderr, "# killed at '%s', reaped\n", point);
+  accounting_ok(p, true);
+  /* the pool still works: every block present before is readable, new ones can be published */
+  for (uint64_t i = 0; i < 64; i++) {
+    umbp_key k = itu_key(ns, i, 0);
+    uint32_t s;
+    if (umbp_lookup_pin(p, &k, &s) == 0) {
+      assert_true(itu_check(umbp_slot_ptr(p, s), 4096, &k));
+      umbp_unpin(p, s);
+    } else {
+      assert_string_equal(point, "evicting"); /* only the block it was evicting may be gone */
+      assert_int_equal(i, 0);
+    }
+  }
+  umbp_key k = itu_key(ns, 424242, 0);
+  uint32_t s;
+  assert_int_equal(umbp_contains(p, &k), 0);
+  assert_int_equal(umbp_reserve(p, -1, ns, &s), 0);
+  itu_fill(umbp_slot_ptr(p, s), 4096, &k);
+  assert_int_equal(umbp_publish(p, s, &k), 0); /* bucket lock was released */
+  assert_int_equal(umbp_remove(p, &k), 0);
+  umbp_reclaim(p);
+  umbp_slot_census c;
+  umbp_census(p, &c);
+  assert_int_equal(c.retired, 0); /* a dead reader does not hold back reuse */
+  umbp_pool_detach(p);
+  umbp_pool_destroy(name);
+}
+
+static void test_die_ring_claimed(void **s) { (void)s; exact_point("ring-claimed"); }
+static void test_die_reserved(void **s) { (void)s; exact_point("reserved"); }
+static void test_die_linked(void **s) { (void)s; exact_point("linked"); }
+static void test_die_pinned(void **s) { (void)s; exact_point("pinned"); }
+static void test_die_evicting(void **s) { (void)s; exact_point("evicting"); }
+static void test_die_freeing(void **s) { (void)s; exact_point("freeing"); }
+static void test_die_reading(void **s) { (void)s; exact_point("reading"); }
+
+static void test_kill_rounds(void **state) {
+  (void)state;
+  unsigned rounds = env_uint("UMBP_KILL_ROUNDS", 50);
+  const char *name = tu_name("ixkill");
+  uint32_t ns;
+  umbp_pool *p = mk_pool(name, 384, &ns);
+  char nsb[16];
+  snprintf(nsb, sizeof nsb, "%u", ns);
+  enum { NP = 4 };
+  pid_t pids[NP];
+  uint64_t rng = 0xfeed;
+  for (int i = 0; i < NP; i++) {
+    char seed[16];
+    snprintf(seed, sizeof seed, "%d", i);
+    char *argv[] = {(char *)tu_helper("index_helper"), "chaos", (char *)name, nsb, seed, "2", "1500", NULL};
+    int fd;
+    pids[i] = spawn(argv, &fd);
+    char line[64];
+    assert_true(tu_readline(fd, line, sizeof line) > 0);
+    close(fd);
+  }
+  for (unsigned r = 0; r < rounds; r++) {
+    rng = itu_mix(rng);
+    struct timespec ts = {0, (long)(2 + rng % 30) * 1000000L};
+    nanosleep(&ts, NULL);
+    int victim = (int)((rng >> 32) % NP);
+    kill(pids[victim], SIGKILL);
+    int st = tu_wait(pids[victim]);
+    if (st != 128 + SIGKILL) fprintf(stderr, "# round %u: child exited %d (99 = torn read)\n", r, st);
+    assert_int_equal(st, 128 + SIGKILL);
+    /* reaped by us, or already by a live worker whose reserve found the pool full */
+    int reaped = umbp_pool_reap(p);
+    assert_true(reaped == 0 || reaped == 1);
+    /* a worker may still be in the middle of reaping it (it holds the slot's lock meanwhile) */
+    umbp_pool_info info;
+    for (int w = 0; w < 2000; w++) {
+      umbp_pool_get_info(p, &info);
+      if (info.procs_dead == 0 && info.procs_live == NP) break;
+      struct timespec ms = {0, 1000000};
+      nanosleep(&ms, NULL);
+    }
+    assert_int_equal(info.procs_dead, 0);
+    assert_int_equal(info.procs_live, NP); /* the others and us */
+    char seed[16];
+    snprintf(seed, sizeof seed, "%u", 100 + r);
+    char *argv[] = {(char *)tu_helper("index_helper"), "chaos", (char *)name, nsb, seed, "2", "1500", NULL};
+    int fd;
+    pids[victim] = spawn(argv, &fd);
+    char line[64];
+    assert_true(tu_readline(fd, line, sizeof line) > 0);
+    close(fd);
+  }
+  for (int i = 0; i < NP; i++) {
+    kill(pids[i], SIGKILL);
+    assert_int_equal(tu_wait(pids[i]), 128 + SIGKILL);
+  }
+  assert_true(umbp_pool_reap(p) <= NP);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
+  assert_int_equal(info.procs_dead, 0);
+  assert_int_equal(info.procs_live, 1);
+  fprintf(stderr, "# %u kills, every process reaped\n", rounds + NP);
+  accounting_ok(p, true);
+  umbp_pool_detach(p);
+  umbp_pool_destroy(name);
+}
+
+int main(void) {
+  const struct CMUnitTest points[] = {
+      cmocka_unit_test(test_die_ring_claimed), cmocka_unit_test(test_die_reserved),
+      cmocka_unit_test(test_die_linked),       cmocka_unit_test(test_die_pinned),
+      cmocka_unit_test(test_die_evicting),     cmocka_unit_test(test_die_freeing),
+      cmocka_unit_test(test_die_reading),
+  };
+  const struct CMUnitTest stress[] = {
+      cmocka_unit_test(test_stress),
+      cmocka_unit_test(test_kill_rounds),
+  };
+  const char *g = getenv("UMBP_TEST_GROUP");
+  if (g && !strcmp(g, "stress")) return cmocka_run_group_tests_name("index-stress", stress, NULL, NULL);
+  return cmocka_run_group_tests_name("index-mp", points, NULL, NULL);
+}
