@@ -939,6 +939,13 @@ UMBP_API int umbp_reclaim(umbp_pool *p) {
   return freed;
 }
 
+static size_t limbo_count(struct umbp_index *ix) {
+  pthread_mutex_lock(&ix->limbo_mu);
+  size_t n = ix->nlimbo;
+  pthread_mutex_unlock(&ix->limbo_mu);
+  return n;
+}
+
 /* Reclaim, waiting up to budget_ns for readers to move on. */
 static int reclaim_wait(umbp_pool *p, uint64_t budget_ns) {
   uint64_t end = umbp_now_ns() + budget_ns;
@@ -946,7 +953,7 @@ static int reclaim_wait(umbp_pool *p, uint64_t budget_ns) {
   for (;;) {
     int n = umbp_reclaim(p);
     if (n > 0) total += n;
-    if (n < 0 || !p->index->nlimbo || umbp_now_ns() > end) return total;
+    if (n < 0 || !limbo_count(p->index) || umbp_now_ns() > end) return total;
     umbp_cpu_relax();
   }
 }
