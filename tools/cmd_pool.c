@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
+#include "umbp/topo.h"
 
 static const char *pool_usage =
     "Usage: umbp pool SUBCOMMAND [OPTIONS]\n"
@@ -45,8 +46,11 @@ static const char *create_usage =
     "                       binary units too) and decimals: 1.5GiB.\n"
     "  --slot-size SIZE     bytes per block slot (default 256KiB): the KV bytes of\n"
     "                       one block on one rank; a multiple of 64, at least 4KiB.\n"
-    "  --numa-nodes LIST    NUMA nodes that get a partition each, e.g. 0,1 (default\n"
-    "                       'all': every node with memory).\n"
+    "  --numa-nodes LIST    NUMA nodes that get a partition each, e.g. 0,1; 'all'\n"
+    "                       (default): every node with memory; 'auto': the nodes\n"
+    "                       local to the GPUs, from the topology plan (see 'umbp\n"
+    "                       topo'; --ranks N plans N ranks, default one per GPU).\n"
+    "  --ranks N            with --numa-nodes auto: plan for N tensor-parallel ranks.\n"
     "  --mempolicy POLICY   bind (default): each partition on its node; preferred;\n"
     "                       interleave: pages spread over the nodes; none.\n"
     "  --group GROUP        let GROUP (name or gid) read and write the pool (mode\n"
@@ -138,17 +142,19 @@ static int pool_create(int argc, char **argv) {
     fputs(create_usage, stdout);
     return CLI_OK;
   }
-  enum { O_CAP = 256, O_SLOT, O_NODES, O_POL, O_GROUP, O_HUGE, O_HDIR, O_PFT, O_NOPF, O_EVCAP };
+  enum { O_CAP = 256, O_SLOT, O_NODES, O_POL, O_GROUP, O_HUGE, O_HDIR, O_PFT, O_NOPF, O_EVCAP, O_RANKS };
   static const struct option opts[] = {
       {"capacity", required_argument, 0, O_CAP},       {"slot-size", required_argument, 0, O_SLOT},
       {"numa-nodes", required_argument, 0, O_NODES},   {"mempolicy", required_argument, 0, O_POL},
       {"group", required_argument, 0, O_GROUP},        {"hugepages", no_argument, 0, O_HUGE},
       {"hugetlbfs", required_argument, 0, O_HDIR},     {"prefault-threads", required_argument, 0, O_PFT},
       {"no-prefault", no_argument, 0, O_NOPF},         {"event-capacity", required_argument, 0, O_EVCAP},
-      {"quiet", no_argument, 0, 'q'},                  {0, 0, 0, 0}};
+      {"ranks", required_argument, 0, O_RANKS},        {"quiet", no_argument, 0, 'q'},
+      {0, 0, 0, 0}};
   umbp_pool_params pp;
   umbp_pool_params_init(&pp);
-  bool quiet = false, have_cap = false;
+  bool quiet = false, have_cap = false, auto_nodes = false;
+  int ranks = 0;
   int c;
   optind = 1;
   opterr = 0;
@@ -167,8 +173,10 @@ static int pool_create(int argc, char **argv) {
       pp.slot_size = v;
       break;
     case O_NODES:
-      if (!strcmp(optarg, "all") || !strcmp(optarg, "auto")) {
+      if (!strcmp(optarg, "all")) {
         pp.n_numa_nodes = 0;
+      } else if (!strcmp(optarg, "auto")) {
+        auto_nodes = true;
       } else {
         int n = cli_parse_int_list(optarg, pp.numa_nodes, UMBP_MAX_PARTITIONS);
         if (n <= 0)
@@ -215,6 +223,13 @@ static int pool_create(int argc, char **argv) {
       pp.event_capacity = (uint32_t)n;
       break;
     }
+    case O_RANKS: {
+      char *end;
+      long n = strtol(optarg, &end, 10);
+      if (*end || n < 1 || n > 1024) return cli_usage_error("pool create", "--ranks '%s': use 1 to 1024", optarg);
+      ranks = (int)n;
+      break;
+    }
     case 'q': quiet = true; break;
     default:
       return cli_usage_error("pool create", "unknown or incomplete option '%s'", argv[optind - 1]);
@@ -225,6 +240,33 @@ static int pool_create(int argc, char **argv) {
   const char *name = argv[optind];
   if (umbp_pool_name_valid(name)) return cli_usage_error("pool create", "%s", umbp_last_error());
   if (!have_cap) return cli_usage_error("pool create", "--capacity is required, e.g. --capacity 8GiB");
+  if (ranks && !auto_nodes) return cli_usage_error("pool create", "--ranks only makes sense with --numa-nodes auto");
+  if (auto_nodes) {
+    umbp_topo *topo;
+    umbp_topo_plan *plan;
+    int rc = umbp_topo_load(NULL, 0, &topo);
+    if (rc) return fail_rc(rc);
+    umbp_topo_plan_opts po = UMBP_TOPO_PLAN_OPTS_INIT;
+    po.nranks = ranks;
+    rc = umbp_topo_plan_make(topo, &po, &plan);
+    if (rc) {
+      umbp_topo_free(topo);
+      return fail_rc(rc);
+    }
+    unsigned nodes[UMBP_MAX_PARTITIONS];
+    int n = umbp_topo_plan_numa_nodes(plan, nodes, UMBP_MAX_PARTITIONS);
+    pp.n_numa_nodes = 0;
+    for (int i = 0; i < n && i < UMBP_MAX_PARTITIONS; i++) pp.numa_nodes[pp.n_numa_nodes++] = (int)nodes[i];
+    if (!quiet) {
+      printf("numa nodes from the topology plan (%d rank%s):", umbp_topo_plan_nranks(plan),
+             umbp_topo_plan_nranks(plan) == 1 ? "" : "s");
+      for (unsigned i = 0; i < pp.n_numa_nodes; i++) printf(" %d", pp.numa_nodes[i]);
+      printf("\n");
+      for (int i = 0; i < umbp_topo_plan_note_count(plan); i++) printf("  note: %s\n", umbp_topo_plan_note(plan, i));
+    }
+    umbp_topo_plan_free(plan);
+    umbp_topo_free(topo);
+  }
   if (!quiet && cli_stderr_tty()) {
     pp.progress = progress_cb;
   }
