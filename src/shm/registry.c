@@ -65,10 +65,19 @@ static void reap_locked(struct umbp_pool *p, unsigned slot) {
 }
 
 int umbp_registry_claim(struct umbp_pool *p, int role, int rank) {
-  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+  /* pass 0 takes a FREE slot; pass 1 reaps a dead process's slot and takes it */
+  for (unsigned i = 0, pass = 0; pass < 2; i = (i + 1 == UMBP_MAX_PROCS) ? (pass++, 0) : i + 1) {
     struct umbp_proc_slot *s = &p->procs[i];
+    bool is_free = atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE;
+    if (pass == 0 && !is_free) continue;
     if (lock_byte(p->fd, i, F_WRLCK) != 0) continue; /* held by a live process (or a reaper) */
-    if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE) reap_locked(p, i);
+    if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE) {
+      if (pass == 0) { /* taken meanwhile by a process that then died: leave it to pass 1 */
+        lock_byte(p->fd, i, F_UNLCK);
+        continue;
+      }
+      reap_locked(p, i);
+    }
     s->role = (uint32_t)role;
     s->rank = rank;
     s->pid = getpid();

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""`umbp pool` from the command line: exit codes, messages, --help, JSON."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+TOOL = os.environ["UMBP_TOOL"]
+HELPER = os.path.join(os.environ["UMBP_TEST_HELPER_DIR"], "shm", "pool_helper")
+name = f"t-cli-{os.getpid()}"
+failures = []
+n = 0
+
+
+def umbp(*args):
+    r = subprocess.run([TOOL, *args], capture_output=True, text=True, timeout=60)
+    return r.returncode, r.stdout, r.stderr
+
+
+def check(what, cond, detail=""):
+    global n
+    n += 1
+    print(("ok" if cond else "not ok") + f" {n} - {what}" + ("" if cond else f" # {detail}"))
+    if not cond:
+        failures.append(what)
+
+
+try:
+    for sub in ["create", "destroy", "ls", "info", "reap"]:
+        rc, out, _ = umbp("pool", sub, "--help")
+        check(f"pool {sub} --help", rc == 0 and "Usage: umbp pool " + sub in out and "Exit status" in out, out[:200])
+    rc, out, _ = umbp("--help")
+    check("umbp --help lists pool", rc == 0 and "pool" in out)
+    rc, _, err = umbp("pool", "create", name)
+    check("missing --capacity is a usage error", rc == 2 and "--capacity is required" in err, err)
+    rc, _, err = umbp("pool", "create", "bad/name", "--capacity", "1GiB")
+    check("bad name is a usage error", rc == 2 and "[A-Za-z0-9._-]" in err, err)
+    rc, _, err = umbp("pool", "create", name, "--capacity", "lots")
+    check("bad size is a usage error", rc == 2 and "not a size" in err, err)
+    rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--bogus")
+    check("unknown option is a usage error", rc == 2 and "--bogus" in err, err)
+    rc, _, err = umbp("pool", "create", name, "--capacity", "100TiB")
+    check("too big is refused before allocation", rc == 1 and "--capacity" in err and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
+    rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault")
+    check("create", rc == 0 and "1024 slots" in out, out + err)
+    rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB")
+    check("second create fails with 'already exists'", rc == 1 and "already exists" in err, err)
+    st = os.stat(f"/dev/shm/umbp.{name}")
+    check("mode 0600", (st.st_mode & 0o777) == 0o600, oct(st.st_mode))
+    rc, out, err = umbp("pool", "info", name, "--json")
+    info = json.loads(out) if rc == 0 else {}
+    check("info --json", rc == 0 and info.get("slot_count") == 1024 and info.get("slot_size") == 65536
+          and info["slots"]["free"] == 1024 and info["layout"] == "1.0", out + err)
+    rc, out, _ = umbp("pool", "ls", "--json")
+    names = [p["name"] for p in json.loads(out)] if rc == 0 else []
+    check("ls --json lists the pool", name in names, out[:300])
+    # a live process keeps destroy from removing the pool
+    holder = subprocess.Popen([HELPER, "hold", name], stdout=subprocess.PIPE, text=True)
+    line = holder.stdout.readline()
+    check("holder attached", line.startswith("ready"), line)
+    rc, _, err = umbp("pool", "destroy", name)
+    check("destroy refuses while a process is attached", rc == 1 and "live process" in err and str(holder.pid) in err, err)
+    holder.kill()
+    holder.wait()
+    rc, out, _ = umbp("pool", "info", name, "--json")
+    procs = json.loads(out)["processes"]
+    check("info shows the killed holder as dead", any(p["pid"] == holder.pid and not p["alive"] for p in procs), out)
+    rc, out, err = umbp("pool", "reap", name)
+    check("reap", rc == 0 and "reaped 1" in out, out + err)
+    rc, out, err = umbp("pool", "destroy", name)
+    check("destroy", rc == 0 and not os.path.exists(f"/dev/shm/umbp.{name}"), out + err)
+    rc, _, err = umbp("pool", "destroy", name)
+    check("destroy of a missing pool", rc == 1 and "no pool named" in err, err)
+    rc, _, err = umbp("pool", "info", name)
+    check("info of a missing pool", rc == 1 and "umbp pool create" in err, err)
+    rc, _, err = umbp("pool", "frobnicate")
+    check("unknown subcommand", rc == 2, err)
+finally:
+    subprocess.run([TOOL, "pool", "destroy", "--force", name], capture_output=True)
+
+print(f"1..{n}")
+sys.exit(1 if failures else 0)
