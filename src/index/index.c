@@ -882,6 +882,14 @@ static int limbo_push(struct umbp_index *ix, uint32_t s) {
   return 0;
 }
 
+/* Retired at epoch r (low 32 bits) before the oldest reader epoch min? The
+ * window between the two is far below 2^31 reclaims, so the wrapping
+ * difference decides. */
+static inline bool epoch_before(uint32_t r, uint64_t min) {
+  if (min == UINT64_MAX) return true;
+  return (int32_t)(r - (uint32_t)min) < 0;
+}
+
 /* Oldest epoch any live reader is in (UINT64_MAX: none). After bumping the
  * epoch and the membarrier, see the design note. */
 static uint64_t readers_min_epoch(umbp_pool *p, bool memb) {
@@ -926,7 +934,7 @@ UMBP_API int umbp_reclaim(umbp_pool *p) {
     struct umbp_slot_meta *m = &ix->meta[s];
     uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
     if (ST_STATE(w) != UMBP_SLOT_RETIRED || ST_OWNER(w) != p->owner_id) continue; /* not ours any more */
-    if (atomic_load_explicit(&m->retire_epoch, memory_order_relaxed) < min) {
+    if (epoch_before(atomic_load_explicit(&m->retire_epoch, memory_order_relaxed), min)) {
       free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
       freed++;
     } else {
@@ -999,7 +1007,7 @@ static int try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, 
   struct umbp_key_shm k = m->key;
   unlink_way(ix->buckets, ix->bmask, s, umbp_key_hash(&k));
   /* retire_epoch before the state: a reclaimer that sees RETIRED (acquire) sees the epoch */
-  atomic_store_explicit(&m->retire_epoch, atomic_load_explicit(&ix->ih->epoch, memory_order_seq_cst),
+  atomic_store_explicit(&m->retire_epoch, (uint32_t)atomic_load_explicit(&ix->ih->epoch, memory_order_seq_cst),
                         memory_order_relaxed);
   atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_RETIRED, p->owner_id), memory_order_release);
   atomic_fetch_add_explicit(&ix->ih->retired_count, 1, memory_order_relaxed);
@@ -1208,7 +1216,6 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
   struct umbp_slot_meta *m = &ix->meta[slot];
   uint64_t h = umbp_key_hash(&k);
   m->key = k; /* made visible by the release CAS of the way below */
-  m->hash32 = (uint32_t)h;
   atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
   uint32_t home = (uint32_t)h & ix->bmask;
   struct umbp_bucket *hb = &ix->buckets[home];
@@ -1346,7 +1353,7 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
           atomic_fetch_sub_explicit(&ns->used_slots, 1, memory_order_relaxed);
         }
       }
-      atomic_store_explicit(&meta[s].retire_epoch, atomic_load(&ih->epoch), memory_order_relaxed);
+      atomic_store_explicit(&meta[s].retire_epoch, (uint32_t)atomic_load(&ih->epoch), memory_order_relaxed);
       atomic_store_explicit(&meta[s].state, ST_NEXT(w, UMBP_SLOT_RETIRED, dead), memory_order_release);
       atomic_fetch_add_explicit(&ih->retired_count, 1, memory_order_relaxed);
       orphans++;
@@ -1392,7 +1399,7 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
       for (uint32_t s = 0; s < h->slot_count; s++) {
         uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
         if (ST_STATE(w) != UMBP_SLOT_RETIRED || ST_OWNER(w) != dead) continue;
-        if (atomic_load_explicit(&meta[s].retire_epoch, memory_order_relaxed) < min) {
+        if (epoch_before(atomic_load_explicit(&meta[s].retire_epoch, memory_order_relaxed), min)) {
           free_slot(p, ps, 0, s, dead);
           atomic_fetch_sub_explicit(&ih->retired_count, 1, memory_order_relaxed);
         } else {
@@ -1485,7 +1492,8 @@ UMBP_API int umbp_index_stats(umbp_pool *p, uint64_t *ret_entries, uint64_t *his
       n++;
       uint32_t s = (uint32_t)v - 1;
       if (!hist || s >= p->hdr->slot_count) continue;
-      uint32_t home = meta[s].hash32 & mask;
+      struct umbp_key_shm k = meta[s].key;
+      uint32_t home = (uint32_t)umbp_key_hash(&k) & mask;
       unsigned d = (i - home) & mask;
       if (d >= nhist) d = nhist - 1;
       hist[d]++;

@@ -33,15 +33,15 @@ enum umbp_slot_state {
   UMBP_SLOT_RETIRED = 4,   /* out of the index; waiting for a grace period */
 };
 
+/* One cache line: a hit reads its state and key from a single line. */
 struct umbp_slot_meta {
   _Atomic uint64_t state;  /* state | owner << 8 | gen << 24 */
   struct umbp_key_shm key; /* valid from publish until reuse */
-  uint32_t hash32;         /* key hash (bucket + signature) */
+  _Atomic uint32_t retire_epoch; /* for RETIRED: low 32 bits of the grace-period token */
   _Atomic uint8_t ref;     /* CLOCK reference bit */
   uint8_t pad[3];
-  _Atomic uint64_t retire_epoch; /* for RETIRED: grace-period token */
 };
-_Static_assert(sizeof(struct umbp_slot_meta) == 72, "slot meta frozen");
+_Static_assert(sizeof(struct umbp_slot_meta) == 64, "slot meta is one cache line");
 
 struct umbp_bucket {
   _Atomic uint64_t way[UMBP_BUCKET_WAYS]; /* 0 empty; else sig32 << 32 | (slot + 1) */
