@@ -1,0 +1,254 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * umbp/datapath.h — move KV-cache block bytes between a worker's tensors and
+ * the pool.
+ *
+ * Design note.
+ *
+ * Layout. A worker's KV cache is a set of regions (umbp_kv_region): one per
+ * layer, or one per layer and per K/V when K and V are separate tensors. A
+ * region is `block_count` blocks of `block_bytes` bytes, block b starting at
+ * base + b * stride, on the host or on one CUDA device. Regions carry a KV
+ * group id (umbp_key.group): a block object in the pool is the concatenation
+ * of one block's bytes over every region of its group, ordered by (layer,
+ * kind K before V before KV, position in the array given). Its size must not
+ * exceed the pool's slot size; umbp_kv_layout_create() refuses a layout
+ * whose block object is larger, naming both sizes.
+ *
+ * Jobs. umbp_dp_store() reserves slots on a partition (umbp_reserve_bulk),
+ * then copies asynchronously: each block is gathered from the regions into
+ * its slot, then published (umbp_publish_bulk). umbp_dp_load() pins the keys
+ * (umbp_lookup_pin_bulk) then scatters each slot into the regions and unpins.
+ * Reservation and pinning happen in the submitting thread, so "no slot" and
+ * "no such key" are known when the call returns (they are per-key results,
+ * not call failures). A job is a handle the caller polls, waits on with a
+ * timeout, cancels while still queued, reads per-key results from, and
+ * finally releases. Jobs finish in any order.
+ *
+ * Ownership. A job owns copies of the arrays it was given, its reserved
+ * slots and its pins until its copies have stopped; a timeout or the
+ * caller's umbp_dp_job_release() never frees them early — the engine keeps
+ * a job it still copies for, and releases slots and pins only after its
+ * last copy returned. The caller's KV regions must stay valid until a job
+ * that uses them is done (umbp_dp_job_poll() returns 0) or the engine has
+ * been destroyed (destroy waits for every copy).
+ *
+ * Results. A store key's result is 0 (published, or already present: another
+ * writer stored the same key first, or UMBP_DP_STORE_SKIP_PRESENT found it),
+ * -ENOSPC (no slot could be reserved), -ECANCELED, -EIO (a CUDA error; its
+ * text is umbp_dp_job_message()). A key that fails is never published: its
+ * slot is aborted. A load key's result is 0, -ENOENT (not in the pool),
+ * -ECANCELED or -EIO; umbp_dp_job_failed_blocks() names the block ids that
+ * were not filled.
+ *
+ * Backends. The host backend copies with memcpy on a pool of worker threads
+ * (optionally bound to a CPU list), splitting each job's blocks into one
+ * contiguous range per thread. The CUDA backend (built when cudart was found
+ * at build time, used when a device is present at run time) serves layouts
+ * whose regions are on a CUDA device: it registers the pool mapping with
+ * cudaHostRegister in a background thread, then issues batched copies on its
+ * own streams and completes jobs through CUDA events, which poll/wait query.
+ * umbp_dp_backends() says which backends this process can use and why not.
+ *
+ * CUDA IPC. umbp_dp_ipc_export() publishes cudaIpcMemHandles of a layout's
+ * CUDA regions for one rank into a small POSIX shm object "/umbp.<pool>.ipc"
+ * (the pool segment has no room for it); each entry names the exporter's
+ * registry slot and incarnation, so entries of a dead or restarted exporter
+ * are recognised as stale. umbp_dp_ipc_pull() opens (and caches, per engine,
+ * in a liburcu hash table) another rank's handles and copies blocks device to
+ * device: with replicated KV (MLA: every TP rank holds the same bytes) one
+ * rank stores a block once and the others load it from the pool or pull it.
+ *
+ * Threads. An engine may be used by any number of threads of its process at
+ * once; a job handle by any thread, but umbp_dp_job_release() must be the
+ * last call on it. Nothing here is shared between processes except the pool
+ * (through umbp/index.h) and the IPC export table.
+ */
+#ifndef UMBP_DATAPATH_H
+#define UMBP_DATAPATH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "umbp/index.h"
+#include "umbp/pool.h"
+#include "umbp/umbp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- backends ------------------------------------------------------------- */
+enum umbp_dp_backend {
+  UMBP_DP_BACKEND_HOST = 1u << 0, /* always */
+  UMBP_DP_BACKEND_CUDA = 1u << 1, /* built with cudart and a device is present */
+};
+
+/* Bitmask of usable backends for this process. When why is non-NULL, a
+ * sentence on the CUDA backend goes there ("CUDA backend: not built (cudart
+ * was not found at build time)", "... cudaGetDeviceCount: no CUDA-capable
+ * device is detected", "CUDA backend: 2 devices"). Any thread; the first call
+ * initialises the CUDA runtime in a CUDA build (which then does not survive
+ * fork()). */
+UMBP_API unsigned umbp_dp_backends(char *why, size_t why_len);
+
+/* ---- layout --------------------------------------------------------------- */
+enum umbp_kv_kind { UMBP_KV_K = 0, UMBP_KV_V = 1, UMBP_KV_KV = 2 /* K and V in one tensor */ };
+enum umbp_dp_device { UMBP_DP_CPU = 0, UMBP_DP_CUDA = 1 };
+
+typedef struct umbp_kv_region {
+  void *base;            /* block 0 of this region (host or device address) */
+  uint64_t block_bytes;  /* bytes of one block in this region (> 0) */
+  uint64_t stride;       /* bytes from block b to b+1 (>= block_bytes) */
+  uint32_t block_count;  /* blocks in this region (> 0) */
+  int device;            /* enum umbp_dp_device */
+  int device_id;         /* CUDA device ordinal (cuda:N); ignored for CPU */
+  uint16_t group;        /* KV group (umbp_key.group) */
+  uint32_t layer;        /* layer number: the block object's primary order */
+  int kind;              /* enum umbp_kv_kind: secondary order */
+} umbp_kv_region;
+
+typedef struct umbp_kv_layout umbp_kv_layout;
+
+/* Describe a worker's KV cache for pool `pool`. Copies the array. Returns 0
+ * and *ret_layout, or -EINVAL: n == 0, a region with NULL base, zero sizes,
+ * stride < block_bytes, an unknown device or kind, a group mixing CPU and
+ * CUDA regions or several CUDA devices, or a group whose block object is
+ * larger than umbp_slot_size(pool) (the message names both sizes); -ENOMEM.
+ * Any thread. The layout may be shared by threads and engines of this
+ * process; free it after the last job that uses it is done. */
+UMBP_API int umbp_kv_layout_create(umbp_pool *pool, const umbp_kv_region *regions, unsigned n,
+                                   umbp_kv_layout **ret_layout);
+UMBP_API void umbp_kv_layout_free(umbp_kv_layout *layout); /* accepts NULL */
+/* Bytes of group's block object (the sum of its regions' block_bytes), 0 if
+ * the layout has no such group. */
+UMBP_API uint64_t umbp_kv_layout_object_bytes(const umbp_kv_layout *layout, uint16_t group);
+/* Blocks addressable in group (the smallest block_count of its regions). */
+UMBP_API uint32_t umbp_kv_layout_blocks(const umbp_kv_layout *layout, uint16_t group);
+/* Offset of region i (index in the array given to create) inside its block
+ * object, or UINT64_MAX for a bad index. */
+UMBP_API uint64_t umbp_kv_layout_region_offset(const umbp_kv_layout *layout, unsigned i);
+
+/* ---- engine --------------------------------------------------------------- */
+typedef struct umbp_dp_engine umbp_dp_engine;
+
+typedef struct umbp_dp_opts {
+  unsigned threads;        /* host copy threads; 0: 2 */
+  const unsigned *cpus;    /* CPU (OS index) list: thread i is bound to
+                              cpus[i % n_cpus]; NULL: not bound. A rank's list
+                              comes from umbp_topo_plan_rank_cpus(). */
+  unsigned n_cpus;
+  unsigned cuda_streams;   /* CUDA streams per device; 0: 2 */
+  bool cuda_register;      /* cudaHostRegister the pool mapping (default true) */
+  umbp_progress_fn progress; /* registration progress ("cuda-register"); may be NULL */
+  void *progress_arg;
+} umbp_dp_opts;
+
+UMBP_API void umbp_dp_opts_init(umbp_dp_opts *o);
+
+/* Start an engine on an attached read-write pool: its host threads and, when
+ * the CUDA backend is usable and opts->cuda_register, the background
+ * registration of the pool mapping (once per process and mapping, shared by
+ * engines). Returns 0 and *ret_engine, or -EINVAL (bad opts, read-only pool,
+ * a CPU outside the allowed set: pthread_setaffinity_np refused it), -ENOMEM,
+ * -EAGAIN (no thread). Any thread. */
+UMBP_API int umbp_dp_engine_create(umbp_pool *pool, const umbp_dp_opts *opts,
+                                   umbp_dp_engine **ret_engine);
+/* Wait for every job's copies to stop (queued jobs are cancelled), stop the
+ * threads, free jobs the caller already released, unregister the pool
+ * mapping when this was its last engine. Jobs not yet released stay valid
+ * for poll/results/release. Accepts NULL. Destroy engines before detaching
+ * their pool. */
+UMBP_API void umbp_dp_engine_destroy(umbp_dp_engine *eng);
+
+/* State of the pool's CUDA registration: 0 done, -EINPROGRESS (done/total
+ * bytes so far in *ret_done, *ret_total when non-NULL), -ENODEV (CUDA backend
+ * not usable), -ENOSYS (not built with CUDA), or the registration's error
+ * (message in umbp_last_error()). Any thread. */
+UMBP_API int umbp_dp_cuda_registration(umbp_dp_engine *eng, uint64_t *ret_done, uint64_t *ret_total);
+
+/* ---- jobs ----------------------------------------------------------------- */
+typedef struct umbp_dp_job umbp_dp_job;
+
+enum umbp_dp_store_flags {
+  /* Do not copy keys that the pool holds already (umbp_contains); they get
+   * result 0 and count as duplicates. */
+  UMBP_DP_STORE_SKIP_PRESENT = 1u << 0,
+};
+
+/* Store blocks block_ids[i] of `group` under keys[i] (i < n), reserving on
+ * partition `part` (-1: the one with most free slots). Returns 0 and *ret_job
+ * (the job may already have failed keys: see results), or -EINVAL (bad
+ * arguments: n == 0, group not in layout, block id out of range, layout of
+ * another pool, flags unknown), -ENODEV / -ENOSYS (the layout's group is on
+ * CUDA and that backend is not usable / not built), -ENOMEM, -ESHUTDOWN
+ * (engine being destroyed). Any thread. */
+UMBP_API int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group,
+                           int part, unsigned n, const uint32_t *block_ids, const umbp_key *keys,
+                           unsigned flags, umbp_dp_job **ret_job);
+/* Load keys[i] into block block_ids[i] of `group`. Errors as for store. */
+UMBP_API int umbp_dp_load(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group,
+                          unsigned n, const umbp_key *keys, const uint32_t *block_ids,
+                          umbp_dp_job **ret_job);
+
+/* 0 when the job is done (every copy stopped, slots published or aborted,
+ * pins dropped), -EINPROGRESS otherwise. Never blocks. Any thread. A 0 pairs
+ * (acquire) with the completion of every copy: the region or slot bytes are
+ * visible to the caller. */
+UMBP_API int umbp_dp_job_poll(umbp_dp_job *job);
+/* Wait up to timeout_ms (UINT32_MAX: forever): 0 done, -ETIMEDOUT. A
+ * timeout leaves the job running and owned by the engine. */
+UMBP_API int umbp_dp_job_wait(umbp_dp_job *job, uint32_t timeout_ms);
+/* Cancel a job none of whose copies has started: 0 (every key gets
+ * -ECANCELED, slots aborted, pins dropped, the job is done), -EBUSY (copies
+ * started; the job runs to its end), -EALREADY (done). */
+UMBP_API int umbp_dp_job_cancel(umbp_dp_job *job);
+/* After done: 0 when every key succeeded, else the first failing key's code.
+ * -EINPROGRESS before. */
+UMBP_API int umbp_dp_job_status(const umbp_dp_job *job);
+/* After done: per-key results into rc[0..min(n, keys)); returns the number of
+ * keys that failed (>= 0), or -EINPROGRESS. */
+UMBP_API int umbp_dp_job_results(const umbp_dp_job *job, int *rc, unsigned n);
+/* After done: the message of key i's failure ("" when it succeeded or the
+ * code says it all; a CUDA error carries cudaGetErrorString). Owned by the
+ * job. */
+UMBP_API const char *umbp_dp_job_message(const umbp_dp_job *job, unsigned i);
+/* After done: block ids of a load whose keys failed (or of a store), in key
+ * order, into out[0..max); returns the full count, or -EINPROGRESS. */
+UMBP_API int umbp_dp_job_failed_blocks(const umbp_dp_job *job, uint32_t *out, unsigned max);
+/* Store keys that another writer had stored first (counted as success). */
+UMBP_API unsigned umbp_dp_job_duplicates(const umbp_dp_job *job);
+/* Drop the caller's handle. Allowed at any time: a job still copying stays
+ * owned by the engine and is freed when its copies stopped. Accepts NULL. */
+UMBP_API void umbp_dp_job_release(umbp_dp_job *job);
+
+/* ---- CUDA IPC ------------------------------------------------------------- */
+/* Export the CUDA regions of `layout` as rank `rank` (0..65535) of this
+ * process's registry slot into "/umbp.<pool>.ipc" (created on first use),
+ * replacing this process's previous export of that rank. Each region's base
+ * must be the start of its cudaMalloc allocation (cudaIpcGetMemHandle gives a
+ * handle to the whole allocation). 0, -EINVAL (no CUDA region), -ENOSPC
+ * (table full), -ESTALE (table left by an earlier pool of the same name:
+ * remove it with umbp_dp_ipc_unlink), -ENOSYS/-ENODEV (no CUDA backend), -EIO
+ * (CUDA error, message says which). Any thread. */
+UMBP_API int umbp_dp_ipc_export(umbp_dp_engine *eng, const umbp_kv_layout *layout, unsigned rank);
+/* Withdraw this process's entries for rank (UINT32_MAX: all). Entries of a
+ * dead process are ignored by readers and reused by exporters anyway. */
+UMBP_API int umbp_dp_ipc_withdraw(umbp_dp_engine *eng, unsigned rank);
+/* Copy blocks src_blocks[i] of group from the regions rank `src_rank`
+ * exported into blocks dst_blocks[i] of the local layout, device to device.
+ * The exported group's regions must match the local ones (same count and
+ * block_bytes in block-object order). Returns 0 and a job (per-key results
+ * indexed by i: -EIO with the CUDA error, -ENOENT when the exporter died),
+ * -ENOENT (no live export of src_rank), -EINVAL, -ENOSYS/-ENODEV. */
+UMBP_API int umbp_dp_ipc_pull(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group,
+                              unsigned src_rank, unsigned n, const uint32_t *src_blocks,
+                              const uint32_t *dst_blocks, umbp_dp_job **ret_job);
+/* Remove pool_name's IPC export table. 0 or -ENOENT. */
+UMBP_API int umbp_dp_ipc_unlink(const char *pool_name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

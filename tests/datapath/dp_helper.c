@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Exec'd helper of the data-path tests (each process maps the pool at its own
+ * address):
+ *   dp_helper store POOL RANK      store blocks 0..15 of a K/V-split layout
+ *   dp_helper load POOL RANK       load them into blocks 16..31, check bytes
+ *   dp_helper export POOL RANK N   export N fake IPC regions, print
+ *                                  "exported", then wait to be killed
+ * Exit 0 on success, 1 on failure (a line on stdout says why). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "datapath/dp_internal.h"
+#include "dp_test_util.h"
+#include "umbp/datapath.h"
+#include "umbp_config.h"
+#if UMBP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define NB 16
+
+static int fail(const char *what, int rc) {
+  printf("%s: %d %s\n", what, rc, umbp_last_error());
+  fflush(stdout);
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) return 2;
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  ao.role = UMBP_ROLE_WORKER;
+  ao.rank = atoi(argv[3]);
+  umbp_pool *pool;
+  int rc = umbp_pool_attach(argv[2], &ao, &pool);
+  if (rc) return fail("attach", rc);
+  if (!strcmp(argv[1], "export")) {
+    unsigned n = argc > 4 ? (unsigned)atoi(argv[4]) : 1;
+    struct dp_ipc_desc d[16];
+    for (unsigned r = 0; r < n && r < 16; r++) {
+      memset(&d[r], 0, sizeof d[r]);
+      d[r].rank = (unsigned)ao.rank;
+      d[r].region = r;
+      d[r].n_regions = n;
+      d[r].block_bytes = 4096;
+      d[r].stride = 4096;
+      d[r].block_count = 8;
+      memset(d[r].handle, 0x40 + (int)r, sizeof d[r].handle);
+    }
+    rc = dp_ipc_publish(pool, (unsigned)ao.rank, d, n);
+    if (rc) return fail("publish", rc);
+    printf("exported\n");
+    fflush(stdout);
+    for (;;) pause();
+  }
+#if UMBP_HAVE_CUDA
+  if (!strcmp(argv[1], "gpu-export")) { /* 2 regions (K,V) of 8 blocks of 64 KiB on cuda:0 */
+    uint64_t bytes[2] = {65536, 65536};
+    static struct kvc h;
+    kvc_init(&h, 2, 8, bytes, 0, 1);
+    umbp_kv_region reg[2];
+    for (int r = 0; r < 2; r++) {
+      void *d;
+      if (cudaMalloc(&d, 8 * 65536) != cudaSuccess) return fail("cudaMalloc", -ENOMEM);
+      for (unsigned b = 0; b < 8; b++) kvc_fill(&h, b, 77, b);
+      if (cudaMemcpy(d, h.mem[r], 8 * 65536, cudaMemcpyHostToDevice) != cudaSuccess) return fail("H2D", -EIO);
+      reg[r] = h.reg[r];
+      reg[r].base = d;
+      reg[r].device = UMBP_DP_CUDA;
+      reg[r].device_id = 0;
+    }
+    umbp_kv_layout *lay;
+    umbp_dp_engine *e;
+    if ((rc = umbp_kv_layout_create(pool, reg, 2, &lay))) return fail("layout", rc);
+    if ((rc = umbp_dp_engine_create(pool, NULL, &e))) return fail("engine", rc);
+    if ((rc = umbp_dp_ipc_export(e, lay, (unsigned)ao.rank))) return fail("export", rc);
+    printf("exported\n");
+    fflush(stdout);
+    for (;;) pause();
+  }
+#endif
+  uint32_t ns;
+  if ((rc = umbp_ns_register(pool, "dp-mp", &ns))) return fail("ns", rc);
+  uint64_t bytes[8];
+  for (int i = 0; i < 8; i++) bytes[i] = 8192 + (uint64_t)i * 1000; /* 4 layers x K,V */
+  static struct kvc c;
+  kvc_init(&c, 8, 2 * NB, bytes, 128, 1);
+  umbp_kv_layout *lay;
+  if ((rc = umbp_kv_layout_create(pool, c.reg, 8, &lay))) return fail("layout", rc);
+  umbp_dp_engine *e;
+  if ((rc = umbp_dp_engine_create(pool, NULL, &e))) return fail("engine", rc);
+  uint32_t ids[NB];
+  umbp_key keys[NB];
+  for (unsigned i = 0; i < NB; i++) keys[i] = dp_key(ns, 42, i);
+  umbp_dp_job *j;
+  int ok = 1;
+  if (!strcmp(argv[1], "store")) {
+    for (unsigned i = 0; i < NB; i++) ids[i] = i, kvc_fill(&c, i, 42, i);
+    if ((rc = umbp_dp_store(e, lay, 0, -1, NB, ids, keys, 0, &j))) return fail("store", rc);
+    if ((rc = umbp_dp_job_wait(j, 20000)) || (rc = umbp_dp_job_status(j))) return fail("store job", rc);
+    printf("stored %d blocks at %p\n", NB, (void *)umbp_slot_ptr(pool, 0));
+    umbp_dp_job_release(j);
+  } else {
+    for (unsigned i = 0; i < NB; i++) ids[i] = 2 * NB - 1 - i;
+    if ((rc = umbp_dp_load(e, lay, 0, NB, keys, ids, &j))) return fail("load", rc);
+    if ((rc = umbp_dp_job_wait(j, 20000)) || (rc = umbp_dp_job_status(j))) return fail("load job", rc);
+    umbp_dp_job_release(j);
+    for (unsigned i = 0; i < NB; i++) ok &= kvc_check(&c, ids[i], 42, i);
+    printf("loaded %d blocks at %p: %s\n", NB, (void *)umbp_slot_ptr(pool, 0), ok ? "byte-exact" : "MISMATCH");
+  }
+  umbp_dp_engine_destroy(e);
+  umbp_kv_layout_free(lay);
+  kvc_free(&c);
+  umbp_pool_detach(pool);
+  return ok ? 0 : 1;
+}
