@@ -276,11 +276,11 @@ static int pool_create(int argc, char **argv) {
   if (rc) return fail_rc(rc);
   umbp_pool_info info;
   umbp_pool_get_info(p, &info);
-  char a[32], b[32];
+  char a[32], b[32], t[32];
   if (!quiet)
     printf("created pool %s: %u slots of %s (%s) in %u partition%s, segment %s at %s\n", name, info.slot_count,
            cli_fmt_size(info.slot_size, a, sizeof a), cli_fmt_size((uint64_t)info.slot_count * info.slot_size, b, sizeof b),
-           info.n_partitions, info.n_partitions == 1 ? "" : "s", cli_fmt_size(info.total_size, b, sizeof b), info.path);
+           info.n_partitions, info.n_partitions == 1 ? "" : "s", cli_fmt_size(info.total_size, t, sizeof t), info.path);
   umbp_pool_detach(p);
   return CLI_OK;
 }
