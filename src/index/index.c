@@ -255,7 +255,6 @@ static int key_to_shm(const umbp_key *k, struct umbp_key_shm *out) {
   if (!k) return umbp_fail(-EINVAL, "key is NULL");
   if (k->hash_len < 1 || k->hash_len > UMBP_HASH_MAX)
     return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_HASH_MAX);
-  memset(out, 0, sizeof *out);
   out->ns = k->ns;
   out->tp = k->tp_rank;
   out->pcp = k->pcp_rank;
@@ -263,7 +262,11 @@ static int key_to_shm(const umbp_key *k, struct umbp_key_shm *out) {
   out->pp = k->pp_rank;
   out->group = k->group;
   out->hash_len = k->hash_len;
-  memcpy(out->hash, k->hash, k->hash_len);
+  out->pad = 0;
+  /* fixed-size copy (the caller's hash array is always 32 bytes), then clear
+   * what lies past hash_len: no variable-length memcpy on the lookup path */
+  memcpy(out->hash, k->hash, UMBP_HASH_MAX);
+  if (UMBP_UNLIKELY(k->hash_len < UMBP_HASH_MAX)) memset(out->hash + k->hash_len, 0, UMBP_HASH_MAX - k->hash_len);
   return 0;
 }
 

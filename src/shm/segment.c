@@ -147,9 +147,11 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
   h->max_procs = UMBP_MAX_PROCS;
   h->max_threads = UMBP_MAX_THREADS;
   h->max_namespaces = UMBP_MAX_NAMESPACES;
-  /* Bucket array: 7 ways a bucket; size it for <= 50% way occupancy when every
-   * slot holds a block, so probe chains stay short at any pool load. */
-  h->n_buckets = pow2_at_least((slots * 2 + UMBP_BUCKET_WAYS - 1) / UMBP_BUCKET_WAYS);
+  /* Bucket array: 7 ways a bucket, a power of two of buckets with at least
+   * 1.25 ways per slot, so a full pool fills 40-80% of the ways: probe chains
+   * stay short, and the array (the one line a miss reads) stays small enough
+   * for the TLB and caches. */
+  h->n_buckets = pow2_at_least((slots * 5 / 4 + UMBP_BUCKET_WAYS - 1) / UMBP_BUCKET_WAYS);
   if (h->n_buckets < 8) h->n_buckets = 8;
   h->event_capacity = pow2_at_least(pp->event_capacity ? pp->event_capacity : 65536);
   if (pp->hugepages) h->incompat_features |= UMBP_FEAT_INCOMPAT_HUGEPAGES;
@@ -556,6 +558,20 @@ static int prefault(struct umbp_pool *p, const umbp_pool_params *pp) {
   return 0;
 }
 
+/* Ask for transparent huge pages on the metadata (buckets, slot metadata):
+ * lookups touch them at random, and 4 KiB pages make each miss a TLB miss too.
+ * Takes effect where the kernel allows huge pages for shared memory
+ * (/sys/kernel/mm/transparent_hugepage/shmem_enabled = advise or within_size);
+ * elsewhere it is a no-op. */
+static void advise_metadata(void *base, uint64_t len) {
+#ifdef MADV_HUGEPAGE
+  if (len) (void)madvise(base, len, MADV_HUGEPAGE);
+#else
+  (void)base;
+  (void)len;
+#endif
+}
+
 /* ---- create / attach ------------------------------------------------------ */
 int umbp_registry_claim(struct umbp_pool *p, int role, int rank);
 void umbp_registry_release(struct umbp_pool *p);
@@ -645,6 +661,7 @@ UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *pp, umbp
     goto fail_unlink;
   }
   p->hdr = p->base;
+  advise_metadata(p->base, lay.regions[UMBP_REG_ARENA].offset);
   /* header without magic */
   memcpy((char *)p->hdr + 8, (char *)&lay + 8, sizeof lay - 8);
   struct umbp_shm_header *h = p->hdr;
@@ -779,6 +796,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
     goto fail;
   }
   p->hdr = p->base;
+  advise_metadata(p->base, p->hdr->regions[UMBP_REG_ARENA].offset < p->size ? p->hdr->regions[UMBP_REG_ARENA].offset : 0);
   /* The file could have been replaced between the check and this mapping: check again. */
   rc = umbp_header_validate(p->hdr, p->size);
   if (rc) goto fail;
