@@ -31,9 +31,9 @@
  * The cache maps (owner slot, incarnation, rank, group, region) to the
  * pointer returned by the open callback (cudaIpcOpenMemHandle), in a
  * cds_lfht of the memb flavour: lookups run under the RCU read lock from any
- * thread (registered lazily, unregistered at thread exit); prune removes the
- * entries of exporters that are no longer live and closes them after a
- * grace period.
+ * thread (registered lazily, unregistered at thread exit); prune unlinks the
+ * entries of exporters that are no longer live, waits for a grace period
+ * (synchronize_rcu) and closes them in the calling thread.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -329,7 +329,6 @@ struct cache_key {
 
 struct cache_node {
   struct cds_lfht_node node;
-  struct rcu_head rcu;
   struct cache_key k;
   void *ptr;
   struct dp_ipc_cache *c;
@@ -374,7 +373,9 @@ static int key_match(struct cds_lfht_node *n, const void *key) {
 int dp_ipc_cache_new(dp_ipc_open_fn open, dp_ipc_close_fn close, void *arg, struct dp_ipc_cache **ret) {
   struct dp_ipc_cache *c = calloc(1, sizeof *c);
   if (!c) return umbp_fail(-ENOMEM, "dp ipc: out of memory");
-  c->ht = cds_lfht_new_flavor(64, 64, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, &urcu_memb_flavor, NULL);
+  /* No auto-resize: the cache holds a few entries per peer rank, and a
+   * fixed table spares the resize worker thread. */
+  c->ht = cds_lfht_new_flavor(256, 256, 256, CDS_LFHT_ACCOUNTING, &urcu_memb_flavor, NULL);
   if (!c->ht) {
     free(c);
     return umbp_fail(-ENOMEM, "dp ipc: cds_lfht_new failed");
@@ -385,12 +386,6 @@ int dp_ipc_cache_new(dp_ipc_open_fn open, dp_ipc_close_fn close, void *arg, stru
   pthread_mutex_init(&c->mu, NULL);
   *ret = c;
   return 0;
-}
-
-static void node_free_rcu(struct rcu_head *h) {
-  struct cache_node *n = caa_container_of(h, struct cache_node, rcu);
-  n->c->close(n->c->arg, n->ptr);
-  free(n);
 }
 
 int dp_ipc_cache_get(struct dp_ipc_cache *c, const struct dp_ipc_desc *d, void **ret_ptr) {
@@ -437,25 +432,41 @@ int dp_ipc_cache_get(struct dp_ipc_cache *c, const struct dp_ipc_desc *d, void *
   return 0;
 }
 
-unsigned dp_ipc_cache_prune(struct dp_ipc_cache *c, umbp_pool *pool) {
-  uint64_t inc[UMBP_MAX_PROCS];
-  live_table(pool, inc);
+/* Unlink nodes matching `dead` (all when NULL), wait for a grace period,
+ * then close and free them in this thread (no call_rcu worker involved). */
+static unsigned cache_remove(struct dp_ipc_cache *c, const uint64_t *inc) {
   unsigned removed = 0;
+  struct cache_node *gone = NULL;
   rcu_thread_enter();
   struct cds_lfht_iter it;
   struct cache_node *cn;
   pthread_mutex_lock(&c->mu);
   urcu_memb_read_lock();
   cds_lfht_for_each_entry(c->ht, &it, cn, node) {
-    if (owner_live(owner_word(cn->k.slot, cn->k.incarnation), inc)) continue;
+    if (inc && owner_live(owner_word(cn->k.slot, cn->k.incarnation), inc)) continue;
     if (cds_lfht_del(c->ht, &cn->node) == 0) {
-      urcu_memb_call_rcu(&cn->rcu, node_free_rcu);
+      cn->c = (struct dp_ipc_cache *)gone; /* reuse as the free list link */
+      gone = cn;
       removed++;
     }
   }
   urcu_memb_read_unlock();
   pthread_mutex_unlock(&c->mu);
+  if (!gone) return 0;
+  urcu_memb_synchronize_rcu(); /* no reader still holds a removed node */
+  while (gone) {
+    struct cache_node *next = (struct cache_node *)gone->c;
+    c->close(c->arg, gone->ptr);
+    free(gone);
+    gone = next;
+  }
   return removed;
+}
+
+unsigned dp_ipc_cache_prune(struct dp_ipc_cache *c, umbp_pool *pool) {
+  uint64_t inc[UMBP_MAX_PROCS];
+  live_table(pool, inc);
+  return cache_remove(c, inc);
 }
 
 unsigned dp_ipc_cache_size(struct dp_ipc_cache *c) {
@@ -470,15 +481,7 @@ unsigned dp_ipc_cache_size(struct dp_ipc_cache *c) {
 
 void dp_ipc_cache_free(struct dp_ipc_cache *c) {
   if (!c) return;
-  rcu_thread_enter();
-  struct cds_lfht_iter it;
-  struct cache_node *cn;
-  urcu_memb_read_lock();
-  cds_lfht_for_each_entry(c->ht, &it, cn, node) {
-    if (cds_lfht_del(c->ht, &cn->node) == 0) urcu_memb_call_rcu(&cn->rcu, node_free_rcu);
-  }
-  urcu_memb_read_unlock();
-  urcu_memb_barrier(); /* every node_free_rcu ran: handles are closed */
+  cache_remove(c, NULL);
   cds_lfht_destroy(c->ht, NULL);
   pthread_mutex_destroy(&c->mu);
   free(c);

@@ -1,0 +1,495 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * umbp bench copy — store and load GB/s of the data path beside plain memcpy
+ * (host backend) or cudaMemcpy of pinned buffers (--cuda), same bytes, same
+ * thread count, same run.
+ *
+ * Per case (OBJxR: block objects of OBJ bytes built from R regions, i.e.
+ * R/2 layers x K,V): a pool of ceil(--bytes / OBJ) slots of OBJ bytes, and R
+ * host regions of that many blocks (region bytes per block = OBJ/R rounded
+ * down to 64, the last region takes the rest). Each repetition times, in
+ * this order: one store job of every block (fresh keys; the keys are
+ * cleared and their slots reclaimed, untimed, before the next store), the
+ * reference copying the same bytes from one contiguous buffer into the same
+ * slots (each thread one memcpy per block object over its share of the
+ * blocks), one load job of every block, and the reference in the other
+ * direction. Figures are medians over the repetitions.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "umbp/datapath.h"
+#include "umbp/index.h"
+#include "umbp/pool.h"
+#include "umbp_config.h"
+
+#if UMBP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+int bench_copy_main(int argc, char **argv);
+
+static const char *copy_usage =
+    "Usage: umbp bench copy [--threads N] [--cpus LIST] [--cases LIST] [--reps N]\n"
+    "                       [--bytes SIZE] [--cuda] [--json]\n"
+    "\n"
+    "Measure the data path's store (KV regions -> pool slots, then publish) and load\n"
+    "(pin, pool slots -> KV regions, unpin) throughput beside a reference that copies\n"
+    "the same bytes in the same run: plain memcpy with the same number of threads\n"
+    "(host backend), or cudaMemcpy between a pinned host buffer and device memory\n"
+    "(--cuda). A block object of OBJ bytes is gathered from R regions (R/2 layers of\n"
+    "K and V tensors): the case OBJxR. A private pool (no pre-fault, destroyed at the\n"
+    "end) holds one slot per block; the KV regions are host memory (or cuda:0).\n"
+    "\n"
+    "Options:\n"
+    "  --threads N     host copy threads, for ours and for the memcpy reference\n"
+    "                  (default 2).\n"
+    "  --cpus LIST     bind copy threads to these CPUs (e.g. 0,1; thread i gets\n"
+    "                  LIST[i mod len]); default: unbound.\n"
+    "  --cases LIST    comma-separated OBJxR cases, OBJ a size (KiB, MiB) and R the\n"
+    "                  region count (default 64KiBx2,256KiBx16,1MiBx80,4MiBx160:\n"
+    "                  1 layer, 8 layers, 40 layers and 80 layers of K,V).\n"
+    "  --reps N        repetitions per case; medians are printed (default 5).\n"
+    "  --bytes SIZE    bytes moved per job (default 256MiB; the pool is that large,\n"
+    "                  at most 2GiB).\n"
+    "  --cuda          regions on cuda:0 through the CUDA backend, reference\n"
+    "                  cudaMemcpy of pinned buffers (needs a GPU and a CUDA build).\n"
+    "  --json          one JSON object instead of the table.\n"
+    "  -h, --help      this text.\n"
+    "\n"
+    "Output: per case the object size, regions, blocks per job, and for store and\n"
+    "load our GB/s (1e9 bytes/s), the reference's GB/s and ours/reference. JSON:\n"
+    "{\"backend\", \"threads\", \"reps\", \"bytes_per_job\", \"reference\", \"cases\": [{\"case\",\n"
+    "\"object_bytes\", \"regions\", \"blocks\", \"store_gbps\", \"store_ref_gbps\",\n"
+    "\"store_ratio\", \"load_gbps\", \"load_ref_gbps\", \"load_ratio\"}]}.\n"
+    "\n"
+    "Exit status: 0 measured; 1 a runtime failure (pool, CUDA, a failed job); 2 usage.\n"
+    "\n"
+    "Example:\n"
+    "  umbp bench copy --threads 2 --cases 256KiBx16,1MiBx80 --reps 7 --json\n";
+
+struct bcase {
+  char name[32];
+  uint64_t obj;
+  unsigned nreg;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int dcmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, unsigned n) {
+  qsort(v, n, sizeof *v, dcmp);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- the memcpy reference: persistent threads released by a barrier ------ */
+struct ref {
+  unsigned nthreads;
+  pthread_t *th;
+  pthread_barrier_t start, end;
+  bool stop;
+  int dir; /* 0: buffer -> slots (store), 1: slots -> buffer (load) */
+  char **slots;
+  char *buf;
+  uint64_t obj;
+  unsigned nblocks;
+  const unsigned *cpus;
+  unsigned ncpus;
+};
+struct ref_arg {
+  struct ref *r;
+  unsigned id;
+};
+
+static void *ref_thread(void *p) {
+  struct ref_arg *a = p;
+  struct ref *r = a->r;
+  for (;;) {
+    pthread_barrier_wait(&r->start);
+    if (r->stop) break;
+    unsigned b0 = (unsigned)((uint64_t)r->nblocks * a->id / r->nthreads);
+    unsigned b1 = (unsigned)((uint64_t)r->nblocks * (a->id + 1) / r->nthreads);
+    for (unsigned b = b0; b < b1; b++) {
+      if (r->dir == 0) memcpy(r->slots[b], r->buf + (uint64_t)b * r->obj, r->obj);
+      else memcpy(r->buf + (uint64_t)b * r->obj, r->slots[b], r->obj);
+    }
+    pthread_barrier_wait(&r->end);
+  }
+  return NULL;
+}
+
+static double ref_run(struct ref *r, int dir) {
+  r->dir = dir;
+  double t0 = now_s();
+  pthread_barrier_wait(&r->start);
+  pthread_barrier_wait(&r->end);
+  return now_s() - t0;
+}
+
+static int ref_start(struct ref *r, struct ref_arg *args) {
+  pthread_barrier_init(&r->start, NULL, r->nthreads + 1);
+  pthread_barrier_init(&r->end, NULL, r->nthreads + 1);
+  r->th = calloc(r->nthreads, sizeof *r->th);
+  for (unsigned i = 0; i < r->nthreads; i++) {
+    args[i] = (struct ref_arg){.r = r, .id = i};
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    if (r->cpus) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(r->cpus[i % r->ncpus], &set);
+      pthread_attr_setaffinity_np(&at, sizeof set, &set);
+    }
+    int e = pthread_create(&r->th[i], &at, ref_thread, &args[i]);
+    pthread_attr_destroy(&at);
+    if (e) return -e;
+  }
+  return 0;
+}
+
+static void ref_stop(struct ref *r) {
+  r->stop = true;
+  pthread_barrier_wait(&r->start);
+  for (unsigned i = 0; i < r->nthreads; i++) pthread_join(r->th[i], NULL);
+  pthread_barrier_destroy(&r->start);
+  pthread_barrier_destroy(&r->end);
+  free(r->th);
+}
+
+/* ---- one case --------------------------------------------------------------- */
+struct result {
+  double store, store_ref, load, load_ref; /* GB/s */
+  unsigned blocks;
+};
+
+static int run_job(umbp_dp_job *j, const char *what) {
+  int rc = umbp_dp_job_wait(j, 600000);
+  if (!rc) rc = umbp_dp_job_status(j);
+  if (rc) cli_error("bench copy: %s job failed: %s (%s)", what, umbp_strerror(rc), umbp_dp_job_message(j, 0));
+  umbp_dp_job_release(j);
+  return rc;
+}
+
+static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpus, unsigned ncpus, unsigned reps,
+                    uint64_t bytes, bool cuda, struct result *res) {
+  unsigned nb = (unsigned)((bytes + c->obj - 1) / c->obj);
+  if (nb < threads) nb = threads;
+  res->blocks = nb;
+  char name[64];
+  snprintf(name, sizeof name, "bench-copy-%d", (int)getpid());
+  umbp_pool_params pp;
+  umbp_pool_params_init(&pp);
+  pp.slot_size = (c->obj + 4095) & ~4095ull;
+  pp.capacity = pp.slot_size * nb;
+  pp.no_prefault = true; /* the first store faults the pages in: rep 0 is a warm-up */
+  pp.mempolicy = UMBP_MPOL_NONE;
+  pp.n_numa_nodes = 1;
+  pp.numa_nodes[0] = 0;
+  umbp_pool *pool = NULL;
+  int rc = umbp_pool_create(name, &pp, &pool);
+  if (rc) {
+    cli_error("bench copy: pool: %s", umbp_last_error());
+    return rc;
+  }
+  uint32_t ns = 0;
+  umbp_ns_register(pool, "bench-copy", &ns);
+  umbp_kv_region *reg = calloc(c->nreg, sizeof *reg);
+  uint64_t per = (c->obj / c->nreg) & ~63ull;
+  if (per == 0) per = c->obj / c->nreg;
+  uint32_t *ids = malloc(nb * sizeof *ids), *pins = malloc(nb * sizeof *pins);
+  umbp_key *keys = calloc(nb, sizeof *keys);
+  char **slotp = calloc(nb, sizeof *slotp);
+  char *refbuf = NULL;
+  umbp_dp_engine *e = NULL;
+  umbp_kv_layout *lay = NULL;
+  double *v[4];
+  for (int k = 0; k < 4; k++) v[k] = calloc(reps, sizeof(double));
+  for (unsigned r = 0; r < c->nreg; r++) {
+    uint64_t bb = r + 1 < c->nreg ? per : c->obj - per * (c->nreg - 1);
+    reg[r] = (umbp_kv_region){.block_bytes = bb, .stride = bb, .block_count = nb, .group = 0, .layer = r / 2,
+                              .kind = (int)(r % 2), .device = cuda ? UMBP_DP_CUDA : UMBP_DP_CPU};
+#if UMBP_HAVE_CUDA
+    if (cuda) {
+      if (cudaMalloc(&reg[r].base, bb * nb) != cudaSuccess) {
+        cli_error("bench copy: cudaMalloc of %llu bytes failed", (unsigned long long)(bb * nb));
+        rc = -ENOMEM;
+        goto out;
+      }
+      cudaMemset(reg[r].base, r & 0xff, bb * nb);
+      continue;
+    }
+#endif
+    reg[r].base = malloc(bb * nb);
+    if (!reg[r].base) {
+      rc = -ENOMEM;
+      goto out;
+    }
+    memset(reg[r].base, (int)(r * 7 + 1), bb * nb);
+  }
+  if ((rc = umbp_kv_layout_create(pool, reg, c->nreg, &lay))) {
+    cli_error("bench copy: %s", umbp_last_error());
+    goto out;
+  }
+  umbp_dp_opts o;
+  umbp_dp_opts_init(&o);
+  o.threads = threads;
+  o.cpus = cpus;
+  o.n_cpus = ncpus;
+  if ((rc = umbp_dp_engine_create(pool, &o, &e))) {
+    cli_error("bench copy: engine: %s", umbp_last_error());
+    goto out;
+  }
+  if (cuda) {
+    while ((rc = umbp_dp_cuda_registration(e, NULL, NULL)) == -EINPROGRESS) usleep(1000);
+    if (rc) {
+      cli_error("bench copy: %s", umbp_last_error());
+      goto out;
+    }
+  }
+  for (unsigned i = 0; i < nb; i++) ids[i] = i;
+#if UMBP_HAVE_CUDA
+  if (cuda) {
+    if (cudaMallocHost((void **)&refbuf, c->obj * nb) != cudaSuccess) {
+      cli_error("bench copy: cudaMallocHost failed");
+      rc = -ENOMEM;
+      goto out;
+    }
+  } else
+#endif
+    refbuf = malloc(c->obj * nb);
+  if (!refbuf) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  memset(refbuf, 0x5a, c->obj * nb);
+  char *devref = NULL;
+  (void)devref;
+#if UMBP_HAVE_CUDA
+  if (cuda && cudaMalloc((void **)&devref, c->obj * nb) != cudaSuccess) {
+    cli_error("bench copy: cudaMalloc failed");
+    rc = -ENOMEM;
+    goto out;
+  }
+#endif
+  struct ref ref = {.nthreads = threads, .buf = refbuf, .obj = c->obj, .nblocks = nb, .slots = slotp,
+                    .cpus = cpus, .ncpus = ncpus};
+  struct ref_arg *rargs = calloc(threads, sizeof *rargs);
+  if (!cuda && (rc = ref_start(&ref, rargs))) {
+    cli_error("bench copy: cannot start reference threads");
+    free(rargs);
+    goto out;
+  }
+  double gb = (double)c->obj * nb / 1e9;
+  for (unsigned rep = 0; rep <= reps && !rc; rep++) { /* rep 0: warm-up, not counted */
+    for (unsigned i = 0; i < nb; i++) {
+      keys[i].ns = ns;
+      keys[i].hash_len = 16;
+      memcpy(keys[i].hash, &rep, sizeof rep);
+      memcpy(keys[i].hash + 4, &i, sizeof i);
+    }
+    umbp_dp_job *j;
+    double t0 = now_s();
+    if ((rc = umbp_dp_store(e, lay, 0, 0, nb, ids, keys, 0, &j)) || (rc = run_job(j, "store"))) break;
+    double ts = now_s() - t0;
+    if (umbp_lookup_pin_bulk(pool, nb, keys, pins) != (int)nb) {
+      cli_error("bench copy: stored keys not found");
+      rc = -EIO;
+      break;
+    }
+    for (unsigned i = 0; i < nb; i++) slotp[i] = umbp_slot_ptr(pool, pins[i]);
+    double tsr = 0, tlr = 0;
+#if UMBP_HAVE_CUDA
+    if (cuda) {
+      t0 = now_s();
+      cudaMemcpy(devref, refbuf, c->obj * nb, cudaMemcpyHostToDevice);
+      tlr = now_s() - t0;
+      t0 = now_s();
+      cudaMemcpy(refbuf, devref, c->obj * nb, cudaMemcpyDeviceToHost);
+      tsr = now_s() - t0;
+    } else
+#endif
+      tsr = ref_run(&ref, 0);
+    t0 = now_s();
+    if ((rc = umbp_dp_load(e, lay, 0, nb, keys, ids, &j)) || (rc = run_job(j, "load"))) break;
+    double tl = now_s() - t0;
+    if (!cuda) tlr = ref_run(&ref, 1);
+    umbp_unpin_bulk(pool, nb, pins);
+    umbp_clear_ns(pool, ns);
+    for (int k = 0; k < 1000 && umbp_reclaim(pool) >= 0; k++) {
+      umbp_partition_info pi;
+      umbp_pool_info info;
+      if (umbp_pool_get_info(pool, &info) == 0) {
+        pi = info.partitions[0];
+        if (pi.free_slots >= nb) break;
+      }
+      usleep(100);
+    }
+    if (rep == 0) continue;
+    v[0][rep - 1] = gb / ts;
+    v[1][rep - 1] = gb / tsr;
+    v[2][rep - 1] = gb / tl;
+    v[3][rep - 1] = gb / tlr;
+  }
+  if (!cuda) ref_stop(&ref);
+  free(rargs);
+  if (!rc) {
+    res->store = median(v[0], reps);
+    res->store_ref = median(v[1], reps);
+    res->load = median(v[2], reps);
+    res->load_ref = median(v[3], reps);
+  }
+#if UMBP_HAVE_CUDA
+  if (devref) cudaFree(devref);
+#endif
+out:
+  umbp_dp_engine_destroy(e);
+  umbp_kv_layout_free(lay);
+  for (unsigned r = 0; r < c->nreg; r++) {
+#if UMBP_HAVE_CUDA
+    if (cuda) {
+      if (reg[r].base) cudaFree(reg[r].base);
+      continue;
+    }
+#endif
+    free(reg[r].base);
+  }
+#if UMBP_HAVE_CUDA
+  if (cuda && refbuf) cudaFreeHost(refbuf);
+  else
+#endif
+    free(refbuf);
+  for (int k = 0; k < 4; k++) free(v[k]);
+  free(reg), free(ids), free(pins), free(keys), free(slotp);
+  umbp_pool_detach(pool);
+  umbp_pool_destroy(name);
+  return rc;
+}
+
+static int parse_case(const char *s, struct bcase *c) {
+  const char *x = strchr(s, 'x');
+  if (!x || x == s || (size_t)(x - s) >= sizeof c->name) return -EINVAL;
+  char sz[32];
+  memcpy(sz, s, (size_t)(x - s));
+  sz[x - s] = 0;
+  char *end;
+  long r = strtol(x + 1, &end, 10);
+  if (*end || r < 1 || r > 256 || cli_parse_size(sz, &c->obj) || c->obj < (uint64_t)r || c->obj > (64ull << 20))
+    return -EINVAL;
+  c->nreg = (unsigned)r;
+  snprintf(c->name, sizeof c->name, "%s", s);
+  return 0;
+}
+
+int bench_copy_main(int argc, char **argv) {
+  static const struct option lo[] = {{"threads", required_argument, 0, 't'}, {"cpus", required_argument, 0, 'c'},
+                                     {"cases", required_argument, 0, 'C'},   {"reps", required_argument, 0, 'r'},
+                                     {"bytes", required_argument, 0, 'b'},   {"cuda", no_argument, 0, 'g'},
+                                     {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
+  unsigned threads = 2, reps = 5;
+  uint64_t bytes = 256ull << 20;
+  bool json = false, cuda = false;
+  int cpus_i[256];
+  unsigned cpus[256], ncpus = 0;
+  const char *cases_s = "64KiBx2,256KiBx16,1MiBx80,4MiBx160";
+  optind = 1;
+  int ch;
+  while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    switch (ch) {
+    case 't': threads = (unsigned)atoi(optarg); break;
+    case 'r': reps = (unsigned)atoi(optarg); break;
+    case 'C': cases_s = optarg; break;
+    case 'g': cuda = true; break;
+    case 'j': json = true; break;
+    case 'b':
+      if (cli_parse_size(optarg, &bytes) || bytes == 0 || bytes > (2ull << 30))
+        return cli_usage_error("bench copy", "--bytes '%s': a size up to 2GiB", optarg);
+      break;
+    case 'c': {
+      int n = cli_parse_int_list(optarg, cpus_i, 256);
+      if (n <= 0) return cli_usage_error("bench copy", "--cpus '%s': a list like 0,1,2", optarg);
+      for (int i = 0; i < n; i++) cpus[i] = (unsigned)cpus_i[i];
+      ncpus = (unsigned)n;
+      break;
+    }
+    case 'h': fputs(copy_usage, stdout); return CLI_OK;
+    default: return cli_usage_error("bench copy", "unknown option");
+    }
+  }
+  if (optind < argc) return cli_usage_error("bench copy", "unexpected argument '%s'", argv[optind]);
+  if (threads < 1 || threads > 64) return cli_usage_error("bench copy", "--threads: 1..64");
+  if (reps < 1 || reps > 1000) return cli_usage_error("bench copy", "--reps: 1..1000");
+  struct bcase cases[32];
+  unsigned nc = 0;
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", cases_s);
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    if (nc == 32) return cli_usage_error("bench copy", "--cases: at most 32");
+    if (parse_case(t, &cases[nc])) return cli_usage_error("bench copy", "--cases: '%s' is not OBJxR (e.g. 1MiBx80)", t);
+    nc++;
+  }
+  if (cuda) {
+    char why[256];
+    if (!(umbp_dp_backends(why, sizeof why) & UMBP_DP_BACKEND_CUDA)) {
+      cli_error("bench copy --cuda: %s", why);
+      return CLI_RUNTIME;
+    }
+  }
+  struct result res[32];
+  for (unsigned i = 0; i < nc; i++)
+    if (run_case(&cases[i], threads, ncpus ? cpus : NULL, ncpus, reps, bytes, cuda, &res[i])) return CLI_RUNTIME;
+  const char *refname = cuda ? "cudaMemcpy of pinned buffers" : "memcpy";
+  if (json) {
+    struct json j;
+    json_begin(&j, stdout);
+    json_obj(&j, NULL);
+    json_str(&j, "backend", cuda ? "cuda" : "host");
+    json_u64(&j, "threads", threads);
+    json_u64(&j, "reps", reps);
+    json_u64(&j, "bytes_per_job", bytes);
+    json_str(&j, "reference", refname);
+    json_arr(&j, "cases");
+    for (unsigned i = 0; i < nc; i++) {
+      json_obj(&j, NULL);
+      json_str(&j, "case", cases[i].name);
+      json_u64(&j, "object_bytes", cases[i].obj);
+      json_u64(&j, "regions", cases[i].nreg);
+      json_u64(&j, "blocks", res[i].blocks);
+      json_dbl(&j, "store_gbps", res[i].store);
+      json_dbl(&j, "store_ref_gbps", res[i].store_ref);
+      json_dbl(&j, "store_ratio", res[i].store / res[i].store_ref);
+      json_dbl(&j, "load_gbps", res[i].load);
+      json_dbl(&j, "load_ref_gbps", res[i].load_ref);
+      json_dbl(&j, "load_ratio", res[i].load / res[i].load_ref);
+      json_end_obj(&j);
+    }
+    json_end_arr(&j);
+    json_end_obj(&j);
+    json_finish(&j);
+    return CLI_OK;
+  }
+  printf("umbp bench copy: %s backend, %u thread%s, median of %u reps, %llu MiB per job, reference %s\n",
+         cuda ? "CUDA" : "host", threads, threads > 1 ? "s" : "", reps, (unsigned long long)(bytes >> 20), refname);
+  printf("%-12s %7s %6s | %10s %10s %6s | %10s %10s %6s\n", "case", "regions", "blocks", "store GB/s", "ref GB/s",
+         "ratio", "load GB/s", "ref GB/s", "ratio");
+  for (unsigned i = 0; i < nc; i++)
+    printf("%-12s %7u %6u | %10.2f %10.2f %6.2f | %10.2f %10.2f %6.2f\n", cases[i].name, cases[i].nreg,
+           res[i].blocks, res[i].store, res[i].store_ref, res[i].store / res[i].store_ref, res[i].load,
+           res[i].load_ref, res[i].load / res[i].load_ref);
+  return CLI_OK;
+}
