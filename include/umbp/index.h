@@ -51,6 +51,18 @@ UMBP_API int umbp_ns_register(umbp_pool *pool, const char *name, uint32_t *ret_i
 UMBP_API int umbp_ns_lookup(umbp_pool *pool, const char *name, uint32_t *ret_id);
 /* Name of namespace id into buf (NUL-terminated): 0 or -ENOENT. */
 UMBP_API int umbp_ns_name(umbp_pool *pool, uint32_t id, char *buf, size_t n);
+typedef struct umbp_ns_info {
+  uint32_t id;
+  char name[129];
+  uint64_t blocks;      /* published blocks of the namespace */
+  uint64_t bytes;       /* blocks * slot size */
+  uint64_t quota_bytes; /* 0: none */
+} umbp_ns_info;
+/* Describe namespace id: 0 or -ENOENT. Read-only handles too. */
+UMBP_API int umbp_ns_info_get(umbp_pool *pool, uint32_t id, umbp_ns_info *ret);
+/* Number of registered namespaces (ids are 0..UMBP_MAX_NAMESPACES-1, not dense). */
+UMBP_API int umbp_ns_count(umbp_pool *pool);
+
 /* Quota in bytes (0: none). A namespace over its quota evicts its own blocks
  * first when it needs a slot. */
 UMBP_API int umbp_ns_set_quota(umbp_pool *pool, uint32_t id, uint64_t bytes);

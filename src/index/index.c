@@ -540,6 +540,30 @@ UMBP_API int umbp_ns_name(umbp_pool *p, uint32_t id, char *buf, size_t n) {
   return 0;
 }
 
+UMBP_API int umbp_ns_info_get(umbp_pool *p, uint32_t id, umbp_ns_info *ret) {
+  if (!p || !ret || id >= UMBP_MAX_NAMESPACES) return -EINVAL;
+  struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + id;
+  if (atomic_load_explicit(&ns->state, memory_order_acquire) != 1) return -ENOENT;
+  umbp_ns_info i;
+  memset(&i, 0, sizeof i);
+  i.id = id;
+  size_t l = ns->name_len < 128 ? ns->name_len : 128;
+  memcpy(i.name, ns->name, l);
+  i.blocks = atomic_load_explicit(&ns->used_slots, memory_order_relaxed);
+  i.bytes = i.blocks * p->hdr->slot_size;
+  i.quota_bytes = atomic_load_explicit(&ns->quota_bytes, memory_order_relaxed);
+  *ret = i;
+  return 0;
+}
+
+UMBP_API int umbp_ns_count(umbp_pool *p) {
+  if (!p) return -EINVAL;
+  const struct umbp_ns_shm *ns = umbp_pool_region(p, UMBP_REG_NAMESPACES);
+  int n = 0;
+  for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++) n += atomic_load_explicit(&ns[i].state, memory_order_acquire) == 1;
+  return n;
+}
+
 UMBP_API int umbp_ns_set_quota(umbp_pool *p, uint32_t id, uint64_t bytes) {
   if (!p || id >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", id);
   if (p->read_only) return -EROFS;

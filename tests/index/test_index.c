@@ -409,6 +409,39 @@ static void test_counters(void **state) {
   assert_int_equal(hist[0], 1);
 }
 
+static void test_background_evictor(void **state) {
+  struct fx *f = *state;
+  umbp_pool_info info;
+  umbp_pool_get_info(f->p, &info);
+  for (unsigned i = 0; i < info.slot_count; i++) {
+    umbp_key k = itu_key(f->ns, 20000 + i, 0);
+    put(f->p, &k);
+  }
+  umbp_ns_info ni;
+  assert_int_equal(umbp_ns_info_get(f->p, f->ns, &ni), 0);
+  assert_int_equal(ni.blocks, info.slot_count);
+  assert_int_equal(ni.bytes, (uint64_t)info.slot_count * 4096);
+  assert_string_equal(ni.name, "model-a");
+  assert_int_equal(umbp_ns_info_get(f->p, 200, &ni), -ENOENT);
+  assert_int_equal(umbp_ns_count(f->p), 1);
+  assert_int_equal(umbp_evictor_start(f->p, 50, 40, 5), -EINVAL); /* low >= high */
+  assert_int_equal(umbp_evictor_start(f->p, 20, 40, 5), 0);
+  assert_int_equal(umbp_evictor_start(f->p, 20, 40, 5), -EBUSY);
+  umbp_slot_census c = {0};
+  for (int i = 0; i < 400; i++) {
+    struct timespec ts = {0, 5000000};
+    nanosleep(&ts, NULL);
+    umbp_census(f->p, &c);
+    if (c.free_ * 100 >= c.total * 20) break;
+  }
+  umbp_evictor_stop(f->p);
+  assert_true(c.free_ * 100 >= c.total * 20);      /* restored past the low watermark */
+  assert_true(c.free_ * 100 <= c.total * 40 + 100); /* and not much past the high one */
+  assert_int_equal(umbp_ns_info_get(f->p, f->ns, &ni), 0);
+  assert_int_equal(ni.blocks, c.published);
+  census_ok(f->p);
+}
+
 /* A reader stuck in its read section delays reuse of what was retired before
  * it entered, and nothing else: reclaim returns at once, never waits. */
 static void test_stuck_reader_bounded(void **state) {
@@ -511,6 +544,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stuck_reader_bounded, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_background_evictor, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
   };
   return cmocka_run_group_tests_name("index", tests, NULL, NULL);
