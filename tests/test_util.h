@@ -32,7 +32,7 @@ static inline const char *tu_helper(const char *name) {
   static int i;
   char *b = buf[i++ & 3];
   const char *dir = getenv("UMBP_TEST_HELPER_DIR");
-  static const char *subs[] = {"shm", "index", "replay", "topology", "."};
+  static const char *subs[] = {"shm", "index", "replay", "topology", "datapath", "daemon", "connector", "."};
   for (size_t k = 0; k < sizeof subs / sizeof subs[0]; k++) {
     snprintf(b, 512, "%s/%s/%s", dir ? dir : ".", subs[k], name);
     if (access(b, X_OK) == 0) return b;
