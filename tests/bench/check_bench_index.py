@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Smoke test of `umbp bench index` (docs/bench-index.md). Prints TAP.
+
+Runs `$UMBP_TOOL bench index --keys 20000 --seconds 0.2 --reps 1 --json` and
+checks that the JSON parses and holds every case, each with our figure, each
+reference's figure and the ratios (rte_hash's may be null only when the run
+says DPDK is unavailable, with the reason); that the pools it created are gone;
+and the exit codes of --help and of usage errors.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import traceback
+
+TOOL = os.environ.get("UMBP_TOOL", "")
+KEYS = 20000
+
+results = []
+
+
+def check(name):
+    def deco(fn):
+        results.append((name, fn))
+        return fn
+    return deco
+
+
+def run(args, timeout=240):
+    return subprocess.run([TOOL] + args, capture_output=True, text=True, timeout=timeout)
+
+
+def expected_names():
+    names = []
+    for lf in ("lf0.5", "lf0.9"):
+        for op in ("hit-single", "hit-bulk", "miss-single", "miss-bulk",
+                   "pin-hit-single", "pin-hit-bulk", "pin-miss-single", "pin-miss-bulk"):
+            for p in (1, 2):
+                names.append("%s-%s-p%d" % (op, lf, p))
+        for p in (1, 2):
+            names.append("churn-%s-p%d" % (lf, p))
+            names.append("churn-reader-%s-p%d" % (lf, p))
+    return names
+
+
+def positive(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+_json_run = {}
+
+
+def json_run():
+    if not _json_run:
+        p = subprocess.Popen([TOOL, "bench", "index", "--keys", str(KEYS), "--seconds", "0.2",
+                              "--reps", "1", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        out, err = p.communicate(timeout=240)
+        _json_run.update(pid=p.pid, rc=p.returncode, out=out, err=err)
+    return _json_run
+
+
+@check("bench index --json exits 0 and prints one JSON object")
+def _():
+    r = json_run()
+    assert r["rc"] == 0, "exit %d, stderr:\n%s" % (r["rc"], r["err"])
+    doc = json.loads(r["out"])
+    assert isinstance(doc, dict), "top level is not an object"
+    assert doc["keys"] == KEYS, "keys = %r" % doc["keys"]
+    assert doc["reps"] == 1, "reps = %r" % doc["reps"]
+    assert isinstance(doc["dpdk"], bool), "dpdk = %r" % doc["dpdk"]
+
+
+@check("every case is present, once, with our figure, both references' figures and the ratios")
+def _():
+    doc = json.loads(json_run()["out"])
+    names = [c["name"] for c in doc["cases"]]
+    want = expected_names()
+    missing = [n for n in want if n not in names]
+    extra = [n for n in names if n not in want]
+    assert not missing, "missing cases: %s" % missing
+    assert not extra, "unexpected cases: %s" % extra
+    assert len(names) == len(set(names)), "duplicate cases"
+    for c in doc["cases"]:
+        n = c["name"]
+        assert c["unit"] in ("Mlookups/s", "Mpairs/s"), "%s: unit %r" % (n, c["unit"])
+        assert positive(c["ours_mops"]), "%s: ours_mops %r" % (n, c["ours_mops"])
+        assert positive(c["cds_lfht_mops"]), "%s: cds_lfht_mops %r" % (n, c["cds_lfht_mops"])
+        want_r = c["ours_mops"] / c["cds_lfht_mops"]
+        assert positive(c["ratio_cds_lfht"]) and abs(c["ratio_cds_lfht"] - want_r) <= 1e-3 * want_r + 1e-6, \
+            "%s: ratio_cds_lfht %r != %r" % (n, c["ratio_cds_lfht"], want_r)
+        if doc["dpdk"]:
+            assert positive(c["rte_hash_mops"]), "%s: rte_hash_mops %r" % (n, c["rte_hash_mops"])
+            want_r = c["ours_mops"] / c["rte_hash_mops"]
+            assert positive(c["ratio_rte_hash"]) and abs(c["ratio_rte_hash"] - want_r) <= 1e-3 * want_r + 1e-6, \
+                "%s: ratio_rte_hash %r != %r" % (n, c["ratio_rte_hash"], want_r)
+        else:
+            assert c["rte_hash_mops"] is None and c["ratio_rte_hash"] is None, \
+                "%s: rte_hash figures without DPDK" % n
+
+
+@check("without DPDK the run says why")
+def _():
+    doc = json.loads(json_run()["out"])
+    if doc["dpdk"]:
+        return "SKIP DPDK is available: %s" % doc["dpdk_note"]
+    assert doc["dpdk_note"], "dpdk is false but dpdk_note is empty"
+
+
+@check("the run leaves no pool behind")
+def _():
+    r = json_run()
+    left = [f for f in os.listdir("/dev/shm") if f.startswith("umbp.umbp-bench-index-%d-" % r["pid"])]
+    assert not left, "pools left in /dev/shm: %s" % left
+
+
+@check("--no-dpdk gives null rte_hash figures and a reason; the table form has a row per case")
+def _():
+    r = run(["bench", "index", "--keys", "4096", "--seconds", "0.02", "--reps", "1", "--lf", "0.5",
+             "--filter", "hit-single", "--no-dpdk", "--json"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["dpdk"] is False and doc["dpdk_note"], doc
+    assert [c["name"] for c in doc["cases"]] == ["hit-single-lf0.5-p1", "hit-single-lf0.5-p2",
+                                                 "pin-hit-single-lf0.5-p1", "pin-hit-single-lf0.5-p2"], doc
+    assert all(c["rte_hash_mops"] is None for c in doc["cases"])
+    r = run(["bench", "index", "--keys", "4096", "--seconds", "0.02", "--reps", "1", "--lf", "0.9",
+             "--filter", "miss-bulk-lf0.9-p1", "--impls", "ours,cds_lfht"])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any(l.split()[:1] == ["case"] for l in lines), r.stdout
+    rows = [l for l in lines if l.startswith("miss-bulk-lf0.9-p1") or l.startswith("pin-miss-bulk-lf0.9-p1")]
+    assert len(rows) == 2, r.stdout
+    for row in rows:
+        f = row.split()
+        assert len(f) == 6 and float(f[1]) > 0 and f[2] == "-" and float(f[3]) > 0 and f[5].endswith("x"), row
+
+
+@check("--help exits 0 and documents every option; usage errors exit 2")
+def _():
+    r = run(["bench", "index", "--help"])
+    assert r.returncode == 0 and r.stdout.startswith("Usage: umbp bench index"), r
+    for opt in ("--keys", "--seconds", "--reps", "--lf", "--filter", "--impls", "--seed", "--no-dpdk",
+                "--json", "Exit status", "Example"):
+        assert opt in r.stdout, "--help does not mention %s" % opt
+    for bad in (["bench", "index", "--keys", "0"], ["bench", "index", "--seconds", "-1"],
+                ["bench", "index", "--lf", "1.5"], ["bench", "index", "--impls", "nope"],
+                ["bench", "index", "--bogus"], ["bench", "nosuch"], ["bench"]):
+        r = run(bad)
+        assert r.returncode == 2, "%s: exit %d (want 2)" % (bad, r.returncode)
+    r = run(["bench", "--help"])
+    assert r.returncode == 0 and "index" in r.stdout, r
+
+
+def main():
+    print("1..%d" % len(results))
+    if not TOOL or not os.access(TOOL, os.X_OK):
+        for i, (name, _) in enumerate(results, 1):
+            print("not ok %d - %s # UMBP_TOOL not set or not executable: %r" % (i, name, TOOL))
+        return 1
+    failed = 0
+    for i, (name, fn) in enumerate(results, 1):
+        try:
+            res = fn()
+            if isinstance(res, str) and res.startswith("SKIP"):
+                print("ok %d - %s # %s" % (i, name, res))
+            else:
+                print("ok %d - %s" % (i, name))
+        except Exception:  # noqa: BLE001 - report every failure as TAP
+            failed += 1
+            print("not ok %d - %s" % (i, name))
+            for line in traceback.format_exc().splitlines():
+                print("# " + line)
+        sys.stdout.flush()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

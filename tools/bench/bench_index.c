@@ -1,0 +1,1560 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * umbp bench index — lookup and churn throughput of the block index, beside
+ * DPDK's rte_hash and liburcu's cds_lfht measured in the same run on the same
+ * keys with the same number of threads.
+ *
+ * Method.
+ *  - Table size N (--keys): our pool has N slots of 4 KiB (no_prefault, so
+ *    the slot bytes are never touched), rte_hash is created with entries = N,
+ *    cds_lfht with N buckets. At load factor lf each gets the same lf*N keys.
+ *  - Keys: 32 pseudo-random bytes per key, derived from (seed, set, index) so
+ *    that an exec'd child process regenerates them without being sent any.
+ *    Ours: umbp_key{ns from umbp_ns_register, ranks 0, hash_len 32}; the
+ *    references get the same 32 bytes as their key. cds_lfht hashes them with
+ *    a copy of umbp_key_hash()'s mixing (over 4 words instead of 6) and
+ *    compares with memcmp; rte_hash uses its default hash (CRC32 on x86).
+ *  - Access order: uniform random over the key set, precomputed as a stream
+ *    of STREAM_LEN keys in access order (so no RNG and no gather is timed);
+ *    single lookups walk the stream one key at a time, bulk lookups take 32
+ *    consecutive stream entries per call. Misses use keys never inserted.
+ *  - Parallelism: ours with 1 and 2 processes (the second is fork+exec of
+ *    /proc/self/exe, attached to the pool by name; commands and results go
+ *    over pipes, and both start together); the references with 1 and 2
+ *    threads in-process. The figure of a 2-way case is the sum of each
+ *    worker's ops / its own elapsed time.
+ *  - Each case runs --reps repetitions of --seconds each, interleaving the
+ *    three tables inside every repetition so that machine noise hits all of
+ *    them alike; the median is reported.
+ *  - Every repetition checks its results: a hit run must find every key and a
+ *    miss run none; a wrong answer is a runtime error (exit 1), so the
+ *    benchmark doubles as a smoke test of the index.
+ *  - Churn: one writer inserts and removes fresh keys (ours: umbp_reserve +
+ *    umbp_publish + umbp_remove; rte_hash: add_key + del_key on a table with
+ *    RTE_HASH_EXTRA_FLAGS_RW_CONCURRENCY_LF whose freed entries go through an
+ *    rte_rcu_qsbr defer queue; cds_lfht: add_unique + lookup + del + call_rcu)
+ *    while one reader runs single hit lookups. Reported: writer pairs/s and
+ *    the reader's lookups/s. Ours runs writer and reader as two threads of
+ *    one process (p1) and as two processes (p2).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <urcu/urcu-memb.h>
+#include <urcu/rculfhash.h>
+
+#ifdef UMBP_HAVE_DPDK
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_hash.h>
+#include <rte_log.h>
+#include <rte_memory.h>
+#include <rte_rcu_qsbr.h>
+#include <rte_version.h>
+#endif
+
+#include "bench.h"
+#include "cli.h"
+#include "shm/pool_internal.h" /* umbp_index_free_slots: the churn writer's back-pressure */
+#include "umbp/index.h"
+#include "umbp/pool.h"
+
+#define BULK 32                 /* keys per bulk call */
+#define STREAM_LEN (1u << 20)   /* keys per access stream (power of two, multiple of BULK) */
+#define STREAM_MASK (STREAM_LEN - 1)
+#define CHECK_EVERY 256         /* lookups between clock reads */
+#define MAX_LF 4
+#define KEYLEN 32
+
+enum { IMPL_OURS, IMPL_RTE, IMPL_LFHT, IMPL_N };
+static const char *impl_names[IMPL_N] = {"ours", "rte_hash", "cds_lfht"};
+
+enum key_set { SET_HIT = 1, SET_MISS = 2, SET_CHURN = 3 };
+
+/* Lookup operations. The pin ops exist only for ours; the references run
+ * their plain lookup (base_op) in those rows. */
+enum op { OP_HIT1, OP_HITB, OP_MISS1, OP_MISSB, OP_PHIT1, OP_PHITB, OP_PMISS1, OP_PMISSB, OP_N };
+static const char *op_names[OP_N] = {"hit-single",     "hit-bulk",     "miss-single",     "miss-bulk",
+                                     "pin-hit-single", "pin-hit-bulk", "pin-miss-single", "pin-miss-bulk"};
+static int base_op(int op) { return op >= OP_PHIT1 ? op - OP_PHIT1 : op; }
+static bool op_is_hit(int op) { return base_op(op) == OP_HIT1 || base_op(op) == OP_HITB; }
+static bool op_is_bulk(int op) { return op == OP_HITB || op == OP_MISSB || op == OP_PHITB || op == OP_PMISSB; }
+
+/* ---- options and results ---------------------------------------------------- */
+struct opts {
+  uint64_t keys;
+  double seconds;
+  unsigned reps;
+  bool json;
+  uint64_t seed;
+  double lf[MAX_LF];
+  unsigned n_lf;
+  const char *filter; /* comma-separated substrings of case names; NULL: all */
+  bool impl_on[IMPL_N];
+  bool no_dpdk;
+};
+
+struct case_res {
+  char name[64];
+  const char *unit;
+  double v[IMPL_N]; /* median, NAN: not measured */
+};
+
+#define MAX_CASES 64
+static struct case_res cases[MAX_CASES];
+static unsigned n_cases;
+
+/* ---- small helpers ------------------------------------------------------------- */
+static inline uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Key i of a set: 32 bytes that depend only on (seed, set, i). */
+static inline void key_bytes(uint64_t seed, unsigned set, uint64_t i, uint8_t out[KEYLEN]) {
+  uint64_t s = seed ^ ((uint64_t)set << 56) ^ (i * 0xd6e8feb86659fd93ull);
+  for (unsigned j = 0; j < KEYLEN / 8; j++) {
+    uint64_t w = splitmix(&s);
+    memcpy(out + 8 * j, &w, 8);
+  }
+}
+
+static inline void make_ukey(uint32_t ns, const uint8_t b[KEYLEN], umbp_key *k) {
+  memset(k, 0, sizeof *k);
+  k->ns = ns;
+  k->hash_len = KEYLEN;
+  memcpy(k->hash, b, KEYLEN);
+}
+
+/* cds_lfht's hash: umbp_key_hash()'s mixing over the 4 words of the key. */
+static inline uint64_t hash32(const void *key) {
+  uint64_t w[4];
+  memcpy(w, key, sizeof w);
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 4; i++) {
+    uint64_t x = w[i] * 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 31;
+    h = (h ^ x) * 0x94d049bb133111ebull;
+  }
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 32;
+  return h;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, unsigned n) {
+  if (!n) return NAN;
+  qsort(v, n, sizeof *v, cmp_dbl);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static bool case_selected(const struct opts *o, const char *name) {
+  if (!o->filter) return true;
+  const char *f = o->filter;
+  while (*f) {
+    const char *e = strchr(f, ',');
+    size_t l = e ? (size_t)(e - f) : strlen(f);
+    if (l) {
+      char pat[64];
+      if (l >= sizeof pat) l = sizeof pat - 1;
+      memcpy(pat, f, l);
+      pat[l] = 0;
+      if (strstr(name, pat)) return true;
+    }
+    if (!e) break;
+    f = e + 1;
+  }
+  return false;
+}
+
+static void lf_label(double lf, char *buf, size_t n) { snprintf(buf, n, "lf%g", lf); }
+
+static struct case_res *case_add(const char *name, const char *unit) {
+  if (n_cases == MAX_CASES) return NULL;
+  struct case_res *c = &cases[n_cases++];
+  memset(c, 0, sizeof *c);
+  snprintf(c->name, sizeof c->name, "%s", name);
+  c->unit = unit;
+  for (int i = 0; i < IMPL_N; i++) c->v[i] = NAN;
+  return c;
+}
+
+static struct case_res *case_find(const char *name) {
+  for (unsigned i = 0; i < n_cases; i++)
+    if (!strcmp(cases[i].name, name)) return &cases[i];
+  return NULL;
+}
+
+static bool g_progress;
+static unsigned g_done, g_total;
+static void progress(const char *what) {
+  if (!g_progress) return;
+  fprintf(stderr, "\r\033[K[%u/%u] %s", g_done, g_total, what);
+  fflush(stderr);
+}
+
+/* ---- streams -------------------------------------------------------------------- */
+/* One access stream: STREAM_LEN keys drawn uniformly from [0, n) of a set. */
+static umbp_key *ustream_make(uint64_t seed, unsigned set, uint64_t n, uint32_t ns) {
+  umbp_key *s = malloc(sizeof *s * STREAM_LEN);
+  if (!s) return NULL;
+  uint64_t r = seed ^ 0x5851f42d4c957f2dull ^ set;
+  for (uint32_t i = 0; i < STREAM_LEN; i++) {
+    uint8_t b[KEYLEN];
+    key_bytes(seed, set, splitmix(&r) % n, b);
+    make_ukey(ns, b, &s[i]);
+  }
+  return s;
+}
+
+/* The same stream as 32-byte keys for the references. */
+static uint8_t *rstream_make(uint64_t seed, unsigned set, uint64_t n) {
+  uint8_t *s = malloc((size_t)KEYLEN * STREAM_LEN);
+  if (!s) return NULL;
+  uint64_t r = seed ^ 0x5851f42d4c957f2dull ^ set;
+  for (uint32_t i = 0; i < STREAM_LEN; i++) key_bytes(seed, set, splitmix(&r) % n, s + (size_t)i * KEYLEN);
+  return s;
+}
+
+struct run_res {
+  uint64_t ops, found, ns;
+  int err; /* 0 or -errno from the table */
+};
+
+/* ---- ours ----------------------------------------------------------------------- */
+static _Atomic uint64_t g_churn_waits; /* churn writer stalls for free slots (stderr note) */
+static int ours_lookup_run(umbp_pool *p, const umbp_key *st, int op, uint64_t pos, uint64_t dur_ns,
+                           struct run_res *r) {
+  uint64_t ops = 0, found = 0;
+  uint8_t present[BULK];
+  uint32_t slots[BULK];
+  int err = 0;
+  pos &= STREAM_MASK & ~(uint64_t)(BULK - 1);
+  uint64_t t0 = now_ns(), end = t0 + dur_ns, t;
+  do {
+    switch (op) {
+    case OP_HIT1:
+    case OP_MISS1:
+      for (unsigned i = 0; i < CHECK_EVERY; i++) {
+        int rc = umbp_contains(p, &st[pos]);
+        if (rc < 0) err = rc;
+        else found += (uint64_t)rc;
+        pos = (pos + 1) & STREAM_MASK;
+      }
+      break;
+    case OP_HITB:
+    case OP_MISSB:
+      for (unsigned i = 0; i < CHECK_EVERY / BULK; i++) {
+        int rc = umbp_contains_bulk(p, BULK, &st[pos], present);
+        if (rc < 0) err = rc;
+        else found += (uint64_t)rc;
+        pos = (pos + BULK) & STREAM_MASK;
+      }
+      break;
+    case OP_PHIT1:
+    case OP_PMISS1:
+      for (unsigned i = 0; i < CHECK_EVERY; i++) {
+        uint32_t s;
+        int rc = umbp_lookup_pin(p, &st[pos], &s);
+        if (rc == 0) {
+          found++;
+          if ((rc = umbp_unpin(p, s)) != 0) err = rc;
+        } else if (rc != -ENOENT) {
+          err = rc;
+        }
+        pos = (pos + 1) & STREAM_MASK;
+      }
+      break;
+    default: /* OP_PHITB, OP_PMISSB */
+      for (unsigned i = 0; i < CHECK_EVERY / BULK; i++) {
+        int rc = umbp_lookup_pin_bulk(p, BULK, &st[pos], slots);
+        if (rc < 0) {
+          err = rc;
+        } else {
+          found += (uint64_t)rc;
+          if ((rc = umbp_unpin_bulk(p, BULK, slots)) != 0) err = rc;
+        }
+        pos = (pos + BULK) & STREAM_MASK;
+      }
+      break;
+    }
+    ops += CHECK_EVERY;
+    t = now_ns();
+  } while (t < end && !err);
+  r->ops = ops;
+  r->found = found;
+  r->ns = t - t0;
+  r->err = err;
+  return err;
+}
+
+static uint64_t ours_free_slots(umbp_pool *p) {
+  uint64_t n = 0;
+  for (unsigned i = 0; i < p->hdr->n_partitions; i++) n += umbp_index_free_slots(p, i);
+  return n;
+}
+
+/* Churn writer: reserve + publish + remove of fresh keys; ops = pairs.
+ *
+ * Back-pressure: removed slots come back only after a grace period, and a
+ * reserve that finds the free queue empty evicts published blocks (the
+ * reader's hit keys). So, like the rte_hash writer that waits on -ENOSPC for
+ * its defer queue, this writer waits (umbp_reclaim + yield) while fewer than
+ * CHURN_LOW slots are free; *ret_waits counts how often it had to. */
+#define CHURN_LOW 64
+static int ours_churn_run(umbp_pool *p, uint32_t ns, uint64_t seed, uint64_t *ctr, uint64_t dur_ns,
+                          struct run_res *r) {
+  uint64_t ops = 0;
+  int err = 0;
+  uint64_t t0 = now_ns(), end = t0 + dur_ns, t;
+  do {
+    for (unsigned i = 0; i < 16 && !err; i++) {
+      if (__builtin_expect(ours_free_slots(p) < CHURN_LOW, 0)) {
+        while (ours_free_slots(p) < CHURN_LOW && now_ns() < end) {
+          umbp_reclaim(p);
+          sched_yield();
+        }
+        g_churn_waits++;
+        if (ours_free_slots(p) < CHURN_LOW) break;
+      }
+      uint8_t b[KEYLEN];
+      umbp_key k;
+      uint32_t s;
+      key_bytes(seed, SET_CHURN, (*ctr)++, b);
+      make_ukey(ns, b, &k);
+      if ((err = umbp_reserve(p, -1, ns, &s)) != 0) break;
+      if ((err = umbp_publish(p, s, &k)) != 0) break;
+      if ((err = umbp_remove(p, &k)) != 0) break;
+      ops++;
+    }
+    t = now_ns();
+  } while (t < end && !err);
+  r->ops = ops;
+  r->found = ops;
+  r->ns = t - t0;
+  r->err = err;
+  return err;
+}
+
+/* ---- cds_lfht ----------------------------------------------------------------------- */
+struct lnode {
+  struct cds_lfht_node node;
+  struct rcu_head rcu;
+  uint8_t key[KEYLEN];
+};
+
+static int lf_match(struct cds_lfht_node *n, const void *key) {
+  const struct lnode *l = caa_container_of(n, struct lnode, node);
+  return !memcmp(l->key, key, KEYLEN);
+}
+
+static inline bool lf_lookup(struct cds_lfht *ht, const uint8_t *key) {
+  struct cds_lfht_iter it;
+  cds_lfht_lookup(ht, hash32(key), lf_match, key, &it);
+  return cds_lfht_iter_get_node(&it) != NULL;
+}
+
+static void lf_free_cb(struct rcu_head *h) { free(caa_container_of(h, struct lnode, rcu)); }
+
+/* ---- rte_hash ----------------------------------------------------------------------- */
+#ifdef UMBP_HAVE_DPDK
+struct rte_churn {
+  struct rte_rcu_qsbr *qsbr; /* NULL: entries freed at once (see rte_setup_churn) */
+};
+#endif
+
+/* ---- generic workers (threads) ------------------------------------------------------ */
+struct bench;
+
+struct worker {
+  struct bench *b;
+  int impl;
+  int op;       /* lookup op, or -1: churn writer */
+  bool churn;   /* reader during churn (rte_hash: reports quiescent states) */
+  unsigned tid; /* 0..1: stream offset, qsbr thread id */
+  uint64_t pos, dur_ns;
+  pthread_barrier_t *bar;
+  struct run_res res;
+  pthread_t th;
+};
+
+struct bench {
+  const struct opts *o;
+  uint64_t n, nins; /* table size, keys inserted */
+  double lf;
+  /* ours */
+  umbp_pool *pool;
+  char pool_name[UMBP_NAME_MAX + 1];
+  uint32_t ns;
+  umbp_key *ust[2]; /* hit, miss streams */
+  uint64_t ours_churn_ctr;
+  /* child process (second of ours) */
+  pid_t child;
+  FILE *to_child, *from_child;
+  /* references */
+  uint8_t *rst[2];
+  struct cds_lfht *lfht;
+  struct lnode *lnodes;
+  uint64_t lf_churn_ctr;
+  bool have_rte;
+#ifdef UMBP_HAVE_DPDK
+  struct rte_hash *rte;       /* lookups: default flags */
+  struct rte_hash *rte_lf;    /* churn: RW_CONCURRENCY_LF + qsbr */
+  struct rte_churn rc;
+  uint64_t rte_churn_ctr;
+#endif
+};
+
+static bool g_dpdk;                 /* EAL is up */
+static char g_dpdk_note[256];       /* why rte_hash is not measured, or its version */
+static char g_pool_names[MAX_LF][UMBP_NAME_MAX + 1];
+static volatile sig_atomic_t g_child_pid;
+
+static const uint8_t *rkey(const struct bench *b, int set_idx, uint64_t pos) {
+  return b->rst[set_idx] + (size_t)(pos & STREAM_MASK) * KEYLEN;
+}
+
+static int ref_lookup_run(struct worker *w) {
+  struct bench *b = w->b;
+  int op = base_op(w->op);
+  int set = op_is_hit(op) ? 0 : 1;
+  uint64_t pos = w->pos & STREAM_MASK & ~(uint64_t)(BULK - 1), ops = 0, found = 0;
+  uint64_t t0 = now_ns(), end = t0 + w->dur_ns, t;
+  if (w->impl == IMPL_LFHT) {
+    do {
+      if (!op_is_bulk(op)) {
+        for (unsigned i = 0; i < CHECK_EVERY; i++) {
+          urcu_memb_read_lock();
+          found += lf_lookup(b->lfht, rkey(b, set, pos));
+          urcu_memb_read_unlock();
+          pos = (pos + 1) & STREAM_MASK;
+        }
+      } else {
+        /* no bulk API: 32 lookups under one read-side critical section */
+        for (unsigned i = 0; i < CHECK_EVERY / BULK; i++) {
+          urcu_memb_read_lock();
+          for (unsigned j = 0; j < BULK; j++) found += lf_lookup(b->lfht, rkey(b, set, pos + j));
+          urcu_memb_read_unlock();
+          pos = (pos + BULK) & STREAM_MASK;
+        }
+      }
+      ops += CHECK_EVERY;
+      t = now_ns();
+    } while (t < end);
+  }
+#ifdef UMBP_HAVE_DPDK
+  else {
+    struct rte_hash *h = w->churn ? b->rte_lf : b->rte;
+    struct rte_rcu_qsbr *q = w->churn ? b->rc.qsbr : NULL;
+    do {
+      if (!op_is_bulk(op)) {
+        for (unsigned i = 0; i < CHECK_EVERY; i++) {
+          found += rte_hash_lookup(h, rkey(b, set, pos)) >= 0;
+          pos = (pos + 1) & STREAM_MASK;
+        }
+      } else {
+        for (unsigned i = 0; i < CHECK_EVERY / BULK; i++) {
+          const void *kp[BULK];
+          int32_t posv[BULK];
+          for (unsigned j = 0; j < BULK; j++) kp[j] = rkey(b, set, pos + j);
+          if (rte_hash_lookup_bulk(h, kp, BULK, posv) == 0)
+            for (unsigned j = 0; j < BULK; j++) found += posv[j] >= 0;
+          pos = (pos + BULK) & STREAM_MASK;
+        }
+      }
+      if (q) rte_rcu_qsbr_quiescent(q, w->tid);
+      ops += CHECK_EVERY;
+      t = now_ns();
+    } while (t < end);
+  }
+#else
+  else {
+    t = t0;
+  }
+#endif
+  w->res.ops = ops;
+  w->res.found = found;
+  w->res.ns = t - t0;
+  w->res.err = 0;
+  return 0;
+}
+
+static int ref_churn_run(struct worker *w) {
+  struct bench *b = w->b;
+  uint64_t ops = 0;
+  int err = 0;
+  uint64_t t0 = now_ns(), end = t0 + w->dur_ns, t;
+  if (w->impl == IMPL_LFHT) {
+    do {
+      for (unsigned i = 0; i < 16; i++) {
+        struct lnode *n = malloc(sizeof *n);
+        if (!n) {
+          err = -ENOMEM;
+          break;
+        }
+        key_bytes(b->o->seed, SET_CHURN, b->lf_churn_ctr++, n->key);
+        uint64_t h = hash32(n->key);
+        cds_lfht_node_init(&n->node);
+        urcu_memb_read_lock();
+        struct cds_lfht_node *got = cds_lfht_add_unique(b->lfht, h, lf_match, n->key, &n->node);
+        urcu_memb_read_unlock();
+        if (got != &n->node) {
+          free(n);
+          err = -EEXIST;
+          break;
+        }
+        /* remove by key, as umbp_remove and rte_hash_del_key do */
+        struct cds_lfht_iter it;
+        urcu_memb_read_lock();
+        cds_lfht_lookup(b->lfht, h, lf_match, n->key, &it);
+        struct cds_lfht_node *f = cds_lfht_iter_get_node(&it);
+        int rc = f ? cds_lfht_del(b->lfht, f) : -ENOENT;
+        urcu_memb_read_unlock();
+        if (rc) {
+          err = -ENOENT;
+          break;
+        }
+        urcu_memb_call_rcu(&caa_container_of(f, struct lnode, node)->rcu, lf_free_cb);
+        ops++;
+      }
+      t = now_ns();
+    } while (t < end && !err);
+  }
+#ifdef UMBP_HAVE_DPDK
+  else {
+    do {
+      for (unsigned i = 0; i < 16; i++) {
+        uint8_t k[KEYLEN];
+        key_bytes(b->o->seed, SET_CHURN, b->rte_churn_ctr++, k);
+        int32_t p = rte_hash_add_key(b->rte_lf, k);
+        /* -ENOSPC: every free entry waits in the defer queue for the reader's
+         * next quiescent report (it may be preempted): wait for it, as an
+         * application would, instead of failing */
+        while (p == -ENOSPC && now_ns() < end) {
+          sched_yield();
+          p = rte_hash_add_key(b->rte_lf, k);
+        }
+        if (p == -ENOSPC) break; /* the run ended while waiting */
+        if (p < 0) {
+          err = p;
+          break;
+        }
+        int32_t d = rte_hash_del_key(b->rte_lf, k);
+        if (d < 0) {
+          err = d;
+          break;
+        }
+        /* with a qsbr variable attached, del_key defers the free itself */
+        if (!b->rc.qsbr) rte_hash_free_key_with_position(b->rte_lf, d);
+        ops++;
+      }
+      t = now_ns();
+    } while (t < end && !err);
+  }
+#else
+  else {
+    t = t0;
+  }
+#endif
+  w->res.ops = ops;
+  w->res.found = ops;
+  w->res.ns = t - t0;
+  w->res.err = err;
+  return err;
+}
+
+static void *worker_main(void *arg) {
+  struct worker *w = arg;
+  if (w->impl == IMPL_LFHT) urcu_memb_register_thread();
+#ifdef UMBP_HAVE_DPDK
+  if (w->impl == IMPL_RTE && w->churn && w->op >= 0 && w->b->rc.qsbr) {
+    rte_rcu_qsbr_thread_register(w->b->rc.qsbr, w->tid);
+    rte_rcu_qsbr_thread_online(w->b->rc.qsbr, w->tid);
+  }
+#endif
+  pthread_barrier_wait(w->bar);
+  if (w->impl == IMPL_OURS) {
+    if (w->op < 0)
+      ours_churn_run(w->b->pool, w->b->ns, w->b->o->seed, &w->b->ours_churn_ctr, w->dur_ns, &w->res);
+    else
+      ours_lookup_run(w->b->pool, w->b->ust[op_is_hit(w->op) ? 0 : 1], w->op, w->pos, w->dur_ns, &w->res);
+  } else if (w->op < 0) {
+    ref_churn_run(w);
+  } else {
+    ref_lookup_run(w);
+  }
+#ifdef UMBP_HAVE_DPDK
+  if (w->impl == IMPL_RTE && w->churn && w->op >= 0 && w->b->rc.qsbr) {
+    rte_rcu_qsbr_thread_offline(w->b->rc.qsbr, w->tid);
+    rte_rcu_qsbr_thread_unregister(w->b->rc.qsbr, w->tid);
+  }
+#endif
+  if (w->impl == IMPL_LFHT) urcu_memb_unregister_thread();
+  return NULL;
+}
+
+/* Run n workers at once (threads); returns 0 or -errno. */
+static int run_workers(struct worker *w, unsigned n) {
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, n);
+  unsigned started = 0;
+  int rc = 0;
+  for (unsigned i = 0; i < n; i++) {
+    w[i].bar = &bar;
+    if ((rc = -pthread_create(&w[i].th, NULL, worker_main, &w[i])) != 0) break;
+    started++;
+  }
+  if (started < n) {
+    /* cannot happen with 2 threads short of a broken system; the barrier would hang */
+    cli_error("bench index: cannot start a thread: %s", strerror(-rc));
+    exit(CLI_RUNTIME);
+  }
+  for (unsigned i = 0; i < n; i++) pthread_join(w[i].th, NULL);
+  pthread_barrier_destroy(&bar);
+  return rc;
+}
+
+static double mops(const struct run_res *r) { return r->ns ? (double)r->ops * 1e3 / (double)r->ns : 0; }
+
+/* ---- the second process of ours ------------------------------------------------------ */
+static int child_spawn(struct bench *b) {
+  int to[2], from[2];
+  if (pipe2(to, O_CLOEXEC) || pipe2(from, O_CLOEXEC)) return -errno;
+  char keys[32], fill[32], seed[32];
+  snprintf(keys, sizeof keys, "%llu", (unsigned long long)b->n);
+  snprintf(fill, sizeof fill, "%llu", (unsigned long long)b->nins);
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)b->o->seed);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) return -errno;
+  if (pid == 0) {
+    if (dup2(to[0], 0) < 0 || dup2(from[1], 1) < 0) _exit(127);
+    execl("/proc/self/exe", "umbp", "bench", "index", "--child", b->pool_name, "--keys", keys, "--fill", fill,
+          "--seed", seed, (char *)NULL);
+    _exit(127);
+  }
+  close(to[0]);
+  close(from[1]);
+  b->child = pid;
+  g_child_pid = pid;
+  b->to_child = fdopen(to[1], "w");
+  b->from_child = fdopen(from[0], "r");
+  char line[128];
+  if (!b->to_child || !b->from_child || !fgets(line, sizeof line, b->from_child) || strncmp(line, "ready", 5)) {
+    cli_error("bench index: the second process did not start (see its message above)");
+    return -ECHILD;
+  }
+  return 0;
+}
+
+static void child_stop(struct bench *b) {
+  if (!b->child) return;
+  if (b->to_child) {
+    fprintf(b->to_child, "quit\n");
+    fclose(b->to_child);
+  }
+  if (b->from_child) fclose(b->from_child);
+  int st;
+  waitpid(b->child, &st, 0);
+  b->child = 0;
+  g_child_pid = 0;
+  b->to_child = b->from_child = NULL;
+}
+
+/* Ask the child to run op (or -1: hit lookups as a churn reader) for dur_ns. */
+static int child_start(struct bench *b, int op, uint64_t dur_ns, uint64_t pos) {
+  if (fprintf(b->to_child, "run %d %llu %llu\n", op, (unsigned long long)dur_ns, (unsigned long long)pos) < 0 ||
+      fflush(b->to_child))
+    return -EPIPE;
+  return 0;
+}
+
+static int child_wait(struct bench *b, struct run_res *r) {
+  char line[256];
+  unsigned long long ops, found, ns;
+  int err;
+  if (!fgets(line, sizeof line, b->from_child) || sscanf(line, "done %llu %llu %llu %d", &ops, &found, &ns, &err) != 4) {
+    cli_error("bench index: the second process stopped answering");
+    return -ECHILD;
+  }
+  r->ops = ops;
+  r->found = found;
+  r->ns = ns;
+  r->err = err;
+  return 0;
+}
+
+static int child_main(int argc, char **argv) {
+  const char *name = NULL;
+  uint64_t keys = 0, fill = 0, seed = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--child") && i + 1 < argc) name = argv[++i];
+    else if (!strcmp(argv[i], "--keys") && i + 1 < argc) keys = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--fill") && i + 1 < argc) fill = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+  }
+  if (!name || !keys || !fill) {
+    cli_error("bench index --child: internal option, started by 'umbp bench index' itself");
+    return CLI_USAGE;
+  }
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  ao.role = UMBP_ROLE_TOOL;
+  umbp_pool *p;
+  int rc = umbp_pool_attach(name, &ao, &p);
+  if (rc) {
+    cli_error("bench index child: cannot attach to pool '%s': %s", name, umbp_last_error());
+    return CLI_RUNTIME;
+  }
+  uint32_t ns;
+  if ((rc = umbp_ns_register(p, "bench", &ns))) {
+    cli_error("bench index child: %s", umbp_last_error());
+    umbp_pool_detach(p);
+    return CLI_RUNTIME;
+  }
+  umbp_key *st[2] = {ustream_make(seed, SET_HIT, fill, ns), ustream_make(seed, SET_MISS, fill, ns)};
+  if (!st[0] || !st[1]) {
+    cli_error("bench index child: out of memory");
+    return CLI_RUNTIME;
+  }
+  printf("ready\n");
+  fflush(stdout);
+  char line[128];
+  while (fgets(line, sizeof line, stdin)) {
+    int op;
+    unsigned long long dur, pos;
+    if (sscanf(line, "run %d %llu %llu", &op, &dur, &pos) != 3) break;
+    struct run_res r = {0};
+    if (op < 0) op = OP_HIT1; /* churn reader */
+    ours_lookup_run(p, st[op_is_hit(op) ? 0 : 1], op, pos, dur, &r);
+    printf("done %llu %llu %llu %d\n", (unsigned long long)r.ops, (unsigned long long)r.found,
+           (unsigned long long)r.ns, r.err);
+    fflush(stdout);
+  }
+  free(st[0]);
+  free(st[1]);
+  umbp_pool_detach(p);
+  return CLI_OK;
+}
+
+/* ---- checking ------------------------------------------------------------------------- */
+static int check_res(int impl, int op, const struct run_res *r, const char *cname) {
+  if (r->err) {
+    cli_error("bench index: %s: %s failed: %s%s%s", cname, impl_names[impl], strerror(-r->err),
+              impl == IMPL_OURS ? " — " : "", impl == IMPL_OURS ? umbp_last_error() : "");
+    return -1;
+  }
+  if (op < 0) return 0;
+  uint64_t want = op_is_hit(op) ? r->ops : 0;
+  if (r->found != want) {
+    cli_error("bench index: %s: %s found %llu of %llu keys (%s): the table gives wrong answers", cname,
+              impl_names[impl], (unsigned long long)r->found, (unsigned long long)r->ops,
+              op_is_hit(op) ? "all were inserted" : "none was inserted");
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- setup / teardown ------------------------------------------------------------------ */
+static int ours_setup(struct bench *b, unsigned lf_idx) {
+  umbp_pool_params pp;
+  umbp_pool_params_init(&pp);
+  pp.capacity = b->n * 4096;
+  pp.slot_size = 4096;
+  pp.no_prefault = true;
+  snprintf(b->pool_name, sizeof b->pool_name, "umbp-bench-index-%d-%u", (int)getpid(), lf_idx);
+  int rc = umbp_pool_create(b->pool_name, &pp, &b->pool);
+  if (rc) {
+    cli_error("bench index: cannot create pool '%s' (%llu slots of 4 KiB): %s", b->pool_name,
+              (unsigned long long)b->n, umbp_last_error());
+    return rc;
+  }
+  snprintf(g_pool_names[lf_idx], sizeof g_pool_names[lf_idx], "%s", b->pool_name);
+  if ((rc = umbp_ns_register(b->pool, "bench", &b->ns))) {
+    cli_error("bench index: %s", umbp_last_error());
+    return rc;
+  }
+  if (umbp_slot_count(b->pool) < b->nins) {
+    cli_error("bench index: the pool has %u slots, fewer than the %llu keys to insert", umbp_slot_count(b->pool),
+              (unsigned long long)b->nins);
+    return -ENOSPC;
+  }
+  enum { CH = 256 };
+  uint32_t slots[CH];
+  umbp_key keys[CH];
+  int prc[CH];
+  for (uint64_t i = 0; i < b->nins;) {
+    unsigned want = b->nins - i < CH ? (unsigned)(b->nins - i) : CH;
+    int got = umbp_reserve_bulk(b->pool, -1, b->ns, want, slots);
+    if (got <= 0) {
+      cli_error("bench index: filling the pool: %s", got < 0 ? umbp_last_error() : "no slot reserved");
+      return got < 0 ? got : -ENOSPC;
+    }
+    for (int j = 0; j < got; j++) {
+      uint8_t kb[KEYLEN];
+      key_bytes(b->o->seed, SET_HIT, i + (uint64_t)j, kb);
+      make_ukey(b->ns, kb, &keys[j]);
+    }
+    int pub = umbp_publish_bulk(b->pool, (unsigned)got, slots, keys, prc);
+    if (pub != got) {
+      for (int j = 0; j < got; j++)
+        if (prc[j]) {
+          cli_error("bench index: publishing key %llu: %s", (unsigned long long)(i + (uint64_t)j),
+                    umbp_strerror(prc[j]));
+          break;
+        }
+      return -EIO;
+    }
+    i += (uint64_t)got;
+  }
+  b->ust[0] = ustream_make(b->o->seed, SET_HIT, b->nins, b->ns);
+  b->ust[1] = ustream_make(b->o->seed, SET_MISS, b->nins, b->ns);
+  if (!b->ust[0] || !b->ust[1]) return -ENOMEM;
+  return 0;
+}
+
+static void ours_teardown(struct bench *b, unsigned lf_idx) {
+  child_stop(b);
+  free(b->ust[0]);
+  free(b->ust[1]);
+  b->ust[0] = b->ust[1] = NULL;
+  if (b->pool) {
+    umbp_pool_detach(b->pool);
+    umbp_pool_destroy(b->pool_name);
+    b->pool = NULL;
+    g_pool_names[lf_idx][0] = 0;
+  }
+}
+
+static unsigned long pow2ceil(uint64_t v) {
+  unsigned long p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+static int lfht_setup(struct bench *b) {
+  unsigned long sz = pow2ceil(b->n);
+  b->lfht = cds_lfht_new_flavor(sz, sz, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING, &urcu_memb_flavor, NULL);
+  b->lnodes = calloc(b->nins, sizeof *b->lnodes);
+  if (!b->lfht || !b->lnodes) {
+    cli_error("bench index: cannot create the cds_lfht table");
+    return -ENOMEM;
+  }
+  urcu_memb_read_lock();
+  for (uint64_t i = 0; i < b->nins; i++) {
+    struct lnode *n = &b->lnodes[i];
+    key_bytes(b->o->seed, SET_HIT, i, n->key);
+    cds_lfht_node_init(&n->node);
+    if (cds_lfht_add_unique(b->lfht, hash32(n->key), lf_match, n->key, &n->node) != &n->node) {
+      urcu_memb_read_unlock();
+      cli_error("bench index: cds_lfht: duplicate key %llu", (unsigned long long)i);
+      return -EEXIST;
+    }
+  }
+  urcu_memb_read_unlock();
+  return 0;
+}
+
+static void lfht_teardown(struct bench *b) {
+  if (b->lfht) {
+    struct cds_lfht_iter it;
+    struct cds_lfht_node *n;
+    urcu_memb_read_lock();
+    cds_lfht_for_each(b->lfht, &it, n) cds_lfht_del(b->lfht, n);
+    urcu_memb_read_unlock();
+    urcu_memb_synchronize_rcu();
+    urcu_memb_barrier(); /* churn nodes queued with call_rcu */
+    cds_lfht_destroy(b->lfht, NULL);
+    b->lfht = NULL;
+  }
+  free(b->lnodes);
+  b->lnodes = NULL;
+}
+
+#ifdef UMBP_HAVE_DPDK
+static struct rte_hash *rte_make(struct bench *b, const char *tag, uint8_t flags) {
+  char name[RTE_HASH_NAMESIZE];
+  snprintf(name, sizeof name, "bench_%s_%g", tag, b->lf);
+  struct rte_hash_parameters hp;
+  memset(&hp, 0, sizeof hp);
+  hp.name = name;
+  hp.entries = (uint32_t)b->n;
+  hp.key_len = KEYLEN;
+  hp.hash_func = NULL; /* DPDK's default: CRC32 where the CPU has it */
+  hp.socket_id = SOCKET_ID_ANY;
+  hp.extra_flag = flags;
+  struct rte_hash *h = rte_hash_create(&hp);
+  if (!h) {
+    cli_error("bench index: rte_hash_create(%llu entries): %s", (unsigned long long)b->n, rte_strerror(rte_errno));
+    return NULL;
+  }
+  for (uint64_t i = 0; i < b->nins; i++) {
+    uint8_t k[KEYLEN];
+    key_bytes(b->o->seed, SET_HIT, i, k);
+    int32_t rc = rte_hash_add_key(h, k);
+    if (rc < 0) {
+      cli_error("bench index: rte_hash_add_key failed at key %llu of %llu: %s", (unsigned long long)i,
+                (unsigned long long)b->nins, strerror(-rc));
+      rte_hash_free(h);
+      return NULL;
+    }
+  }
+  return h;
+}
+
+static int rte_setup_churn(struct bench *b) {
+  b->rte_lf = rte_make(b, "lf", RTE_HASH_EXTRA_FLAGS_RW_CONCURRENCY_LF);
+  if (!b->rte_lf) return -ENOMEM;
+  size_t sz = rte_rcu_qsbr_get_memsize(4);
+  b->rc.qsbr = aligned_alloc(RTE_CACHE_LINE_SIZE, (sz + RTE_CACHE_LINE_SIZE - 1) & ~(size_t)(RTE_CACHE_LINE_SIZE - 1));
+  if (b->rc.qsbr && rte_rcu_qsbr_init(b->rc.qsbr, 4) == 0) {
+    struct rte_hash_rcu_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.v = b->rc.qsbr;
+    cfg.mode = RTE_HASH_QSBR_MODE_DQ;
+    if (rte_hash_rcu_qsbr_add(b->rte_lf, &cfg) == 0) return 0;
+  }
+  /* without a defer queue the writer frees at once; the churn keys are never
+   * looked up by the reader, so its answers stay right */
+  fprintf(stderr, "umbp: bench index: rte_hash_rcu_qsbr_add failed (%s): rte_hash churn frees entries at once\n",
+          rte_strerror(rte_errno));
+  free(b->rc.qsbr);
+  b->rc.qsbr = NULL;
+  return 0;
+}
+
+static void rte_teardown_churn(struct bench *b) {
+  if (b->rte_lf) rte_hash_free(b->rte_lf); /* frees its defer queue too */
+  b->rte_lf = NULL;
+  free(b->rc.qsbr);
+  b->rc.qsbr = NULL;
+}
+#endif
+
+/* ---- the cases ------------------------------------------------------------------------- */
+/* One repetition of a lookup op with par workers for impl; returns Mops/s or NAN on error. */
+static double rep_lookup(struct bench *b, int impl, int op, unsigned par, const char *cname, int *ret_err) {
+  uint64_t dur = (uint64_t)(b->o->seconds * 1e9);
+  struct run_res r[2];
+  memset(r, 0, sizeof r);
+  if (impl == IMPL_OURS) {
+    if (par == 2 && child_start(b, op, dur, STREAM_LEN / 2)) {
+      *ret_err = -EPIPE;
+      return NAN;
+    }
+    ours_lookup_run(b->pool, b->ust[op_is_hit(op) ? 0 : 1], op, 0, dur, &r[0]);
+    if (par == 2 && child_wait(b, &r[1])) {
+      *ret_err = -ECHILD;
+      return NAN;
+    }
+  } else {
+    struct worker w[2];
+    memset(w, 0, sizeof w);
+    for (unsigned i = 0; i < par; i++) {
+      w[i].b = b;
+      w[i].impl = impl;
+      w[i].op = op;
+      w[i].tid = i;
+      w[i].pos = (uint64_t)i * (STREAM_LEN / 2);
+      w[i].dur_ns = dur;
+    }
+    run_workers(w, par);
+    for (unsigned i = 0; i < par; i++) r[i] = w[i].res;
+  }
+  double sum = 0;
+  for (unsigned i = 0; i < par; i++) {
+    if (check_res(impl, op, &r[i], cname)) {
+      *ret_err = -EIO;
+      return NAN;
+    }
+    sum += mops(&r[i]);
+  }
+  return sum;
+}
+
+/* One churn repetition: writer + one reader. par 2 (ours only): reader in the
+ * child process. Returns writer M pairs/s, *ret_reader the reader's Mops/s. */
+static double rep_churn(struct bench *b, int impl, unsigned par, const char *cname, double *ret_reader,
+                        int *ret_err) {
+  uint64_t dur = (uint64_t)(b->o->seconds * 1e9);
+  struct worker w[2];
+  memset(w, 0, sizeof w);
+  struct run_res rd = {0};
+  if (impl == IMPL_OURS && par == 2) {
+    if (child_start(b, -1, dur, 0)) {
+      *ret_err = -EPIPE;
+      return NAN;
+    }
+    ours_churn_run(b->pool, b->ns, b->o->seed, &b->ours_churn_ctr, dur, &w[0].res);
+    if (child_wait(b, &rd)) {
+      *ret_err = -ECHILD;
+      return NAN;
+    }
+  } else {
+    for (unsigned i = 0; i < 2; i++) {
+      w[i].b = b;
+      w[i].impl = impl;
+      w[i].op = i == 0 ? -1 : OP_HIT1;
+      w[i].churn = true;
+      w[i].tid = i;
+      w[i].dur_ns = dur;
+    }
+    run_workers(w, 2);
+    rd = w[1].res;
+  }
+  if (check_res(impl, -1, &w[0].res, cname) || check_res(impl, OP_HIT1, &rd, cname)) {
+    *ret_err = -EIO;
+    return NAN;
+  }
+  *ret_reader = mops(&rd);
+  return mops(&w[0].res);
+}
+
+static bool impl_ready(const struct bench *b, int impl) {
+  if (!b->o->impl_on[impl]) return false;
+  if (impl == IMPL_RTE) return b->have_rte;
+  return true;
+}
+
+static int run_lf(struct bench *b, unsigned lf_idx) {
+  const struct opts *o = b->o;
+  char lfs[16], name[64];
+  lf_label(b->lf, lfs, sizeof lfs);
+  double *vals[IMPL_N];
+  for (int i = 0; i < IMPL_N; i++) vals[i] = calloc(o->reps, sizeof(double));
+  double *rdv[IMPL_N];
+  for (int i = 0; i < IMPL_N; i++) rdv[i] = calloc(o->reps, sizeof(double));
+  int err = 0;
+
+  /* which cases run at this load factor */
+  bool want_p2 = false, want_churn = false;
+  for (int op = 0; op < OP_N; op++)
+    for (unsigned par = 1; par <= 2; par++) {
+      snprintf(name, sizeof name, "%s-%s-p%u", op_names[op], lfs, par);
+      if (case_selected(o, name) && par == 2) want_p2 = true;
+    }
+  for (unsigned par = 1; par <= 2; par++) {
+    snprintf(name, sizeof name, "churn-%s-p%u", lfs, par);
+    char n2[64];
+    snprintf(n2, sizeof n2, "churn-reader-%s-p%u", lfs, par);
+    if (case_selected(o, name) || case_selected(o, n2)) {
+      want_churn = true;
+      if (par == 2) want_p2 = true;
+    }
+  }
+
+  progress("filling the tables");
+  if (o->impl_on[IMPL_OURS] && (err = ours_setup(b, lf_idx))) goto out;
+  if (o->impl_on[IMPL_LFHT] && (err = lfht_setup(b))) goto out;
+  if (o->impl_on[IMPL_LFHT] || o->impl_on[IMPL_RTE]) {
+    b->rst[0] = rstream_make(o->seed, SET_HIT, b->nins);
+    b->rst[1] = rstream_make(o->seed, SET_MISS, b->nins);
+    if (!b->rst[0] || !b->rst[1]) {
+      err = -ENOMEM;
+      goto out;
+    }
+  }
+#ifdef UMBP_HAVE_DPDK
+  b->have_rte = g_dpdk && o->impl_on[IMPL_RTE];
+  if (b->have_rte && !(b->rte = rte_make(b, "ro", 0))) {
+    err = -EIO;
+    goto out;
+  }
+#endif
+  if (o->impl_on[IMPL_OURS] && want_p2 && (err = child_spawn(b))) goto out;
+
+  for (int op = 0; op < OP_N; op++) {
+    for (unsigned par = 1; par <= 2; par++) {
+      snprintf(name, sizeof name, "%s-%s-p%u", op_names[op], lfs, par);
+      if (!case_selected(o, name)) continue;
+      struct case_res *c = case_add(name, "Mlookups/s");
+      if (!c) continue;
+      /* pin rows: the references' plain lookups, measured once for the base row */
+      char base[64];
+      snprintf(base, sizeof base, "%s-%s-p%u", op_names[base_op(op)], lfs, par);
+      const struct case_res *bc = op != base_op(op) ? case_find(base) : NULL;
+      progress(name);
+      for (unsigned rep = 0; rep < o->reps; rep++)
+        for (int impl = 0; impl < IMPL_N; impl++) {
+          if (!impl_ready(b, impl) || (impl != IMPL_OURS && bc && !isnan(bc->v[impl]))) continue;
+          vals[impl][rep] = rep_lookup(b, impl, impl == IMPL_OURS ? op : base_op(op), par, name, &err);
+          if (err) goto out;
+        }
+      for (int impl = 0; impl < IMPL_N; impl++) {
+        if (!impl_ready(b, impl)) continue;
+        c->v[impl] = impl != IMPL_OURS && bc && !isnan(bc->v[impl]) ? bc->v[impl] : median(vals[impl], o->reps);
+      }
+      g_done++;
+    }
+  }
+
+  if (want_churn) {
+#ifdef UMBP_HAVE_DPDK
+    if (b->rte) rte_hash_free(b->rte);
+    b->rte = NULL;
+    if (b->have_rte && o->impl_on[IMPL_RTE] && (err = rte_setup_churn(b))) goto out;
+#endif
+    for (unsigned par = 1; par <= 2; par++) {
+      snprintf(name, sizeof name, "churn-%s-p%u", lfs, par);
+      char rname[64];
+      snprintf(rname, sizeof rname, "churn-reader-%s-p%u", lfs, par);
+      if (!case_selected(o, name) && !case_selected(o, rname)) continue;
+      struct case_res *c = case_add(name, "Mpairs/s");
+      struct case_res *cr = case_add(rname, "Mlookups/s");
+      if (!c || !cr) continue;
+      /* p2: the references have no second process; they keep their p1 (two-thread) figures */
+      char b1[64], b1r[64];
+      snprintf(b1, sizeof b1, "churn-%s-p1", lfs);
+      snprintf(b1r, sizeof b1r, "churn-reader-%s-p1", lfs);
+      const struct case_res *bc = par == 2 ? case_find(b1) : NULL;
+      const struct case_res *bcr = par == 2 ? case_find(b1r) : NULL;
+      if (!bcr) bc = NULL;
+      progress(name);
+      for (unsigned rep = 0; rep < o->reps; rep++)
+        for (int impl = 0; impl < IMPL_N; impl++) {
+          if (!impl_ready(b, impl) || (impl != IMPL_OURS && bc && !isnan(bc->v[impl]))) continue;
+          vals[impl][rep] = rep_churn(b, impl, impl == IMPL_OURS ? par : 1, name, &rdv[impl][rep], &err);
+          if (err) goto out;
+        }
+      for (int impl = 0; impl < IMPL_N; impl++) {
+        if (!impl_ready(b, impl)) continue;
+        if (impl != IMPL_OURS && bc && !isnan(bc->v[impl])) {
+          c->v[impl] = bc->v[impl];
+          cr->v[impl] = bcr->v[impl];
+        } else {
+          c->v[impl] = median(vals[impl], o->reps);
+          cr->v[impl] = median(rdv[impl], o->reps);
+        }
+      }
+      g_done += 2;
+    }
+  }
+out:
+  ours_teardown(b, lf_idx);
+  lfht_teardown(b);
+#ifdef UMBP_HAVE_DPDK
+  if (b->rte) rte_hash_free(b->rte);
+  b->rte = NULL;
+  rte_teardown_churn(b);
+#endif
+  free(b->rst[0]);
+  free(b->rst[1]);
+  for (int i = 0; i < IMPL_N; i++) {
+    free(vals[i]);
+    free(rdv[i]);
+  }
+  return err;
+}
+
+/* ---- DPDK EAL ---------------------------------------------------------------------------- */
+static void dpdk_start(const struct opts *o) {
+#ifdef UMBP_HAVE_DPDK
+  if (o->no_dpdk || !o->impl_on[IMPL_RTE]) {
+    snprintf(g_dpdk_note, sizeof g_dpdk_note, "rte_hash not measured: --no-dpdk or --impls without rte_hash");
+    return;
+  }
+  /* rte_eal_init pins the calling thread to its main lcore; put the affinity
+   * back so that our threads and the child process are not all on one CPU */
+  cpu_set_t saved;
+  CPU_ZERO(&saved);
+  bool have_aff = sched_getaffinity(0, sizeof saved, &saved) == 0;
+  char lcores[32] = "0";
+  if (have_aff) {
+    int first = -1, second = -1;
+    for (int c = 0; c < CPU_SETSIZE && second < 0; c++)
+      if (CPU_ISSET(c, &saved)) {
+        if (first < 0) first = c;
+        else second = c;
+      }
+    if (second >= 0) snprintf(lcores, sizeof lcores, "%d,%d", first, second);
+    else if (first >= 0) snprintf(lcores, sizeof lcores, "%d", first);
+  }
+  /* EAL heap (anonymous memory with --no-huge): about 160 bytes per entry for
+   * one table with its key store, ring and defer queue, plus slack */
+  char mem[32];
+  snprintf(mem, sizeof mem, "%llu", (unsigned long long)(128 + (o->keys * 320 >> 20)));
+  char *args[] = {"umbp-bench", "--no-huge",   "--no-pci", "--no-shconf", "--no-telemetry",
+                  "-l",         lcores,        "-m",       mem,           "--log-level=lib.eal:error",
+                  NULL};
+  int argc = (int)(sizeof args / sizeof args[0]) - 1;
+  rte_openlog_stream(stderr); /* stdout carries the table or the JSON */
+  int rc = rte_eal_init(argc, args);
+  if (have_aff) sched_setaffinity(0, sizeof saved, &saved);
+  optind = 1; /* rte_eal_init runs getopt */
+  if (rc < 0) {
+    snprintf(g_dpdk_note, sizeof g_dpdk_note, "rte_hash not measured: rte_eal_init failed: %s",
+             rte_strerror(rte_errno));
+    return;
+  }
+  g_dpdk = true;
+  snprintf(g_dpdk_note, sizeof g_dpdk_note, "%s, EAL --no-huge --no-pci --no-shconf -l %s -m %s", rte_version(),
+           lcores, mem);
+#else
+  (void)o;
+  snprintf(g_dpdk_note, sizeof g_dpdk_note,
+           "rte_hash not measured: this umbp was built without DPDK (install libdpdk-dev, reconfigure with "
+           "-Ddpdk_bench=enabled)");
+#endif
+}
+
+static void dpdk_stop(void) {
+#ifdef UMBP_HAVE_DPDK
+  if (g_dpdk) rte_eal_cleanup();
+#endif
+}
+
+static void on_signal(int sig) {
+  for (unsigned i = 0; i < MAX_LF; i++)
+    if (g_pool_names[i][0]) umbp_pool_destroy(g_pool_names[i]);
+  if (g_child_pid > 0) kill(g_child_pid, SIGKILL);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* ---- output -------------------------------------------------------------------------------- */
+static void fmt_v(char *buf, size_t n, double v) {
+  if (isnan(v)) snprintf(buf, n, "-");
+  else snprintf(buf, n, "%.2f", v);
+}
+
+static double ratio(const struct case_res *c, int ref) {
+  if (isnan(c->v[IMPL_OURS]) || isnan(c->v[ref]) || c->v[ref] <= 0) return NAN;
+  return c->v[IMPL_OURS] / c->v[ref];
+}
+
+static void print_table(const struct opts *o) {
+  printf("umbp bench index: table size %llu, reps %u x %.2f s, medians in M ops/s (lookups, or insert+remove "
+         "pairs for churn-*)\n",
+         (unsigned long long)o->keys, o->reps, o->seconds);
+  printf("rte_hash: %s\n", g_dpdk_note);
+  printf("%-28s %9s %9s %9s %9s %9s\n", "case", "ours", "rte_hash", "cds_lfht", "ours/rte", "ours/lfht");
+  unsigned below = 0, compared = 0;
+  char belowlist[1024] = "";
+  for (unsigned i = 0; i < n_cases; i++) {
+    const struct case_res *c = &cases[i];
+    char a[16], b[16], d[16], r1[16], r2[16];
+    fmt_v(a, sizeof a, c->v[IMPL_OURS]);
+    fmt_v(b, sizeof b, c->v[IMPL_RTE]);
+    fmt_v(d, sizeof d, c->v[IMPL_LFHT]);
+    double x = ratio(c, IMPL_RTE), y = ratio(c, IMPL_LFHT);
+    if (isnan(x)) snprintf(r1, sizeof r1, "-");
+    else snprintf(r1, sizeof r1, "%.2fx", x);
+    if (isnan(y)) snprintf(r2, sizeof r2, "-");
+    else snprintf(r2, sizeof r2, "%.2fx", y);
+    printf("%-28s %9s %9s %9s %9s %9s\n", c->name, a, b, d, r1, r2);
+    if (!isnan(x)) {
+      compared++;
+      if (x < 1.0) {
+        below++;
+        size_t l = strlen(belowlist), nl = strlen(c->name);
+        if (l + nl + 3 < sizeof belowlist) {
+          if (l) memcpy(belowlist + l, ", ", 2), l += 2;
+          memcpy(belowlist + l, c->name, nl + 1);
+        }
+      }
+    }
+  }
+  if (compared)
+    printf("target ours >= 1.0x rte_hash: met in %u of %u cases%s%s\n", compared - below, compared,
+           below ? "; below: " : "", belowlist);
+}
+
+static void json_num(struct json *j, const char *key, double v) {
+  if (isnan(v)) json_null(j, key);
+  else json_dbl(j, key, v);
+}
+
+static void print_json(const struct opts *o) {
+  struct json j;
+  json_begin(&j, stdout);
+  json_obj(&j, NULL);
+  json_u64(&j, "keys", o->keys);
+  json_u64(&j, "reps", o->reps);
+  json_dbl(&j, "seconds", o->seconds);
+  json_bool(&j, "dpdk", g_dpdk);
+  json_str(&j, "dpdk_note", g_dpdk_note);
+  json_arr(&j, "cases");
+  for (unsigned i = 0; i < n_cases; i++) {
+    const struct case_res *c = &cases[i];
+    json_obj(&j, NULL);
+    json_str(&j, "name", c->name);
+    json_str(&j, "unit", c->unit);
+    json_num(&j, "ours_mops", c->v[IMPL_OURS]);
+    json_num(&j, "rte_hash_mops", c->v[IMPL_RTE]);
+    json_num(&j, "cds_lfht_mops", c->v[IMPL_LFHT]);
+    json_num(&j, "ratio_rte_hash", ratio(c, IMPL_RTE));
+    json_num(&j, "ratio_cds_lfht", ratio(c, IMPL_LFHT));
+    json_end_obj(&j);
+  }
+  json_end_arr(&j);
+  json_end_obj(&j);
+  json_finish(&j);
+}
+
+/* ---- main ------------------------------------------------------------------------------------ */
+static const char *usage_text =
+    "Usage: umbp bench index [--keys N] [--seconds S] [--reps R] [--lf LIST]\n"
+    "                        [--filter LIST] [--impls LIST] [--seed N] [--no-dpdk] [--json]\n"
+    "\n"
+    "Measure lookup throughput of the block index for hits and misses, one key per\n"
+    "call and 32 keys per call, at each load factor, with 1 and 2 processes; and the\n"
+    "same workload, in the same run, on the same keys and with the same number of\n"
+    "threads, on DPDK's rte_hash and liburcu's cds_lfht, with the ratios ours/theirs.\n"
+    "Also insert+remove churn while a reader runs hit lookups.\n"
+    "\n"
+    "Tables. Table size N: our pool gets N slots of 4 KiB (not pre-faulted; the\n"
+    "slot bytes are never touched), rte_hash is created with N entries and 32-byte\n"
+    "keys, cds_lfht with N buckets. At load factor LF each gets the same LF*N keys:\n"
+    "32 pseudo-random bytes each; ours as umbp_key{namespace \"bench\", hash_len 32}.\n"
+    "Misses look up keys that were never inserted. Keys are visited in a uniformly\n"
+    "random order, precomputed, so no random-number cost is timed.\n"
+    "\n"
+    "Calls timed. ours: umbp_contains / umbp_contains_bulk (32 keys); pin-* rows:\n"
+    "umbp_lookup_pin + umbp_unpin and umbp_lookup_pin_bulk + umbp_unpin_bulk.\n"
+    "rte_hash: rte_hash_lookup / rte_hash_lookup_bulk (32 keys). cds_lfht:\n"
+    "cds_lfht_lookup inside urcu_memb_read_lock (bulk: 32 lookups in one read\n"
+    "section; it has no bulk call). In pin-* rows the references run their plain\n"
+    "lookup, which is what the pin row's figure is compared with.\n"
+    "\n"
+    "Parallelism. pN rows: ours with N processes (the second is this binary,\n"
+    "fork+exec'd and attached to the pool by name), the references with N threads\n"
+    "in this process. The figure is the sum over the workers.\n"
+    "\n"
+    "Churn. churn-LF-pN: one writer inserts and removes fresh keys (ours:\n"
+    "umbp_reserve + umbp_publish + umbp_remove; rte_hash: rte_hash_add_key +\n"
+    "rte_hash_del_key on a table with RTE_HASH_EXTRA_FLAGS_RW_CONCURRENCY_LF whose\n"
+    "freed entries pass an rte_rcu_qsbr defer queue; cds_lfht: add_unique, lookup,\n"
+    "del and call_rcu) while one reader runs single hit lookups; figure: writer\n"
+    "M pairs/s. churn-reader-LF-pN: that reader's M lookups/s. p1: writer and\n"
+    "reader are two threads; p2 (ours only): two processes; the references'\n"
+    "figures in p2 rows are their two-thread figures.\n"
+    "\n"
+    "Every repetition checks the answers (a hit run must find every key, a miss\n"
+    "run none); a wrong answer ends the run with exit status 1.\n"
+    "\n"
+    "Options:\n"
+    "  --keys N        table size N (slots, entries, buckets); default 1048576.\n"
+    "                  The pool needs N*4 KiB of /dev/shm address space (sparse).\n"
+    "  --seconds S     length of one repetition of one case; default 0.3.\n"
+    "  --reps R        repetitions per case, median reported; default 5.\n"
+    "  --lf LIST       load factors (keys/N), comma-separated, each in (0, 1];\n"
+    "                  default 0.5,0.9.\n"
+    "  --filter LIST   run only the cases whose name contains one of these\n"
+    "                  comma-separated substrings, e.g. hit-single,churn.\n"
+    "  --impls LIST    tables to measure, from ours,rte_hash,cds_lfht (default all);\n"
+    "                  e.g. --impls ours under a profiler.\n"
+    "  --seed N        seed of the keys and of the access order; default 1.\n"
+    "  --no-dpdk       do not start DPDK's EAL; rte_hash columns stay empty.\n"
+    "  --json          print one JSON object instead of the table.\n"
+    "  -h, --help      this text.\n"
+    "\n"
+    "Output. A line per case: case name, ours, rte_hash, cds_lfht (medians, M ops/s),\n"
+    "ours/rte_hash, ours/cds_lfht; '-' where a figure was not measured. Case names:\n"
+    "{hit,miss}-{single,bulk}-lfLF-pN, pin-{hit,miss}-{single,bulk}-lfLF-pN,\n"
+    "churn-lfLF-pN, churn-reader-lfLF-pN. A last line counts the cases where ours\n"
+    "is at least rte_hash's figure and names the others.\n"
+    "Progress goes to stderr when it is a terminal.\n"
+    "\n"
+    "JSON (--json): {\"keys\":N, \"reps\":R, \"seconds\":S, \"dpdk\":true|false,\n"
+    "\"dpdk_note\":\"DPDK version and EAL arguments, or why rte_hash was not\n"
+    "measured\", \"cases\":[{\"name\":\"hit-single-lf0.5-p1\", \"unit\":\"Mlookups/s\"|\n"
+    "\"Mpairs/s\", \"ours_mops\":x, \"rte_hash_mops\":x, \"cds_lfht_mops\":x,\n"
+    "\"ratio_rte_hash\":x, \"ratio_cds_lfht\":x}, ...]}; a figure not measured is null.\n"
+    "\n"
+    "rte_hash needs DPDK (Debian's libdpdk-dev) at build time; its EAL is started\n"
+    "with --no-huge --no-pci --no-shconf --no-telemetry on two of this process's\n"
+    "CPUs. Without DPDK, or when EAL fails, the benchmark says why (dpdk_note) and\n"
+    "still runs ours against cds_lfht.\n"
+    "\n"
+    "Exit status: 0 success; 1 runtime error (pool, table or process could not be\n"
+    "created, or a table gave a wrong answer); 2 usage error.\n"
+    "\n"
+    "Example:\n"
+    "  umbp bench index --keys 1048576 --reps 5 --seconds 0.3\n"
+    "  umbp bench index --keys 20000 --seconds 0.2 --reps 1 --json\n";
+
+static int parse_double(const char *s, double *ret) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !isfinite(v)) return -EINVAL;
+  *ret = v;
+  return 0;
+}
+
+int bench_index_main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--child")) return child_main(argc, argv);
+
+  struct opts o;
+  memset(&o, 0, sizeof o);
+  o.keys = 1u << 20;
+  o.seconds = 0.3;
+  o.reps = 5;
+  o.seed = 1;
+  o.lf[0] = 0.5;
+  o.lf[1] = 0.9;
+  o.n_lf = 2;
+  for (int i = 0; i < IMPL_N; i++) o.impl_on[i] = true;
+
+  enum { O_KEYS = 256, O_SECONDS, O_REPS, O_LF, O_FILTER, O_IMPLS, O_SEED, O_NODPDK, O_JSON };
+  static const struct option lo[] = {
+      {"keys", required_argument, NULL, O_KEYS},     {"seconds", required_argument, NULL, O_SECONDS},
+      {"reps", required_argument, NULL, O_REPS},     {"lf", required_argument, NULL, O_LF},
+      {"filter", required_argument, NULL, O_FILTER}, {"impls", required_argument, NULL, O_IMPLS},
+      {"seed", required_argument, NULL, O_SEED},     {"no-dpdk", no_argument, NULL, O_NODPDK},
+      {"json", no_argument, NULL, O_JSON},           {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    char *end;
+    switch (c) {
+    case O_KEYS: {
+      uint64_t v;
+      if (cli_parse_size(optarg, &v) || v < 64 || v > (1ull << 28))
+        return cli_usage_error("bench index", "--keys '%s': give a table size from 64 to 268435456", optarg);
+      o.keys = v;
+      break;
+    }
+    case O_SECONDS:
+      if (parse_double(optarg, &o.seconds) || o.seconds <= 0 || o.seconds > 60)
+        return cli_usage_error("bench index", "--seconds '%s': give a duration in (0, 60]", optarg);
+      break;
+    case O_REPS:
+      errno = 0;
+      o.reps = (unsigned)strtoul(optarg, &end, 10);
+      if (errno || *end || end == optarg || o.reps < 1 || o.reps > 1000)
+        return cli_usage_error("bench index", "--reps '%s': give 1 to 1000", optarg);
+      break;
+    case O_LF: {
+      o.n_lf = 0;
+      char buf[256];
+      snprintf(buf, sizeof buf, "%s", optarg);
+      for (char *sp, *t = strtok_r(buf, ",", &sp); t; t = strtok_r(NULL, ",", &sp)) {
+        double v;
+        if (o.n_lf == MAX_LF || parse_double(t, &v) || v <= 0 || v > 1)
+          return cli_usage_error("bench index", "--lf '%s': give up to %d load factors in (0, 1]", optarg, MAX_LF);
+        o.lf[o.n_lf++] = v;
+      }
+      if (!o.n_lf) return cli_usage_error("bench index", "--lf: give at least one load factor");
+      break;
+    }
+    case O_FILTER:
+      o.filter = optarg;
+      break;
+    case O_IMPLS: {
+      for (int i = 0; i < IMPL_N; i++) o.impl_on[i] = false;
+      char buf[128];
+      snprintf(buf, sizeof buf, "%s", optarg);
+      for (char *sp, *t = strtok_r(buf, ",", &sp); t; t = strtok_r(NULL, ",", &sp)) {
+        int k = -1;
+        for (int i = 0; i < IMPL_N; i++)
+          if (!strcmp(t, impl_names[i])) k = i;
+        if (k < 0) return cli_usage_error("bench index", "--impls: unknown table '%s' (ours, rte_hash, cds_lfht)", t);
+        o.impl_on[k] = true;
+      }
+      break;
+    }
+    case O_SEED:
+      errno = 0;
+      o.seed = strtoull(optarg, &end, 0);
+      if (errno || *end || end == optarg) return cli_usage_error("bench index", "--seed '%s': give an integer", optarg);
+      break;
+    case O_NODPDK:
+      o.no_dpdk = true;
+      break;
+    case O_JSON:
+      o.json = true;
+      break;
+    case 'h':
+      fputs(usage_text, stdout);
+      return CLI_OK;
+    default:
+      return cli_usage_error("bench index", "unknown option");
+    }
+  }
+  if (optind < argc) return cli_usage_error("bench index", "unexpected argument '%s'", argv[optind]);
+
+  g_progress = cli_stderr_tty();
+  /* rough count of rows for the progress line */
+  g_total = 0;
+  for (unsigned l = 0; l < o.n_lf; l++) {
+    char lfs[16], name[64];
+    lf_label(o.lf[l], lfs, sizeof lfs);
+    for (int op = 0; op < OP_N; op++)
+      for (unsigned par = 1; par <= 2; par++) {
+        snprintf(name, sizeof name, "%s-%s-p%u", op_names[op], lfs, par);
+        g_total += case_selected(&o, name);
+      }
+    for (unsigned par = 1; par <= 2; par++) {
+      snprintf(name, sizeof name, "churn-%s-p%u", lfs, par);
+      g_total += 2 * case_selected(&o, name);
+    }
+  }
+
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  urcu_memb_register_thread();
+  dpdk_start(&o);
+  if (!o.json || g_progress)
+    if (!g_dpdk) fprintf(stderr, "umbp: bench index: %s\n", g_dpdk_note);
+
+  int err = 0;
+  for (unsigned l = 0; l < o.n_lf && !err; l++) {
+    struct bench b;
+    memset(&b, 0, sizeof b);
+    b.o = &o;
+    b.n = o.keys;
+    b.lf = o.lf[l];
+    b.nins = (uint64_t)llround(o.lf[l] * (double)o.keys);
+    if (b.nins < 1) b.nins = 1;
+    err = run_lf(&b, l);
+  }
+  if (g_progress) fprintf(stderr, "\r\033[K");
+  if (g_churn_waits)
+    fprintf(stderr,
+            "umbp: bench index: note: our churn writer waited %llu times for removed slots to pass their grace "
+            "period (free queue below %d slots)\n",
+            (unsigned long long)g_churn_waits, CHURN_LOW);
+  if (!err) {
+    if (o.json) print_json(&o);
+    else print_table(&o);
+  }
+  dpdk_stop();
+  urcu_memb_unregister_thread();
+  return err ? CLI_RUNTIME : CLI_OK;
+}
