@@ -60,7 +60,10 @@ static const char *replay_usage =
     "                       changes, never the figures.\n"
     "  --json               print one JSON object instead of the text summary.\n"
     "  -h, --help           this text.\n"
-    "\n"
+    "\n";
+
+/* split: C compilers need only support string literals of 4095 bytes */
+static const char *replay_usage_gen =
     "Generator (instead of TRACE):\n"
     "  --generate chat      multi-turn conversations that share system prompts and\n"
     "                       grow their history turn by turn. Lengths are uniform in\n"
@@ -80,7 +83,9 @@ static const char *replay_usage =
     "                       takes A * 20 ms.\n"
     "  --output FILE        write the workload to FILE as JSONL ('-': stdout) and\n"
     "                       exit without replaying it.\n"
-    "\n"
+    "\n";
+
+static const char *replay_usage_out =
     "Output: requests; average input and output length (tokens); cache ratio =\n"
     "blocks of each prompt's longest prefix present on all ranks / all whole blocks;\n"
     "token ratio = hit blocks * block-tokens / input tokens; bytes stored and loaded\n"
@@ -264,7 +269,11 @@ int cmd_replay(int argc, char **argv) {
   while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
     const char *name = optind > 1 && optind <= argc ? argv[optind - 1] : "";
     switch (c) {
-      case 'h': fputs(replay_usage, stdout); return CLI_OK;
+      case 'h':
+        fputs(replay_usage, stdout);
+        fputs(replay_usage_gen, stdout);
+        fputs(replay_usage_out, stdout);
+        return CLI_OK;
       case OPT_TP:
         if (parse_uint(optarg, 1, RP_MAX_TP, &v))
           return cli_usage_error("replay", "--tp '%s' is not a rank count: use 1 to %d", optarg, RP_MAX_TP);
