@@ -122,7 +122,7 @@ void json_u64(struct json *j, const char *key, uint64_t v) { json_sep(j, key); f
 void json_i64(struct json *j, const char *key, int64_t v) { json_sep(j, key); fprintf(j->f, "%lld", (long long)v); }
 void json_dbl(struct json *j, const char *key, double v) {
   json_sep(j, key);
-  if (isfinite(v)) fprintf(j->f, "%.6g", v); else fputs("null", j->f);
+  if (isfinite(v)) fprintf(j->f, "%.10g", v); else fputs("null", j->f);
 }
 void json_bool(struct json *j, const char *key, bool v) { json_sep(j, key); fputs(v ? "true" : "false", j->f); }
 void json_null(struct json *j, const char *key) { json_sep(j, key); fputs("null", j->f); }
