@@ -251,6 +251,44 @@ void dp_job_finish(struct umbp_dp_job *job) {
 
 /* ---- host backend ---------------------------------------------------------- */
 
+/* Copy n bytes with non-temporal stores where that pays: block bytes are
+ * written once and read later by another process (store) or by the model
+ * (load), so pulling the destination lines into this core's cache first
+ * (read-for-ownership) only costs bandwidth. Small copies use memcpy. The
+ * caller issues nt_fence() before anything that publishes the bytes: NT
+ * stores are not ordered by a release store. */
+#if defined(__x86_64__) && defined(__SSE2__)
+#include <emmintrin.h>
+#define NT_MIN 4096
+static inline void copy_nt(char *dst, const char *src, size_t n) {
+  if (n < NT_MIN) {
+    memcpy(dst, src, n);
+    return;
+  }
+  size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+  memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+    __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+    __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+    _mm_stream_si128((__m128i *)(dst + i), a);
+    _mm_stream_si128((__m128i *)(dst + i + 16), b);
+    _mm_stream_si128((__m128i *)(dst + i + 32), c);
+    _mm_stream_si128((__m128i *)(dst + i + 48), d);
+  }
+  memcpy(dst + i, src + i, n - i);
+}
+static inline void nt_fence(void) { _mm_sfence(); }
+#else
+static inline void copy_nt(char *dst, const char *src, size_t n) { memcpy(dst, src, n); }
+static inline void nt_fence(void) {}
+#endif
+
 static void host_copy(struct umbp_dp_job *job, unsigned i0, unsigned i1) {
   const umbp_kv_layout *l = job->lay;
   const struct dp_group *g = job->grp;
@@ -263,10 +301,11 @@ static void host_copy(struct umbp_dp_job *job, unsigned i0, unsigned i1) {
     uint64_t b = job->blocks[i];
     const struct dp_region *r = &l->r[g->first], *end = r + g->count;
     if (job->op == DP_OP_STORE)
-      for (; r < end; r++) memcpy(slot + r->obj_off, r->base + b * r->stride, r->block_bytes);
+      for (; r < end; r++) copy_nt(slot + r->obj_off, r->base + b * r->stride, r->block_bytes);
     else
-      for (; r < end; r++) memcpy(r->base + b * r->stride, slot + r->obj_off, r->block_bytes);
+      for (; r < end; r++) copy_nt(r->base + b * r->stride, slot + r->obj_off, r->block_bytes);
   }
+  nt_fence(); /* before the task is counted done and the slots are published */
 }
 
 static void *host_worker(void *arg) {
