@@ -24,6 +24,8 @@ int cmd_pool(int argc, char **argv);
 int cmd_topo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
+int cmd_daemon(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
 
 /* Parse "8GiB", "256KiB", "4096", "1.5GiB", "64MB" (MB = MiB here, said in --help).
  * Returns 0 or -EINVAL. */

@@ -1,0 +1,352 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * check.c — umbp_pool_check(): verify the pool's invariants with loads only.
+ *
+ * Design note. The checker must work on a read-only mapping (inspect as a user
+ * who may only read) and on a pool that other processes keep changing, and it
+ * must never report a state that a running or killed process legitimately
+ * leaves for a moment. It therefore takes no lock and writes nothing, and
+ * judges each slot on a window:
+ *
+ *   registry + ledgers (A) -> state words (1) -> buckets (ways + keys) ->
+ *   overflow counts -> free rings -> state words (2) -> registry + ledgers (B)
+ *
+ * Every slot transition bumps the generation in the state word, so a slot
+ * whose word is equal in (1) and (2) did not move during the scan: what the
+ * scan saw of it (the ways pointing at it, the ring cells holding it) held for
+ * the whole window. Slots whose word changed are counted as "in flux" and not
+ * judged. A slot named by any thread's free ledger (proc_slot.inflight_slot)
+ * in A or B is being put back on a ring and skips the ring checks. Registry
+ * slots count as claimed when claimed in A or in B, so a process that attaches
+ * or detaches during the scan does not produce a false report.
+ *
+ * Why each stable observation is exact (index.c is the reference):
+ *  - a way is written only while its slot is RESERVED (publish links, then
+ *    stores PUBLISHED) and cleared only while EVICTING (or by a reaper, before
+ *    it stores RETIRED), so a way at a stable FREE/RETIRED slot is corruption;
+ *    a stable PUBLISHED slot was linked for the whole window;
+ *  - overflow is incremented before a displaced way is linked and decremented
+ *    after it is cleared, so overflow >= displaced entries at every instant,
+ *    in particular for the stable PUBLISHED ones read before the overflow load;
+ *  - a slot leaves a free ring only through a consumer claim (the cell turns
+ *    READING, still holding it) followed by FREE -> RESERVED; a stable FREE
+ *    slot outside every ledger is therefore in exactly one full cell;
+ *  - namespace used_slots is updated just after the state store in publish and
+ *    try_remove, so it may lag by one per thread that is between the two: the
+ *    comparison allows one per registered thread of a claimed registry slot,
+ *    plus the slots in flux, and is exact on a quiescent pool.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "index/index_internal.h"
+#include "shm/ring.h"
+#include "umbp/check.h"
+
+struct way_ent {
+  uint32_t bucket;
+  uint32_t ns;
+  uint64_t v;
+  uint64_t hash;
+};
+
+static void viol(umbp_check_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void viol(umbp_check_report *r, const char *fmt, ...) {
+  r->n_violations++;
+  if (r->n_listed >= UMBP_CHECK_MAX_LISTED) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->violation[r->n_listed++], UMBP_CHECK_MSG_MAX, fmt, ap);
+  va_end(ap);
+}
+
+static const char *st_name(unsigned st) {
+  switch (st) {
+  case UMBP_SLOT_FREE: return "FREE";
+  case UMBP_SLOT_RESERVED: return "RESERVED";
+  case UMBP_SLOT_PUBLISHED: return "PUBLISHED";
+  case UMBP_SLOT_EVICTING: return "EVICTING";
+  case UMBP_SLOT_RETIRED: return "RETIRED";
+  default: return "UNKNOWN";
+  }
+}
+
+struct reg_snap {
+  bool claimed[UMBP_MAX_PROCS];
+  bool alive[UMBP_MAX_PROCS];
+  bool orphans[UMBP_MAX_PROCS];
+  unsigned threads; /* registered threads of claimed slots */
+};
+
+static void reg_snapshot(umbp_pool *p, struct reg_snap *s, uint8_t *inflight, uint32_t nslots,
+                         umbp_check_report *r, bool report) {
+  memset(s, 0, sizeof *s);
+  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+    struct umbp_proc_slot *ps = &p->procs[i];
+    /* orphans before state: an adopter claims (LIVE) before it clears orphans */
+    s->orphans[i] = atomic_load_explicit(&ps->orphans, memory_order_seq_cst) != 0;
+    uint32_t st = atomic_load_explicit(&ps->state, memory_order_seq_cst);
+    if (st != UMBP_PROC_FREE && st != UMBP_PROC_LIVE && report)
+      viol(r, "registry slot %u has state %u, which is neither free nor live", i, st);
+    uint64_t bits = atomic_load_explicit(&ps->thread_bits, memory_order_relaxed);
+    s->claimed[i] = st != UMBP_PROC_FREE;
+    if (s->claimed[i]) {
+      s->alive[i] = umbp_registry_alive(p, i);
+      s->threads += (unsigned)__builtin_popcountll(bits);
+    }
+    for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
+      uint32_t v = atomic_load_explicit(&ps->inflight_slot[t], memory_order_seq_cst);
+      if (v < nslots) inflight[v] = 1;
+    }
+  }
+}
+
+static void snap_states(const struct umbp_slot_meta *meta, uint32_t n, uint64_t *out) {
+  for (uint32_t s = 0; s < n; s++) out[s] = atomic_load_explicit(&meta[s].state, memory_order_seq_cst);
+}
+
+static uint8_t sat_inc(uint8_t v) { return v == 255 ? 255 : (uint8_t)(v + 1); }
+
+/* Scan one free ring: count each slot id found in a full cell. */
+static void scan_ring(umbp_pool *p, unsigned part, uint8_t *on_ring, uint8_t *claimed_cell,
+                      umbp_check_report *r) {
+  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  void *ring = umbp_pool_at(p, d->ring_offset, d->ring_bytes);
+  if (!ring || umbp_ring_check_header(ring, d->ring_bytes)) {
+    viol(r, "the free-slot ring header of partition %u is corrupted: its free slots cannot be used", part);
+    return;
+  }
+  struct umbp_ring_hdr *h = ring;
+  for (uint64_t i = 0; i < h->capacity; i++) {
+    struct umbp_ring_cell *c = umbp_ring__cell(h, i);
+    for (unsigned tries = 0; tries < 64; tries++) {
+      uint64_t w = atomic_load_explicit(&c->word, memory_order_acquire);
+      unsigned kind = umbp_ring__wkind(w);
+      bool full = ((umbp_ring__wseq(w) - i) & h->mask) == 1 && (kind == UMBP_RING_STABLE || kind == UMBP_RING_READING);
+      if (!full) break;
+      uint64_t v;
+      memcpy(&v, c->payload, sizeof v);
+      atomic_thread_fence(memory_order_acquire);
+      if (atomic_load_explicit(&c->word, memory_order_relaxed) != w) continue;
+      r->ring_entries++;
+      if (v >= p->hdr->slot_count || (uint32_t)v - d->first_slot >= d->slot_count) {
+        viol(r, "the free ring of partition %u holds slot id %llu (cell %llu), which is not one of its slots "
+                "%u..%u",
+             part, (unsigned long long)v, (unsigned long long)i, d->first_slot, d->first_slot + d->slot_count - 1);
+        break;
+      }
+      if (kind == UMBP_RING_READING) claimed_cell[v] = 1;
+      else on_ring[v] = sat_inc(on_ring[v]);
+      break;
+    }
+  }
+}
+
+UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
+  if (!p || !ret) return -EINVAL;
+  const struct umbp_shm_header *h = p->hdr;
+  const uint32_t n = h->slot_count, nb = h->n_buckets, bmask = nb - 1;
+  const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+  const struct umbp_bucket *bk = umbp_pool_region(p, UMBP_REG_BUCKETS);
+  const struct umbp_pin_row *pins = umbp_pool_region(p, UMBP_REG_PINS);
+  const struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
+
+  umbp_check_report *r = calloc(1, sizeof *r);
+  uint64_t *st1 = malloc((size_t)n * sizeof *st1), *st2 = malloc((size_t)n * sizeof *st2);
+  uint8_t *inflight = calloc(n, 1), *on_ring = calloc(n, 1), *claimed_cell = calloc(n, 1), *ways_to = calloc(n, 1);
+  uint32_t *need = calloc(nb, sizeof *need), *ovf = malloc((size_t)nb * sizeof *ovf);
+  struct reg_snap *ra = malloc(sizeof *ra), *rb = malloc(sizeof *rb);
+  size_t went = 0, wcap = 1024;
+  struct way_ent *we = malloc(wcap * sizeof *we);
+  uint64_t used_a[UMBP_MAX_NAMESPACES], used_b[UMBP_MAX_NAMESPACES], nsc[UMBP_MAX_NAMESPACES];
+  int rc = 0;
+  if (!r || !st1 || !st2 || !inflight || !on_ring || !claimed_cell || !ways_to || !need || !ovf || !ra || !rb || !we) {
+    rc = umbp_fail(-ENOMEM, "umbp_pool_check: not enough memory to check a pool of %u slots", n);
+    goto out;
+  }
+
+  /* ---- the scan window ---- */
+  reg_snapshot(p, ra, inflight, n, r, true);
+  for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++)
+    used_a[i] = atomic_load_explicit(&nss[i].used_slots, memory_order_seq_cst);
+  snap_states(meta, n, st1);
+  for (uint32_t b = 0; b < nb; b++)
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
+      uint64_t v = atomic_load_explicit(&bk[b].way[w], memory_order_acquire);
+      if (!v) continue;
+      r->ways++;
+      uint32_t s = (uint32_t)v - 1;
+      if ((uint32_t)v == 0 || s >= n) {
+        viol(r, "bucket %u way %u holds slot id %lld, outside the pool's %u slots", b, w, (long long)(uint32_t)v - 1, n);
+        continue;
+      }
+      if (went == wcap) {
+        struct way_ent *nw = realloc(we, wcap * 2 * sizeof *we);
+        if (!nw) {
+          rc = umbp_fail(-ENOMEM, "umbp_pool_check: out of memory");
+          goto out;
+        }
+        we = nw;
+        wcap *= 2;
+      }
+      /* the key was written before the way was linked (publish); read it now,
+       * judged later only if the slot did not move during the window */
+      struct umbp_key_shm k;
+      memcpy(&k, (const void *)&meta[s].key, sizeof k);
+      we[went++] = (struct way_ent){.bucket = b, .ns = k.ns, .v = v, .hash = umbp_key_hash(&k)};
+    }
+  for (uint32_t b = 0; b < nb; b++) ovf[b] = atomic_load_explicit(&bk[b].overflow, memory_order_seq_cst);
+  for (unsigned i = 0; i < h->n_partitions; i++) scan_ring(p, i, on_ring, claimed_cell, r);
+  {
+    void *ev = umbp_pool_region(p, UMBP_REG_EVENTS);
+    if (umbp_ring_check_header(ev, h->regions[UMBP_REG_EVENTS].size))
+      viol(r, "the event ring header is corrupted: events cannot be delivered");
+  }
+  snap_states(meta, n, st2);
+  for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++)
+    used_b[i] = atomic_load_explicit(&nss[i].used_slots, memory_order_seq_cst);
+  reg_snapshot(p, rb, inflight, n, r, false);
+
+  bool claimed[UMBP_MAX_PROCS], dead[UMBP_MAX_PROCS];
+  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+    claimed[i] = ra->claimed[i] || rb->claimed[i];
+    dead[i] = (ra->claimed[i] && !ra->alive[i]) || (rb->claimed[i] && !rb->alive[i]);
+    if (rb->claimed[i]) {
+      if (rb->alive[i]) r->procs_live++;
+      else r->procs_dead++;
+    }
+  }
+  unsigned threads = ra->threads > rb->threads ? ra->threads : rb->threads;
+
+  /* ---- ways ---- */
+  for (size_t i = 0; i < went; i++) {
+    uint32_t s = (uint32_t)we[i].v - 1, b = we[i].bucket;
+    if (st1[s] != st2[s]) continue;
+    unsigned st = ST_STATE(st2[s]);
+    ways_to[s] = sat_inc(ways_to[s]);
+    if (st == UMBP_SLOT_FREE || st == UMBP_SLOT_RETIRED || st > UMBP_SLOT_RETIRED) {
+      viol(r, "bucket %u points at slot %u, which is %s: a lookup could return a block that is not there", b, s,
+           st_name(st));
+      continue;
+    }
+    if ((uint32_t)(we[i].v >> 32) != (uint32_t)(we[i].hash >> 32))
+      viol(r, "bucket %u's way for slot %u has signature 0x%08x, but the slot's key hashes to 0x%08x", b, s,
+           (unsigned)(we[i].v >> 32), (unsigned)(we[i].hash >> 32));
+    uint32_t home = (uint32_t)we[i].hash & bmask, d = (b - home) & bmask;
+    if (d >= UMBP_MAX_PROBE) {
+      viol(r, "slot %u's key belongs to bucket %u but its way is in bucket %u, %u buckets on (lookups look at "
+              "most %d)",
+           s, home, b, d, UMBP_MAX_PROBE - 1);
+      continue;
+    }
+    if (d && st == UMBP_SLOT_PUBLISHED) need[home]++;
+  }
+  for (uint32_t b = 0; b < nb; b++)
+    if (need[b] > ovf[b])
+      viol(r, "bucket %u's overflow count is %u but %u of the keys homed there live in later buckets: lookups "
+              "of them can miss",
+           b, ovf[b], need[b]);
+
+  /* ---- slots ---- */
+  memset(nsc, 0, sizeof nsc);
+  for (uint32_t s = 0; s < n; s++) {
+    uint64_t w = st2[s];
+    unsigned st = ST_STATE(w), own = ST_OWNER(w);
+    if (st > UMBP_SLOT_RETIRED) {
+      viol(r, "slot %u has state byte %u (word 0x%016llx), which is no known state", s, st, (unsigned long long)w);
+      continue;
+    }
+    if (st1[s] != w) {
+      r->slots_in_flux++;
+      continue;
+    }
+    r->slots++;
+    switch (st) {
+    case UMBP_SLOT_FREE:
+      if (own) viol(r, "slot %u is FREE but names owner %u", s, own);
+      if (inflight[s]) break;
+      if (on_ring[s] == 0 && !claimed_cell[s])
+        viol(r, "slot %u is FREE but on no free ring: its capacity is lost", s);
+      else if (on_ring[s] + claimed_cell[s] > 1)
+        viol(r, "slot %u is on the free rings %u times: two processes could reserve it", s,
+             (unsigned)on_ring[s] + claimed_cell[s]);
+      break;
+    case UMBP_SLOT_PUBLISHED:
+      if (own) viol(r, "slot %u is PUBLISHED but names owner %u", s, own);
+      if (ways_to[s] == 0) viol(r, "slot %u is PUBLISHED but no bucket points at it: it is unreachable", s);
+      /* fall through */
+    case UMBP_SLOT_EVICTING: {
+      uint32_t ns = meta[s].key.ns;
+      if (ns >= UMBP_MAX_NAMESPACES || atomic_load_explicit(&nss[ns].state, memory_order_acquire) != 1)
+        viol(r, "slot %u is %s under namespace %u, which is not registered", s, st_name(st), ns);
+      else nsc[ns]++;
+      break;
+    }
+    default: break;
+    }
+    if (ways_to[s] > 1) viol(r, "slot %u is reachable from %u ways: one block is indexed twice", s, ways_to[s]);
+    if (st != UMBP_SLOT_FREE && on_ring[s] && !inflight[s])
+      viol(r, "slot %u is %s but also waits on a free ring: a reserve could hand it out again", s, st_name(st));
+    if (st == UMBP_SLOT_RESERVED || st == UMBP_SLOT_EVICTING || st == UMBP_SLOT_RETIRED) {
+      if (own == 0 || own > UMBP_MAX_PROCS) {
+        viol(r, "slot %u is %s by owner id %u, which is no registry slot", s, st_name(st), own);
+      } else if (claimed[own - 1]) {
+        if (dead[own - 1]) r->dead_leftovers++;
+      } else if (!(st == UMBP_SLOT_RETIRED && (ra->orphans[own - 1] || rb->orphans[own - 1]))) {
+        viol(r, "slot %u is %s by registry slot %u, which no process holds and nobody will repair: the slot is "
+                "lost",
+             s, st_name(st), own - 1);
+      }
+    }
+  }
+
+  /* ---- pins ---- */
+  for (uint32_t s = 0; s < n; s++) {
+    const _Atomic uint64_t *row = (const _Atomic uint64_t *)&pins[s];
+    for (unsigned q = 0; q < sizeof pins[s] / 8; q++) {
+      if (!atomic_load_explicit(&row[q], memory_order_relaxed)) continue;
+      for (unsigned j = 0; j < 8; j++) {
+        unsigned i = q * 8 + j;
+        uint8_t c = atomic_load_explicit(&pins[s].by_proc[i], memory_order_relaxed);
+        if (!c) continue;
+        if (!claimed[i])
+          viol(r, "slot %u holds %u pin(s) of registry slot %u, which no process holds: the block can never be "
+                  "evicted",
+               s, c, i);
+        else if (dead[i])
+          r->dead_leftovers++;
+      }
+    }
+  }
+
+  /* ---- namespaces ---- */
+  uint64_t slack = threads + r->slots_in_flux;
+  for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++) {
+    if (atomic_load_explicit(&nss[i].state, memory_order_acquire) != 1) continue;
+    int64_t da = (int64_t)(used_a[i] - nsc[i]), db = (int64_t)(used_b[i] - nsc[i]);
+    if (da < 0) da = -da;
+    if (db < 0) db = -db;
+    if ((uint64_t)da > slack && (uint64_t)db > slack) {
+      char name[136] = "";
+      umbp_ns_name(p, i, name, sizeof name);
+      viol(r, "namespace %u ('%.60s') counts %lld used slots but %llu slots hold its blocks", i, name,
+           (long long)used_b[i], (unsigned long long)nsc[i]);
+    }
+  }
+  *ret = *r;
+out:
+  free(r);
+  free(st1);
+  free(st2);
+  free(inflight);
+  free(on_ring);
+  free(claimed_cell);
+  free(ways_to);
+  free(need);
+  free(ovf);
+  free(ra);
+  free(rb);
+  free(we);
+  return rc;
+}

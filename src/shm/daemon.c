@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* daemon.c — the pool's daemon lock; see daemon.h for the design note. */
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "shm/daemon.h"
+
+static int owner_pid(umbp_pool *p) {
+  uint32_t o = atomic_load_explicit(&p->hdr->owner_slot, memory_order_acquire);
+  if (o == 0 || o > UMBP_MAX_PROCS) return -1;
+  const struct umbp_proc_slot *s = &p->procs[o - 1];
+  if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_LIVE || s->role != UMBP_ROLE_DAEMON) return -1;
+  return s->pid;
+}
+
+int umbp_daemon_query(umbp_pool *p, int *ret_pid, int *ret_last_pid) {
+  if (!p || !ret_pid) return -EINVAL;
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_DAEMON, .l_len = 1};
+  if (fcntl(p->fd, F_OFD_GETLK, &fl) != 0)
+    return umbp_fail(-errno, "cannot query the daemon lock of pool '%s': %s", p->name, strerror(errno));
+  int last = owner_pid(p);
+  if (ret_last_pid) *ret_last_pid = last;
+  if (fl.l_type == F_UNLCK) return 0;
+  *ret_pid = last;
+  return 1;
+}
+
+int umbp_daemon_lock_acquire(umbp_pool *p) {
+  if (!p) return -EINVAL;
+  if (p->read_only || p->proc_slot < 0)
+    return umbp_fail(-EROFS, "pool '%s' is attached read-only: the daemon lock needs a read-write handle", p->name);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_DAEMON, .l_len = 1};
+  if (fcntl(p->fd, F_OFD_SETLK, &fl) != 0) {
+    int e = errno;
+    if (e == EAGAIN || e == EACCES) {
+      int pid = owner_pid(p);
+      if (pid > 0)
+        return umbp_fail(-EBUSY, "pool '%s' already has a daemon (pid %d): stop it first (kill -TERM %d), or "
+                                 "leave it running",
+                         p->name, pid, pid);
+      return umbp_fail(-EBUSY, "pool '%s' already has a daemon (its pid is not recorded yet): stop it first",
+                       p->name);
+    }
+    return umbp_fail(-e, "cannot take the daemon lock of pool '%s': %s", p->name, strerror(e));
+  }
+  /* release: pairs with owner_pid()'s acquire load */
+  atomic_store_explicit(&p->hdr->owner_slot, (uint32_t)p->proc_slot + 1, memory_order_release);
+  return 0;
+}
+
+void umbp_daemon_lock_release(umbp_pool *p) {
+  if (!p || p->read_only || p->proc_slot < 0) return;
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_DAEMON, .l_len = 1};
+  if (fcntl(p->fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK) return; /* someone else's (or unknown) */
+  /* GETLK does not report our own lock as a conflict: F_UNLCK means it is ours or nobody's */
+  uint32_t mine = (uint32_t)p->proc_slot + 1;
+  atomic_compare_exchange_strong(&p->hdr->owner_slot, &mine, 0);
+  fl.l_type = F_UNLCK;
+  fcntl(p->fd, F_OFD_SETLK, &fl);
+}

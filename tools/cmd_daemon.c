@@ -1,0 +1,582 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * umbp daemon — create a pool (or adopt it after a restart of the daemon) and
+ * own it: reap dead processes, keep free slots between the watermarks, apply
+ * namespace quotas, stop cleanly on SIGTERM/SIGINT, re-read quotas on SIGHUP.
+ *
+ * Order of events (STYLE: a child created by fork() shares its parent's open
+ * file descriptions and with them the registry's and the daemon's OFD locks):
+ * options are parsed and the log file opened first, then the process
+ * daemonises (double fork, setsid), and only then is the pool created or
+ * attached, so the locks belong to the process that stays. The first parent
+ * waits on a pipe for the daemon's "ready" (or its error message), so
+ * `umbp daemon` without --foreground still exits non-zero when the pool cannot
+ * be created.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <grp.h>
+#include <pthread.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "shm/daemon.h"
+#include "shm/pool_internal.h"
+#include "umbp/index.h"
+#include "umbp/pool.h"
+#include "umbp/topo.h"
+
+static const char *daemon_usage =
+    "Usage: umbp daemon --pool NAME [--capacity SIZE] [OPTIONS]\n"
+    "\n"
+    "Run the daemon that owns pool NAME. It creates the pool (with --capacity) or,\n"
+    "when the pool exists, adopts it: after a restart of the daemon every\n"
+    "published block is still there and the header's run generation goes up by\n"
+    "one. While it runs it reaps processes that died (their pins, reservations,\n"
+    "reader state and half-done queue operations), evicts unpinned blocks by CLOCK\n"
+    "when a partition's free slots fall below --evict-low percent (up to\n"
+    "--evict-high), reclaims retired slots, and applies namespace quotas.\n"
+    "Only one daemon may own a pool: a second one is refused, naming the first\n"
+    "one's pid. A pool whose file belongs to another user is never adopted.\n"
+    "\n"
+    "Options:\n"
+    "  --pool NAME           pool to own (required): 1-64 characters [A-Za-z0-9._-].\n"
+    "  --capacity SIZE       create the pool with SIZE bytes of slots when it does\n"
+    "                        not exist, e.g. 8GiB. Without it the pool must exist.\n"
+    "                        Ignored (with a note) when adopting an existing pool.\n"
+    "  --slot-size SIZE      bytes per slot when creating (default 256KiB).\n"
+    "  --numa-nodes auto|all|LIST\n"
+    "                        partitions when creating: 'all' (default) every node\n"
+    "                        with memory; 'auto' the GPUs' local nodes from the\n"
+    "                        topology plan; or a list such as 0,1.\n"
+    "  --group GROUP         create the pool with mode 0660 for GROUP (name or gid);\n"
+    "                        default 0600, owner only.\n"
+    "  --no-prefault         do not pre-fault the pool's memory when creating.\n"
+    "  --foreground          stay in the foreground, log to stderr (tests, systemd).\n"
+    "  --log FILE            without --foreground: append the log to FILE (default\n"
+    "                        /dev/null).\n"
+    "  --unlink-on-exit      destroy the pool when the daemon stops on SIGTERM or\n"
+    "                        SIGINT (default: keep it for the next daemon).\n"
+    "  --quota NS=SIZE       byte quota of namespace NS (registered if new); 0 means\n"
+    "                        none. Repeatable.\n"
+    "  --quota-file FILE     quotas from FILE, one 'NAMESPACE SIZE' per line, '#'\n"
+    "                        starts a comment; read at start and again on SIGHUP.\n"
+    "  --reap-interval MS    how often dead processes are reaped (default 1000).\n"
+    "  --evict-low PCT       start evicting below PCT%% free slots (default 5).\n"
+    "  --evict-high PCT      evict until PCT%% are free (default 10); low < high <= 100.\n"
+    "\n"
+    "Signals: SIGTERM, SIGINT stop the daemon cleanly; SIGHUP re-reads --quota-file.\n"
+    "Log lines: '2026-12-02T16:00:00Z umbp-daemon[PID]: message' (UTC).\n"
+    "\n"
+    "Exit status: 0 stopped cleanly; 1 the pool cannot be created or adopted (it\n"
+    "exists with another layout, belongs to another user, has a daemon already,\n"
+    "...), or a quota file is invalid at start; 2 usage error.\n"
+    "Example: umbp daemon --pool kv --capacity 64GiB --numa-nodes auto --log /var/log/umbp-kv.log\n";
+
+/* ---- logging ---------------------------------------------------------------- */
+static void dlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void dlog(const char *fmt, ...) {
+  char line[1200];
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  int n = (int)strftime(line, sizeof line, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  n += snprintf(line + n, sizeof line - (size_t)n, " umbp-daemon[%d]: ", (int)getpid());
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  n = m < 0 ? n : n + m;
+  if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+  line[n++] = '\n';
+  /* one write per line: lines from the evictor thread do not interleave */
+  ssize_t w = write(2, line, (size_t)n);
+  (void)w;
+}
+
+static void lib_log(void *arg, int level, const char *msg) {
+  (void)arg;
+  dlog("%s%s", level == UMBP_LOG_ERROR ? "error: " : level == UMBP_LOG_WARN ? "warning: " : "", msg);
+}
+
+/* The pipe to the waiting first parent (daemonised mode), -1 otherwise. */
+static int report_fd = -1;
+
+static int fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fatal(const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  dlog("error: %s", msg);
+  if (report_fd >= 0) {
+    ssize_t w = write(report_fd, msg, strlen(msg));
+    (void)w;
+    close(report_fd);
+    report_fd = -1;
+  }
+  return CLI_RUNTIME;
+}
+
+/* ---- quotas ----------------------------------------------------------------- */
+struct quota {
+  char ns[129];
+  uint64_t bytes;
+};
+#define MAX_QUOTAS UMBP_MAX_NAMESPACES
+
+/* Parse FILE; 0 and *n entries, or -1 with err filled ("FILE:LINE: ..."). */
+static int read_quota_file(const char *path, struct quota *q, unsigned *n, char *err, size_t errn) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    snprintf(err, errn, "cannot read quota file %s: %s", path, strerror(errno));
+    return -1;
+  }
+  char line[512];
+  unsigned lineno = 0, k = 0;
+  while (fgets(line, sizeof line, f)) {
+    lineno++;
+    char *hash = strchr(line, '#');
+    if (hash) *hash = 0;
+    char ns[256], size[64], extra[8];
+    int got = sscanf(line, "%255s %63s %7s", ns, size, extra);
+    if (got <= 0) continue;
+    uint64_t b;
+    if (got != 2 || strlen(ns) > 128 || cli_parse_size(size, &b)) {
+      snprintf(err, errn, "%s:%u: expected 'NAMESPACE SIZE' (e.g. 'chat 8GiB'), got '%.*s'", path, lineno,
+               (int)strcspn(line, "\n"), line);
+      fclose(f);
+      return -1;
+    }
+    if (k == MAX_QUOTAS) {
+      snprintf(err, errn, "%s:%u: more than %d quotas", path, lineno, MAX_QUOTAS);
+      fclose(f);
+      return -1;
+    }
+    snprintf(q[k].ns, sizeof q[k].ns, "%s", ns);
+    q[k++].bytes = b;
+  }
+  fclose(f);
+  *n = k;
+  return 0;
+}
+
+static int apply_quotas(umbp_pool *p, const struct quota *q, unsigned n) {
+  int bad = 0;
+  for (unsigned i = 0; i < n; i++) {
+    uint32_t id;
+    int rc = umbp_ns_register(p, q[i].ns, &id);
+    if (!rc) rc = umbp_ns_set_quota(p, id, q[i].bytes);
+    char b[32];
+    if (rc) {
+      dlog("error: quota of namespace '%s' not applied: %s", q[i].ns, umbp_last_error());
+      bad++;
+    } else {
+      dlog("quota of namespace '%s' (id %u): %s", q[i].ns, id, q[i].bytes ? cli_fmt_size(q[i].bytes, b, sizeof b) : "none");
+    }
+  }
+  return bad;
+}
+
+/* ---- options ---------------------------------------------------------------- */
+struct dopts {
+  const char *pool, *log, *quota_file;
+  umbp_pool_params pp;
+  bool have_cap, foreground, unlink_on_exit, auto_nodes;
+  unsigned reap_ms, low, high;
+  struct quota quotas[MAX_QUOTAS];
+  unsigned nquotas;
+};
+
+static bool want_help(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+  return false;
+}
+
+static int parse_uint(const char *s, unsigned lo, unsigned hi, unsigned *out) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi || *s == '-') return -1;
+  *out = (unsigned)v;
+  return 0;
+}
+
+static int parse_opts(int argc, char **argv, struct dopts *o) {
+  enum { O_POOL = 256, O_CAP, O_SLOT, O_NODES, O_GROUP, O_NOPF, O_FG, O_LOG, O_UNLINK, O_QUOTA, O_QFILE, O_REAP, O_LOW, O_HIGH };
+  static const struct option opts[] = {
+      {"pool", required_argument, 0, O_POOL},         {"capacity", required_argument, 0, O_CAP},
+      {"slot-size", required_argument, 0, O_SLOT},    {"numa-nodes", required_argument, 0, O_NODES},
+      {"group", required_argument, 0, O_GROUP},       {"no-prefault", no_argument, 0, O_NOPF},
+      {"foreground", no_argument, 0, O_FG},           {"log", required_argument, 0, O_LOG},
+      {"unlink-on-exit", no_argument, 0, O_UNLINK},   {"quota", required_argument, 0, O_QUOTA},
+      {"quota-file", required_argument, 0, O_QFILE},  {"reap-interval", required_argument, 0, O_REAP},
+      {"evict-low", required_argument, 0, O_LOW},     {"evict-high", required_argument, 0, O_HIGH},
+      {0, 0, 0, 0}};
+  umbp_pool_params_init(&o->pp);
+  o->reap_ms = 1000;
+  o->low = 5;
+  o->high = 10;
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    uint64_t v;
+    switch (c) {
+    case O_POOL: o->pool = optarg; break;
+    case O_CAP:
+      if (cli_parse_size(optarg, &v) || v == 0)
+        return cli_usage_error("daemon", "--capacity '%s' is not a size: use e.g. 8GiB or 512MiB", optarg);
+      o->pp.capacity = v;
+      o->have_cap = true;
+      break;
+    case O_SLOT:
+      if (cli_parse_size(optarg, &v) || v == 0)
+        return cli_usage_error("daemon", "--slot-size '%s' is not a size: use e.g. 256KiB", optarg);
+      o->pp.slot_size = v;
+      break;
+    case O_NODES:
+      if (!strcmp(optarg, "all")) {
+        o->pp.n_numa_nodes = 0;
+      } else if (!strcmp(optarg, "auto")) {
+        o->auto_nodes = true;
+      } else {
+        int n = cli_parse_int_list(optarg, o->pp.numa_nodes, UMBP_MAX_PARTITIONS);
+        if (n <= 0)
+          return cli_usage_error("daemon", "--numa-nodes '%s': use auto, all or a list of node numbers like 0,1",
+                                 optarg);
+        o->pp.n_numa_nodes = (unsigned)n;
+      }
+      break;
+    case O_GROUP: {
+      o->pp.group_access = true;
+      char *end;
+      long g = strtol(optarg, &end, 10);
+      if (*end == 0 && end != optarg && g >= 0) {
+        o->pp.group = (gid_t)g;
+      } else {
+        struct group *gr = getgrnam(optarg);
+        if (!gr) return cli_usage_error("daemon", "--group '%s': no such group", optarg);
+        o->pp.group = gr->gr_gid;
+      }
+      break;
+    }
+    case O_NOPF: o->pp.no_prefault = true; break;
+    case O_FG: o->foreground = true; break;
+    case O_LOG: o->log = optarg; break;
+    case O_UNLINK: o->unlink_on_exit = true; break;
+    case O_QUOTA: {
+      const char *eq = strrchr(optarg, '=');
+      if (!eq || eq == optarg || eq - optarg > 128 || cli_parse_size(eq + 1, &v))
+        return cli_usage_error("daemon", "--quota '%s': use NAMESPACE=SIZE, e.g. --quota chat=8GiB", optarg);
+      if (o->nquotas == MAX_QUOTAS) return cli_usage_error("daemon", "more than %d --quota options", MAX_QUOTAS);
+      snprintf(o->quotas[o->nquotas].ns, sizeof o->quotas[0].ns, "%.*s", (int)(eq - optarg), optarg);
+      o->quotas[o->nquotas++].bytes = v;
+      break;
+    }
+    case O_QFILE: o->quota_file = optarg; break;
+    case O_REAP:
+      if (parse_uint(optarg, 1, 3600000, &o->reap_ms))
+        return cli_usage_error("daemon", "--reap-interval '%s': use 1 to 3600000 milliseconds", optarg);
+      break;
+    case O_LOW:
+      if (parse_uint(optarg, 1, 99, &o->low)) return cli_usage_error("daemon", "--evict-low '%s': use 1 to 99", optarg);
+      break;
+    case O_HIGH:
+      if (parse_uint(optarg, 2, 100, &o->high))
+        return cli_usage_error("daemon", "--evict-high '%s': use 2 to 100", optarg);
+      break;
+    default:
+      return cli_usage_error("daemon", "unknown or incomplete option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc) return cli_usage_error("daemon", "unexpected argument '%s' (the pool is given with --pool NAME)", argv[optind]);
+  if (!o->pool) return cli_usage_error("daemon", "--pool NAME is required");
+  if (umbp_pool_name_valid(o->pool)) return cli_usage_error("daemon", "%s", umbp_last_error());
+  if (o->low >= o->high)
+    return cli_usage_error("daemon", "--evict-low %u must be below --evict-high %u", o->low, o->high);
+  if (o->log && o->foreground) return cli_usage_error("daemon", "--log is for the background mode; with --foreground the log goes to stderr");
+  return CLI_OK;
+}
+
+/* ---- pool setup ------------------------------------------------------------- */
+static const char *uid_name(uid_t u, char *buf, size_t n) {
+  struct passwd *pw = getpwuid(u);
+  snprintf(buf, n, "%s", pw ? pw->pw_name : "?");
+  return buf;
+}
+
+static int resolve_auto_nodes(struct dopts *o) {
+  umbp_topo *topo;
+  umbp_topo_plan *plan;
+  int rc = umbp_topo_load(NULL, 0, &topo);
+  if (rc) return fatal("--numa-nodes auto: %s", umbp_last_error());
+  umbp_topo_plan_opts po = UMBP_TOPO_PLAN_OPTS_INIT;
+  rc = umbp_topo_plan_make(topo, &po, &plan);
+  if (rc) {
+    umbp_topo_free(topo);
+    return fatal("--numa-nodes auto: %s", umbp_last_error());
+  }
+  unsigned nodes[UMBP_MAX_PARTITIONS];
+  int n = umbp_topo_plan_numa_nodes(plan, nodes, UMBP_MAX_PARTITIONS);
+  o->pp.n_numa_nodes = 0;
+  for (int i = 0; i < n && i < UMBP_MAX_PARTITIONS; i++) o->pp.numa_nodes[o->pp.n_numa_nodes++] = (int)nodes[i];
+  umbp_topo_plan_free(plan);
+  umbp_topo_free(topo);
+  return CLI_OK;
+}
+
+/* Adopt an existing pool: checks with a read-only handle first (owner uid, a
+ * running daemon), then attaches read-write as the daemon. */
+static int adopt(struct dopts *o, umbp_pool **ret) {
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  ao.read_only = true;
+  umbp_pool *ro;
+  int rc = umbp_pool_attach(o->pool, &ao, &ro);
+  if (rc == -ENOENT && !o->have_cap)
+    return fatal("no pool named '%s' and no --capacity to create it: give --capacity SIZE (e.g. 8GiB)", o->pool);
+  if (rc == -EBADMSG || rc == -EPROTO)
+    return fatal("cannot adopt pool '%s': %s (if it is corrupted: 'umbp pool destroy %s', then start the daemon "
+                 "again)",
+                 o->pool, umbp_last_error(), o->pool);
+  if (rc) return fatal("cannot adopt pool '%s': %s", o->pool, umbp_last_error());
+  struct stat st;
+  if (fstat(ro->fd, &st) != 0) {
+    umbp_pool_detach(ro);
+    return fatal("cannot stat pool '%s': %s", o->pool, strerror(errno));
+  }
+  if (st.st_uid != geteuid()) {
+    char a[64], b[64];
+    umbp_pool_detach(ro);
+    return fatal("refusing to adopt pool '%s': its file %s belongs to uid %u (%s), not to this daemon's uid %u "
+                 "(%s); run the daemon as that user, or destroy the pool and let this daemon create it",
+                 o->pool, ro->path, (unsigned)st.st_uid, uid_name(st.st_uid, a, sizeof a), (unsigned)geteuid(),
+                 uid_name(geteuid(), b, sizeof b));
+  }
+  int pid = -1;
+  if (umbp_daemon_query(ro, &pid, NULL) == 1) {
+    umbp_pool_detach(ro);
+    if (pid > 0)
+      return fatal("pool '%s' already has a daemon (pid %d): stop it first (kill -TERM %d), or leave it running",
+                   o->pool, pid, pid);
+    return fatal("pool '%s' already has a daemon (pid unknown): stop it first", o->pool);
+  }
+  umbp_pool_detach(ro);
+  ao.read_only = false;
+  ao.role = UMBP_ROLE_DAEMON;
+  umbp_pool *p;
+  rc = umbp_pool_attach(o->pool, &ao, &p);
+  if (rc) return fatal("cannot adopt pool '%s': %s", o->pool, umbp_last_error());
+  rc = umbp_daemon_lock_acquire(p);
+  if (rc) {
+    umbp_pool_detach(p);
+    return fatal("%s", umbp_last_error());
+  }
+  uint64_t gen = atomic_fetch_add_explicit(&p->hdr->run_generation, 1, memory_order_acq_rel) + 1;
+  umbp_slot_census c;
+  umbp_census(p, &c);
+  char b1[32], b2[32];
+  dlog("adopted pool '%s' (%s, %u slots of %s): run generation %llu, %llu published blocks kept", o->pool,
+       p->path, p->hdr->slot_count, cli_fmt_size(p->hdr->slot_size, b1, sizeof b1), (unsigned long long)gen,
+       (unsigned long long)c.published);
+  if (o->have_cap && (o->pp.capacity / o->pp.slot_size != p->hdr->slot_count || o->pp.slot_size != p->hdr->slot_size))
+    dlog("note: --capacity %s / --slot-size %s differ from the existing pool's; they apply only when the pool is "
+         "created (destroy it to change them)",
+         cli_fmt_size(o->pp.capacity, b1, sizeof b1), cli_fmt_size(o->pp.slot_size, b2, sizeof b2));
+  *ret = p;
+  return CLI_OK;
+}
+
+static int open_pool(struct dopts *o, umbp_pool **ret) {
+  if (o->have_cap) {
+    if (o->auto_nodes && resolve_auto_nodes(o) != CLI_OK) return CLI_RUNTIME;
+    umbp_pool *p;
+    int rc = umbp_pool_create(o->pool, &o->pp, &p);
+    if (rc == 0) {
+      p->procs[p->proc_slot].role = UMBP_ROLE_DAEMON; /* created under role "other" */
+      rc = umbp_daemon_lock_acquire(p);
+      if (rc) {
+        umbp_pool_detach(p);
+        return fatal("%s", umbp_last_error());
+      }
+      char b1[32], b2[32];
+      dlog("created pool '%s' (%s): %u slots of %s in %u partition(s), %s in all", o->pool, p->path,
+           p->hdr->slot_count, cli_fmt_size(p->hdr->slot_size, b1, sizeof b1), p->hdr->n_partitions,
+           cli_fmt_size(p->hdr->total_size, b2, sizeof b2));
+      *ret = p;
+      return CLI_OK;
+    }
+    if (rc != -EEXIST) return fatal("cannot create pool '%s': %s", o->pool, umbp_last_error());
+  }
+  return adopt(o, ret);
+}
+
+/* ---- daemonising ------------------------------------------------------------ */
+/* Returns in the daemon (grandchild); the first parent exits from here with
+ * the daemon's verdict. */
+static void daemonise(const char *pool, int log_fd) {
+  int pfd[2];
+  if (pipe(pfd) != 0) {
+    cli_error("cannot create a pipe: %s", strerror(errno));
+    exit(CLI_RUNTIME);
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) {
+    cli_error("cannot fork: %s", strerror(errno));
+    exit(CLI_RUNTIME);
+  }
+  if (pid > 0) {
+    close(pfd[1]);
+    int st;
+    waitpid(pid, &st, 0); /* the intermediate child exits at once */
+    char msg[1100];
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < sizeof msg && (r = read(pfd[0], msg + n, sizeof msg - 1 - n)) > 0) n += (size_t)r;
+    msg[n] = 0;
+    if (!strncmp(msg, "ok ", 3)) {
+      printf("umbp daemon: pool '%s' is served by pid %s\n", pool, msg + 3);
+      exit(CLI_OK);
+    }
+    cli_error("daemon for pool '%s' did not start: %s", pool, n ? msg : "it exited without a word (see its --log)");
+    exit(CLI_RUNTIME);
+  }
+  close(pfd[0]);
+  if (setsid() < 0) _exit(CLI_RUNTIME);
+  pid = fork();
+  if (pid < 0) _exit(CLI_RUNTIME);
+  if (pid > 0) _exit(0);
+  if (chdir("/") != 0) { /* nothing depends on the cwd */
+  }
+  int nul = open("/dev/null", O_RDWR);
+  if (nul >= 0) {
+    dup2(nul, 0);
+    dup2(nul, 1);
+    dup2(log_fd >= 0 ? log_fd : nul, 2);
+    if (nul > 2) close(nul);
+  }
+  if (log_fd > 2) close(log_fd);
+  report_fd = pfd[1];
+}
+
+/* ---- main ------------------------------------------------------------------- */
+int cmd_daemon(int argc, char **argv) {
+  if (want_help(argc, argv)) {
+    fputs(daemon_usage, stdout);
+    return CLI_OK;
+  }
+  static struct dopts o; /* quotas table: keep it off the stack */
+  memset(&o, 0, sizeof o);
+  int rc = parse_opts(argc, argv, &o);
+  if (rc != CLI_OK) return rc;
+  struct quota *fileq = calloc(MAX_QUOTAS, sizeof *fileq);
+  if (!fileq) return CLI_RUNTIME;
+  unsigned nfileq = 0;
+  char err[600];
+  if (o.quota_file && read_quota_file(o.quota_file, fileq, &nfileq, err, sizeof err)) {
+    cli_error("%s", err);
+    free(fileq);
+    return CLI_RUNTIME;
+  }
+  int log_fd = -1;
+  if (!o.foreground && o.log) {
+    log_fd = open(o.log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    if (log_fd < 0) {
+      cli_error("cannot open log file %s: %s", o.log, strerror(errno));
+      free(fileq);
+      return CLI_RUNTIME;
+    }
+  }
+  if (!o.foreground) daemonise(o.pool, log_fd);
+
+  /* Signals are taken synchronously by the main loop; block them before any
+   * library thread (the evictor) starts so that it inherits the mask. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  umbp_log_set(lib_log, NULL, UMBP_LOG_INFO);
+
+  umbp_pool *p = NULL;
+  if (open_pool(&o, &p) != CLI_OK) {
+    free(fileq);
+    return CLI_RUNTIME;
+  }
+  apply_quotas(p, o.quotas, o.nquotas);
+  apply_quotas(p, fileq, nfileq);
+  rc = umbp_evictor_start(p, o.low, o.high, 20);
+  if (rc) {
+    umbp_daemon_lock_release(p);
+    umbp_pool_detach(p);
+    free(fileq);
+    return fatal("cannot start the evictor: %s", umbp_last_error());
+  }
+  int n = umbp_pool_reap(p);
+  if (n > 0) dlog("reaped %d dead process%s left from before", n, n == 1 ? "" : "es");
+  dlog("ready: pool '%s', reaping every %u ms, evicting below %u%% free up to %u%%", o.pool, o.reap_ms, o.low,
+       o.high);
+  if (report_fd >= 0) {
+    char ok[32];
+    int l = snprintf(ok, sizeof ok, "ok %d", (int)getpid());
+    ssize_t w = write(report_fd, ok, (size_t)l);
+    (void)w;
+    close(report_fd);
+    report_fd = -1;
+  }
+
+  int stop_sig = 0;
+  while (!stop_sig) {
+    struct timespec ts = {o.reap_ms / 1000, (long)(o.reap_ms % 1000) * 1000000L};
+    int sig = sigtimedwait(&set, NULL, &ts);
+    if (sig == SIGTERM || sig == SIGINT) {
+      stop_sig = sig;
+      break;
+    }
+    if (sig == SIGHUP) {
+      if (!o.quota_file) {
+        dlog("SIGHUP: no --quota-file to re-read; quotas unchanged");
+      } else if (read_quota_file(o.quota_file, fileq, &nfileq, err, sizeof err)) {
+        dlog("error: SIGHUP: %s; quotas unchanged", err);
+      } else {
+        dlog("SIGHUP: re-reading quotas from %s (%u entries)", o.quota_file, nfileq);
+        apply_quotas(p, fileq, nfileq);
+      }
+    }
+    umbp_pool_heartbeat(p);
+    n = umbp_pool_reap(p);
+    if (n > 0) dlog("reaped %d dead process%s", n, n == 1 ? "" : "es");
+    umbp_reclaim(p);
+  }
+  dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  umbp_evictor_stop(p);
+  umbp_daemon_lock_release(p);
+  umbp_pool_detach(p);
+  free(fileq);
+  if (o.unlink_on_exit) {
+    rc = umbp_pool_destroy(o.pool);
+    if (rc) dlog("error: --unlink-on-exit: %s", umbp_last_error());
+    else dlog("pool '%s' destroyed (--unlink-on-exit)", o.pool);
+  } else {
+    dlog("pool '%s' kept for the next daemon", o.pool);
+  }
+  dlog("stopped");
+  return rc ? CLI_RUNTIME : CLI_OK;
+}
