@@ -1,0 +1,659 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* umbp daemon and umbp inspect through the real CLI (exec'd): start, adopt
+ * after kill -9 with every block kept, a second daemon refused, quotas on
+ * SIGHUP, inspect text/JSON/--check (clean and with deliberately corrupted
+ * state), bad input, another uid's pool and a read-only user. */
+#include <sys/stat.h>
+
+#include "dtu.h"
+#include "index/index_internal.h"
+#include "shm/ring.h"
+#include "../index/index_test_util.h"
+
+#define NOBODY 65534
+
+static char out[65536];
+
+static const char *log_path(const char *name) {
+  static char b[256];
+  snprintf(b, sizeof b, "/tmp/umbp-test-%s.log", name);
+  return b;
+}
+
+static umbp_pool *attach_rw(const char *name) {
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  umbp_pool *p;
+  int rc = umbp_pool_attach(name, &o, &p);
+  if (rc) fprintf(stderr, "# attach: %s\n", umbp_last_error());
+  assert_int_equal(rc, 0);
+  return p;
+}
+
+static umbp_pool *mk_pool(const char *name, uint64_t slots) {
+  umbp_pool_params pp;
+  umbp_pool_params_init(&pp);
+  pp.slot_size = 4096;
+  pp.capacity = slots * 4096;
+  pp.no_prefault = true;
+  umbp_pool *p;
+  int rc = umbp_pool_create(name, &pp, &p);
+  if (rc) fprintf(stderr, "# create: %s\n", umbp_last_error());
+  assert_int_equal(rc, 0);
+  return p;
+}
+
+static void publish_set(umbp_pool *p, uint32_t ns, unsigned n) {
+  for (uint64_t i = 0; i < n; i++) {
+    umbp_key k = itu_key(ns, i, 0);
+    uint32_t s;
+    assert_int_equal(umbp_reserve(p, -1, ns, &s), 0);
+    itu_fill(umbp_slot_ptr(p, s), umbp_slot_size(p), &k);
+    assert_int_equal(umbp_publish(p, s, &k), 0);
+  }
+}
+
+static void verify_set(umbp_pool *p, uint32_t ns, unsigned n) {
+  for (uint64_t i = 0; i < n; i++) {
+    umbp_key k = itu_key(ns, i, 0);
+    uint32_t s;
+    assert_int_equal(umbp_lookup_pin(p, &k, &s), 0);
+    assert_true(itu_check(umbp_slot_ptr(p, s), umbp_slot_size(p), &k));
+    assert_int_equal(umbp_unpin(p, s), 0);
+  }
+}
+
+static int check_cli(const char *name) {
+  int rc = DTU_RUN(out, "inspect", name, "--check");
+  if (rc != 0) fprintf(stderr, "# inspect --check exit %d:\n%s", rc, out);
+  return rc;
+}
+
+static uint64_t run_generation(const char *name) {
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true;
+  umbp_pool *p;
+  assert_int_equal(umbp_pool_attach(name, &o, &p), 0);
+  umbp_pool_info i;
+  umbp_pool_get_info(p, &i);
+  umbp_pool_detach(p);
+  return i.run_generation;
+}
+
+/* create, publish a known set, kill -9 the daemon, restart: every block kept */
+static void test_daemon_kill9_keeps_blocks(void **st) {
+  (void)st;
+  const char *name = tu_name("dkeep");
+  const char *log = log_path(name);
+  unlink(log);
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--reap-interval", "20", NULL};
+  pid_t d = dtu_daemon_start(name, log, args);
+  if (d < 0) dtu_dump_log(log);
+  assert_true(d > 0);
+  assert_int_equal(run_generation(name), 1);
+  umbp_pool *p = attach_rw(name);
+  uint32_t ns;
+  assert_int_equal(umbp_ns_register(p, "keep", &ns), 0);
+  publish_set(p, ns, 100);
+  kill(d, SIGKILL);
+  assert_int_equal(tu_wait(d), 128 + SIGKILL);
+  int dp;
+  assert_int_equal(dtu_daemon_pid(name, &dp), 0); /* the kernel dropped its lock */
+  const char *adopt[] = {"--reap-interval", "20", NULL};
+  d = dtu_daemon_start(name, log, adopt);
+  assert_true(d > 0);
+  assert_int_equal(run_generation(name), 2);
+  /* the new daemon reaps the old one's registry slot */
+  umbp_pool_info info;
+  for (int i = 0; i < 500; i++) {
+    umbp_pool_get_info(p, &info);
+    if (!info.procs_dead) break;
+    dtu_sleep_ms(10);
+  }
+  assert_int_equal(info.procs_dead, 0);
+  verify_set(p, ns, 100);
+  assert_int_equal(check_cli(name), 0);
+  fprintf(stderr, "# 100 blocks byte-exact after kill -9 of the daemon and its restart (generation 2)\n");
+  /* SIGTERM: clean stop, pool kept */
+  kill(d, SIGTERM);
+  assert_int_equal(tu_wait(d), 0);
+  umbp_pool_detach(p);
+  p = attach_rw(name);
+  verify_set(p, ns, 100);
+  umbp_pool_detach(p);
+  /* --unlink-on-exit removes it */
+  const char *unl[] = {"--unlink-on-exit", NULL};
+  d = dtu_daemon_start(name, log, unl);
+  assert_true(d > 0);
+  assert_int_equal(run_generation(name), 3);
+  kill(d, SIGINT);
+  assert_int_equal(tu_wait(d), 0);
+  assert_int_equal(dtu_daemon_pid(name, &dp), -ENOENT);
+  FILE *f = fopen(log, "r");
+  assert_non_null(f);
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = 0;
+  fclose(f);
+  assert_non_null(strstr(out, "adopted pool"));
+  assert_non_null(strstr(out, "destroyed (--unlink-on-exit)"));
+  assert_non_null(strstr(out, "Z umbp-daemon["));
+  unlink(log);
+}
+
+static void test_second_daemon_refused(void **st) {
+  (void)st;
+  const char *name = tu_name("dtwo");
+  const char *log = log_path(name);
+  unlink(log);
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", NULL};
+  pid_t d = dtu_daemon_start(name, log, args);
+  assert_true(d > 0);
+  int rc = DTU_RUN(out, "daemon", "--pool", name, "--capacity", "1MiB", "--foreground");
+  assert_int_equal(rc, 1);
+  char want[64];
+  snprintf(want, sizeof want, "already has a daemon (pid %d)", (int)d);
+  if (!strstr(out, want)) fprintf(stderr, "# got: %s", out);
+  assert_non_null(strstr(out, want));
+  /* the same in background mode: the first parent reports it */
+  rc = DTU_RUN(out, "daemon", "--pool", name);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, want));
+  /* inspect names it */
+  assert_int_equal(DTU_RUN(out, "inspect", name), 0);
+  snprintf(want, sizeof want, "daemon: running, pid %d", (int)d);
+  assert_non_null(strstr(out, want));
+  kill(d, SIGTERM);
+  assert_int_equal(tu_wait(d), 0);
+  assert_int_equal(DTU_RUN(out, "inspect", name), 0);
+  assert_non_null(strstr(out, "daemon: none"));
+  umbp_pool_destroy(name);
+  unlink(log);
+}
+
+/* background mode: double fork, the first parent returns the daemon's pid */
+static void test_daemonise(void **st) {
+  (void)st;
+  const char *name = tu_name("dbg");
+  const char *log = log_path(name);
+  unlink(log);
+  int rc = DTU_RUN(out, "daemon", "--pool", name, "--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault",
+                   "--log", log);
+  assert_int_equal(rc, 0);
+  int pid = 0;
+  assert_int_equal(sscanf(strstr(out, "served by pid ") ? strstr(out, "served by pid ") : "", "served by pid %d", &pid), 1);
+  int dp;
+  assert_int_equal(dtu_daemon_pid(name, &dp), 1);
+  assert_int_equal(dp, pid);
+  /* it is not our child (double fork) and has its own session */
+  assert_int_equal(waitpid(pid, NULL, WNOHANG), -1);
+  assert_true(getsid(pid) != getsid(0));
+  kill(pid, SIGTERM);
+  for (int i = 0; i < 500 && kill(pid, 0) == 0; i++) dtu_sleep_ms(10);
+  assert_int_equal(kill(pid, 0), -1);
+  FILE *f = fopen(log, "r");
+  assert_non_null(f);
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = 0;
+  fclose(f);
+  assert_non_null(strstr(out, "ready: pool"));
+  assert_non_null(strstr(out, "stopped"));
+  /* cannot create: a bad capacity reaches the first parent as exit 1 */
+  const char *name2 = tu_name("dbg2");
+  rc = DTU_RUN(out, "daemon", "--pool", name2, "--capacity", "4KiB", "--slot-size", "4KiB");
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, "did not start"));
+  assert_non_null(strstr(out, "raise --capacity"));
+  umbp_pool_destroy(name);
+  unlink(log);
+}
+
+static uint64_t quota_of(const char *name, const char *ns) {
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true;
+  umbp_pool *p;
+  assert_int_equal(umbp_pool_attach(name, &o, &p), 0);
+  uint32_t id;
+  uint64_t q = UINT64_MAX;
+  if (umbp_ns_lookup(p, ns, &id) == 0) {
+    const struct umbp_ns_shm *t = umbp_pool_region(p, UMBP_REG_NAMESPACES);
+    q = atomic_load(&t[id].quota_bytes);
+  }
+  umbp_pool_detach(p);
+  return q;
+}
+
+static void test_sighup_quotas(void **st) {
+  (void)st;
+  const char *name = tu_name("dquota");
+  const char *log = log_path(name);
+  char qf[256];
+  snprintf(qf, sizeof qf, "/tmp/umbp-test-%s.quotas", name);
+  unlink(log);
+  FILE *f = fopen(qf, "w");
+  fprintf(f, "# quotas\nchat 1MiB\n\n");
+  fclose(f);
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quota-file", qf,
+                        "--quota", "batch=64KiB", NULL};
+  pid_t d = dtu_daemon_start(name, log, args);
+  assert_true(d > 0);
+  assert_int_equal(quota_of(name, "chat"), 1 << 20);
+  assert_int_equal(quota_of(name, "batch"), 64 << 10);
+  f = fopen(qf, "w");
+  fprintf(f, "chat 2MiB   # raised\nsearch 128KiB\n");
+  fclose(f);
+  kill(d, SIGHUP);
+  uint64_t q = 0;
+  for (int i = 0; i < 500; i++) {
+    q = quota_of(name, "search");
+    if (q == 128 << 10) break;
+    dtu_sleep_ms(10);
+  }
+  assert_int_equal(q, 128 << 10);
+  assert_int_equal(quota_of(name, "chat"), 2 << 20);
+  /* a bad file on SIGHUP keeps the old quotas and the daemon running */
+  f = fopen(qf, "w");
+  fprintf(f, "chat lots\n");
+  fclose(f);
+  kill(d, SIGHUP);
+  dtu_sleep_ms(300);
+  assert_int_equal(kill(d, 0), 0);
+  assert_int_equal(quota_of(name, "chat"), 2 << 20);
+  assert_int_equal(DTU_RUN(out, "inspect", name), 0);
+  assert_non_null(strstr(out, "search"));
+  kill(d, SIGTERM);
+  assert_int_equal(tu_wait(d), 0);
+  f = fopen(log, "r");
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = 0;
+  fclose(f);
+  assert_non_null(strstr(out, ":1: expected 'NAMESPACE SIZE'"));
+  /* a bad file at start: exit 1 naming file and line */
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", name, "--foreground", "--quota-file", qf), 1);
+  assert_non_null(strstr(out, ":1: expected"));
+  umbp_pool_destroy(name);
+  unlink(qf);
+  unlink(log);
+}
+
+static void test_inspect_text_json(void **st) {
+  (void)st;
+  const char *name = tu_name("dinsp");
+  umbp_pool *p = mk_pool(name, 256);
+  uint32_t ns;
+  assert_int_equal(umbp_ns_register(p, "chat", &ns), 0);
+  publish_set(p, ns, 40);
+  umbp_key k = itu_key(ns, 3, 0);
+  uint32_t s;
+  assert_int_equal(umbp_lookup_pin(p, &k, &s), 0); /* one pin held by us */
+  assert_int_equal(umbp_remove(p, &(umbp_key){.ns = ns, .hash_len = 32}), -ENOENT);
+  umbp_key k7 = itu_key(ns, 7, 0);
+  assert_int_equal(umbp_remove(p, &k7), 0); /* one removed event */
+  umbp_counters_flush(p);
+  assert_int_equal(DTU_RUN(out, "inspect", name), 0);
+  const char *want[] = {"layout 1.0", "partitions:", "index: 39 entries", "probe length:", "39 published (1 pinned)",
+                        "processes: 1 live, 0 dead", "chat", "removed", "counters: lookups", "daemon: none"};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    if (!strstr(out, want[i])) fprintf(stderr, "# missing '%s' in:\n%s", want[i], out);
+    assert_non_null(strstr(out, want[i]));
+  }
+  /* our process row shows the pin */
+  char row[64];
+  snprintf(row, sizeof row, "%-8d %-9s %-5d %-5s %6d", (int)getpid(), "other", -1, "alive", 1);
+  assert_non_null(strstr(out, row));
+  assert_int_equal(DTU_RUN(out, "inspect", name, "--json", "--check"), 0);
+  const char *jw[] = {"\"header\":{", "\"layout\":\"1.0\"", "\"slots\":{\"total\":256", "\"published\":39",
+                      "\"pinned\":1", "\"namespaces\":[{\"id\":0,\"name\":\"chat\",\"blocks\":39",
+                      "\"type\":\"removed\"", "\"check\":{\"clean\":true", "\"probe_histogram\":[",
+                      "\"daemon\":{\"running\":false"};
+  for (size_t i = 0; i < sizeof jw / sizeof jw[0]; i++) {
+    if (!strstr(out, jw[i])) fprintf(stderr, "# missing '%s' in:\n%s", jw[i], out);
+    assert_non_null(strstr(out, jw[i]));
+  }
+  /* inspect consumed nothing: the removed event is still there for a drainer */
+  umbp_event ev[4];
+  assert_int_equal(umbp_events_drain(p, ev, 4), 1);
+  assert_int_equal(ev[0].type, UMBP_EV_REMOVED);
+  /* --watch redraws until SIGINT, then exits 0 */
+  int fd;
+  char *argv[] = {(char *)dtu_tool(), "inspect", (char *)name, "--watch", "0.1", NULL};
+  pid_t w = tu_spawn(argv, &fd);
+  dtu_sleep_ms(450);
+  kill(w, SIGINT);
+  size_t l = 0;
+  ssize_t r;
+  while ((r = read(fd, out + l, sizeof out - 1 - l)) > 0) l += (size_t)r;
+  out[l] = 0;
+  close(fd);
+  assert_int_equal(tu_wait(w), 0);
+  int draws = 0;
+  for (char *q = out; (q = strstr(q, "partitions:")); q++) draws++;
+  assert_true(draws >= 2);
+  umbp_unpin(p, s);
+  umbp_pool_detach(p);
+  umbp_pool_destroy(name);
+}
+
+static void expect_violation(const char *name, const char *needle) {
+  int rc = DTU_RUN(out, "inspect", name, "--check");
+  if (rc != 1 || !strstr(out, needle)) fprintf(stderr, "# exit %d, wanted '%s' in:\n%s", rc, needle, out);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, needle));
+}
+
+/* --check on deliberately corrupted states, each repaired afterwards */
+static void test_check_corrupted(void **st) {
+  (void)st;
+  const char *name = tu_name("dcheck");
+  umbp_pool *p = mk_pool(name, 128);
+  uint32_t ns;
+  assert_int_equal(umbp_ns_register(p, "chat", &ns), 0);
+  publish_set(p, ns, 30);
+  assert_int_equal(check_cli(name), 0);
+  umbp_check_report *r = malloc(sizeof *r);
+  assert_int_equal(umbp_pool_check(p, r), 0);
+  assert_int_equal(r->n_violations, 0);
+  assert_int_equal(r->slots, 128);
+  assert_int_equal(r->ways, 30);
+  assert_int_equal(r->ring_entries, 98);
+
+  struct umbp_index *ix = p->index;
+  /* 1. a way that points at a FREE slot */
+  uint32_t free_slot = UMBP_NO_SLOT;
+  for (uint32_t s = 0; s < ix->slot_count && free_slot == UMBP_NO_SLOT; s++)
+    if (ST_STATE(atomic_load(&ix->meta[s].state)) == UMBP_SLOT_FREE) free_slot = s;
+  uint32_t b = 0, w = 0;
+  for (b = 0; b <= ix->bmask; b++) {
+    for (w = 0; w < UMBP_BUCKET_WAYS; w++)
+      if (!atomic_load(&ix->buckets[b].way[w])) break;
+    if (w < UMBP_BUCKET_WAYS) break;
+  }
+  atomic_store(&ix->buckets[b].way[w], (0x1234ull << 32) | (free_slot + 1));
+  char want[160];
+  snprintf(want, sizeof want, "bucket %u points at slot %u, which is FREE", b, free_slot);
+  expect_violation(name, want);
+  atomic_store(&ix->buckets[b].way[w], 0);
+  assert_int_equal(check_cli(name), 0);
+
+  /* 2. a published slot with its way removed: unreachable */
+  umbp_key k0 = itu_key(ns, 0, 0);
+  uint32_t s0;
+  assert_int_equal(umbp_lookup_pin(p, &k0, &s0), 0);
+  umbp_unpin(p, s0);
+  uint64_t saved = 0;
+  uint32_t sb = 0, sw = 0;
+  for (uint32_t bb = 0; bb <= ix->bmask && !saved; bb++)
+    for (uint32_t ww = 0; ww < UMBP_BUCKET_WAYS; ww++) {
+      uint64_t v = atomic_load(&ix->buckets[bb].way[ww]);
+      if (v && (uint32_t)v == s0 + 1) {
+        saved = v;
+        sb = bb;
+        sw = ww;
+        break;
+      }
+    }
+  assert_true(saved != 0);
+  atomic_store(&ix->buckets[sb].way[sw], 0);
+  snprintf(want, sizeof want, "slot %u is PUBLISHED but no bucket points at it", s0);
+  expect_violation(name, want);
+  /* ... and reachable twice */
+  atomic_store(&ix->buckets[sb].way[sw], saved);
+  uint32_t w2 = 0;
+  for (w2 = 0; w2 < UMBP_BUCKET_WAYS; w2++)
+    if (!atomic_load(&ix->buckets[sb].way[w2])) break;
+  assert_true(w2 < UMBP_BUCKET_WAYS);
+  atomic_store(&ix->buckets[sb].way[w2], saved);
+  snprintf(want, sizeof want, "slot %u is reachable from 2 ways", s0);
+  expect_violation(name, want);
+  atomic_store(&ix->buckets[sb].way[w2], 0);
+  assert_int_equal(check_cli(name), 0);
+
+  /* 3. a free slot taken off its ring and dropped: lost capacity */
+  union {
+    uint64_t v;
+    unsigned char b[UMBP_RING_MAX_ELEM];
+  } e;
+  assert_int_equal(umbp_ring_dequeue(ix->rings[0], &e, p->owner_id), 0);
+  snprintf(want, sizeof want, "slot %llu is FREE but on no free ring", (unsigned long long)e.v);
+  expect_violation(name, want);
+  /* ... and put back twice */
+  assert_int_equal(umbp_ring_enqueue(ix->rings[0], &e, p->owner_id), 0);
+  assert_int_equal(check_cli(name), 0);
+  assert_int_equal(umbp_ring_enqueue(ix->rings[0], &e, p->owner_id), 0);
+  snprintf(want, sizeof want, "slot %llu is on the free rings 2 times", (unsigned long long)e.v);
+  expect_violation(name, want);
+  union { uint64_t v; unsigned char b[UMBP_RING_MAX_ELEM]; } tmp[128];
+  unsigned got = 0;
+  while (got < 128 && umbp_ring_dequeue(ix->rings[0], &tmp[got], p->owner_id) == 0) got++;
+  unsigned put = 0;
+  bool dropped = false;
+  for (unsigned i = 0; i < got; i++) {
+    if (tmp[i].v == e.v && !dropped) {
+      dropped = true;
+      continue;
+    }
+    put += umbp_ring_enqueue(ix->rings[0], &tmp[i], p->owner_id) == 0;
+  }
+  assert_int_equal(put, got - 1);
+  assert_int_equal(check_cli(name), 0);
+
+  /* 4. a pin byte of a registry slot that no process holds */
+  atomic_store(&ix->pins[s0].by_proc[63], 1);
+  snprintf(want, sizeof want, "slot %u holds 1 pin(s) of registry slot 63", s0);
+  expect_violation(name, want);
+  atomic_store(&ix->pins[s0].by_proc[63], 0);
+
+  /* 5. a namespace count that disagrees */
+  atomic_fetch_add(&ix->ns[ns].used_slots, 5);
+  expect_violation(name, "namespace 0 ('chat') counts 35 used slots but 30 slots hold its blocks");
+  atomic_fetch_sub(&ix->ns[ns].used_slots, 5);
+
+  /* 6. an unknown state byte and a reservation of nobody */
+  uint64_t sv = atomic_load(&ix->meta[free_slot].state);
+  atomic_store(&ix->meta[free_slot].state, ST_MAKE(7, 0, ST_GEN(sv)));
+  snprintf(want, sizeof want, "slot %u has state byte 7", free_slot);
+  expect_violation(name, want);
+  atomic_store(&ix->meta[free_slot].state, ST_MAKE(UMBP_SLOT_RESERVED, 40, ST_GEN(sv)));
+  snprintf(want, sizeof want, "slot %u is RESERVED by registry slot 39, which no process holds", free_slot);
+  expect_violation(name, want);
+  atomic_store(&ix->meta[free_slot].state, sv);
+
+  /* 7. an overflow counter below the displaced entries */
+  uint32_t home = 0, disp = 0;
+  for (uint32_t bb = 0; bb <= ix->bmask; bb++) {
+    for (unsigned ww = 0; ww < UMBP_BUCKET_WAYS; ww++) {
+      uint64_t v = atomic_load(&ix->buckets[bb].way[ww]);
+      if (!v) continue;
+      uint32_t hh = (uint32_t)umbp_key_hash(&ix->meta[(uint32_t)v - 1].key) & ix->bmask;
+      if (hh != bb) {
+        home = hh;
+        disp = 1;
+      }
+    }
+  }
+  if (!disp) {
+    /* no displaced entry yet: make one by moving a way one bucket on */
+    umbp_key k1 = itu_key(ns, 1, 0);
+    uint32_t s1;
+    assert_int_equal(umbp_lookup_pin(p, &k1, &s1), 0);
+    umbp_unpin(p, s1);
+    uint64_t h = umbp_key_hash(&ix->meta[s1].key);
+    home = (uint32_t)h & ix->bmask;
+    struct umbp_bucket *hb = &ix->buckets[home], *nb = &ix->buckets[(home + 1) & ix->bmask];
+    for (unsigned ww = 0; ww < UMBP_BUCKET_WAYS; ww++)
+      if ((uint32_t)atomic_load(&hb->way[ww]) == s1 + 1) {
+        uint64_t v = atomic_exchange(&hb->way[ww], 0);
+        for (unsigned w3 = 0; w3 < UMBP_BUCKET_WAYS; w3++) {
+          uint64_t z = 0;
+          if (atomic_compare_exchange_strong(&nb->way[w3], &z, v)) break;
+        }
+      }
+    atomic_fetch_add(&hb->overflow, 1);
+    assert_int_equal(check_cli(name), 0); /* consistent again */
+  }
+  uint32_t ov = atomic_exchange(&ix->buckets[home].overflow, 0);
+  snprintf(want, sizeof want, "bucket %u's overflow count is 0", home);
+  expect_violation(name, want);
+  atomic_store(&ix->buckets[home].overflow, ov);
+  assert_int_equal(check_cli(name), 0);
+  verify_set(p, ns, 30);
+
+  /* the JSON form lists the violation too */
+  atomic_store(&ix->pins[s0].by_proc[62], 2);
+  assert_int_equal(DTU_RUN(out, "inspect", name, "--check", "--json"), 1);
+  assert_non_null(strstr(out, "\"clean\":false"));
+  assert_non_null(strstr(out, "pin(s) of registry slot 62"));
+  atomic_store(&ix->pins[s0].by_proc[62], 0);
+  assert_int_equal(umbp_pool_check(p, r), 0);
+  assert_int_equal(r->n_violations, 0);
+  free(r);
+  umbp_pool_detach(p);
+  umbp_pool_destroy(name);
+}
+
+/* missing, corrupted and foreign pools; bad options */
+static void test_bad_input(void **st) {
+  (void)st;
+  assert_int_equal(DTU_RUN(out, "inspect", "no-such-pool-xyz"), 1);
+  assert_non_null(strstr(out, "no pool named 'no-such-pool-xyz'"));
+  assert_non_null(strstr(out, "umbp pool create"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "no-such-pool-xyz", "--foreground"), 1);
+  assert_non_null(strstr(out, "give --capacity SIZE"));
+  /* usage errors: exit 2 */
+  assert_int_equal(DTU_RUN(out, "inspect"), 2);
+  assert_non_null(strstr(out, "missing pool NAME"));
+  assert_int_equal(DTU_RUN(out, "inspect", "x", "--watch", "soon"), 2);
+  assert_int_equal(DTU_RUN(out, "inspect", "bad/name"), 2);
+  assert_int_equal(DTU_RUN(out, "inspect", "x", "--check", "--watch", "1"), 2);
+  assert_int_equal(DTU_RUN(out, "daemon", "--capacity", "1MiB"), 2);
+  assert_non_null(strstr(out, "--pool NAME is required"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--quota", "chat"), 2);
+  assert_non_null(strstr(out, "NAMESPACE=SIZE"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "lots"), 2);
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--evict-low", "50", "--evict-high", "40"), 2);
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--bogus"), 2);
+  assert_int_equal(DTU_RUN(out, "daemon", "--help"), 0);
+  assert_non_null(strstr(out, "Exit status"));
+  assert_int_equal(DTU_RUN(out, "inspect", "--help"), 0);
+  assert_non_null(strstr(out, "Exit status"));
+
+  /* not a pool at all */
+  const char *junk = tu_name("djunk");
+  char path[256];
+  snprintf(path, sizeof path, "/dev/shm/umbp.%s", junk);
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+  assert_true(fd >= 0);
+  char garbage[8192];
+  memset(garbage, 0x5a, sizeof garbage);
+  assert_int_equal(write(fd, garbage, sizeof garbage), (ssize_t)sizeof garbage);
+  close(fd);
+  assert_int_equal(DTU_RUN(out, "inspect", junk), 1);
+  assert_non_null(strstr(out, "is not a umbp pool"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", junk, "--foreground"), 1);
+  assert_non_null(strstr(out, "is not a umbp pool"));
+  unlink(path);
+
+  /* a real pool whose header was damaged: checksum names the fix */
+  const char *bad = tu_name("dcorrupt");
+  umbp_pool *p = mk_pool(bad, 64);
+  umbp_pool_detach(p);
+  snprintf(path, sizeof path, "/dev/shm/umbp.%s", bad);
+  fd = open(path, O_RDWR);
+  uint32_t sc = 12345;
+  assert_int_equal(pwrite(fd, &sc, 4, offsetof(struct umbp_shm_header, slot_count)), 4);
+  close(fd);
+  assert_int_equal(DTU_RUN(out, "inspect", bad), 1);
+  assert_non_null(strstr(out, "checksum"));
+  assert_non_null(strstr(out, "destroy the pool"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", bad, "--foreground", "--capacity", "1MiB"), 1);
+  assert_non_null(strstr(out, "umbp pool destroy"));
+  /* truncated */
+  umbp_pool_destroy(bad);
+  p = mk_pool(bad, 64);
+  umbp_pool_detach(p);
+  assert_int_equal(truncate(path, 1 << 20), 0);
+  assert_int_equal(DTU_RUN(out, "inspect", bad), 1);
+  assert_non_null(strstr(out, "truncated"));
+  umbp_pool_destroy(bad);
+}
+
+/* the daemon never adopts another uid's segment */
+static void test_other_uid_refused(void **st) {
+  (void)st;
+  if (geteuid() != 0) {
+    fprintf(stderr, "# skipped: needs root to chown a pool file to nobody (running as uid %u)\n", (unsigned)geteuid());
+    skip();
+  }
+  const char *name = tu_name("duid");
+  umbp_pool *p = mk_pool(name, 64);
+  assert_int_equal(fchown(p->fd, NOBODY, NOBODY), 0);
+  umbp_pool_detach(p);
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", name, "--foreground"), 1);
+  if (!strstr(out, "belongs to uid 65534")) fprintf(stderr, "# got: %s", out);
+  assert_non_null(strstr(out, "refusing to adopt"));
+  assert_non_null(strstr(out, "belongs to uid 65534"));
+  assert_int_equal(dtu_daemon_pid(name, &(int){0}), 0);
+  /* and nobody cannot adopt root's pool either: the file is 0600 of root */
+  umbp_pool_destroy(name);
+  p = mk_pool(name, 64);
+  umbp_pool_detach(p);
+  assert_int_equal(DTU_RUN_AS(NOBODY, out, "daemon", "--pool", name, "--foreground"), 1);
+  assert_non_null(strstr(out, "belongs to another user"));
+  umbp_pool_destroy(name);
+}
+
+/* inspect works with read permission only */
+static void test_inspect_read_only_user(void **st) {
+  (void)st;
+  if (geteuid() != 0) {
+    fprintf(stderr, "# skipped: needs root to drop to nobody (running as uid %u)\n", (unsigned)geteuid());
+    skip();
+  }
+  if (access(dtu_tool(), X_OK) != 0) skip();
+  const char *name = tu_name("dro");
+  umbp_pool *p = mk_pool(name, 64);
+  uint32_t ns;
+  assert_int_equal(umbp_ns_register(p, "chat", &ns), 0);
+  publish_set(p, ns, 10);
+  /* 0600 root: nobody may not read it */
+  int rc = DTU_RUN_AS(NOBODY, out, "inspect", name);
+  if (rc == 126) {
+    fprintf(stderr, "# skipped: %s", out);
+    umbp_pool_detach(p);
+    umbp_pool_destroy(name);
+    skip();
+  }
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, "for reading"));
+  /* 0644: nobody reads it, check included, and the segment is unchanged */
+  assert_int_equal(fchmod(p->fd, 0644), 0);
+  uint64_t gen = atomic_load(&p->hdr->run_generation);
+  umbp_pool_info before;
+  umbp_pool_get_info(p, &before);
+  rc = DTU_RUN_AS(NOBODY, out, "inspect", name, "--check");
+  if (rc) fprintf(stderr, "# %s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "10 published"));
+  assert_non_null(strstr(out, "check: clean"));
+  assert_int_equal(DTU_RUN_AS(NOBODY, out, "inspect", name, "--json"), 0);
+  assert_non_null(strstr(out, "\"file_mode\":420"));
+  umbp_pool_info after;
+  umbp_pool_get_info(p, &after);
+  assert_int_equal(atomic_load(&p->hdr->run_generation), gen);
+  assert_int_equal(after.procs_live, before.procs_live); /* no registry slot taken */
+  verify_set(p, ns, 10);
+  umbp_pool_detach(p);
+  umbp_pool_destroy(name);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_daemon_kill9_keeps_blocks), cmocka_unit_test(test_second_daemon_refused),
+      cmocka_unit_test(test_daemonise),                 cmocka_unit_test(test_sighup_quotas),
+      cmocka_unit_test(test_inspect_text_json),         cmocka_unit_test(test_check_corrupted),
+      cmocka_unit_test(test_bad_input),                 cmocka_unit_test(test_other_uid_refused),
+      cmocka_unit_test(test_inspect_read_only_user),
+  };
+  return cmocka_run_group_tests_name("daemon", tests, NULL, NULL);
+}
