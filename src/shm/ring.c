@@ -146,11 +146,14 @@ unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owne
       atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
       return dropped + 1;
     }
-    if (umbp_ring_dequeue_burst(ring, scratch, 1, owner) == 1) {
+    /* Consume exactly one position: a tombstone makes room without costing
+     * an element, a real element is dropped and counted. */
+    unsigned npos;
+    if (umbp_ring__dequeue_pass(ring, (unsigned char *)scratch, 1, 1, owner, &npos) == 1) {
       /* Relaxed: a statistic; no data is published through it. */
       atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
       dropped++;
-    } else {
+    } else if (npos == 0) {
       umbp_ring__relax();
     }
   }

@@ -64,9 +64,13 @@
  *     before the call).
  *   - Killed while helping a position: that is a single CAS, nothing to
  *     repair.  Killed between the claims of a burst and their completion:
- *     every claimed cell is in one of the two states above.
+ *     every claimed cell is in one of the two states above (a burst claims
+ *     all its cells before it copies or publishes any, and a dequeue call
+ *     releases cells only in the pass that returns them).
  *   - Elements a consumer has fully dequeued belong to that process; if it
  *     dies with them in private memory they are gone (the ring cannot know).
+ *     Callers that must not lose an element act on it while the cell is
+ *     still READING (two-phase dequeue, see ring_claim.h).
  * The reaper learns that an owner is dead from the process registry (not
  * here) and must finish the repair before that owner id is reused.
  *
@@ -102,6 +106,14 @@
  * ordering labels); Concurrency Kit ck_ring (integer-only control block);
  * pmdk's run-id locks (an owner recorded in the shared word so that a reaper
  * can undo exactly its work).
+ *
+ * Trust.  check_header validates the immutable geometry once, against the
+ * caller's mapping size; the hot paths then read capacity/mask/elem_size from
+ * the shared line 0 on every call.  A peer that rewrites line 0 after that is
+ * outside the model (it could equally scribble over payloads).  Whatever the
+ * cell words and positions hold, every access stays inside the cells.
+ * Versions: a ring of another layout major or ABI fingerprint is refused by
+ * check_header; the ring holds no state that outlives its segment.
  *
  * Concurrency table: enqueue*, dequeue*, enqueue_overwrite, count, dropped
  * and repair may all run at the same time from any thread of any process
@@ -242,8 +254,9 @@ int umbp_ring_check_header(const void *mem, size_t mem_bytes);
  * 2*capacity + 1024 attempts the element still does not fit (the cell it
  * needs is being read by a consumer that is slow, stopped or dead and not yet
  * repaired, and nothing older is left to drop), the new element itself is
- * dropped, counted and included in the returned number.  Context and ordering
- * as umbp_ring_enqueue_burst / umbp_ring_dequeue_burst; drops happen under
+ * dropped, counted and included in the returned number.  Tombstones in the way
+ * are consumed (one position per attempt) without counting.  Context and
+ * ordering as umbp_ring_enqueue_burst / umbp_ring_dequeue_burst; drops happen under
  * `owner`, so a process killed mid-drop is repaired like any consumer. */
 unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owner);
 
@@ -396,74 +409,90 @@ static inline unsigned umbp_ring_enqueue_burst(void *ring, const void *elems, un
   return k;
 }
 
+/* One pass of the consumer: claim up to n elements among at most max_pos (<=
+ * 64) consecutive positions starting at deq_pos (tombstones are claimed and
+ * released on the way), advance deq_pos once, then copy out and release.
+ * Returns the elements written to dst; *ret_npos = positions consumed,
+ * tombstones included (0: empty).  Ordering as umbp_ring_dequeue_burst. */
+static inline unsigned umbp_ring__dequeue_pass(void *ring, unsigned char *dst, unsigned n, unsigned max_pos,
+                                               uint16_t owner, unsigned *ret_npos) {
+  struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
+  const uint32_t cap = h->capacity, esz = h->elem_size;
+  uint64_t pos = atomic_load_explicit(&h->deq_pos, memory_order_relaxed);
+  unsigned k = 0, real = 0;
+  uint64_t skips = 0; /* bit i: position pos + i was a tombstone, already released */
+  *ret_npos = 0;
+  while (real < n && k < max_pos) {
+    struct umbp_ring_cell *c = umbp_ring__cell(h, pos + k);
+    uint64_t w = atomic_load_explicit(&c->word, memory_order_relaxed);
+    int64_t d = umbp_ring__seqdiff(umbp_ring__wseq(w), pos + k + 1);
+    if (d == 0 && umbp_ring__wkind(w) == UMBP_RING_STABLE) {
+      /* [A1] acquire: the producer's payload is visible. */
+      if (atomic_compare_exchange_strong_explicit(&c->word, &w,
+                                                  umbp_ring__word(pos + k + 1, UMBP_RING_READING, owner),
+                                                  memory_order_acquire, memory_order_relaxed)) {
+        UMBP_RING__HOOK(UMBP_RING_HOOK_CONSUMER_CLAIMED, ring, pos + k, owner);
+        real++;
+        k++;
+      }
+      continue; /* claimed, or lost the race: look at the cell again */
+    }
+    if (d == 0 && umbp_ring__wkind(w) == UMBP_RING_SKIP) {
+      /* Claim and release a tombstone in one CAS: [A3] acquire from the
+       * repair's [R3], [R2s] release to the next lap's producer [A2]. */
+      if (atomic_compare_exchange_strong_explicit(&c->word, &w,
+                                                  umbp_ring__word(pos + k + cap, UMBP_RING_STABLE, 0),
+                                                  memory_order_acq_rel, memory_order_relaxed)) {
+        skips |= UINT64_C(1) << k;
+        k++;
+      }
+      continue;
+    }
+    if (k > 0) break; /* keep the run we have */
+    if (d < 0) return 0; /* not yet full (free or WRITING): empty */
+    /* READING by another consumer, or already consumed: help and retry. */
+    umbp_ring__help(&h->deq_pos, pos);
+    pos = atomic_load_explicit(&h->deq_pos, memory_order_relaxed);
+  }
+  umbp_ring__advance(&h->deq_pos, pos, pos + k);
+  unsigned got = 0;
+  for (unsigned i = 0; i < k; i++) {
+    if (skips & (UINT64_C(1) << i)) continue;
+    struct umbp_ring_cell *c = umbp_ring__cell(h, pos + i);
+    umbp_ring__copy(dst + (size_t)got * esz, c->payload, esz);
+    got++;
+    /* [R2] the payload has been read; pairs with the next producer's [A2]. */
+    atomic_store_explicit(&c->word, umbp_ring__word(pos + i + cap, UMBP_RING_STABLE, 0), memory_order_release);
+  }
+  *ret_npos = k;
+  return got;
+}
+
 /* Dequeue up to n elements into elems (room for n * elem_size bytes), oldest
- * first.  Tombstones (SKIP cells) are consumed and discarded on the way and are
- * not counted.  Returns how many elements were written to elems; 0 when the
- * ring is empty (or n == 0).  Fewer than n when the ring runs dry or the next
- * position is claimed by another consumer.  Calling context as
- * umbp_ring_enqueue_burst.  Lock-free, never blocks.
+ * first, from one run of consecutive positions.  Tombstones (SKIP cells) are
+ * consumed and discarded on the way and are not counted.  Returns how many
+ * elements were written to elems; 0 when the ring is empty (or n == 0).
+ * Fewer than n when the ring runs dry, the next position is claimed by another
+ * consumer first, or the run reached 64 positions (tombstones included).
+ * Claims are made first, copies and releases after, and elements only leave
+ * the ring in the pass that returns them: a process killed inside the call
+ * leaves every element it had not returned in a READING cell for repair.
+ * Calling context as umbp_ring_enqueue_burst.  Lock-free, never blocks.
  * Ordering: each claim CAS acquires [A1] (pairs with the producer's [R1])
  * before the payload is read; each cell is handed to the next lap by
  * store-release [R2], paired with that producer's claim [A2]. */
 static inline unsigned umbp_ring_dequeue_burst(void *ring, void *elems, unsigned n, uint16_t owner) {
-  struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
-  const uint32_t cap = h->capacity, esz = h->elem_size;
-  unsigned char *dst = (unsigned char *)elems;
-  unsigned got = 0;
-
-  while (got < n) {
-    uint64_t pos = atomic_load_explicit(&h->deq_pos, memory_order_relaxed);
-    unsigned k = 0, real = 0, want = n - got;
-    uint64_t skips = 0; /* bit i: position pos + i was a tombstone, already released */
-    int empty = 0;
-    while (real < want && k < 64) {
-      struct umbp_ring_cell *c = umbp_ring__cell(h, pos + k);
-      uint64_t w = atomic_load_explicit(&c->word, memory_order_relaxed);
-      int64_t d = umbp_ring__seqdiff(umbp_ring__wseq(w), pos + k + 1);
-      if (d == 0 && umbp_ring__wkind(w) == UMBP_RING_STABLE) {
-        /* [A1] acquire: the producer's payload is visible. */
-        if (atomic_compare_exchange_strong_explicit(&c->word, &w,
-                                                    umbp_ring__word(pos + k + 1, UMBP_RING_READING, owner),
-                                                    memory_order_acquire, memory_order_relaxed)) {
-          UMBP_RING__HOOK(UMBP_RING_HOOK_CONSUMER_CLAIMED, ring, pos + k, owner);
-          real++;
-          k++;
-        }
-        continue;
-      }
-      if (d == 0 && umbp_ring__wkind(w) == UMBP_RING_SKIP) {
-        /* Claim and release a tombstone in one CAS: [A3] acquire from the
-         * repair's [R3], [R2s] release to the next lap's producer [A2]. */
-        if (atomic_compare_exchange_strong_explicit(&c->word, &w,
-                                                    umbp_ring__word(pos + k + cap, UMBP_RING_STABLE, 0),
-                                                    memory_order_acq_rel, memory_order_relaxed)) {
-          skips |= UINT64_C(1) << k;
-          k++;
-        }
-        continue;
-      }
-      if (k > 0) {
-        empty = d < 0;
-        break;
-      }
-      if (d < 0) return got; /* not yet full (free or WRITING): empty */
-      /* READING by another consumer, or already consumed: help and retry. */
-      umbp_ring__help(&h->deq_pos, pos);
-      pos = atomic_load_explicit(&h->deq_pos, memory_order_relaxed);
-    }
-    umbp_ring__advance(&h->deq_pos, pos, pos + k);
-    for (unsigned i = 0; i < k; i++) {
-      if (skips & (UINT64_C(1) << i)) continue;
-      struct umbp_ring_cell *c = umbp_ring__cell(h, pos + i);
-      umbp_ring__copy(dst + (size_t)got * esz, c->payload, esz);
-      got++;
-      /* [R2] the payload has been read; pairs with the next producer's [A2]. */
-      atomic_store_explicit(&c->word, umbp_ring__word(pos + i + cap, UMBP_RING_STABLE, 0),
-                            memory_order_release);
-    }
-    if (empty) break;
+  if (n == 0) return 0;
+  for (;;) {
+    unsigned npos;
+    unsigned got = umbp_ring__dequeue_pass(ring, (unsigned char *)elems, n, 64, owner, &npos);
+    /* Return as soon as a pass has handed out anything: an element leaves the
+     * ring only in the pass whose call returns it, so a consumer killed in
+     * the middle of a call loses nothing the call had not yet returned (its
+     * claims are READING and repair hands them over).  Another pass only
+     * follows a pass that met nothing but tombstones. */
+    if (got || npos == 0) return got;
   }
-  return got;
 }
 
 /* Enqueue one element.  Returns 0, or -ENOSPC when the ring is full.  Context
