@@ -563,7 +563,11 @@ int cmd_daemon(int argc, char **argv) {
     umbp_pool_heartbeat(p);
     n = umbp_pool_reap(p);
     if (n > 0) dlog("reaped %d dead process%s", n, n == 1 ? "" : "es");
-    umbp_reclaim(p);
+    /* No umbp_reclaim() here: the evictor thread reclaims every period. This
+     * thread must stay free to reap. A free-ring enqueue (free_slot, index.c)
+     * waits, without a bound, for a cell that a killed consumer still claims
+     * until that consumer is reaped; if this thread waited for the evictor's
+     * limbo lock meanwhile, no one would reap it and the pool would wedge. */
   }
   dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
   umbp_evictor_stop(p);

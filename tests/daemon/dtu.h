@@ -85,6 +85,23 @@ static inline int dtu_daemon_pid(const char *name, int *pid) {
   return rc;
 }
 
+/* Daemons started by this test process, killed by dtu_kill_daemons() (a
+ * cmocka teardown) so that a failed assertion does not leave one running. */
+static pid_t dtu_daemons[64];
+static unsigned dtu_ndaemons;
+static inline void dtu_track(pid_t pid) {
+  if (pid > 0 && dtu_ndaemons < 64) dtu_daemons[dtu_ndaemons++] = pid;
+}
+static inline int dtu_kill_daemons(void **state) {
+  (void)state;
+  for (unsigned i = 0; i < dtu_ndaemons; i++)
+    if (kill(dtu_daemons[i], 0) == 0) kill(dtu_daemons[i], SIGKILL);
+  while (waitpid(-1, NULL, WNOHANG) > 0) {
+  }
+  dtu_ndaemons = 0;
+  return 0;
+}
+
 /* Start `umbp daemon --pool NAME --foreground ARGS...` with its stderr
  * appended to log; waits until it holds the pool. Returns its pid. */
 static inline pid_t dtu_daemon_start(const char *name, const char *log, const char *const *args) {
@@ -109,6 +126,7 @@ static inline pid_t dtu_daemon_start(const char *name, const char *log, const ch
     execv(argv[0], (char *const *)argv);
     _exit(127);
   }
+  dtu_track(pid);
   for (int i = 0; i < 2000; i++) {
     int dp = -1;
     if (dtu_daemon_pid(name, &dp) == 1 && dp == pid) return pid;

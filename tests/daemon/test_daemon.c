@@ -181,6 +181,7 @@ static void test_daemonise(void **st) {
                    "--log", log);
   assert_int_equal(rc, 0);
   int pid = 0;
+  dtu_track(strstr(out, "served by pid ") ? atoi(strstr(out, "served by pid ") + 14) : -1);
   assert_int_equal(sscanf(strstr(out, "served by pid ") ? strstr(out, "served by pid ") : "", "served by pid %d", &pid), 1);
   int dp;
   assert_int_equal(dtu_daemon_pid(name, &dp), 1);
@@ -649,11 +650,11 @@ static void test_inspect_read_only_user(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_daemon_kill9_keeps_blocks), cmocka_unit_test(test_second_daemon_refused),
-      cmocka_unit_test(test_daemonise),                 cmocka_unit_test(test_sighup_quotas),
-      cmocka_unit_test(test_inspect_text_json),         cmocka_unit_test(test_check_corrupted),
-      cmocka_unit_test(test_bad_input),                 cmocka_unit_test(test_other_uid_refused),
-      cmocka_unit_test(test_inspect_read_only_user),
+      cmocka_unit_test_teardown(test_daemon_kill9_keeps_blocks, dtu_kill_daemons), cmocka_unit_test_teardown(test_second_daemon_refused, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_daemonise, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_sighup_quotas, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_inspect_text_json, dtu_kill_daemons),         cmocka_unit_test_teardown(test_check_corrupted, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_bad_input, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_other_uid_refused, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_inspect_read_only_user, dtu_kill_daemons),
   };
   return cmocka_run_group_tests_name("daemon", tests, NULL, NULL);
 }

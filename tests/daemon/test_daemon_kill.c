@@ -158,6 +158,6 @@ static void test_kill_rounds(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_kill_rounds)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test_teardown(test_kill_rounds, dtu_kill_daemons)};
   return cmocka_run_group_tests_name("daemon-kill", tests, NULL, NULL);
 }

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Bounded fuzz run for CI: build, then run fuzz_attach for SECONDS (default 60;
+# env UMBP_FUZZ_SECONDS or the first argument) from the generated seeds. Exits
+# non-zero on any crash or sanitizer report (the reproducer is left in OUTDIR).
+#   fuzz/run.sh [SECONDS] [OUTDIR]
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+secs="${1:-${UMBP_FUZZ_SECONDS:-60}}"
+out="${2:-$(cd "$here/.." && pwd)/build-fuzz}"
+bash "$here/build.sh" "$out" >/dev/null
+mkdir -p "$out/work"
+cd "$out"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ./fuzz_attach -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=4096 \
+  -artifact_prefix="$out/" -print_final_stats=1 work corpus
