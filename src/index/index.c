@@ -80,6 +80,7 @@
  */
 #include "index/index_internal.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -148,9 +149,19 @@ static void tl_destructor(void *arg) {
 static void tl_init_key(void) { pthread_key_create(&tl_key, tl_destructor); }
 
 /* This thread's slot for ix: reader line and ledger index. NULL: all 64 taken. */
-static struct tl_slot *thread_slot(struct umbp_index *ix) {
+static _Thread_local struct tl_slot *tl_last; /* the slot of the last pool this thread used */
+
+static struct tl_slot *thread_slot_slow(struct umbp_index *ix);
+
+static inline struct tl_slot *thread_slot(struct umbp_index *ix) {
+  struct tl_slot *t = tl_last;
+  if (UMBP_LIKELY(t && t->instance == ix->instance)) return t;
+  return thread_slot_slow(ix);
+}
+
+static struct tl_slot *thread_slot_slow(struct umbp_index *ix) {
   for (unsigned i = 0; i < TL_MAX; i++)
-    if (tl.s[i].instance == ix->instance) return &tl.s[i];
+    if (tl.s[i].instance == ix->instance) return tl_last = &tl.s[i];
   struct tl_slot *t = NULL;
   for (unsigned i = 0; i < TL_MAX && !t; i++)
     if (!tl.s[i].instance) t = &tl.s[i];
@@ -190,7 +201,7 @@ static struct tl_slot *thread_slot(struct umbp_index *ix) {
     pthread_setspecific(tl_key, &tl);
     tl_registered = true;
   }
-  return t;
+  return tl_last = t;
 }
 
 /* ---- read sections --------------------------------------------------------- */
@@ -255,18 +266,24 @@ static int key_to_shm(const umbp_key *k, struct umbp_key_shm *out) {
   if (!k) return umbp_fail(-EINVAL, "key is NULL");
   if (k->hash_len < 1 || k->hash_len > UMBP_HASH_MAX)
     return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_HASH_MAX);
-  out->ns = k->ns;
-  out->tp = k->tp_rank;
-  out->pcp = k->pcp_rank;
-  out->dcp = k->dcp_rank;
-  out->pp = k->pp_rank;
-  out->group = k->group;
-  out->hash_len = k->hash_len;
-  out->pad = 0;
-  /* fixed-size copy (the caller's hash array is always 32 bytes), then clear
-   * what lies past hash_len: no variable-length memcpy on the lookup path */
-  memcpy(out->hash, k->hash, UMBP_HASH_MAX);
-  if (UMBP_UNLIKELY(k->hash_len < UMBP_HASH_MAX)) memset(out->hash + k->hash_len, 0, UMBP_HASH_MAX - k->hash_len);
+  /* Written as six whole 64-bit words, in the layout of struct umbp_key_shm
+   * (little-endian), so that the hash's 64-bit loads right after are served by
+   * store forwarding instead of stalling on a dozen narrow stores. The hash
+   * array is always 32 bytes in the caller's struct: a fixed-size copy, then
+   * what lies past hash_len is cleared. */
+  _Static_assert(offsetof(struct umbp_key_shm, tp) == 4 && offsetof(struct umbp_key_shm, dcp) == 8 &&
+                     offsetof(struct umbp_key_shm, group) == 12 && offsetof(struct umbp_key_shm, hash_len) == 14 &&
+                     offsetof(struct umbp_key_shm, hash) == 16,
+                 "key words");
+  uint64_t w[6];
+  w[0] = (uint64_t)k->ns | (uint64_t)k->tp_rank << 32 | (uint64_t)k->pcp_rank << 48;
+  w[1] = (uint64_t)k->dcp_rank | (uint64_t)k->pp_rank << 16 | (uint64_t)k->group << 32 | (uint64_t)k->hash_len << 48;
+  memcpy(&w[2], k->hash, UMBP_HASH_MAX);
+  if (UMBP_UNLIKELY(k->hash_len < UMBP_HASH_MAX)) {
+    unsigned char *hb = (unsigned char *)&w[2];
+    memset(hb + k->hash_len, 0, UMBP_HASH_MAX - k->hash_len);
+  }
+  memcpy(out, w, sizeof w);
   return 0;
 }
 
@@ -620,23 +637,42 @@ UMBP_API void umbp_events_enable_stored(umbp_pool *p, bool on) {
 /* ---- probing ------------------------------------------------------------------- */
 /* Find the slot holding key k (hash h). Caller is inside a read section.
  * Returns the slot or UMBP_NO_SLOT; *ret_st gets the state word seen. */
+/* The ways of bucket b whose signature is sig, as a bit mask; v[] gets the
+ * words. Loads are acquire: they pair with the release CAS in publish(), so
+ * the key and block bytes a match leads to are visible. Branch-free over the
+ * 7 ways so that the compiler keeps the loads independent. */
+static inline unsigned bucket_match(struct umbp_bucket *b, uint32_t sig, uint64_t *v) {
+  unsigned mask = 0;
+  for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
+    v[w] = atomic_load_explicit(&b->way[w], memory_order_acquire);
+    mask |= (unsigned)((uint32_t)(v[w] >> 32) == sig && v[w] != 0) << w;
+  }
+  return mask;
+}
+
+/* The slot of way word v if it holds key k published, else UMBP_NO_SLOT. */
+static inline uint32_t way_check(struct umbp_index *ix, uint64_t v, const struct umbp_key_shm *k, uint64_t *ret_st) {
+  uint32_t s = (uint32_t)v - 1;
+  if (UMBP_UNLIKELY(s >= ix->slot_count)) return UMBP_NO_SLOT; /* garbage from a buggy writer: ignore */
+  struct umbp_slot_meta *m = &ix->meta[s];
+  if (!key_eq(&m->key, k)) return UMBP_NO_SLOT;
+  uint64_t st = atomic_load_explicit(&m->state, memory_order_acquire);
+  if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) return UMBP_NO_SLOT;
+  *ret_st = st;
+  return s;
+}
+
 static inline uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st) {
   uint32_t home = (uint32_t)h & ix->bmask;
   uint32_t sig = (uint32_t)(h >> 32);
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
-    struct umbp_bucket *b = &ix->buckets[(home + d) & ix->bmask];
-    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
-      /* acquire: pairs with the release CAS in publish(); makes the key and block bytes visible */
-      uint64_t v = atomic_load_explicit(&b->way[w], memory_order_acquire);
-      if ((uint32_t)(v >> 32) != sig || !v) continue;
-      uint32_t s = (uint32_t)v - 1;
-      if (UMBP_UNLIKELY(s >= ix->slot_count)) continue; /* garbage from a buggy writer: ignore */
-      struct umbp_slot_meta *m = &ix->meta[s];
-      if (!key_eq(&m->key, k)) continue;
-      uint64_t st = atomic_load_explicit(&m->state, memory_order_acquire);
-      if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) continue;
-      *ret_st = st;
-      return s;
+    uint64_t v[UMBP_BUCKET_WAYS];
+    unsigned mask = bucket_match(&ix->buckets[(home + d) & ix->bmask], sig, v);
+    while (mask) {
+      unsigned w = (unsigned)__builtin_ctz(mask);
+      mask &= mask - 1;
+      uint32_t s = way_check(ix, v[w], k, ret_st);
+      if (s != UMBP_NO_SLOT) return s;
     }
     if (d == 0 && atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire) == 0) break;
   }
@@ -652,6 +688,8 @@ static inline struct umbp_reader_shm *reader_of(struct umbp_index *ix, struct tl
 static struct umbp_reader_shm ro_reader;
 
 static int ix_get(umbp_pool *p, struct umbp_index **ix, struct tl_slot **t) {
+  *ix = NULL;
+  *t = NULL;
   if (!p) return umbp_fail(-EINVAL, "pool is NULL");
   if (!p->index) return umbp_fail(-EROFS, "pool '%s' is attached read-only", p->name);
   *ix = p->index;
@@ -691,7 +729,6 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
   if (s != UMBP_NO_SLOT) rc = pin_slot(ix, s, st);
   else rc = -ENOENT;
   rd_unlock(r);
-  count_ns(ix, t, k.ns, UMBP_CTR_LOOKUPS, 1);
   if (rc == 0) {
     count_ns(ix, t, k.ns, UMBP_CTR_HITS, 1);
     count_ns(ix, t, k.ns, UMBP_CTR_PINS, 1);
@@ -715,23 +752,28 @@ static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_
     h[i] = umbp_key_hash(&k[i]);
     __builtin_prefetch(&ix->buckets[(uint32_t)h[i] & ix->bmask]);
   }
+  bool clean_miss[BULK_CHUNK];
   for (unsigned i = 0; i < n; i++) {
     cand[i] = UMBP_NO_SLOT;
-    struct umbp_bucket *b = &ix->buckets[(uint32_t)h[i] & ix->bmask];
-    uint32_t sig = (uint32_t)(h[i] >> 32);
-    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
-      uint64_t v = atomic_load_explicit(&b->way[w], memory_order_acquire);
-      if (v && (uint32_t)(v >> 32) == sig && (uint32_t)v - 1 < ix->slot_count) {
-        cand[i] = (uint32_t)v - 1;
-        __builtin_prefetch(&ix->meta[cand[i]]);
-        break;
+    uint32_t home = (uint32_t)h[i] & ix->bmask;
+    uint64_t v[UMBP_BUCKET_WAYS];
+    unsigned mask = bucket_match(&ix->buckets[home], (uint32_t)(h[i] >> 32), v);
+    /* no signature in the home bucket and nothing homed here overflowed: a miss, decided */
+    clean_miss[i] = !mask && atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire) == 0;
+    if (mask) {
+      uint32_t s = (uint32_t)v[__builtin_ctz(mask)] - 1;
+      if (s < ix->slot_count) {
+        cand[i] = s;
+        __builtin_prefetch(&ix->meta[s]);
       }
     }
   }
   for (unsigned i = 0; i < n; i++) {
     uint32_t s = cand[i];
     uint64_t st = 0;
-    if (s != UMBP_NO_SLOT && key_eq(&ix->meta[s].key, &k[i])) {
+    if (clean_miss[i]) {
+      s = UMBP_NO_SLOT;
+    } else if (s != UMBP_NO_SLOT && key_eq(&ix->meta[s].key, &k[i])) {
       st = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
       if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) s = UMBP_NO_SLOT;
     } else {
@@ -776,7 +818,6 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
     rd_unlock(r);
     for (unsigned i = 0; i < c; i++) {
       ret_slots[off + i] = s[i];
-      count_ns(ix, t, k[i].ns, UMBP_CTR_LOOKUPS, 1);
       count_ns(ix, t, k[i].ns, s[i] != UMBP_NO_SLOT ? UMBP_CTR_HITS : UMBP_CTR_MISSES, 1);
       if (s[i] != UMBP_NO_SLOT) {
         hits++;
@@ -791,14 +832,14 @@ UMBP_API int umbp_unpin(umbp_pool *p, uint32_t slot) {
   if (!p || !p->index) return -EINVAL;
   if (slot >= p->hdr->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
   _Atomic uint8_t *pb = &p->index->pins[slot].by_proc[p->proc_slot];
-  uint8_t cur = atomic_load_explicit(pb, memory_order_relaxed);
-  for (;;) {
-    if (cur == 0) return umbp_fail(-EINVAL, "slot %u is not pinned by this process", slot);
-    /* release: our reads of the block happen before an evictor sees the pin gone */
-    if (atomic_compare_exchange_weak_explicit(pb, &cur, (uint8_t)(cur - 1), memory_order_release,
-                                              memory_order_relaxed))
-      return 0;
-  }
+  /* only this process writes its pin byte, but its threads race: a byte that
+   * is 0 now cannot be ours to drop; one that is not stays >= 1 until we drop it
+   * unless another of our threads unpins the same pin twice (a caller bug) */
+  if (atomic_load_explicit(pb, memory_order_relaxed) == 0)
+    return umbp_fail(-EINVAL, "slot %u is not pinned by this process", slot);
+  /* release: our reads of the block happen before an evictor sees the pin gone */
+  atomic_fetch_sub_explicit(pb, 1, memory_order_release);
+  return 0;
 }
 
 UMBP_API int umbp_unpin_bulk(umbp_pool *p, unsigned n, const uint32_t *slots) {
@@ -848,7 +889,6 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
     if (t) rd_unlock(r);
     for (unsigned i = 0; i < c; i++) {
       if (t) {
-        count_ns(ix, t, k[i].ns, UMBP_CTR_LOOKUPS, 1);
         count_ns(ix, t, k[i].ns, s[i] != UMBP_NO_SLOT ? UMBP_CTR_HITS : UMBP_CTR_MISSES, 1);
       }
       if (present) present[off + i] = s[i] != UMBP_NO_SLOT;
@@ -864,8 +904,21 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
 }
 
 UMBP_API int umbp_contains(umbp_pool *p, const umbp_key *key) {
-  if (!key) return -EINVAL;
-  return contains_impl(p, 1, key, NULL, false);
+  if (UMBP_UNLIKELY(!p || !key || !p->index)) return contains_impl(p, key ? 1 : 0, key, NULL, false);
+  /* the single-key path, kept short: it is the scheduler's most frequent call */
+  struct umbp_index *ix = p->index;
+  struct tl_slot *t = thread_slot(ix);
+  if (UMBP_UNLIKELY(!t)) return -EUSERS;
+  struct umbp_key_shm k;
+  int rc = key_to_shm(key, &k);
+  if (UMBP_UNLIKELY(rc)) return rc;
+  uint64_t h = umbp_key_hash(&k), st;
+  struct umbp_reader_shm *r = reader_of(ix, t);
+  rd_lock(ix, r);
+  uint32_t s = probe(ix, &k, h, &st);
+  rd_unlock(r);
+  count_ns(ix, t, k.ns, s != UMBP_NO_SLOT ? UMBP_CTR_HITS : UMBP_CTR_MISSES, 1);
+  return s != UMBP_NO_SLOT;
 }
 
 UMBP_API int umbp_contains_bulk(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t *present) {
@@ -888,7 +941,23 @@ static void free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigne
   atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
   union ring_elem v = {.v = s};
   void *ring = part_ring(p, (unsigned)part);
-  while (umbp_ring_enqueue(ring, &v, as_owner) != 0) umbp_cpu_relax(); /* cannot be full: one cell per slot */
+  /* The ring has a cell per slot, so it is never full of slots; but a process
+   * killed while it held a cell claimed blocks producers once they lap round
+   * to that cell, until it is reaped. Reap it ourselves rather than wait. */
+  for (unsigned spins = 0; umbp_ring_enqueue(ring, &v, as_owner) != 0; spins++) {
+    umbp_cpu_relax();
+    if ((spins & 1023) != 1023) continue;
+    struct umbp_ring_hdr *rh = ring;
+    uint64_t pos = atomic_load_explicit(&rh->enq_pos, memory_order_relaxed);
+    uint64_t cw = atomic_load_explicit(&umbp_ring__cell(rh, pos)->word, memory_order_relaxed);
+    uint16_t o = umbp_ring__wowner(cw);
+    if (o && o != as_owner && o <= UMBP_MAX_PROCS && !umbp_registry_alive(p, (unsigned)(o - 1)))
+      umbp_registry_reap_slot(p, (unsigned)(o - 1));
+    if (spins > 100000) {
+      struct timespec ts = {0, 100000};
+      nanosleep(&ts, NULL);
+    }
+  }
   atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
 }
 
@@ -931,7 +1000,10 @@ static uint64_t readers_min_epoch(umbp_pool *p, bool memb) {
   uint64_t min = UINT64_MAX;
   for (unsigned ps = 0; ps < UMBP_MAX_PROCS; ps++) {
     uint64_t bits = atomic_load_explicit(&p->procs[ps].thread_bits, memory_order_acquire);
-    if (atomic_load_explicit(&p->procs[ps].state, memory_order_acquire) == UMBP_PROC_FREE && !bits) continue;
+    if (!bits) continue;
+    /* a dead process reads nothing any more, reaped or not (a reaper holding
+     * its lock makes it look alive: conservative) */
+    if ((int)ps != p->proc_slot && !umbp_registry_alive(p, ps)) continue;
     /* scan the whole row when bits are unknown (a dead process's bits stay set until reaped) */
     for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
       if (!(bits & (1ull << t))) continue;
@@ -973,6 +1045,8 @@ UMBP_API int umbp_reclaim(umbp_pool *p) {
   if (freed) atomic_fetch_sub_explicit(&ix->ih->retired_count, (uint64_t)freed, memory_order_relaxed);
   return freed;
 }
+
+#define RECLAIM_BATCH 64 /* retired slots that make a remover start a grace period */
 
 static size_t limbo_count(struct umbp_index *ix) {
   pthread_mutex_lock(&ix->limbo_mu);
@@ -1061,7 +1135,8 @@ UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
   if (s == UMBP_NO_SLOT) return -ENOENT;
   rc = try_remove(p, t, s, st, UMBP_CTR_REMOVES);
   if (rc == -EBUSY) return umbp_fail(-EBUSY, "the block is pinned by a reader: retry after it is unpinned");
-  umbp_reclaim(p);
+  /* reclaim in batches: each grace period costs one membarrier */
+  if (limbo_count(ix) >= RECLAIM_BATCH) umbp_reclaim(p);
   return rc;
 }
 
@@ -1184,8 +1259,9 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
     }
     while (got < n && reserve_one(p, ix, (unsigned)q, &ret_slots[got]) == 0) got++;
     if (got == n) break;
-    /* on-demand eviction, bounded: a batch, then a short wait for readers */
-    reclaim_wait(p, 0);
+    /* retired slots first (they only wait for readers to move on), then
+     * on-demand eviction, bounded: a batch, then a short wait for readers */
+    if (reclaim_wait(p, 2000000) > 0) continue;
     unsigned want = n - got < 32 ? 32 : n - got;
     int ev = evict_part(p, t, (unsigned)q, want, UINT32_MAX);
     reclaim_wait(p, 2000000);
@@ -1444,7 +1520,7 @@ static void sum_row(const struct umbp_counter_row *rows, bool part, unsigned id,
   for (unsigned r = 0; r <= UMBP_MAX_PROCS; r++)
     for (unsigned k = 0; k < UMBP_CTR_COUNT; k++)
       v[k] += atomic_load_explicit(part ? &rows[r].part[id][k] : &rows[r].ns[id][k], memory_order_relaxed);
-  out->lookups += v[UMBP_CTR_LOOKUPS];
+  out->lookups += v[UMBP_CTR_HITS] + v[UMBP_CTR_MISSES]; /* every lookup is one of the two */
   out->hits += v[UMBP_CTR_HITS];
   out->misses += v[UMBP_CTR_MISSES];
   out->inserts += v[UMBP_CTR_INSERTS];

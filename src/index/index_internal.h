@@ -51,19 +51,20 @@ struct umbp_index {
 };
 
 /* 64-bit key hash (not cryptographic: the block hash is already one). */
+/* Three independent multiplies fold the six key words (so they run in
+ * parallel), then one more mixes the halves: low bits pick the bucket, high
+ * bits are the signature. Sequential block ids (a trace's 8-byte hashes) still
+ * spread, because each word's product is rotated into the other half before
+ * the last multiply. Part of the segment ABI: every process must hash alike. */
+static inline uint64_t umbp_rotl64(uint64_t x, unsigned r) { return (x << r) | (x >> (64 - r)); }
 static inline uint64_t umbp_key_hash(const struct umbp_key_shm *k) {
   uint64_t w[6];
   memcpy(w, k, sizeof w);
-  uint64_t h = 0x9e3779b97f4a7c15ull;
-  for (int i = 0; i < 6; i++) {
-    uint64_t x = w[i] * 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 31;
-    h = (h ^ x) * 0x94d049bb133111ebull;
-  }
-  h ^= h >> 29;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 32;
-  return h;
+  uint64_t a = (w[0] ^ 0x9e3779b97f4a7c15ull) * (w[3] | 1) + w[3];
+  uint64_t b = (w[1] ^ 0xbf58476d1ce4e5b9ull) * (w[4] | 1) + w[4];
+  uint64_t c = (w[2] ^ 0x94d049bb133111ebull) * 0xd6e8feb86659fd93ull + w[5] * 0x9fb21c651e98df25ull;
+  uint64_t h = (a ^ umbp_rotl64(b, 21) ^ umbp_rotl64(c, 43)) * 0xff51afd7ed558ccdull;
+  return h ^ (h >> 29) ^ (h >> 47);
 }
 
 #endif

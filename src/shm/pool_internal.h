@@ -26,6 +26,7 @@ struct umbp_pool {
   struct umbp_shm_header *hdr;
   struct umbp_proc_slot *procs;
   struct umbp_index *index;/* lazily created per-process index state */
+  _Atomic bool reaping[UMBP_MAX_PROCS]; /* registry slots this handle is reaping now */
 };
 
 /* Checked offset-to-pointer: NULL when [off, off+len) is not inside the mapping. */
@@ -40,6 +41,10 @@ static inline void *umbp_pool_region(const umbp_pool *p, int region) {
 
 /* Is registry slot `slot` owned by a live process? Uses the OFD lock. */
 bool umbp_registry_alive(const umbp_pool *p, unsigned slot);
+
+/* Reap registry slot `slot` if its owner is dead and nobody else is reaping
+ * it: 1 reaped, 0 not (alive, being reaped, free, or held by this handle). */
+int umbp_registry_reap_slot(umbp_pool *p, unsigned slot);
 
 /* Hook run (by the reaper holding the dead slot's lock) to release the state
  * a dead process left behind: index pins, reader state, reservations, ring

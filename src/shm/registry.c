@@ -59,7 +59,9 @@ static void reap_locked(struct umbp_pool *p, unsigned slot) {
   struct umbp_proc_slot *s = &p->procs[slot];
   umbp_log(UMBP_LOG_INFO, "pool %s: reaping registry slot %u of dead pid %d (%s)", p->name, slot, s->pid,
            umbp_role_name((int)s->role));
+  p->reaping[slot] = true;
   umbp_index_reap_proc(p, slot);
+  p->reaping[slot] = false;
   /* pairs with the acquire load in umbp_pool_list_procs / claim */
   atomic_store_explicit(&s->state, UMBP_PROC_FREE, memory_order_release);
 }
@@ -110,21 +112,28 @@ void umbp_registry_release(struct umbp_pool *p) {
   p->owner_id = 0;
 }
 
+int umbp_registry_reap_slot(umbp_pool *p, unsigned slot) {
+  if (slot >= UMBP_MAX_PROCS || (int)slot == p->proc_slot || p->read_only) return 0;
+  struct umbp_proc_slot *s = &p->procs[slot];
+  if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE) return 0;
+  /* Our own handle may be the reaper of this very slot right now (its lock
+   * re-locks for the same open file description): the reaping flags guard that. */
+  if (p->reaping[slot]) return 0;
+  if (lock_byte(p->fd, slot, F_WRLCK) != 0) return 0; /* alive, or being reaped by someone else */
+  int n = 0;
+  if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE) {
+    reap_locked(p, slot);
+    n = 1;
+  }
+  lock_byte(p->fd, slot, F_UNLCK);
+  return n;
+}
+
 UMBP_API int umbp_pool_reap(umbp_pool *p) {
   if (!p) return -EINVAL;
   if (p->read_only) return umbp_fail(-EROFS, "pool '%s' is attached read-only: reaping needs a read-write attachment", p->name);
   int n = 0;
-  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
-    if ((int)i == p->proc_slot) continue;
-    struct umbp_proc_slot *s = &p->procs[i];
-    if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE) continue;
-    if (lock_byte(p->fd, i, F_WRLCK) != 0) continue; /* alive, or being reaped by someone else */
-    if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE) {
-      reap_locked(p, i);
-      n++;
-    }
-    lock_byte(p->fd, i, F_UNLCK);
-  }
+  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) n += umbp_registry_reap_slot(p, i);
   return n;
 }
 
