@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Helpers for the connector tests: real vLLM config, KV-cache config, Request
+and SchedulerOutput objects (the wheel ships no tests/, so these build them)."""
+from __future__ import annotations
+
+import os
+import sys
+
+# vLLM 0.34 selects CpuPlatform with VLLM_TARGET_DEVICE=cpu, which then requires
+# triton-cpu on x86; the UnspecifiedPlatform with DeviceConfig("cpu") builds configs.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ParallelConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+BLOCK = 16
+LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+NUM_BLOCKS = 32
+HEADS, HEAD = 2, 8
+
+init_none_hash(sha256)
+
+
+def make_vllm_config(pool: str, tp: int = 1, rank: int = 0, role: str = "kv_both", **extra):
+    extra = {"pool": pool, "capacity_bytes": 64 * 4096 * 4, "no_prefault": True,
+             "key_namespace": "test-ns", **extra}
+    ktc = KVTransferConfig(kv_connector="UMBPStoreConnector", kv_connector_module_path="umbp.vllm",
+                           kv_role=role, kv_connector_extra_config=extra)
+    return VllmConfig(kv_transfer_config=ktc, cache_config=CacheConfig(block_size=BLOCK),
+                      parallel_config=ParallelConfig(tensor_parallel_size=tp, rank=rank),
+                      device_config=DeviceConfig("cpu"))
+
+
+def make_kv_cache_config() -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16)
+    return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
+
+
+def make_kv_caches(seed: int | None = None) -> dict[str, torch.Tensor]:
+    """(2, num_blocks, block, heads, head) per layer: K and V split (vLLM's CPU/flash layout)."""
+    g = torch.Generator().manual_seed(seed or 0)
+    out = {}
+    for name in LAYERS:
+        t = torch.zeros(2, NUM_BLOCKS, BLOCK, HEADS, HEAD, dtype=torch.float16)
+        if seed is not None:
+            t.copy_(torch.randn(t.shape, generator=g).to(torch.float16))
+        out[name] = t
+    return out
+
+
+def make_request(rid: str, tokens: list[int]) -> Request:
+    return Request(rid, tokens, SamplingParams(max_tokens=4), None,
+                   block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+
+def sched_output(new=(), cached=None, num_scheduled=None, finished=()):
+    """A SchedulerOutput for new requests [(req, block_ids, computed)] and cached ones."""
+    new_reqs = [NewRequestData(req_id=r.request_id, prompt_token_ids=r.prompt_token_ids, mm_features=[],
+                               sampling_params=r.sampling_params, pooling_params=None,
+                               block_ids=(list(ids),), num_computed_tokens=c, lora_request=None,
+                               prefill_token_ids=list(r.prompt_token_ids))
+                for r, ids, c in new]
+    return SchedulerOutput(scheduled_new_reqs=new_reqs,
+                           scheduled_cached_reqs=cached or CachedRequestData.make_empty(),
+                           num_scheduled_tokens=dict(num_scheduled or {}),
+                           total_num_scheduled_tokens=sum((num_scheduled or {}).values()),
+                           scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+                           finished_req_ids=set(finished),
+                           free_encoder_mm_hashes=[])
+
+
+@pytest.fixture
+def pool_name(request):
+    name = f"t-py-{os.getpid()}-{request.node.name[:24]}".replace("[", "-").replace("]", "")
+    yield name
+    from umbp import _lib as L
+    L.lib().umbp_pool_destroy(name.encode())

@@ -1,0 +1,213 @@
+# SPDX-License-Identifier: Apache-2.0
+"""UMBPStoreConnector against the real vLLM classes (on CPU).
+
+vLLM's real Scheduler is not built here: it needs a ModelConfig, whose
+construction inspects a model architecture in a subprocess; instead the tests
+drive our connector with vLLM's own Request, SchedulerOutput, KVCacheConfig,
+KVConnectorOutput, KVCacheBlocks and KVConnectorFactory, and run the worker
+role in separate exec'd processes (TP=2) holding CPU tensors as KV caches."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import BLOCK, LAYERS, make_kv_cache_config, make_request, make_vllm_config, sched_output
+
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.outputs import KVConnectorOutput
+
+import umbp.vllm as U
+from umbp.vllm import UMBPKVConnectorStats, UMBPStoreKVEvents
+
+
+def sched(pool, tp=1, **extra):
+    return KVConnectorFactory.create_connector(make_vllm_config(pool, tp=tp, **extra),
+                                               KVConnectorRole.SCHEDULER, make_kv_cache_config())
+
+
+def blocks(ids):
+    return KVCacheBlocks(([KVCacheBlock(i) for i in ids],))
+
+
+class Worker:
+    def __init__(self, pool, tp, rank, seed, **extra):
+        here = os.path.dirname(__file__)
+        self.p = subprocess.Popen([sys.executable, os.path.join(here, "worker_proc.py"), pool, str(tp),
+                                   str(rank), str(seed), pickle.dumps(extra).hex()],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def call(self, cmd, args=None):
+        pickle.dump((cmd, args), self.p.stdin)
+        self.p.stdin.flush()
+        return pickle.load(self.p.stdout)
+
+    def close(self):
+        self.call("shutdown")
+        self.p.wait(timeout=30)
+
+
+def test_factory_loads_our_class(pool_name):
+    c = sched(pool_name)
+    assert type(c) is U.UMBPStoreConnector and type(c).__module__ == "umbp.vllm"
+    c.shutdown()
+
+
+def test_config_errors(pool_name):
+    with pytest.raises(ValueError, match="unknown kv_connector_extra_config"):
+        sched(pool_name, bogus=1)
+    with pytest.raises(ValueError, match="does not fit /dev/shm"):
+        sched(pool_name, capacity_bytes=1 << 60)
+    with pytest.raises(ValueError, match="does not exist"):
+        sched(pool_name + "-none", mode="standalone")
+    with pytest.raises(ValueError, match="mode"):
+        sched(pool_name, mode="other")
+
+
+def test_events_semantics(pool_name):
+    s1 = BlockStored(block_hashes=[b"a" * 32], parent_block_hash=None, token_ids=[1] * BLOCK,
+                     block_size=BLOCK, lora_id=None, medium="CPU", lora_name=None)
+    s2 = BlockStored(block_hashes=[b"b" * 32], parent_block_hash=b"a" * 32, token_ids=[2] * BLOCK,
+                     block_size=BLOCK, lora_id=None, medium="CPU", lora_name=None)
+    r1 = BlockRemoved(block_hashes=[b"a" * 32], medium="CPU")
+    ev = UMBPStoreKVEvents([s1])
+    ev.add_events([s1, s2, s2])          # merged within a step
+    assert ev.get_all_events() == [s1, s2]
+    ev.append_events([s1, r1])           # later step: repeats kept
+    assert ev.get_all_events() == [s1, s2, s1, r1]
+    with pytest.raises(ValueError):
+        ev.increment_workers(0)
+    ev.increment_workers(2)
+    assert ev.get_number_of_workers() == 3
+    assert ev.aggregate() is ev and ev.get_number_of_workers() == 1
+    back = pickle.loads(pickle.dumps(ev))
+    assert back.get_all_events() == [s1, s2, s1, r1]
+    assert ev.pop_common_events() == [s1, s2, s1, r1] and not ev.has_events()
+    ev.add_events([s1]); ev.increment_workers(1); ev.clear_events()
+    assert ev.get_all_events() == [] and ev.get_number_of_workers() == 1
+
+
+def test_stats_and_prom():
+    a = UMBPKVConnectorStats(); assert a.is_empty()
+    b = U.UMBPStoreConnector.build_kv_connector_stats({"load_submitted": 3, "store_bytes": 10})
+    a.aggregate(b).aggregate(b)
+    assert a.reduce()["load_submitted"] == 6 and a.reduce()["store_bytes"] == 20 and not a.is_empty()
+    import prometheus_client as pc
+    from vllm.v1.metrics.loggers import PrometheusStatLogger  # noqa: F401 (real metric classes)
+    reg = pc.CollectorRegistry()
+    mk = lambda cls: type(cls.__name__, (cls,), {"__init__": lambda s, *a, **k: cls.__init__(s, *a, registry=reg, **k)})  # noqa: E731
+    m = U.UMBPStoreConnector.build_prom_metrics(
+        make_vllm_config("x"), {pc.Gauge: mk(pc.Gauge), pc.Counter: mk(pc.Counter),
+                                pc.Histogram: mk(pc.Histogram)}, ["engine"], {0: ["0"]})
+    m.observe(a.reduce(), 0)
+    assert reg.get_sample_value("vllm:umbp_transfer_submitted_total", {"engine": "0", "operation": "load"}) == 6
+    assert reg.get_sample_value("vllm:umbp_transfer_bytes_total", {"engine": "0", "operation": "store"}) == 20
+
+
+def run_step(s, workers, so, finished=()):
+    meta = s.build_connector_meta(so)
+    replies = [w.call("step", (meta, set(finished))) for w in workers]
+    agg = None
+    for r in replies:
+        wm = r["worker_meta"]
+        agg = wm if agg is None else (agg.aggregate(wm) if wm else agg)
+    sending = set.intersection(*[set(r["finished_sending"] or ()) for r in replies])
+    errors = set().union(*[r["errors"] for r in replies])
+    out = KVConnectorOutput(finished_sending=sending or None, kv_connector_worker_meta=agg,
+                            invalid_block_ids=errors)
+    s.update_connector_output(out)
+    return meta, replies, out
+
+
+def test_end_to_end_tp2(pool_name):
+    """Request A stores its blocks; request B with the same prefix loads them,
+    byte-identical, from the pool; a rank missing a block shortens the hit;
+    events and stats are what the scheduler receives."""
+    tokens = list(range(1000, 1000 + 4 * BLOCK + 5))   # 4 full blocks + 5
+    s = sched(pool_name, tp=2)
+    src = [Worker(pool_name, 2, r, seed=r + 1) for r in range(2)]
+    try:
+        assert src[0].call("info")["cls"] == "umbp.vllm.UMBPStoreConnector"
+        a = make_request("A", tokens)
+        assert s.get_num_new_matched_tokens(a, 0) == (0, False)
+        ids_a = [3, 4, 5, 6, 7]
+        s.update_state_after_alloc(a, blocks(ids_a), 0)
+        meta, replies, _ = run_step(s, src, sched_output(new=[(a, ids_a, 0)],
+                                                         num_scheduled={"A": len(tokens)}))
+        assert [len(p.block_ids) for p in meta.stores] == [4]
+        assert s.has_pending_push_work() is False
+        ev = list(s.take_events())
+        assert len(ev) == 1 and isinstance(ev[0], BlockStored) and ev[0].medium == "CPU"
+        assert ev[0].block_hashes == list(a.block_hashes[:4])
+        st = replies[0]["stats"].reduce()
+        assert st["store_completed"] == 4 and st["store_bytes"] == 4 * 2 * 2 * BLOCK * 2 * 8 * 2
+        a_bytes = [w.call("dump", ids_a[:4]) for w in src]
+        assert s.request_finished(a, (ids_a,)) == (False, None)
+    finally:
+        for w in src:
+            w.close()
+    # fresh workers (empty KV caches) stand for a reset GPU prefix cache
+    dst = [Worker(pool_name, 2, r, seed=-1) for r in range(2)]
+    try:
+        b = make_request("B", tokens[: 4 * BLOCK] + [7, 8, 9])
+        n, async_ = s.get_num_new_matched_tokens(b, 0)
+        assert (n, async_) == (4 * BLOCK, False)
+        # the GPU prefix cache holding one block: that block is not loaded again
+        assert s.get_num_new_matched_tokens(b, BLOCK) == (3 * BLOCK, False)
+        s.get_num_new_matched_tokens(b, 0)
+        ids_b = [10, 11, 12, 13, 14]
+        s.update_state_after_alloc(b, blocks(ids_b), 4 * BLOCK)
+        b.num_computed_tokens = 4 * BLOCK
+        meta, replies, out = run_step(s, dst, sched_output(new=[(b, ids_b, 4 * BLOCK)],
+                                                           num_scheduled={"B": 3}))
+        assert [len(x.block_ids) for x in meta.loads] == [4] and not meta.stores
+        assert out.invalid_block_ids == set()
+        for r, w in enumerate(dst):
+            got = w.call("dump", ids_b[:4])
+            for name in LAYERS:
+                assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+        assert replies[1]["stats"].reduce()["load_completed"] == 4
+        # remove block 2 on rank 1 only: the hit stops before it
+        from umbp import _lib as L
+        k = U._keys(s._tmpl(1, 0), [a.block_hashes[2]])
+        assert L.lib().umbp_remove(s.pool.h, k) == 0
+        c = make_request("C", tokens)
+        assert s.get_num_new_matched_tokens(c, 0) == (2 * BLOCK, False)
+        removed = [e for e in s.take_events() if isinstance(e, BlockRemoved)]
+        assert removed == []  # rank 1's removal is not a whole-block removal event (rank 0 reports)
+        # a load that fails reaches get_block_ids_with_load_errors
+        s.update_state_after_alloc(c, blocks([20, 21, 22, 23, 24]), 2 * BLOCK)
+        L.lib().umbp_remove(s.pool.h, U._keys(s._tmpl(0, 0), [a.block_hashes[1]]))
+        c.num_computed_tokens = 2 * BLOCK
+        _, replies, out = run_step(s, dst, sched_output(new=[(c, [20, 21, 22, 23, 24], 2 * BLOCK)],
+                                                        num_scheduled={"C": len(tokens) - 2 * BLOCK}))
+        assert out.invalid_block_ids == {21}
+        removed = [e for e in s.take_events() if isinstance(e, BlockRemoved)]
+        assert [e.block_hashes for e in removed] == [[a.block_hashes[1]]]
+    finally:
+        for w in dst:
+            w.close()
+        s.shutdown()
+
+
+def test_handshake_namespace(pool_name):
+    s = sched(pool_name, key_namespace=None)
+    w = [Worker(pool_name, 1, 0, seed=1, key_namespace=None)]
+    try:
+        hs = w[0].call("info")["handshake"]
+        assert hs.namespace.startswith("vllm-")
+        s.set_xfer_handshake_metadata({0: hs})
+        assert s.namespace == hs.namespace
+        with pytest.raises(ValueError, match="different KV namespaces"):
+            s.set_xfer_handshake_metadata({0: hs, 1: U.UMBPHandshakeMetadata("other")})
+    finally:
+        w[0].close()
+        s.shutdown()

@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A worker-role UMBPStoreConnector in its own process (exec'd by the tests).
+
+Protocol: pickled (command, args) on stdin, a pickled reply on stdout.
+Steps follow vLLM's CPU model-runner order (v1/worker/cpu/kv_connector.py):
+handle_preemptions, bind_connector_metadata, start_load_kv, wait_for_layer_load,
+wait_for_save, get_finished, get_block_ids_with_load_errors, stats, events,
+build_connector_worker_meta, clear_connector_metadata."""
+import os
+import pickle
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import LAYERS, make_kv_cache_config, make_kv_caches, make_vllm_config  # noqa: E402
+
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.forward_context import set_forward_context  # noqa: E402
+
+
+def main():
+    pool, tp, rank, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    extra = pickle.loads(bytes.fromhex(sys.argv[5])) if len(sys.argv) > 5 else {}
+    cfg = make_vllm_config(pool, tp=tp, rank=rank, **extra)
+    conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, make_kv_cache_config())
+    caches = make_kv_caches(seed if seed >= 0 else None)
+    conn.register_kv_caches(caches)
+    out = sys.stdout.buffer
+    inp = sys.stdin.buffer
+    while True:
+        try:
+            cmd, args = pickle.load(inp)
+        except EOFError:
+            break
+        if cmd == "info":
+            reply = {"cls": f"{type(conn).__module__}.{type(conn).__name__}",
+                     "handshake": conn.get_handshake_metadata()}
+        elif cmd == "step":
+            meta, finished = args
+            conn.handle_preemptions(meta)
+            conn.bind_connector_metadata(meta)
+            with set_forward_context(None, cfg):
+                conn.start_load_kv(None)
+                for name in LAYERS:
+                    conn.wait_for_layer_load(name)
+            conn.wait_for_save()
+            sending, recving = conn.get_finished(set(finished))
+            reply = {"finished_sending": sending, "errors": conn.get_block_ids_with_load_errors(),
+                     "stats": conn.get_kv_connector_stats(),
+                     "events": conn.get_kv_connector_kv_cache_events(),
+                     "worker_meta": conn.build_connector_worker_meta()}
+            conn.clear_connector_metadata()
+        elif cmd == "dump":
+            reply = {n: caches[n][:, args].clone() for n in LAYERS}
+        elif cmd == "shutdown":
+            conn.shutdown()
+            reply = "bye"
+        pickle.dump(reply, out)
+        out.flush()
+        if cmd == "shutdown":
+            break
+
+
+if __name__ == "__main__":
+    main()

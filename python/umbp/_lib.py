@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ctypes declarations of libumbp's public API (include/umbp/*.h).
+
+Every struct mirrors its C definition field by field; ctypes applies the
+same alignment rules as the C compiler on this ABI.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import glob
+import os
+from pathlib import Path
+
+UMBP_KEY_HASH_MAX = 32
+UMBP_MAX_PARTITIONS = 16
+UMBP_NO_SLOT = 0xFFFFFFFF
+
+
+class UMBPError(RuntimeError):
+    """A libumbp call failed; .code is the negative errno."""
+
+    def __init__(self, code: int, what: str, detail: str):
+        self.code = code
+        super().__init__(f"{what}: {detail or os.strerror(-code)} ({os.strerror(-code)})")
+
+
+def _find_library() -> str:
+    env = os.environ.get("UMBP_LIB")
+    if env:
+        if not os.path.exists(env):
+            raise OSError(f"UMBP_LIB={env} does not exist; point it at libumbp.so")
+        return env
+    here = Path(__file__).resolve().parent
+    cands = [here / "libumbp.so"]
+    root = here.parent.parent  # python/umbp -> repo root
+    cands += [Path(p) for p in sorted(glob.glob(str(root / "build*" / "libumbp.so")),
+                                      key=lambda p: -os.path.getmtime(p))]
+    for c in cands:
+        if c.exists():
+            return str(c)
+    raise OSError("libumbp.so not found: set UMBP_LIB=/path/to/libumbp.so, install it next to "
+                  "the umbp package, or build the source tree (meson setup build && ninja -C build)")
+
+
+class Key(C.Structure):
+    _fields_ = [("ns", C.c_uint32), ("tp_rank", C.c_uint16), ("pcp_rank", C.c_uint16),
+                ("dcp_rank", C.c_uint16), ("pp_rank", C.c_uint16), ("group", C.c_uint16),
+                ("hash_len", C.c_uint8), ("hash", C.c_uint8 * UMBP_KEY_HASH_MAX)]
+
+
+PROGRESS_FN = C.CFUNCTYPE(None, C.c_void_p, C.c_char_p, C.c_uint64, C.c_uint64)
+
+
+class PoolParams(C.Structure):
+    _fields_ = [("capacity", C.c_uint64), ("slot_size", C.c_uint64),
+                ("numa_nodes", C.c_int * UMBP_MAX_PARTITIONS), ("n_numa_nodes", C.c_uint),
+                ("mempolicy", C.c_int), ("group_access", C.c_bool), ("group", C.c_uint32),
+                ("hugepages", C.c_bool), ("hugetlbfs_dir", C.c_char_p),
+                ("prefault_threads", C.c_uint), ("no_prefault", C.c_bool),
+                ("event_capacity", C.c_uint32), ("progress", PROGRESS_FN),
+                ("progress_arg", C.c_void_p)]
+
+
+class AttachOpts(C.Structure):
+    _fields_ = [("read_only", C.c_bool), ("role", C.c_int), ("rank", C.c_int),
+                ("timeout_ms", C.c_uint)]
+
+
+class KVRegion(C.Structure):
+    _fields_ = [("base", C.c_void_p), ("block_bytes", C.c_uint64), ("stride", C.c_uint64),
+                ("block_count", C.c_uint32), ("device", C.c_int), ("device_id", C.c_int),
+                ("group", C.c_uint16), ("layer", C.c_uint32), ("kind", C.c_int)]
+
+
+class DPOpts(C.Structure):
+    _fields_ = [("threads", C.c_uint), ("cpus", C.POINTER(C.c_uint)), ("n_cpus", C.c_uint),
+                ("cuda_streams", C.c_uint), ("cuda_register", C.c_bool),
+                ("progress", PROGRESS_FN), ("progress_arg", C.c_void_p)]
+
+
+class Event(C.Structure):
+    _fields_ = [("type", C.c_int), ("key", Key)]
+
+
+class ConnEvent(C.Structure):
+    _fields_ = [("type", C.c_int), ("group", C.c_uint16), ("hash_len", C.c_uint8),
+                ("hash", C.c_uint8 * UMBP_KEY_HASH_MAX), ("tag", C.c_uint64)]
+
+
+class StatsSnapshot(C.Structure):
+    _fields_ = [("submitted", C.c_uint64 * 2), ("completed", C.c_uint64 * 2),
+                ("failed", C.c_uint64 * 2), ("bytes", C.c_uint64 * 2)]
+
+
+MAX_GROUPS = 32
+
+
+class NsParams(C.Structure):
+    _fields_ = [("key_namespace", C.c_char_p), ("model", C.c_char_p), ("revision", C.c_char_p),
+                ("block_size", C.c_uint32), ("cache_layout", C.c_char_p),
+                ("dtypes", C.c_char_p * MAX_GROUPS), ("n_groups", C.c_uint),
+                ("tp_size", C.c_uint32), ("pp_size", C.c_uint32), ("pcp_size", C.c_uint32),
+                ("dcp_size", C.c_uint32), ("draft_model", C.c_char_p)]
+
+
+_P = C.c_void_p
+_I = C.c_int
+_U = C.c_uint
+_SIGS = {
+    "umbp_last_error": (C.c_char_p, []),
+    "umbp_strerror": (C.c_char_p, [_I]),
+    "umbp_pool_params_init": (None, [C.POINTER(PoolParams)]),
+    "umbp_attach_opts_init": (None, [C.POINTER(AttachOpts)]),
+    "umbp_pool_create": (_I, [C.c_char_p, C.POINTER(PoolParams), C.POINTER(_P)]),
+    "umbp_pool_attach": (_I, [C.c_char_p, C.POINTER(AttachOpts), C.POINTER(_P)]),
+    "umbp_pool_detach": (None, [_P]),
+    "umbp_pool_destroy": (_I, [C.c_char_p]),
+    "umbp_ns_register": (_I, [_P, C.c_char_p, C.POINTER(C.c_uint32)]),
+    "umbp_slot_size": (C.c_uint64, [_P]),
+    "umbp_slot_count": (C.c_uint32, [_P]),
+    "umbp_contains_bulk": (_I, [_P, _U, C.POINTER(Key), C.POINTER(C.c_uint8)]),
+    "umbp_remove": (_I, [_P, C.POINTER(Key)]),
+    "umbp_clear_ns": (_I, [_P, C.c_uint32]),
+    "umbp_events_drain": (_I, [_P, C.POINTER(Event), _U]),
+    "umbp_events_enable_stored": (None, [_P, C.c_bool]),
+    "umbp_dp_opts_init": (None, [C.POINTER(DPOpts)]),
+    "umbp_dp_engine_create": (_I, [_P, C.POINTER(DPOpts), C.POINTER(_P)]),
+    "umbp_dp_engine_destroy": (None, [_P]),
+    "umbp_kv_layout_create": (_I, [_P, C.POINTER(KVRegion), _U, C.POINTER(_P)]),
+    "umbp_kv_layout_free": (None, [_P]),
+    "umbp_kv_layout_object_bytes": (C.c_uint64, [_P, C.c_uint16]),
+    "umbp_dp_store": (_I, [_P, _P, C.c_uint16, _I, _U, C.POINTER(C.c_uint32), C.POINTER(Key),
+                           _U, C.POINTER(_P)]),
+    "umbp_dp_load": (_I, [_P, _P, C.c_uint16, _U, C.POINTER(Key), C.POINTER(C.c_uint32),
+                          C.POINTER(_P)]),
+    "umbp_dp_job_poll": (_I, [_P]),
+    "umbp_dp_job_wait": (_I, [_P, C.c_uint32]),
+    "umbp_dp_job_cancel": (_I, [_P]),
+    "umbp_dp_job_results": (_I, [_P, C.POINTER(_I), _U]),
+    "umbp_dp_job_failed_blocks": (_I, [_P, C.POINTER(C.c_uint32), _U]),
+    "umbp_dp_job_release": (None, [_P]),
+    "umbp_conn_keys_build": (_I, [C.POINTER(Key), _U, C.c_char_p, C.c_size_t, C.POINTER(Key)]),
+    "umbp_conn_ns_derive": (_I, [C.POINTER(NsParams), C.c_char_p, C.c_size_t]),
+    "umbp_conn_matched_tokens": (C.c_int64, [C.POINTER(C.c_uint32), _U, C.c_uint32, C.c_uint64,
+                                             C.c_uint64, C.POINTER(C.c_uint32)]),
+    "umbp_conn_probe_matched": (C.c_int64, [_P, C.POINTER(Key), _U, C.c_char_p, C.c_size_t, _U,
+                                            C.c_uint32, C.c_uint64, C.c_uint64,
+                                            C.POINTER(C.c_uint32)]),
+    "umbp_conn_events_create": (_I, [C.POINTER(_P)]),
+    "umbp_conn_events_free": (None, [_P]),
+    "umbp_conn_events_add": (_I, [_P, C.POINTER(ConnEvent), _U]),
+    "umbp_conn_events_append": (_I, [_P, C.POINTER(ConnEvent), _U]),
+    "umbp_conn_events_count": (_U, [_P]),
+    "umbp_conn_events_get": (_U, [_P, C.POINTER(ConnEvent), _U]),
+    "umbp_conn_events_pop_common": (_U, [_P, C.POINTER(ConnEvent), _U]),
+    "umbp_conn_events_increment_workers": (_I, [_P, _I]),
+    "umbp_conn_events_workers": (_U, [_P]),
+    "umbp_conn_events_aggregate": (None, [_P]),
+    "umbp_conn_events_clear": (None, [_P]),
+    "umbp_conn_stats_create": (_I, [C.POINTER(_P)]),
+    "umbp_conn_stats_free": (None, [_P]),
+    "umbp_conn_stats_add": (_I, [_P, _I, C.c_uint64, C.c_uint64, C.c_uint64, C.c_uint64]),
+    "umbp_conn_stats_read": (None, [_P, C.c_bool, C.POINTER(StatsSnapshot)]),
+}
+
+_lib = None
+
+
+def lib():
+    """The loaded library with every prototype declared (loaded on first use)."""
+    global _lib
+    if _lib is None:
+        handle = C.CDLL(_find_library())
+        for name, (res, args) in _SIGS.items():
+            fn = getattr(handle, name)
+            fn.restype = res
+            fn.argtypes = args
+        _lib = handle
+    return _lib
+
+
+def check(rc: int, what: str) -> int:
+    """Raise UMBPError for a negative return code, else return it."""
+    if rc < 0:
+        detail = lib().umbp_last_error().decode(errors="replace")
+        raise UMBPError(rc, what, detail)
+    return rc
