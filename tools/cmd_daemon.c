@@ -360,11 +360,12 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
     return fatal("cannot stat pool '%s': %s", o->pool, strerror(errno));
   }
   if (st.st_uid != geteuid()) {
-    char a[64], b[64];
+    char a[64], b[64], path[sizeof ro->path];
+    memcpy(path, ro->path, sizeof path); /* the handle goes before the message is made */
     umbp_pool_detach(ro);
     return fatal("refusing to adopt pool '%s': its file %s belongs to uid %u (%s), not to this daemon's uid %u "
                  "(%s); run the daemon as that user, or destroy the pool and let this daemon create it",
-                 o->pool, ro->path, (unsigned)st.st_uid, uid_name(st.st_uid, a, sizeof a), (unsigned)geteuid(),
+                 o->pool, path, (unsigned)st.st_uid, uid_name(st.st_uid, a, sizeof a), (unsigned)geteuid(),
                  uid_name(geteuid(), b, sizeof b));
   }
   int pid = -1;
