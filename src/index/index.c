@@ -641,16 +641,53 @@ UMBP_API void umbp_events_enable_stored(umbp_pool *p, bool on) {
  * words. Loads are acquire: they pair with the release CAS in publish(), so
  * the key and block bytes a match leads to are visible. Branch-free over the
  * 7 ways so that the compiler keeps the loads independent. */
-static inline unsigned bucket_match(struct umbp_bucket *b, uint32_t sig, uint64_t *v) {
+#if defined(__SANITIZE_THREAD__)
+#define UMBP_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UMBP_TSAN 1
+#endif
+#endif
+
+#if defined(__x86_64__) && defined(__SSE2__) && !defined(UMBP_TSAN)
+#include <emmintrin.h>
+/* SSE2: the signatures (high halves) of the 7 ways compared in two vector
+ * compares. The vector loads are a hint only — each candidate's way is loaded
+ * again with acquire order before it is followed (bucket_way()) — so a way
+ * changing underneath costs a wasted look, never a wrong answer. (Under TSan
+ * the scalar loop below is used: it does not model this.) */
+static inline unsigned bucket_match(struct umbp_bucket *b, uint32_t sig) {
+  const __m128i *q = (const __m128i *)(const void *)b;
+  __m128i w01 = _mm_load_si128(q), w23 = _mm_load_si128(q + 1);
+  __m128i w45 = _mm_load_si128(q + 2), w6x = _mm_load_si128(q + 3);
+  __m128 lo = _mm_shuffle_ps(_mm_castsi128_ps(w01), _mm_castsi128_ps(w23), _MM_SHUFFLE(3, 1, 3, 1));
+  __m128 hi = _mm_shuffle_ps(_mm_castsi128_ps(w45), _mm_castsi128_ps(w6x), _MM_SHUFFLE(3, 1, 3, 1));
+  __m128i sv = _mm_set1_epi32((int)sig);
+  unsigned m = (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_castps_si128(lo), sv))) |
+               (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_castps_si128(hi), sv))) << 4;
+  return m & ((1u << UMBP_BUCKET_WAYS) - 1);
+}
+#else
+static inline unsigned bucket_match(struct umbp_bucket *b, uint32_t sig) {
   unsigned mask = 0;
   for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
-    v[w] = atomic_load_explicit(&b->way[w], memory_order_acquire);
-    mask |= (unsigned)((uint32_t)(v[w] >> 32) == sig && v[w] != 0) << w;
+    uint64_t v = atomic_load_explicit(&b->way[w], memory_order_relaxed);
+    mask |= (unsigned)((uint32_t)(v >> 32) == sig) << w;
   }
   return mask;
 }
+#endif
 
-/* The slot of way word v if it holds key k published, else UMBP_NO_SLOT. */
+/* Way w of bucket b, loaded with acquire order: pairs with the release CAS in
+ * publish(), so the key and block bytes it leads to are visible. 0 if its
+ * signature is not sig (any more). */
+static inline uint64_t bucket_way(struct umbp_bucket *b, unsigned w, uint32_t sig) {
+  uint64_t v = atomic_load_explicit(&b->way[w], memory_order_acquire);
+  return (uint32_t)(v >> 32) == sig ? v : 0;
+}
+
+/* The slot of way word v if it holds key k published, else UMBP_NO_SLOT.
+ * An empty way (v == 0) gives slot UINT32_MAX, refused by the range check. */
 static inline uint32_t way_check(struct umbp_index *ix, uint64_t v, const struct umbp_key_shm *k, uint64_t *ret_st) {
   uint32_t s = (uint32_t)v - 1;
   if (UMBP_UNLIKELY(s >= ix->slot_count)) return UMBP_NO_SLOT; /* garbage from a buggy writer: ignore */
@@ -666,12 +703,12 @@ static inline uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k
   uint32_t home = (uint32_t)h & ix->bmask;
   uint32_t sig = (uint32_t)(h >> 32);
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
-    uint64_t v[UMBP_BUCKET_WAYS];
-    unsigned mask = bucket_match(&ix->buckets[(home + d) & ix->bmask], sig, v);
+    struct umbp_bucket *b = &ix->buckets[(home + d) & ix->bmask];
+    unsigned mask = bucket_match(b, sig);
     while (mask) {
       unsigned w = (unsigned)__builtin_ctz(mask);
       mask &= mask - 1;
-      uint32_t s = way_check(ix, v[w], k, ret_st);
+      uint32_t s = way_check(ix, bucket_way(b, w, sig), k, ret_st);
       if (s != UMBP_NO_SLOT) return s;
     }
     if (d == 0 && atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire) == 0) break;
@@ -756,12 +793,12 @@ static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_
   for (unsigned i = 0; i < n; i++) {
     cand[i] = UMBP_NO_SLOT;
     uint32_t home = (uint32_t)h[i] & ix->bmask;
-    uint64_t v[UMBP_BUCKET_WAYS];
-    unsigned mask = bucket_match(&ix->buckets[home], (uint32_t)(h[i] >> 32), v);
+    uint32_t sig = (uint32_t)(h[i] >> 32);
+    unsigned mask = bucket_match(&ix->buckets[home], sig);
     /* no signature in the home bucket and nothing homed here overflowed: a miss, decided */
     clean_miss[i] = !mask && atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire) == 0;
     if (mask) {
-      uint32_t s = (uint32_t)v[__builtin_ctz(mask)] - 1;
+      uint32_t s = (uint32_t)bucket_way(&ix->buckets[home], (unsigned)__builtin_ctz(mask), sig) - 1;
       if (s < ix->slot_count) {
         cand[i] = s;
         __builtin_prefetch(&ix->meta[s]);
