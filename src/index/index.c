@@ -699,7 +699,10 @@ static inline uint32_t way_check(struct umbp_index *ix, uint64_t v, const struct
   return s;
 }
 
-static inline uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st) {
+/* pin: the caller will pin a hit, so start fetching the candidate's pin line
+ * (for writing) while its key line is still on its way. */
+static inline uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st,
+                               bool pin) {
   uint32_t home = (uint32_t)h & ix->bmask;
   uint32_t sig = (uint32_t)(h >> 32);
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
@@ -708,12 +711,18 @@ static inline uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k
     while (mask) {
       unsigned w = (unsigned)__builtin_ctz(mask);
       mask &= mask - 1;
-      uint32_t s = way_check(ix, bucket_way(b, w, sig), k, ret_st);
+      uint64_t v = bucket_way(b, w, sig);
+      if (pin && (uint32_t)v - 1 < ix->slot_count) __builtin_prefetch(&ix->pins[(uint32_t)v - 1], 1);
+      uint32_t s = way_check(ix, v, k, ret_st);
       if (s != UMBP_NO_SLOT) return s;
     }
     if (d == 0 && atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire) == 0) break;
   }
   return UMBP_NO_SLOT;
+}
+
+static inline uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st) {
+  return probe_x(ix, k, h, ret_st, false);
 }
 
 static inline struct umbp_reader_shm *reader_of(struct umbp_index *ix, struct tl_slot *t) {
@@ -762,7 +771,7 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
   uint64_t h = umbp_key_hash(&k), st = 0;
   struct umbp_reader_shm *r = reader_of(ix, t);
   rd_lock(ix, r);
-  uint32_t s = probe(ix, &k, h, &st);
+  uint32_t s = probe_x(ix, &k, h, &st, true);
   if (s != UMBP_NO_SLOT) rc = pin_slot(ix, s, st);
   else rc = -ENOENT;
   rd_unlock(r);
@@ -781,7 +790,7 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
 
 /* Bulk probe in stages so that the cache misses of up to 32 keys overlap. */
 static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_key_shm *k, uint32_t *slots,
-                           uint64_t *sts) {
+                           uint64_t *sts, bool pin) {
   uint64_t h[BULK_CHUNK];
   uint32_t cand[BULK_CHUNK];
   unsigned hits = 0;
@@ -802,6 +811,7 @@ static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_
       if (s < ix->slot_count) {
         cand[i] = s;
         __builtin_prefetch(&ix->meta[s]);
+        if (pin) __builtin_prefetch(&ix->pins[s], 1);
       }
     }
   }
@@ -849,7 +859,7 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
       return rc;
     }
     rd_lock(ix, r);
-    probe_bulk(ix, c, k, s, st);
+    probe_bulk(ix, c, k, s, st, true);
     for (unsigned i = 0; i < c; i++)
       if (s[i] != UMBP_NO_SLOT && pin_slot(ix, s[i], st[i]) != 0) s[i] = UMBP_NO_SLOT;
     rd_unlock(r);
@@ -922,7 +932,7 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
     if (rc) return rc;
     if (t) rd_lock(ix, r);
     if (c == 1) s[0] = probe(ix, &k[0], umbp_key_hash(&k[0]), &st[0]);
-    else probe_bulk(ix, c, k, s, st);
+    else probe_bulk(ix, c, k, s, st, false);
     if (t) rd_unlock(r);
     for (unsigned i = 0; i < c; i++) {
       if (t) {
