@@ -127,6 +127,7 @@ static struct umbp_index *instance_find(uint64_t id) {
 }
 
 static void flush_slot(struct umbp_index *ix, struct tl_slot *t);
+static int reclaim_wait(umbp_pool *p, uint64_t budget_ns);
 
 static void tl_destructor(void *arg) {
   (void)arg;
@@ -441,9 +442,10 @@ void umbp_index_detach_hook(umbp_pool *p) {
   if (!ix) return;
   umbp_evictor_stop(p);
   umbp_counters_flush(p);
-  /* give back what we can; what is left stays RETIRED under our id and is
-   * adopted by the next process that claims our registry slot */
-  umbp_reclaim(p);
+  /* give back what we can (readers leave their sections within microseconds:
+   * wait up to 50 ms); what is left stays RETIRED under our id, for the next
+   * process that claims our registry slot or for a reaper's orphan sweep */
+  reclaim_wait(p, 50000000);
   if (ix->nlimbo && p->proc_slot >= 0) atomic_store(&p->procs[p->proc_slot].orphans, 1);
   pthread_mutex_lock(&inst_mu);
   for (unsigned i = 0; i < 64; i++)
@@ -1431,6 +1433,7 @@ UMBP_API int umbp_publish_bulk(umbp_pool *p, unsigned n, const uint32_t *slots, 
 }
 
 /* ---- reaping a dead process's index state --------------------------------- */
+static void reclaim_owner(umbp_pool *p, unsigned slot, uint64_t budget_ns);
 struct reap_ctx {
   umbp_pool *p;
   uint16_t dead;
@@ -1539,27 +1542,42 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
     }
   /* 8. retired slots: reclaim those whose grace period is over, leave the
    * rest to whoever claims this registry slot next (orphans flag) */
-  if (orphans) {
-    bool memb = (h->compat_features & UMBP_FEAT_COMPAT_MEMBARRIER) && umbp_membarrier_supported();
-    uint64_t end = umbp_now_ns() + 5000000;
-    unsigned left;
-    do {
-      left = 0;
-      uint64_t min = readers_min_epoch(p, memb);
-      for (uint32_t s = 0; s < h->slot_count; s++) {
-        uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
-        if (ST_STATE(w) != UMBP_SLOT_RETIRED || ST_OWNER(w) != dead) continue;
-        if (epoch_before(atomic_load_explicit(&meta[s].retire_epoch, memory_order_relaxed), min)) {
-          free_slot(p, ps, 0, s, dead);
-          atomic_fetch_sub_explicit(&ih->retired_count, 1, memory_order_relaxed);
-        } else {
-          left++;
-        }
-      }
-    } while (left && umbp_now_ns() < end);
-    atomic_store(&ps->orphans, left ? 1u : 0u);
-  }
+  if (orphans) reclaim_owner(p, slot, 5000000);
 }
+
+/* Reclaim the RETIRED slots left under registry slot `slot`'s owner id by a
+ * process that is gone (dead and being reaped, or detached with readers still
+ * in their sections), waiting up to budget_ns for readers; sets the slot's
+ * orphans flag to whether any are left. The caller holds the slot's lock. */
+static void reclaim_owner(umbp_pool *p, unsigned slot, uint64_t budget_ns) {
+  struct umbp_shm_header *h = p->hdr;
+  struct umbp_proc_slot *ps = &p->procs[slot];
+  uint16_t owner = (uint16_t)(slot + 1);
+  struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+  struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+  bool memb = (h->compat_features & UMBP_FEAT_COMPAT_MEMBARRIER) && umbp_membarrier_supported();
+  uint64_t end = umbp_now_ns() + budget_ns;
+  unsigned left;
+  do {
+    left = 0;
+    uint64_t min = readers_min_epoch(p, memb);
+    for (uint32_t s = 0; s < h->slot_count; s++) {
+      uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
+      if (ST_STATE(w) != UMBP_SLOT_RETIRED || ST_OWNER(w) != owner) continue;
+      if (epoch_before(atomic_load_explicit(&meta[s].retire_epoch, memory_order_relaxed), min)) {
+        free_slot(p, ps, 0, s, owner);
+        atomic_fetch_sub_explicit(&ih->retired_count, 1, memory_order_relaxed);
+      } else {
+        left++;
+      }
+    }
+  } while (left && umbp_now_ns() < end);
+  atomic_store(&ps->orphans, left ? 1u : 0u);
+}
+
+/* Registry slots that are free but still have retired slots under their id
+ * (orphans flag): reclaim what the readers allow. Called by the reaper. */
+void umbp_index_sweep_orphans(umbp_pool *p, unsigned slot) { reclaim_owner(p, slot, 0); }
 
 /* ---- statistics --------------------------------------------------------------- */
 static void sum_row(const struct umbp_counter_row *rows, bool part, unsigned id, umbp_counters *out) {

@@ -133,7 +133,18 @@ UMBP_API int umbp_pool_reap(umbp_pool *p) {
   if (!p) return -EINVAL;
   if (p->read_only) return umbp_fail(-EROFS, "pool '%s' is attached read-only: reaping needs a read-write attachment", p->name);
   int n = 0;
-  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) n += umbp_registry_reap_slot(p, i);
+  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+    n += umbp_registry_reap_slot(p, i);
+    /* a free slot whose last owner left retired slots behind (they waited for
+     * readers when it detached): reclaim them now, holding its lock so that
+     * no process claims the slot meanwhile */
+    struct umbp_proc_slot *s = &p->procs[i];
+    if ((int)i != p->proc_slot && !p->reaping[i] && atomic_load_explicit(&s->orphans, memory_order_acquire) &&
+        atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE && lock_byte(p->fd, i, F_WRLCK) == 0) {
+      if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE) umbp_index_sweep_orphans(p, i);
+      lock_byte(p->fd, i, F_UNLCK);
+    }
+  }
   return n;
 }
 

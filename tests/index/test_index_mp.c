@@ -33,6 +33,7 @@ static unsigned env_uint(const char *name, unsigned def) {
 /* Every slot is accounted for: free (and on a queue exactly once), published,
  * or retired; nothing reserved or half-evicted once every writer is gone. */
 static void accounting_ok(umbp_pool *p, bool expect_no_retired) {
+  umbp_pool_reap(p); /* also sweeps retired slots that detached processes left for readers */
   umbp_reclaim(p);
   umbp_slot_census c;
   assert_int_equal(umbp_census(p, &c), 0);
