@@ -7,6 +7,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 secs="${1:-${UMBP_FUZZ_SECONDS:-60}}"
 out="${2:-$(cd "$here/.." && pwd)/build-fuzz}"
+case "$out" in /*) ;; *) out="$PWD/$out" ;; esac
 bash "$here/build.sh" "$out" >/dev/null
 mkdir -p "$out/work"
 cd "$out"
