@@ -25,7 +25,8 @@
  *    umbp_pool_reap() will repair) — or, for RETIRED, a released slot that
  *    left them as orphans for its next claimant;
  *  - pin bytes belong only to claimed registry slots;
- *  - each namespace's used_slots equals its PUBLISHED + EVICTING slots;
+ *  - each namespace's used_slots equals its slots flagged counted (PUBLISHED,
+ *    and EVICTING or RESERVED ones inside a removal or publish);
  *  - the free rings' and the event ring's headers are intact.
  *
  * A busy pool is never frozen: a slot is judged only when its state word

@@ -155,13 +155,14 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   umbp_check_report *r = calloc(1, sizeof *r);
   uint64_t *st1 = malloc((size_t)n * sizeof *st1), *st2 = malloc((size_t)n * sizeof *st2);
   uint8_t *inflight = calloc(n, 1), *on_ring = calloc(n, 1), *claimed_cell = calloc(n, 1), *ways_to = calloc(n, 1);
+  uint8_t *cflag = calloc(n, 1); /* counted flags, read inside the scan window */
   uint32_t *need = calloc(nb, sizeof *need), *ovf = malloc((size_t)nb * sizeof *ovf);
   struct reg_snap *ra = malloc(sizeof *ra), *rb = malloc(sizeof *rb);
   size_t went = 0, wcap = 1024;
   struct way_ent *we = malloc(wcap * sizeof *we);
   uint64_t used_a[UMBP_MAX_NAMESPACES], used_b[UMBP_MAX_NAMESPACES], nsc[UMBP_MAX_NAMESPACES];
   int rc = 0;
-  if (!r || !st1 || !st2 || !inflight || !on_ring || !claimed_cell || !ways_to || !need || !ovf || !ra || !rb || !we) {
+  if (!r || !st1 || !st2 || !cflag || !inflight || !on_ring || !claimed_cell || !ways_to || !need || !ovf || !ra || !rb || !we) {
     rc = umbp_fail(-ENOMEM, "umbp_pool_check: not enough memory to check a pool of %u slots", n);
     goto out;
   }
@@ -171,6 +172,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++)
     used_a[i] = atomic_load_explicit(&nss[i].used_slots, memory_order_seq_cst);
   snap_states(meta, n, st1);
+  for (uint32_t s = 0; s < n; s++) cflag[s] = atomic_load_explicit(&meta[s].counted, memory_order_acquire);
   for (uint32_t b = 0; b < nb; b++)
     for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
       uint64_t v = atomic_load_explicit(&bk[b].way[w], memory_order_acquire);
@@ -280,11 +282,13 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
       uint32_t ns = meta[s].key.ns;
       if (ns >= UMBP_MAX_NAMESPACES || atomic_load_explicit(&nss[ns].state, memory_order_acquire) != 1)
         viol(r, "slot %u is %s under namespace %u, which is not registered", s, st_name(st), ns);
-      else nsc[ns]++;
       break;
     }
     default: break;
     }
+    /* the namespace count holds exactly the slots flagged counted (publish
+     * sets the flag with its increment; removal clears it with its decrement) */
+    if (cflag[s] && meta[s].key.ns < UMBP_MAX_NAMESPACES) nsc[meta[s].key.ns]++;
     if (ways_to[s] > 1) viol(r, "slot %u is reachable from %u ways: one block is indexed twice", s, ways_to[s]);
     if (st != UMBP_SLOT_FREE && on_ring[s] && !inflight[s])
       viol(r, "slot %u is %s but also waits on a free ring: a reserve could hand it out again", s, st_name(st));
@@ -339,6 +343,7 @@ out:
   free(r);
   free(st1);
   free(st2);
+  free(cflag);
   free(inflight);
   free(on_ring);
   free(claimed_cell);

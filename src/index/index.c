@@ -1159,9 +1159,15 @@ static int try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, 
   /* retire_epoch before the state: a reclaimer that sees RETIRED (acquire) sees the epoch */
   atomic_store_explicit(&m->retire_epoch, (uint32_t)atomic_load_explicit(&ix->ih->epoch, memory_order_seq_cst),
                         memory_order_relaxed);
+  /* out of the namespace count: only this process moves an EVICTING slot of
+   * its own, so a plain load and store clear the flag, and the shared
+   * counter's RMW comes last (see publish) */
+  if (atomic_load_explicit(&m->counted, memory_order_relaxed)) {
+    atomic_store_explicit(&m->counted, 0, memory_order_relaxed);
+    if (k.ns < UMBP_MAX_NAMESPACES) atomic_fetch_sub_explicit(&ix->ns[k.ns].used_slots, 1, memory_order_relaxed);
+  }
   atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_RETIRED, p->owner_id), memory_order_release);
   atomic_fetch_add_explicit(&ix->ih->retired_count, 1, memory_order_relaxed);
-  if (k.ns < UMBP_MAX_NAMESPACES) atomic_fetch_sub_explicit(&ix->ns[k.ns].used_slots, 1, memory_order_relaxed);
   count_ns(ix, t, k.ns, why, 1);
   count_part(ix, t, slot_part(p, s), why, 1);
   emit(ix, UMBP_EV_REMOVED, &k);
@@ -1397,6 +1403,12 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
       /* release: the key and block bytes written before are visible to a
        * reader that loads this way (pairs with probe()'s acquire load) */
       if (atomic_compare_exchange_strong_explicit(&b->way[i], &z, way, memory_order_release, memory_order_relaxed)) {
+        /* counted while still RESERVED (a reaper of ours takes it back out).
+         * Flag first, the shared counter's RMW last: a kill lands after a slow
+         * contended atomic far more often than after a plain store, and there
+         * the pair is complete. */
+        atomic_store_explicit(&m->counted, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&ix->ns[k.ns].used_slots, 1, memory_order_relaxed);
         /* PUBLISHED only once linked: an evictor never sees a published slot
          * without its way; a reader that finds the way before this store sees
          * RESERVED and misses (pairs with probe()'s acquire load of state) */
@@ -1414,7 +1426,6 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
                               "overloaded",
                      UMBP_MAX_PROBE);
   }
-  atomic_fetch_add_explicit(&ix->ns[k.ns].used_slots, 1, memory_order_relaxed);
   count_ns(ix, t, k.ns, UMBP_CTR_INSERTS, 1);
   count_part(ix, t, slot_part(p, slot), UMBP_CTR_INSERTS, 1);
   if (atomic_load_explicit(&ix->ev_stored, memory_order_relaxed)) emit(ix, UMBP_EV_STORED, &k);
@@ -1499,12 +1510,10 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
     if (st == UMBP_SLOT_RESERVED || st == UMBP_SLOT_EVICTING) {
       /* it may be in the index (died inside publish or remove): unlink, then retire */
       struct umbp_key_shm k = meta[s].key;
-      bool was_linked = unlink_way(buckets, h->n_buckets - 1, s, umbp_key_hash(&k));
-      if (st == UMBP_SLOT_EVICTING || was_linked) {
-        if (k.ns < UMBP_MAX_NAMESPACES && st == UMBP_SLOT_EVICTING) {
-          struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + k.ns;
-          atomic_fetch_sub_explicit(&ns->used_slots, 1, memory_order_relaxed);
-        }
+      unlink_way(buckets, h->n_buckets - 1, s, umbp_key_hash(&k));
+      if (atomic_exchange_explicit(&meta[s].counted, 0, memory_order_relaxed) && k.ns < UMBP_MAX_NAMESPACES) {
+        struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + k.ns;
+        atomic_fetch_sub_explicit(&ns->used_slots, 1, memory_order_relaxed);
       }
       atomic_store_explicit(&meta[s].retire_epoch, (uint32_t)atomic_load(&ih->epoch), memory_order_relaxed);
       atomic_store_explicit(&meta[s].state, ST_NEXT(w, UMBP_SLOT_RETIRED, dead), memory_order_release);

@@ -39,7 +39,11 @@ struct umbp_slot_meta {
   struct umbp_key_shm key; /* valid from publish until reuse */
   _Atomic uint32_t retire_epoch; /* for RETIRED: low 32 bits of the grace-period token */
   _Atomic uint8_t ref;     /* CLOCK reference bit */
-  uint8_t pad[3];
+  /* 1 while the slot is counted in its namespace's used_slots: whoever takes
+   * it out of the count exchanges it to 0 first, so a reaper repeating a dead
+   * process's step never counts twice */
+  _Atomic uint8_t counted;
+  uint8_t pad[2];
 };
 _Static_assert(sizeof(struct umbp_slot_meta) == 64, "slot meta is one cache line");
 

@@ -48,6 +48,13 @@ static void accounting_ok(umbp_pool *p, bool expect_no_retired) {
   assert_int_equal(c.free_ + c.published + c.retired, c.total);
   assert_int_equal(c.in_rings, c.free_);
   if (expect_no_retired) assert_int_equal(c.retired, 0);
+  /* the namespace's block count agrees with the slots (test pools use one namespace) */
+  umbp_ns_info ni;
+  if (umbp_ns_info_get(p, 0, &ni) == 0) {
+    if (ni.blocks != c.published) fprintf(stderr, "# namespace 0 counts %llu blocks, %llu published\n",
+                                          (unsigned long long)ni.blocks, (unsigned long long)c.published);
+    assert_int_equal(ni.blocks, c.published);
+  }
   /* every published entry is reachable exactly once */
   uint64_t entries;
   assert_int_equal(umbp_index_stats(p, &entries, NULL, 0), 0);
