@@ -1650,7 +1650,10 @@ UMBP_API int umbp_census(umbp_pool *p, umbp_slot_census *ret) {
     default: break;
     }
   }
-  for (unsigned i = 0; i < p->hdr->n_partitions; i++) c.in_rings += umbp_index_free_slots(p, i);
+  for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
+    void *ring = part_ring(p, i);
+    if (umbp_ring_check_header(ring, p->hdr->partitions[i].ring_bytes) == 0) c.in_rings += umbp_ring_count_live(ring);
+  }
   *ret = c;
   return 0;
 }

@@ -86,4 +86,18 @@ static inline int umbp_ring_contains(void *ring, const void *elem) {
   return 0;
 }
 
+/* Elements on the ring now (full cells, waiting or claimed by a consumer),
+ * tombstones not counted, by walking every cell: for censuses and checks,
+ * where umbp_ring_count()'s position difference would count tombstones. */
+static inline uint64_t umbp_ring_count_live(void *ring) {
+  struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
+  uint64_t n = 0;
+  for (uint64_t i = 0; i < h->capacity; i++) {
+    uint64_t w = atomic_load_explicit(&umbp_ring__cell(h, i)->word, memory_order_relaxed);
+    unsigned kind = umbp_ring__wkind(w);
+    n += ((umbp_ring__wseq(w) - i) & h->mask) == 1 && (kind == UMBP_RING_STABLE || kind == UMBP_RING_READING);
+  }
+  return n;
+}
+
 #endif
