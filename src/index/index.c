@@ -981,6 +981,9 @@ UMBP_API int umbp_prefix_probe(umbp_pool *p, unsigned n, const umbp_key *keys) {
 /* ---- freeing and reclaiming ------------------------------------------------- */
 /* Put slot s (state `w`, owned by us in RESERVED or RETIRED) back on its free
  * queue. The thread's ledger names s while it travels (see reap_proc()). */
+/* The last free ring this process found stuck full (process-local). */
+static void *_Atomic damaged_ring;
+
 static void free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s, uint16_t as_owner) {
   struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
   int part = slot_part(p, s);
@@ -993,9 +996,22 @@ static void free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigne
   /* The ring has a cell per slot, so it is never full of slots; but a process
    * killed while it held a cell claimed blocks producers once they lap round
    * to that cell, until it is reaped. Reap it ourselves rather than wait. */
+  uint64_t give_up = 0;
   for (unsigned spins = 0; umbp_ring_enqueue(ring, &v, as_owner) != 0; spins++) {
     umbp_cpu_relax();
     if ((spins & 1023) != 1023) continue;
+    /* bounded: a ring that stays full for a second is not blocked by a dead
+     * process but damaged (cells overwritten by a buggy or hostile writer);
+     * give the slot up rather than hang: `umbp inspect --check` reports it */
+    uint64_t now = umbp_now_ns();
+    if (!give_up) give_up = now + (atomic_load_explicit(&damaged_ring, memory_order_relaxed) == ring ? 0 : 1000000000ull);
+    else if (now > give_up) {
+      atomic_store_explicit(&damaged_ring, ring, memory_order_relaxed); /* later frees give up at once */
+      umbp_log(UMBP_LOG_ERROR, "pool %s: the free queue of partition %d stays full; slot %u is left out of it "
+                               "(run 'umbp inspect %s --check')",
+               p->name, part, s, p->name);
+      break;
+    }
     struct umbp_ring_hdr *rh = ring;
     uint64_t pos = atomic_load_explicit(&rh->enq_pos, memory_order_relaxed);
     uint64_t cw = atomic_load_explicit(&umbp_ring__cell(rh, pos)->word, memory_order_relaxed);
