@@ -1107,11 +1107,15 @@ UMBP_API int umbp_reclaim(umbp_pool *p) {
   }
   ix->nlimbo = keep;
   pthread_mutex_unlock(&ix->limbo_mu);
-  if (freed) atomic_fetch_sub_explicit(&ix->ih->retired_count, (uint64_t)freed, memory_order_relaxed);
   return freed;
 }
 
-#define RECLAIM_BATCH 64 /* retired slots that make a remover start a grace period */
+/* Retired slots that make a remover start a grace period (one membarrier,
+ * an IPI to every CPU running a pool process): 1/16 of the pool, 8..256. */
+static inline size_t reclaim_batch(const struct umbp_index *ix) {
+  size_t b = ix->slot_count / 16;
+  return b < 8 ? 8 : b > 256 ? 256 : b;
+}
 
 static size_t limbo_count(struct umbp_index *ix) {
   pthread_mutex_lock(&ix->limbo_mu);
@@ -1183,7 +1187,6 @@ static int try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, 
     if (k.ns < UMBP_MAX_NAMESPACES) atomic_fetch_sub_explicit(&ix->ns[k.ns].used_slots, 1, memory_order_relaxed);
   }
   atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_RETIRED, p->owner_id), memory_order_release);
-  atomic_fetch_add_explicit(&ix->ih->retired_count, 1, memory_order_relaxed);
   count_ns(ix, t, k.ns, why, 1);
   count_part(ix, t, slot_part(p, s), why, 1);
   emit(ix, UMBP_EV_REMOVED, &k);
@@ -1207,7 +1210,7 @@ UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
   rc = try_remove(p, t, s, st, UMBP_CTR_REMOVES);
   if (rc == -EBUSY) return umbp_fail(-EBUSY, "the block is pinned by a reader: retry after it is unpinned");
   /* reclaim in batches: each grace period costs one membarrier */
-  if (limbo_count(ix) >= RECLAIM_BATCH) umbp_reclaim(p);
+  if (limbo_count(ix) >= reclaim_batch(ix)) umbp_reclaim(p);
   return rc;
 }
 
@@ -1533,7 +1536,6 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
       }
       atomic_store_explicit(&meta[s].retire_epoch, (uint32_t)atomic_load(&ih->epoch), memory_order_relaxed);
       atomic_store_explicit(&meta[s].state, ST_NEXT(w, UMBP_SLOT_RETIRED, dead), memory_order_release);
-      atomic_fetch_add_explicit(&ih->retired_count, 1, memory_order_relaxed);
       orphans++;
     } else if (st == UMBP_SLOT_RETIRED) {
       orphans++;
@@ -1579,7 +1581,6 @@ static void reclaim_owner(umbp_pool *p, unsigned slot, uint64_t budget_ns) {
   struct umbp_proc_slot *ps = &p->procs[slot];
   uint16_t owner = (uint16_t)(slot + 1);
   struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
-  struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
   bool memb = (h->compat_features & UMBP_FEAT_COMPAT_MEMBARRIER) && umbp_membarrier_supported();
   uint64_t end = umbp_now_ns() + budget_ns;
   unsigned left;
@@ -1591,7 +1592,6 @@ static void reclaim_owner(umbp_pool *p, unsigned slot, uint64_t budget_ns) {
       if (ST_STATE(w) != UMBP_SLOT_RETIRED || ST_OWNER(w) != owner) continue;
       if (epoch_before(atomic_load_explicit(&meta[s].retire_epoch, memory_order_relaxed), min)) {
         free_slot(p, ps, 0, s, owner);
-        atomic_fetch_sub_explicit(&ih->retired_count, 1, memory_order_relaxed);
       } else {
         left++;
       }

@@ -111,7 +111,7 @@ struct umbp_index_hdr {
   _Atomic uint32_t n_namespaces;
   _Atomic uint32_t evict_lock __attribute__((aligned(64)));
   _Atomic uint32_t clock_hand[UMBP_MAX_PARTITIONS] __attribute__((aligned(64)));
-  _Atomic uint64_t retired_count __attribute__((aligned(64)));
+  _Atomic uint64_t retired_count __attribute__((aligned(64))); /* unused (a census counts retired slots) */
   _Atomic uint64_t low_watermark_pct;  /* eviction starts below this % free */
   _Atomic uint64_t high_watermark_pct; /* and stops at this % free */
 };
