@@ -601,12 +601,11 @@ static int job_start(struct umbp_dp_job *job) {
   return 0;
 }
 
-int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group, int part, unsigned n,
-                  const uint32_t *block_ids, const umbp_key *keys, unsigned flags, umbp_dp_job **ret_job) {
-  if (!keys) return umbp_fail(-EINVAL, "dp store: keys are required");
-  if (flags & ~(unsigned)UMBP_DP_STORE_SKIP_PRESENT) return umbp_fail(-EINVAL, "dp store: unknown flags 0x%x", flags);
+/* job_new() plus a private copy of the keys (stores and loads both need one). */
+static int job_new_keyed(umbp_dp_engine *eng, const umbp_kv_layout *lay, uint16_t group, int op, unsigned n,
+                         const uint32_t *block_ids, const umbp_key *keys, struct umbp_dp_job **ret) {
   struct umbp_dp_job *job;
-  int rc = job_new(eng, layout, group, DP_OP_STORE, n, block_ids, &job);
+  int rc = job_new(eng, lay, group, op, n, block_ids, &job);
   if (rc) return rc;
   job->keys = malloc(n * sizeof *keys);
   if (!job->keys) {
@@ -614,6 +613,17 @@ int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t gr
     return umbp_fail(-ENOMEM, "dp: out of memory");
   }
   memcpy(job->keys, keys, n * sizeof *keys);
+  *ret = job;
+  return 0;
+}
+
+int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group, int part, unsigned n,
+                  const uint32_t *block_ids, const umbp_key *keys, unsigned flags, umbp_dp_job **ret_job) {
+  if (!keys) return umbp_fail(-EINVAL, "dp store: keys are required");
+  if (flags & ~(unsigned)UMBP_DP_STORE_SKIP_PRESENT) return umbp_fail(-EINVAL, "dp store: unknown flags 0x%x", flags);
+  struct umbp_dp_job *job;
+  int rc = job_new_keyed(eng, layout, group, DP_OP_STORE, n, block_ids, keys, &job);
+  if (rc) return rc;
   umbp_pool *pool = eng->pool;
   if (flags & UMBP_DP_STORE_SKIP_PRESENT) {
     uint8_t *present = calloc(n, 1);
@@ -678,14 +688,8 @@ int umbp_dp_load(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t gro
                  const umbp_key *keys, const uint32_t *block_ids, umbp_dp_job **ret_job) {
   if (!keys) return umbp_fail(-EINVAL, "dp load: keys are required");
   struct umbp_dp_job *job;
-  int rc = job_new(eng, layout, group, DP_OP_LOAD, n, block_ids, &job);
+  int rc = job_new_keyed(eng, layout, group, DP_OP_LOAD, n, block_ids, keys, &job);
   if (rc) return rc;
-  job->keys = malloc(n * sizeof *keys);
-  if (!job->keys) {
-    job_free(job);
-    return umbp_fail(-ENOMEM, "dp: out of memory");
-  }
-  memcpy(job->keys, keys, n * sizeof *keys);
   int hits = umbp_lookup_pin_bulk(eng->pool, n, keys, job->slots);
   if (hits < 0) {
     job_free(job);
