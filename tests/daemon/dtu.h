@@ -129,7 +129,22 @@ static inline pid_t dtu_daemon_start(const char *name, const char *log, const ch
   dtu_track(pid);
   for (int i = 0; i < 2000; i++) {
     int dp = -1;
-    if (dtu_daemon_pid(name, &dp) == 1 && dp == pid) return pid;
+    if (dtu_daemon_pid(name, &dp) == 1 && dp == pid) {
+      /* holding the pool is not the same as done starting (quotas are applied
+       * after): wait for its "ready:" log line */
+      for (int j = 0; j < 2000; j++) {
+        FILE *f = fopen(log, "r");
+        char line[512];
+        bool ready = false;
+        while (f && fgets(line, sizeof line, f))
+          if (strstr(line, "ready: pool")) ready = true;
+        if (f) fclose(f);
+        if (ready) return pid;
+        dtu_sleep_ms(5);
+      }
+      fprintf(stderr, "# daemon pid %d took pool %s but logged no 'ready' within 10 s\n", (int)pid, name);
+      return pid;
+    }
     int st;
     if (waitpid(pid, &st, WNOHANG) == pid) {
       fprintf(stderr, "# daemon exited early (status 0x%x); log %s\n", st, log);
