@@ -45,13 +45,18 @@ def main():
                     conn.wait_for_layer_load(name)
             conn.wait_for_save()
             sending, recving = conn.get_finished(set(finished))
-            reply = {"finished_sending": sending, "errors": conn.get_block_ids_with_load_errors(),
+            reply = {"finished_sending": sending, "finished_recving": recving,
+                     "errors": conn.get_block_ids_with_load_errors(),
                      "stats": conn.get_kv_connector_stats(),
                      "events": conn.get_kv_connector_kv_cache_events(),
                      "worker_meta": conn.build_connector_worker_meta()}
             conn.clear_connector_metadata()
         elif cmd == "dump":
             reply = {n: caches[n][:, args].clone() for n in LAYERS}
+        elif cmd == "zero":
+            for t in caches.values():
+                t.zero_()
+            reply = "ok"
         elif cmd == "shutdown":
             conn.shutdown()
             reply = "bye"

@@ -33,8 +33,8 @@ def _find_library() -> str:
     here = Path(__file__).resolve().parent
     cands = [here / "libumbp.so"]
     root = here.parent.parent  # python/umbp -> repo root
-    cands += [Path(p) for p in sorted(glob.glob(str(root / "build*" / "libumbp.so")),
-                                      key=lambda p: -os.path.getmtime(p))]
+    built = [p for p in glob.glob(str(root / "build*" / "libumbp.so")) if os.path.exists(p)]
+    cands += [Path(p) for p in sorted(built, key=lambda p: -os.path.getmtime(p))]
     for c in cands:
         if c.exists():
             return str(c)

@@ -1,0 +1,195 @@
+# SPDX-License-Identifier: Apache-2.0
+"""UMBPStoreConnector inside vLLM's real Scheduler (on CPU).
+
+The Scheduler, its KVCacheManager, ModelConfig (from a local model directory
+holding only a small config.json: no weights, no tokenizer, no download) and
+KVOutputAggregator are vLLM's own. What cannot run without a GPU is the model
+runner's forward pass: each step the two worker connectors (TP=2, separate
+exec'd processes, CPU tensors as KV caches) run the connector calls in the CPU
+model runner's order, and the test builds each rank's ModelRunnerOutput (one
+sampled token per request that finished its prompt) for the aggregator."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import BLOCK, LAYERS, NUM_BLOCKS, make_kv_cache_config
+from test_connector import Worker
+
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
+                         SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+import umbp.vllm as U
+from umbp import _lib as L
+
+TP = 2
+EXTRA = {"capacity_bytes": 64 * 4096 * 4, "no_prefault": True, "key_namespace": "sched-ns"}
+
+
+def model_dir(tmp_path):
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+           "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 1000,
+           "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "float16"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+def make_scheduler(tmp_path, pool):
+    mc = ModelConfig(model=model_dir(tmp_path), skip_tokenizer_init=True, dtype="float16",
+                     max_model_len=1024)
+    ktc = KVTransferConfig(kv_connector="UMBPStoreConnector", kv_connector_module_path="umbp.vllm",
+                           kv_role="kv_both", kv_connector_extra_config={"pool": pool, **EXTRA},
+                           kv_load_failure_policy="recompute")
+    vc = VllmConfig(model_config=mc, kv_transfer_config=ktc,
+                    cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+                    scheduler_config=SchedulerConfig(max_model_len=1024, is_encoder_decoder=False,
+                                                     max_num_batched_tokens=1024, max_num_seqs=8),
+                    parallel_config=ParallelConfig(tensor_parallel_size=TP),
+                    device_config=DeviceConfig("cpu"))
+    vc.cache_config.num_gpu_blocks = NUM_BLOCKS
+    s = Scheduler(vc, make_kv_cache_config(), StructuredOutputManager(vc), block_size=BLOCK,
+                  log_stats=True)
+    published = []
+    s.kv_event_publisher.publish = published.append   # what the engine would publish
+    return s, published
+
+
+class Engine:
+    """One scheduler + TP worker processes, stepped like vLLM's EngineCore."""
+
+    def __init__(self, tmp_path, pool):
+        self.s, self.published = make_scheduler(tmp_path, pool)
+        self.w = [Worker(pool, TP, r, seed=r + 1, **EXTRA) for r in range(TP)]
+        self.agg = KVOutputAggregator.from_connector(self.s.connector, TP)
+        self.outputs = []
+
+    def step(self, before_workers=None):
+        so = self.s.schedule()
+        if before_workers:
+            before_workers(so)
+        replies = [w.call("step", (so.kv_connector_metadata, set(so.finished_req_ids)))
+                   for w in self.w]
+        sampled = []
+        req_ids = list(so.num_scheduled_tokens)
+        for rid in req_ids:
+            r = self.s.requests[rid]
+            done = r.num_computed_tokens + so.num_scheduled_tokens[rid] >= r.num_tokens
+            sampled.append([7] if done else [])
+        outs = [ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled,
+                                  kv_connector_output=KVConnectorOutput(
+                                      finished_sending=rep["finished_sending"],
+                                      finished_recving=rep["finished_recving"],
+                                      kv_connector_stats=rep["stats"],
+                                      kv_cache_events=rep["events"],
+                                      kv_connector_worker_meta=rep["worker_meta"],
+                                      invalid_block_ids=rep["errors"]))
+                for rep in replies]
+        eco = self.s.update_from_output(so, self.agg.aggregate(outs))
+        self.outputs.append(eco)
+        return so, eco
+
+    def drain(self, limit=8):
+        """Step while EngineCore would (Scheduler.has_requests): delayed frees finish."""
+        n = 0
+        while self.s.has_requests():
+            assert n < limit, "the scheduler never became idle"
+            self.step()
+            n += 1
+        return n
+
+    def block_ids(self, so, rid):
+        for nr in so.scheduled_new_reqs:
+            if nr.req_id == rid:
+                return list(nr.block_ids[0])
+        raise KeyError(rid)
+
+    def close(self):
+        for w in self.w:
+            w.close()
+        self.s.shutdown()
+
+
+def req(rid, tokens):
+    return Request(rid, tokens, SamplingParams(max_tokens=1), None,
+                   block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+
+def connector_stats(eco):
+    for o in eco.values():
+        if o.scheduler_stats and o.scheduler_stats.kv_connector_stats:
+            return o.scheduler_stats.kv_connector_stats
+    return {}
+
+
+def test_real_scheduler_tp2(tmp_path, pool_name):
+    """A stores; after the GPU prefix cache is reset, B with A's prefix gets its
+    matched tokens from the pool and its KV is byte-identical to A's; a block
+    missing on one rank shortens C's hit; a load that fails makes the real
+    scheduler recompute; events and stats are what the scheduler publishes."""
+    e = Engine(tmp_path, pool_name)
+    try:
+        assert type(e.s.connector) is U.UMBPStoreConnector
+        tokens = list(range(100, 100 + 4 * BLOCK + 5))
+        e.s.add_request(req("A", tokens))
+        so, eco = e.step()
+        assert so.num_scheduled_tokens == {"A": len(tokens)}
+        ids_a = e.block_ids(so, "A")[:4]
+        a_bytes = [w.call("dump", ids_a) for w in e.w]
+        assert e.s.requests["A"].is_finished(), "A finished after its prompt (max_tokens=1)"
+        stored = [ev for b in e.published for ev in b.events if isinstance(ev, BlockStored)]
+        assert [ev.medium for ev in stored] == ["CPU"] and len(stored[0].block_hashes) == 4
+        st = connector_stats(eco)
+        assert st["store_completed"] == 4 * TP and st["store_failed"] == 0 and st["store_bytes"] == 16384
+
+        assert e.drain() >= 1, "A's blocks are freed one step later, once both ranks reported"
+        assert e.s.reset_prefix_cache()
+        for w in e.w:
+            w.call("zero")
+        e.s.add_request(req("B", tokens[:4 * BLOCK] + [1, 2, 3]))
+        so, eco = e.step()
+        assert so.num_scheduled_tokens == {"B": 3}, "4 blocks came from the pool"
+        ids_b = e.block_ids(so, "B")[:4]
+        for r, w in enumerate(e.w):
+            got = w.call("dump", ids_b)
+            for name in LAYERS:
+                assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+        assert connector_stats(eco)["load_completed"] == 4 * TP
+
+        # block 2 gone on rank 1 only: C's hit stops before it
+        e.drain()
+        assert e.s.reset_prefix_cache()
+        conn = e.s.connector
+        A_hashes = req("A", tokens).block_hashes
+        assert L.lib().umbp_remove(conn.pool.h, U._keys(conn._tmpl(1, 0), [A_hashes[2]])) == 0
+        e.s.add_request(req("C", tokens))
+        so, _ = e.step()
+        assert so.num_scheduled_tokens == {"C": len(tokens) - 2 * BLOCK}
+
+        # block 1 removed after the scheduler counted it and before the workers load:
+        # the load fails, the real scheduler marks the blocks invalid and recomputes
+        e.drain()
+        assert e.s.reset_prefix_cache()
+        e.s.add_request(req("D", tokens[:4 * BLOCK] + [9]))
+
+        def drop(so):
+            assert so.num_scheduled_tokens == {"D": 1}
+            L.lib().umbp_remove(conn.pool.h, U._keys(conn._tmpl(0, 0), [A_hashes[1]]))
+        so, eco = e.step(before_workers=drop)
+        assert "D" in e.s.requests, "D is rescheduled, not finished with bad KV"
+        assert e.s.requests["D"].num_computed_tokens <= BLOCK
+        so, _ = e.step()
+        assert so.num_scheduled_tokens["D"] >= len(tokens[:4 * BLOCK]) - BLOCK
+    finally:
+        e.close()
