@@ -46,11 +46,11 @@ def model_dir(tmp_path):
     return str(tmp_path)
 
 
-def make_scheduler(tmp_path, pool):
+def make_scheduler(tmp_path, pool, extra):
     mc = ModelConfig(model=model_dir(tmp_path), skip_tokenizer_init=True, dtype="float16",
                      max_model_len=1024)
     ktc = KVTransferConfig(kv_connector="UMBPStoreConnector", kv_connector_module_path="umbp.vllm",
-                           kv_role="kv_both", kv_connector_extra_config={"pool": pool, **EXTRA},
+                           kv_role="kv_both", kv_connector_extra_config={"pool": pool, **extra},
                            kv_load_failure_policy="recompute")
     vc = VllmConfig(model_config=mc, kv_transfer_config=ktc,
                     cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
@@ -69,9 +69,10 @@ def make_scheduler(tmp_path, pool):
 class Engine:
     """One scheduler + TP worker processes, stepped like vLLM's EngineCore."""
 
-    def __init__(self, tmp_path, pool):
-        self.s, self.published = make_scheduler(tmp_path, pool)
-        self.w = [Worker(pool, TP, r, seed=r + 1, **EXTRA) for r in range(TP)]
+    def __init__(self, tmp_path, pool, **extra):
+        extra = {**EXTRA, **extra}
+        self.s, self.published = make_scheduler(tmp_path, pool, extra)
+        self.w = [Worker(pool, TP, r, seed=r + 1, **extra) for r in range(TP)]
         self.agg = KVOutputAggregator.from_connector(self.s.connector, TP)
         self.outputs = []
 
@@ -191,5 +192,59 @@ def test_real_scheduler_tp2(tmp_path, pool_name):
         assert e.s.requests["D"].num_computed_tokens <= BLOCK
         so, _ = e.step()
         assert so.num_scheduled_tokens["D"] >= len(tokens[:4 * BLOCK]) - BLOCK
+    finally:
+        e.close()
+
+
+def test_real_scheduler_async_loads(tmp_path, pool_name):
+    """load_async: the real scheduler parks B in WAITING_FOR_REMOTE_KVS while
+    both ranks load, schedules it once both reported finished_recving, and B's
+    KV is byte-identical to A's; E, aborted while its load is in flight, has its
+    load cancelled and its blocks freed only after the workers reported it."""
+    from vllm.v1.request import RequestStatus
+    e = Engine(tmp_path, pool_name, load_async=True)
+    try:
+        tokens = list(range(300, 300 + 4 * BLOCK + 5))
+        e.s.add_request(req("A", tokens))
+        so, _ = e.step()
+        ids_a = e.block_ids(so, "A")[:4]
+        a_bytes = [w.call("dump", ids_a) for w in e.w]
+        e.drain()
+        assert e.s.reset_prefix_cache()
+        for w in e.w:
+            w.call("zero")
+        e.s.add_request(req("B", tokens[:4 * BLOCK] + [1, 2]))
+        so, _ = e.step()
+        assert so.num_scheduled_tokens == {}, "B waits for its asynchronous load"
+        assert [len(x.block_ids) for x in so.kv_connector_metadata.loads] == [4]
+        ids_b = list(so.kv_connector_metadata.loads[0].block_ids)
+        assert e.s.requests["B"].status in (RequestStatus.WAITING_FOR_REMOTE_KVS,
+                                            RequestStatus.WAITING)
+        for _ in range(4):
+            so, eco = e.step()
+            if so.num_scheduled_tokens:
+                break
+        assert so.num_scheduled_tokens == {"B": 2}, "B resumes after the load with 64 tokens cached"
+        for r, w in enumerate(e.w):
+            got = w.call("dump", ids_b)
+            for name in LAYERS:
+                assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+        e.drain()
+
+        # E aborted between the step that sent its load and the workers' next step
+        assert e.s.reset_prefix_cache()
+        e.s.add_request(req("E", tokens[:4 * BLOCK] + [5]))
+        so, _ = e.step()
+        assert [x.req_id for x in so.kv_connector_metadata.loads] == ["E"]
+        # the workers poll right after submitting, so the load is normally still
+        # running when their step ends; if it did finish, there is nothing to cancel
+        in_flight = e.s.connector._reqs["E"].async_loading
+        e.s.finish_requests("E", RequestStatus.FINISHED_ABORTED)
+        so, _ = e.step()
+        assert so.kv_connector_metadata.cancelled == (["E"] if in_flight else [])
+        e.drain()
+        assert "E" not in e.s.requests
+        assert e.s.kv_cache_manager.block_pool.get_num_free_blocks() == NUM_BLOCKS - 1
+        assert e.s.reset_prefix_cache()
     finally:
         e.close()

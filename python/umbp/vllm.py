@@ -31,6 +31,7 @@ import ctypes as C
 import itertools
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,7 @@ _CONFIG_KEYS = {
     "copy_cpus": None,            # list of CPUs for the copy threads (default: unbound)
     "numa_nodes": None,           # list of NUMA nodes for the pool (embedded; default: all)
     "load_timeout_ms": 60000,     # a load not done by then is reported as failed
+    "load_async": False,          # loads overlap other requests' steps (WAITING_FOR_REMOTE_KVS)
     "no_prefault": False,         # embedded: skip pre-faulting (tests)
 }
 
@@ -96,6 +98,7 @@ class UMBPConfig:
     numa_nodes: list[int] | None
     load_timeout_ms: int
     no_prefault: bool
+    load_async: bool = False
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> UMBPConfig:
@@ -117,7 +120,8 @@ class UMBPConfig:
                    copy_threads=int(c["copy_threads"]),
                    copy_cpus=list(c["copy_cpus"]) if c["copy_cpus"] else None,
                    numa_nodes=list(c["numa_nodes"]) if c["numa_nodes"] else None,
-                   load_timeout_ms=int(c["load_timeout_ms"]), no_prefault=bool(c["no_prefault"]))
+                   load_timeout_ms=int(c["load_timeout_ms"]), no_prefault=bool(c["no_prefault"]),
+                   load_async=bool(c["load_async"]))
 
 
 # ---- pool handling -----------------------------------------------------------
@@ -335,6 +339,7 @@ class LoadSpec:
     group: int
     block_ids: list[int]
     hashes: list[bytes]
+    asynchronous: bool = False   # reported through get_finished's finished_recving
 
 
 @dataclass
@@ -454,6 +459,7 @@ class _ReqState:
     load: list[LoadSpec] | None = None
     pending_events: set[int] = field(default_factory=set)
     finished: bool = False
+    async_loading: bool = False   # an asynchronous load not yet reported finished
 
 
 # ---- the connector -----------------------------------------------------------
@@ -508,6 +514,9 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._layout = None
         self._store_jobs: list[tuple[Any, list[StorePlan], list[int]]] = []
         self._load_jobs: list[tuple[Any, int, str]] = []
+        self._async_loads: dict[str, list[tuple[Any, int]]] = {}   # req id -> [(job, blocks)]
+        self._async_started: dict[str, float] = {}
+        self._async_cancelled: set[str] = set()
         self._load_errors: set[int] = set()
         self._worker_meta = UMBPConnectorWorkerMetadata()
         self._worker_events: list[KVCacheEvent] = []
@@ -549,7 +558,8 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         n = self.lib.umbp_conn_probe_matched(self.pool.h, ranks, len(ranks), b"".join(hashes),
                                              len(hashes[0]), len(hashes), self.block_size,
                                              request.num_tokens, num_computed_tokens, C.byref(blocks))
-        return (max(0, int(n)), False)
+        n = max(0, int(n))
+        return n, bool(n and self.cfg.load_async)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         st = self._reqs.get(request.request_id)
@@ -562,8 +572,9 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         first = st.local_computed // self.block_size
         n = num_external_tokens // self.block_size
         hashes = list(request.block_hashes[first:first + n])
-        st.load = [LoadSpec(request.request_id, g, st.block_ids[g][first:first + n], hashes)
-                   for g in self.groups]
+        st.load = [LoadSpec(request.request_id, g, st.block_ids[g][first:first + n], hashes,
+                            self.cfg.load_async) for g in self.groups]
+        st.async_loading = self.cfg.load_async
         st.stored_upto = max(st.stored_upto, first + n)  # loaded blocks are in the pool already
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
@@ -611,7 +622,9 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                     st.pending_events.add(eid)
                 st.stored_upto = full
         meta.delayed_frees, self._delayed = self._delayed, []
-        meta.cancelled, self._cancelled = self._cancelled, []
+        # loads of preempted requests and of aborted ones still loading are cancelled
+        preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
+        meta.cancelled, self._cancelled = self._cancelled + sorted(preempted), []
         return meta
 
     def update_connector_output(self, connector_output) -> None:
@@ -640,6 +653,12 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                     st.stored_upto = min(st.stored_upto, plan.first_block + cur[1])
                 if st is not None and st.finished and not st.pending_events:
                     self._reqs.pop(plan.req_id, None)
+        for rid in connector_output.finished_recving or ():
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.async_loading = False
+                if st.finished and not st.pending_events:
+                    self._reqs.pop(rid, None)
         ev = connector_output.kv_cache_events
         if isinstance(ev, UMBPStoreKVEvents):
             self._events_out.append_events(ev.get_all_events())
@@ -649,6 +668,11 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         if st is None:
             return False, None
         st.finished = True
+        if st.async_loading:
+            # aborted while its load runs: vLLM keeps the blocks until the
+            # workers report the (cancelled) load in finished_recving
+            self._cancelled.append(request.request_id)
+            return False, None
         if st.pending_events:
             self._delayed.append(request.request_id)
             return True, None
@@ -758,9 +782,15 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return self._connector_metadata if self.has_connector_metadata() else None
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
-        # Loads of preempted requests that have not started are cancelled.
+        # Loads of preempted or aborted requests are cancelled: blocks not yet
+        # copied are skipped; the job still ends before its blocks are released.
+        cancelled = set(kv_connector_metadata.cancelled or ())
         for job, _, rid in self._load_jobs:
-            if rid in (kv_connector_metadata.cancelled or ()):
+            if rid in cancelled:
+                self.lib.umbp_dp_job_cancel(job)
+        for rid in cancelled & set(self._async_loads):
+            self._async_cancelled.add(rid)
+            for job, _ in self._async_loads[rid]:
                 self.lib.umbp_dp_job_cancel(job)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
@@ -777,24 +807,54 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
             if rc < 0:
                 self._load_errors.update(ls.block_ids)
                 self.lib.umbp_conn_stats_add(self._stats, 0, len(ls.block_ids), 0, len(ls.block_ids), 0)
+                if ls.asynchronous:
+                    self._async_loads.setdefault(ls.req_id, [])
                 continue
-            self._load_jobs.append((job, len(ls.block_ids), ls.req_id))
+            if ls.asynchronous:
+                self._async_loads.setdefault(ls.req_id, []).append((job, len(ls.block_ids)))
+            else:
+                self._load_jobs.append((job, len(ls.block_ids), ls.req_id))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         self._finish_loads()
 
-    def _finish_loads(self) -> None:
+    def _end_load(self, job, n: int, report: bool = True) -> None:
+        """Account a finished load job and release it (it must have ended)."""
         obj = self.lib.umbp_kv_layout_object_bytes(self._layout, 0) if self._layout else 0
+        failed = (C.c_uint32 * max(1, n))()
+        nf = max(0, self.lib.umbp_dp_job_failed_blocks(job, failed, n))
+        if report:
+            self._load_errors.update(failed[:nf])
+        self.lib.umbp_conn_stats_add(self._stats, 0, n, n - nf, nf, (n - nf) * obj)
+        self.lib.umbp_dp_job_release(job)
+
+    def _finish_loads(self) -> None:
         for job, n, _ in self._load_jobs:
             if self.lib.umbp_dp_job_wait(job, self.cfg.load_timeout_ms) < 0:
                 self.lib.umbp_dp_job_cancel(job)
                 self.lib.umbp_dp_job_wait(job, 0xFFFFFFFF)
-            failed = (C.c_uint32 * max(1, n))()
-            nf = max(0, self.lib.umbp_dp_job_failed_blocks(job, failed, n))
-            self._load_errors.update(failed[:nf])
-            self.lib.umbp_conn_stats_add(self._stats, 0, n, n - nf, nf, (n - nf) * obj)
-            self.lib.umbp_dp_job_release(job)
+            self._end_load(job, n)
         self._load_jobs = []
+
+    def _poll_async_loads(self) -> set[str]:
+        """Requests whose asynchronous loads have all ended (done, failed or cancelled)."""
+        done = set()
+        now = time.monotonic()
+        for rid, jobs in list(self._async_loads.items()):
+            start = self._async_started.setdefault(rid, now)
+            if (now - start) * 1000 > self.cfg.load_timeout_ms:
+                for job, _ in jobs:
+                    self.lib.umbp_dp_job_cancel(job)
+            if any(self.lib.umbp_dp_job_poll(job) != 0 for job, _ in jobs):
+                continue
+            aborted = rid in self._async_cancelled
+            for job, n in jobs:
+                self._end_load(job, n, report=not aborted)
+            del self._async_loads[rid]
+            self._async_started.pop(rid, None)
+            self._async_cancelled.discard(rid)
+            done.add(rid)
+        return done
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
         return  # stores happen once per step in wait_for_save
@@ -862,7 +922,8 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         done = {r for r in self._awaiting_free if r not in pending}
         for r in done:
             del self._awaiting_free[r]
-        return (done or None), None
+        recving = self._poll_async_loads()
+        return (done or None), (recving or None)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()
@@ -902,6 +963,12 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self):
         if self._engine is not None:
             self._poll_stores(wait=True)
+            for jobs in self._async_loads.values():
+                for job, _ in jobs:
+                    self.lib.umbp_dp_job_cancel(job)
+                    self.lib.umbp_dp_job_wait(job, 0xFFFFFFFF)
+                    self.lib.umbp_dp_job_release(job)
+            self._async_loads.clear()
             self.lib.umbp_dp_engine_destroy(self._engine)
             self._engine = None
         if self._layout is not None:
