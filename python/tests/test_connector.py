@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from conftest import BLOCK, LAYERS, make_kv_cache_config, make_request, make_vllm_config, sched_output
+from conftest import BLOCK, HEAD, HEADS, LAYERS, make_kv_cache_config, make_request, make_vllm_config, sched_output
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -211,3 +211,40 @@ def test_handshake_namespace(pool_name):
     finally:
         w[0].close()
         s.shutdown()
+
+
+def _umbp_cli():
+    from pathlib import Path
+    return str(Path(U.L._find_library()).resolve().parent / "tools" / "umbp")
+
+
+def test_standalone_pool_and_slot_size(pool_name):
+    """standalone attaches to a pool made by the CLI and never destroys it; a
+    pool whose slots are smaller than the block object is refused with both sizes."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    cli = _umbp_cli()
+    subprocess.run([cli, "pool", "create", pool_name, "--capacity", "1MiB", "--slot-size", "4KiB"],
+                   check=True, capture_output=True)
+    c = sched(pool_name, mode="standalone")
+    assert c.pool.owner is False
+    c.shutdown()
+    assert subprocess.run([cli, "pool", "info", pool_name], capture_output=True).returncode == 0
+    big = FullAttentionSpec(block_size=BLOCK, num_kv_heads=8, head_size=64, dtype=torch.float16)
+    kcc = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(LAYERS, big)])
+    with pytest.raises(ValueError, match=r"4096-byte slots but this model's block object needs 65536"):
+        KVConnectorFactory.create_connector(make_vllm_config(pool_name, mode="standalone"),
+                                            KVConnectorRole.SCHEDULER, kcc)
+    assert subprocess.run([cli, "pool", "info", pool_name], capture_output=True).returncode == 0
+
+
+def test_eagle_group_not_prefix_cacheable(pool_name):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16)
+    ok = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(LAYERS, spec), KVCacheGroupSpec(["draft.attn"], spec, is_eagle_group=True)])
+    KVConnectorFactory.create_connector(make_vllm_config(pool_name), KVConnectorRole.SCHEDULER, ok).shutdown()
+    bad = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(LAYERS, spec),
+        KVCacheGroupSpec(["draft.attn"], spec, is_eagle_group=True, enable_kv_transfer=False)])
+    with pytest.raises(NotImplementedError, match=r"draft-model KV groups \[1\] are not prefix-cacheable"):
+        KVConnectorFactory.create_connector(make_vllm_config(pool_name), KVConnectorRole.SCHEDULER, bad)

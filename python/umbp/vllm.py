@@ -478,8 +478,8 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                                       "tensor parallelism only")
         if kv_cache_config is None:
             raise ValueError("UMBPStoreConnector needs kv_cache_config (vLLM >= 0.11 passes it)")
-        cacheable = set(getattr(kv_cache_config, "prefix_cacheable_group_ids", None)
-                        or range(len(kv_cache_config.kv_cache_groups)))
+        ids = getattr(kv_cache_config, "prefix_cacheable_group_ids", None)
+        cacheable = set(range(len(kv_cache_config.kv_cache_groups)) if ids is None else ids)
         drafts = [i for i, g in enumerate(kv_cache_config.kv_cache_groups)
                   if getattr(g, "is_eagle_group", False) and i not in cacheable]
         if drafts:
