@@ -684,6 +684,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _drain_removed(self) -> list[KVCacheEvent]:
         out: list[KVCacheEvent] = []
+        seen: set[tuple[bytes, int]] = set()
         buf = (L.Event * 1024)()
         while True:
             n = self.lib.umbp_events_drain(self.pool.h, buf, 1024)
@@ -691,9 +692,14 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 break
             for i in range(n):  # per event (the ring delivers records, not blocks of a request)
                 k = buf[i].key
-                if buf[i].type == 2 and k.ns == self.ns_id and k.tp_rank == 0:
-                    out.append(BlockRemoved(block_hashes=[bytes(k.hash[:k.hash_len])],
-                                            medium=MEDIUM, group_idx=k.group))
+                # a block missing on any rank is no longer a hit for the engine:
+                # one BlockRemoved per (hash, group), whichever rank lost it first
+                if buf[i].type == 2 and k.ns == self.ns_id:
+                    h = bytes(k.hash[:k.hash_len])
+                    if (h, k.group) in seen:
+                        continue
+                    seen.add((h, k.group))
+                    out.append(BlockRemoved(block_hashes=[h], medium=MEDIUM, group_idx=k.group))
             if n < 1024:
                 break
         return out
