@@ -818,6 +818,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 continue
             if ls.asynchronous:
                 self._async_loads.setdefault(ls.req_id, []).append((job, len(ls.block_ids)))
+                self._async_started.setdefault(ls.req_id, time.monotonic())
             else:
                 self._load_jobs.append((job, len(ls.block_ids), ls.req_id))
 
@@ -847,8 +848,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         done = set()
         now = time.monotonic()
         for rid, jobs in list(self._async_loads.items()):
-            start = self._async_started.setdefault(rid, now)
-            if (now - start) * 1000 > self.cfg.load_timeout_ms:
+            if (now - self._async_started.get(rid, now)) * 1000 > self.cfg.load_timeout_ms:
                 for job, _ in jobs:
                     self.lib.umbp_dp_job_cancel(job)
             if any(self.lib.umbp_dp_job_poll(job) != 0 for job, _ in jobs):
