@@ -146,7 +146,7 @@ static void scan_ring(umbp_pool *p, unsigned part, uint8_t *on_ring, uint8_t *cl
 UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   if (!p || !ret) return -EINVAL;
   const struct umbp_shm_header *h = p->hdr;
-  const uint32_t n = h->slot_count, nb = h->n_buckets, bmask = nb - 1;
+  const uint32_t n = h->slot_count, nb = h->n_buckets;
   const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
   const struct umbp_bucket *bk = umbp_pool_region(p, UMBP_REG_BUCKETS);
   const struct umbp_pin_row *pins = umbp_pool_region(p, UMBP_REG_PINS);
@@ -175,7 +175,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   for (uint32_t s = 0; s < n; s++) cflag[s] = atomic_load_explicit(&meta[s].counted, memory_order_acquire);
   for (uint32_t b = 0; b < nb; b++)
     for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
-      uint64_t v = atomic_load_explicit(&bk[b].way[w], memory_order_acquire);
+      uint64_t v = umbp_way_get(&bk[b], w);
       if (!v) continue;
       r->ways++;
       uint32_t s = (uint32_t)v - 1;
@@ -232,10 +232,13 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
            st_name(st));
       continue;
     }
-    if ((uint32_t)(we[i].v >> 32) != (uint32_t)(we[i].hash >> 32))
-      viol(r, "bucket %u's way for slot %u has signature 0x%08x, but the slot's key hashes to 0x%08x", b, s,
-           (unsigned)(we[i].v >> 32), (unsigned)(we[i].hash >> 32));
-    uint32_t home = (uint32_t)we[i].hash & bmask, d = (b - home) & bmask;
+    /* the signature is written after the slot word, before PUBLISHED: judged
+     * only for a slot that stayed PUBLISHED through the window */
+    if (st == UMBP_SLOT_PUBLISHED && (uint16_t)(we[i].v >> 32) != umbp_key_sig(we[i].hash))
+      viol(r, "bucket %u's way for slot %u has signature 0x%04x, but the slot's key hashes to 0x%04x: lookups "
+              "of it miss",
+           b, s, (unsigned)(uint16_t)(we[i].v >> 32), (unsigned)umbp_key_sig(we[i].hash));
+    uint32_t home = umbp_bucket_home(we[i].hash, nb), d = umbp_bucket_dist(home, b, nb);
     if (d >= UMBP_MAX_PROBE) {
       viol(r, "slot %u's key belongs to bucket %u but its way is in bucket %u, %u buckets on (lookups look at "
               "most %d)",

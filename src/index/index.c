@@ -5,21 +5,33 @@
  *
  * Design note.
  *
- * Table. An array of 64-byte buckets (a power of two, sized at creation so that
- * a full pool fills at most half of the ways). A bucket holds 7 ways, each a
- * 64-bit word `sig32 << 32 | (slot + 1)` (0 = empty), a lock word used only by
- * inserters, and an overflow count: how many keys whose home is this bucket
- * live in one of the next UMBP_MAX_PROBE-1 buckets. A key's full bytes live in
- * its slot's metadata (struct umbp_slot_meta), so there is one entry per slot
- * and the slot id is the entry id (DPDK's rte_hash keeps signatures in buckets
- * and keys in a flat store the same way). Lines touched: a miss reads its home
- * bucket (one line; more only when the home overflowed); a hit reads the
- * bucket, the slot's metadata line and, to pin, its pin line.
+ * Table. An array of 64-byte buckets, sized at creation so that a full pool
+ * fills 62.5% of the ways (any count, not a power of two: a key's home is a
+ * multiply-shift of its hash, umbp_bucket_home()). A bucket holds 10 ways, each a
+ * 16-bit signature hint (the top 16 bits of the key hash, never 0) and a
+ * 32-bit slot word (slot + 1; 0 = empty), kept in two arrays so that one SSE2
+ * compare tests all ten hints; a 16-bit lock word used only by inserters; and
+ * an overflow count: how many keys whose home is this bucket live in one of
+ * the next UMBP_MAX_PROBE-1 buckets. A key's full bytes live in its slot's
+ * metadata (struct umbp_slot_meta), so there is one entry per slot and the
+ * slot id is the entry id (DPDK's rte_hash keeps signatures in buckets and
+ * keys in a flat store the same way). For 1M slots the bucket array is 10.2 MiB
+ * (rte_hash: 8 MiB of buckets). Lines touched: a miss reads its home bucket (one
+ * line; more only when the home overflowed); a hit reads the bucket, the
+ * slot's metadata line and, to pin, its pin line.
  *
- * Readers never wait and write nothing shared. A lookup loads the ways with
- * acquire order (pairing with the inserter's release CAS, so the key bytes it
- * compares and the block bytes it will read are those the publisher wrote).
- * The only store of a lookup is its own thread's reader-state line.
+ * Readers never wait and write nothing shared. The slot word is the
+ * authority, the signature only a hint: a lookup compares hints, then loads
+ * the slot word of each matching way with acquire order (pairing with the
+ * inserter's acq_rel CAS of that word, so the key bytes it compares and the
+ * block bytes it will read are those the publisher wrote) and compares the
+ * full key. An inserter CASes the slot word 0 -> slot+1 and then stores the
+ * hint; a remover clears the hint and then CASes the slot word to 0. A
+ * reader that sees a stale hint either finds an empty slot word, a slot word
+ * whose key differs (a full compare rejects it), or misses a key whose hint
+ * is not yet stored, which is a lookup ordered before the publish. The hint
+ * and the slot word are never read as one value, so no torn pair can be
+ * acted on. The only store of a lookup is its own thread's reader-state line.
  *
  * Slot states (slot_meta.state = state | owner << 8 | gen << 24; every
  * transition is a CAS that bumps gen, so there is no ABA):
@@ -304,7 +316,6 @@ static inline bool key_eq(const struct umbp_key_shm *a, const struct umbp_key_sh
   return memcmp(a, b, sizeof *a) == 0;
 }
 
-static inline uint64_t way_make(uint64_t h, uint32_t slot) { return ((h >> 32) << 32) | (uint64_t)(slot + 1); }
 
 /* ---- regions ------------------------------------------------------------------- */
 static inline int slot_part(const umbp_pool *p, uint32_t slot) {
@@ -377,7 +388,7 @@ int umbp_index_attach_hook(umbp_pool *p) {
   ix->p = p;
   ix->ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
   ix->buckets = umbp_pool_region(p, UMBP_REG_BUCKETS);
-  ix->bmask = h->n_buckets - 1;
+  ix->nb = h->n_buckets;
   ix->meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
   ix->pins = umbp_pool_region(p, UMBP_REG_PINS);
   ix->ns = umbp_pool_region(p, UMBP_REG_NAMESPACES);
@@ -481,6 +492,26 @@ static void spin_lock_owner(umbp_pool *p, _Atomic uint32_t *lock) {
 }
 
 static void spin_unlock(_Atomic uint32_t *lock) { atomic_store_explicit(lock, 0, memory_order_release); }
+
+/* The same for a bucket's 16-bit inserter lock. */
+static void bucket_lock(umbp_pool *p, _Atomic uint16_t *lock) {
+  uint16_t me = p->owner_id;
+  for (unsigned spins = 0;; spins++) {
+    uint16_t cur = 0;
+    if (atomic_compare_exchange_weak_explicit(lock, &cur, me, memory_order_acquire, memory_order_relaxed)) return;
+    if (cur && (spins & 1023) == 1023 && !umbp_registry_alive(p, (unsigned)cur - 1)) {
+      if (atomic_compare_exchange_strong_explicit(lock, &cur, me, memory_order_acquire, memory_order_relaxed))
+        return;
+    }
+    umbp_cpu_relax();
+    if (spins > 100000) {
+      struct timespec ts = {0, 50000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+static void bucket_unlock(_Atomic uint16_t *lock) { atomic_store_explicit(lock, 0, memory_order_release); }
 
 static int ns_find(struct umbp_index *ix, const char *name, size_t len) {
   for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++) {
@@ -639,10 +670,6 @@ UMBP_API void umbp_events_enable_stored(umbp_pool *p, bool on) {
 /* ---- probing ------------------------------------------------------------------- */
 /* Find the slot holding key k (hash h). Caller is inside a read section.
  * Returns the slot or UMBP_NO_SLOT; *ret_st gets the state word seen. */
-/* The ways of bucket b whose signature is sig, as a bit mask; v[] gets the
- * words. Loads are acquire: they pair with the release CAS in publish(), so
- * the key and block bytes a match leads to are visible. Branch-free over the
- * 7 ways so that the compiler keeps the loads independent. */
 #if defined(__SANITIZE_THREAD__)
 #define UMBP_TSAN 1
 #elif defined(__has_feature)
@@ -653,46 +680,41 @@ UMBP_API void umbp_events_enable_stored(umbp_pool *p, bool on) {
 
 #if defined(__x86_64__) && defined(__SSE2__) && !defined(UMBP_TSAN)
 #include <emmintrin.h>
-/* SSE2: the signatures (high halves) of the 7 ways compared in two vector
- * compares. The vector loads are a hint only — each candidate's way is loaded
- * again with acquire order before it is followed (bucket_way()) — so a way
- * changing underneath costs a wasted look, never a wrong answer. (Under TSan
- * the scalar loop below is used: it does not model this.) */
-static inline unsigned bucket_match(struct umbp_bucket *b, uint32_t sig) {
+/* The ways of bucket b whose signature is sig, as a bit mask. SSE2: the ten
+ * 16-bit signatures (bytes 0..19 of the line) in two vector compares, packed
+ * into one 16-bit mask. The signatures are a hint only — each candidate's
+ * slot word is loaded with acquire order before it is followed
+ * (bucket_slot()) and its key compared — so a way changing underneath costs a
+ * wasted look, never a wrong answer. (Under TSan the scalar loop below is
+ * used: it does not model this.) */
+static inline unsigned bucket_match(struct umbp_bucket *b, uint16_t sig) {
   const __m128i *q = (const __m128i *)(const void *)b;
-  __m128i w01 = _mm_load_si128(q), w23 = _mm_load_si128(q + 1);
-  __m128i w45 = _mm_load_si128(q + 2), w6x = _mm_load_si128(q + 3);
-  __m128 lo = _mm_shuffle_ps(_mm_castsi128_ps(w01), _mm_castsi128_ps(w23), _MM_SHUFFLE(3, 1, 3, 1));
-  __m128 hi = _mm_shuffle_ps(_mm_castsi128_ps(w45), _mm_castsi128_ps(w6x), _MM_SHUFFLE(3, 1, 3, 1));
-  __m128i sv = _mm_set1_epi32((int)sig);
-  unsigned m = (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_castps_si128(lo), sv))) |
-               (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_castps_si128(hi), sv))) << 4;
+  __m128i sv = _mm_set1_epi16((short)sig);
+  __m128i c0 = _mm_cmpeq_epi16(_mm_load_si128(q), sv), c1 = _mm_cmpeq_epi16(_mm_load_si128(q + 1), sv);
+  unsigned m = (unsigned)_mm_movemask_epi8(_mm_packs_epi16(c0, c1));
   return m & ((1u << UMBP_BUCKET_WAYS) - 1);
 }
 #else
-static inline unsigned bucket_match(struct umbp_bucket *b, uint32_t sig) {
+static inline unsigned bucket_match(struct umbp_bucket *b, uint16_t sig) {
   unsigned mask = 0;
-  for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
-    uint64_t v = atomic_load_explicit(&b->way[w], memory_order_relaxed);
-    mask |= (unsigned)((uint32_t)(v >> 32) == sig) << w;
-  }
+  for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++)
+    mask |= (unsigned)(atomic_load_explicit(&b->sig[w], memory_order_relaxed) == sig) << w;
   return mask;
 }
 #endif
 
-/* Way w of bucket b, loaded with acquire order: pairs with the release CAS in
- * publish(), so the key and block bytes it leads to are visible. 0 if its
- * signature is not sig (any more). */
-static inline uint64_t bucket_way(struct umbp_bucket *b, unsigned w, uint32_t sig) {
-  uint64_t v = atomic_load_explicit(&b->way[w], memory_order_acquire);
-  return (uint32_t)(v >> 32) == sig ? v : 0;
+/* Slot word of way w (slot + 1, 0 empty), loaded with acquire order: pairs
+ * with the release CAS in publish(), so the key and block bytes it leads to
+ * are visible. */
+static inline uint32_t bucket_slot(struct umbp_bucket *b, unsigned w) {
+  return atomic_load_explicit(&b->slot[w], memory_order_acquire);
 }
 
-/* The slot of way word v if it holds key k published, else UMBP_NO_SLOT.
+/* The slot of slot word v if it holds key k published, else UMBP_NO_SLOT.
  * An empty way (v == 0) gives slot UINT32_MAX, refused by the range check. */
-static inline uint32_t way_check(struct umbp_index *ix, uint64_t v, const struct umbp_key_shm *k, uint64_t *ret_st) {
-  uint32_t s = (uint32_t)v - 1;
-  if (UMBP_UNLIKELY(s >= ix->slot_count)) return UMBP_NO_SLOT; /* garbage from a buggy writer: ignore */
+static inline uint32_t way_check(struct umbp_index *ix, uint32_t v, const struct umbp_key_shm *k, uint64_t *ret_st) {
+  uint32_t s = v - 1;
+  if (UMBP_UNLIKELY(s >= ix->slot_count)) return UMBP_NO_SLOT; /* empty, or garbage from a buggy writer */
   struct umbp_slot_meta *m = &ix->meta[s];
   if (!key_eq(&m->key, k)) return UMBP_NO_SLOT;
   uint64_t st = atomic_load_explicit(&m->state, memory_order_acquire);
@@ -705,16 +727,16 @@ static inline uint32_t way_check(struct umbp_index *ix, uint64_t v, const struct
  * (for writing) while its key line is still on its way. */
 static inline uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st,
                                bool pin) {
-  uint32_t home = (uint32_t)h & ix->bmask;
-  uint32_t sig = (uint32_t)(h >> 32);
+  uint32_t home = umbp_bucket_home(h, ix->nb);
+  uint16_t sig = umbp_key_sig(h);
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
-    struct umbp_bucket *b = &ix->buckets[(home + d) & ix->bmask];
+    struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
     unsigned mask = bucket_match(b, sig);
     while (mask) {
       unsigned w = (unsigned)__builtin_ctz(mask);
       mask &= mask - 1;
-      uint64_t v = bucket_way(b, w, sig);
-      if (pin && (uint32_t)v - 1 < ix->slot_count) __builtin_prefetch(&ix->pins[(uint32_t)v - 1], 1);
+      uint32_t v = bucket_slot(b, w);
+      if (pin && v - 1 < ix->slot_count) __builtin_prefetch(&ix->pins[v - 1], 1);
       uint32_t s = way_check(ix, v, k, ret_st);
       if (s != UMBP_NO_SLOT) return s;
     }
@@ -798,18 +820,17 @@ static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_
   unsigned hits = 0;
   for (unsigned i = 0; i < n; i++) {
     h[i] = umbp_key_hash(&k[i]);
-    __builtin_prefetch(&ix->buckets[(uint32_t)h[i] & ix->bmask]);
+    __builtin_prefetch(&ix->buckets[umbp_bucket_home(h[i], ix->nb)]);
   }
   bool clean_miss[BULK_CHUNK];
   for (unsigned i = 0; i < n; i++) {
     cand[i] = UMBP_NO_SLOT;
-    uint32_t home = (uint32_t)h[i] & ix->bmask;
-    uint32_t sig = (uint32_t)(h[i] >> 32);
-    unsigned mask = bucket_match(&ix->buckets[home], sig);
+    uint32_t home = umbp_bucket_home(h[i], ix->nb);
+    unsigned mask = bucket_match(&ix->buckets[home], umbp_key_sig(h[i]));
     /* no signature in the home bucket and nothing homed here overflowed: a miss, decided */
     clean_miss[i] = !mask && atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire) == 0;
     if (mask) {
-      uint32_t s = (uint32_t)bucket_way(&ix->buckets[home], (unsigned)__builtin_ctz(mask), sig) - 1;
+      uint32_t s = bucket_slot(&ix->buckets[home], (unsigned)__builtin_ctz(mask)) - 1;
       if (s < ix->slot_count) {
         cand[i] = s;
         __builtin_prefetch(&ix->meta[s]);
@@ -919,7 +940,7 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
     tmp.p = p;
     tmp.ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
     tmp.buckets = umbp_pool_region(p, UMBP_REG_BUCKETS);
-    tmp.bmask = p->hdr->n_buckets - 1;
+    tmp.nb = p->hdr->n_buckets;
     tmp.meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
     tmp.slot_count = p->hdr->slot_count;
     ix = &tmp;
@@ -1111,10 +1132,13 @@ UMBP_API int umbp_reclaim(umbp_pool *p) {
 }
 
 /* Retired slots that make a remover start a grace period (one membarrier,
- * an IPI to every CPU running a pool process): 1/16 of the pool, 8..256. */
+ * an IPI to every CPU running a pool process, which costs tens to hundreds of
+ * microseconds in a virtual machine): 1/64 of the pool, 8..4096. At most
+ * 1/64 of the slots wait for a grace period, and a reserve that finds no free
+ * slot reclaims at once. */
 static inline size_t reclaim_batch(const struct umbp_index *ix) {
-  size_t b = ix->slot_count / 16;
-  return b < 8 ? 8 : b > 256 ? 256 : b;
+  size_t b = ix->slot_count / 64;
+  return b < 8 ? 8 : b > 4096 ? 4096 : b;
 }
 
 static size_t limbo_count(struct umbp_index *ix) {
@@ -1144,15 +1168,21 @@ static bool pins_clear(const struct umbp_pin_row *row) {
   return true;
 }
 
-/* Clear the way that points at slot s (key hash h); returns true if found. */
-static bool unlink_way(struct umbp_bucket *buckets, uint32_t bmask, uint32_t s, uint64_t h) {
-  uint32_t home = (uint32_t)h & bmask;
-  uint64_t want = way_make(h, s);
+/* Clear the way that points at slot s (key hash h); returns true if found.
+ * Only the process that moved s to EVICTING (or RESERVED), or its reaper,
+ * unlinks s, and inserters only take empty ways, so the way found stays s's
+ * until this clears it. The signature goes first, then the slot word (seq_cst,
+ * ordering the signature store before it): an inserter that then takes the
+ * way (its acquire CAS reads our 0) writes its signature after ours. */
+static bool unlink_way(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h) {
+  uint32_t home = umbp_bucket_home(h, nb);
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
-    struct umbp_bucket *b = &buckets[(home + d) & bmask];
+    struct umbp_bucket *b = &buckets[umbp_bucket_at(home, d, nb)];
     for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
-      uint64_t v = want;
-      if (atomic_compare_exchange_strong_explicit(&b->way[w], &v, 0, memory_order_seq_cst, memory_order_relaxed)) {
+      if (atomic_load_explicit(&b->slot[w], memory_order_relaxed) != s + 1) continue;
+      atomic_store_explicit(&b->sig[w], 0, memory_order_relaxed);
+      uint32_t v = s + 1;
+      if (atomic_compare_exchange_strong_explicit(&b->slot[w], &v, 0, memory_order_seq_cst, memory_order_relaxed)) {
         if (d) atomic_fetch_sub_explicit(&buckets[home].overflow, 1, memory_order_release);
         return true;
       }
@@ -1175,7 +1205,7 @@ static int try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, 
     return -EBUSY;
   }
   struct umbp_key_shm k = m->key;
-  unlink_way(ix->buckets, ix->bmask, s, umbp_key_hash(&k));
+  unlink_way(ix->buckets, ix->nb, s, umbp_key_hash(&k));
   /* retire_epoch before the state: a reclaimer that sees RETIRED (acquire) sees the epoch */
   atomic_store_explicit(&m->retire_epoch, (uint32_t)atomic_load_explicit(&ix->ih->epoch, memory_order_seq_cst),
                         memory_order_relaxed);
@@ -1394,9 +1424,9 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
   uint64_t h = umbp_key_hash(&k);
   m->key = k; /* made visible by the release CAS of the way below */
   atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
-  uint32_t home = (uint32_t)h & ix->bmask;
+  uint32_t home = umbp_bucket_home(h, ix->nb);
   struct umbp_bucket *hb = &ix->buckets[home];
-  spin_lock_owner(p, &hb->lock);
+  bucket_lock(p, &hb->lock);
   /* first writer wins: look for the key under the home lock */
   uint64_t st;
   struct umbp_reader_shm *r = reader_of(ix, t);
@@ -1404,33 +1434,41 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
   uint32_t other = probe(ix, &k, h, &st);
   rd_unlock(r);
   if (other != UMBP_NO_SLOT) {
-    spin_unlock(&hb->lock);
+    bucket_unlock(&hb->lock);
     free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
     count_ns(ix, t, k.ns, UMBP_CTR_DUPLICATES, 1);
     return -EEXIST;
   }
-  uint64_t way = way_make(h, slot);
+  uint16_t sig = umbp_key_sig(h);
   bool placed = false;
   for (unsigned d = 0; d < UMBP_MAX_PROBE && !placed; d++) {
-    struct umbp_bucket *b = &ix->buckets[(home + d) & ix->bmask];
+    struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
     for (unsigned i = 0; i < UMBP_BUCKET_WAYS; i++) {
-      if (atomic_load_explicit(&b->way[i], memory_order_relaxed)) continue;
+      if (atomic_load_explicit(&b->slot[i], memory_order_relaxed)) continue;
       /* overflow first (release), so a reader that finds the home bucket without
        * the key still looks further (pairs with probe()'s acquire load) */
       if (d) atomic_fetch_add_explicit(&hb->overflow, 1, memory_order_release);
-      uint64_t z = 0;
-      /* release: the key and block bytes written before are visible to a
-       * reader that loads this way (pairs with probe()'s acquire load) */
-      if (atomic_compare_exchange_strong_explicit(&b->way[i], &z, way, memory_order_release, memory_order_relaxed)) {
+      uint32_t z = 0;
+      /* The slot word decides who owns an empty way: inserters of other homes
+       * (holding other locks) may race for it here. release: the key and block
+       * bytes written before are visible to a reader that loads this word
+       * (pairs with bucket_slot()'s acquire load); acquire: our signature store
+       * comes after the last remover's clearing one (see unlink_way()). */
+      if (atomic_compare_exchange_strong_explicit(&b->slot[i], &z, slot + 1, memory_order_acq_rel,
+                                                  memory_order_relaxed)) {
+        /* the hint that makes lookups look at this way; release pairs with
+         * nothing in particular: readers take it as a hint only */
+        atomic_store_explicit(&b->sig[i], sig, memory_order_release);
         /* counted while still RESERVED (a reaper of ours takes it back out).
          * Flag first, the shared counter's RMW last: a kill lands after a slow
          * contended atomic far more often than after a plain store, and there
          * the pair is complete. */
         atomic_store_explicit(&m->counted, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&ix->ns[k.ns].used_slots, 1, memory_order_relaxed);
-        /* PUBLISHED only once linked: an evictor never sees a published slot
-         * without its way; a reader that finds the way before this store sees
-         * RESERVED and misses (pairs with probe()'s acquire load of state) */
+        /* PUBLISHED only once linked and signed: an evictor never sees a
+         * published slot without its way; a reader that finds the way before
+         * this store sees RESERVED and misses; one that sees PUBLISHED (acquire)
+         * also sees the signature (pairs with probe()'s acquire load of state) */
         atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_PUBLISHED, 0), memory_order_release);
         placed = true;
         break;
@@ -1438,7 +1476,7 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
       if (d) atomic_fetch_sub_explicit(&hb->overflow, 1, memory_order_relaxed);
     }
   }
-  spin_unlock(&hb->lock);
+  bucket_unlock(&hb->lock);
   if (!placed) {
     free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
     return umbp_fail(-ENOSPC, "index neighbourhood of this key is full (%d buckets): the pool's index is "
@@ -1529,7 +1567,7 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
     if (st == UMBP_SLOT_RESERVED || st == UMBP_SLOT_EVICTING) {
       /* it may be in the index (died inside publish or remove): unlink, then retire */
       struct umbp_key_shm k = meta[s].key;
-      unlink_way(buckets, h->n_buckets - 1, s, umbp_key_hash(&k));
+      unlink_way(buckets, h->n_buckets, s, umbp_key_hash(&k));
       if (atomic_exchange_explicit(&meta[s].counted, 0, memory_order_relaxed) && k.ns < UMBP_MAX_NAMESPACES) {
         struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + k.ns;
         atomic_fetch_sub_explicit(&ns->used_slots, 1, memory_order_relaxed);
@@ -1547,7 +1585,7 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
       atomic_store_explicit(&pins[s].by_proc[slot], 0, memory_order_release);
   /* 6. locks it held */
   for (uint32_t b = 0; b < h->n_buckets; b++) {
-    uint32_t cur = dead;
+    uint16_t cur = dead;
     atomic_compare_exchange_strong(&buckets[b].lock, &cur, 0);
   }
   uint32_t cur = dead;
@@ -1678,19 +1716,19 @@ UMBP_API int umbp_index_stats(umbp_pool *p, uint64_t *ret_entries, uint64_t *his
   if (!p || !ret_entries) return -EINVAL;
   const struct umbp_bucket *b = umbp_pool_region(p, UMBP_REG_BUCKETS);
   const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
-  uint32_t mask = p->hdr->n_buckets - 1;
+  uint32_t nb = p->hdr->n_buckets;
   uint64_t n = 0;
   if (hist) memset(hist, 0, nhist * sizeof *hist);
-  for (uint32_t i = 0; i <= mask; i++)
+  for (uint32_t i = 0; i < nb; i++)
     for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
-      uint64_t v = atomic_load_explicit(&b[i].way[w], memory_order_acquire);
+      uint32_t v = atomic_load_explicit(&b[i].slot[w], memory_order_acquire);
       if (!v) continue;
       n++;
-      uint32_t s = (uint32_t)v - 1;
+      uint32_t s = v - 1;
       if (!hist || s >= p->hdr->slot_count) continue;
       struct umbp_key_shm k = meta[s].key;
-      uint32_t home = (uint32_t)umbp_key_hash(&k) & mask;
-      unsigned d = (i - home) & mask;
+      uint32_t home = umbp_bucket_home(umbp_key_hash(&k), nb);
+      unsigned d = umbp_bucket_dist(home, i, nb);
       if (d >= nhist) d = nhist - 1;
       hist[d]++;
     }

@@ -13,7 +13,6 @@
 #include "shm/pool_internal.h"
 #include "umbp/index.h"
 
-#define UMBP_MAX_PROBE 16 /* buckets a key may live from its home */
 
 /* Slot state word: state | owner << 8 | gen << 24 */
 #define ST_STATE(w) ((unsigned)((w) & 0xff))
@@ -27,7 +26,7 @@ struct umbp_index {
   uint64_t instance; /* unique per process, for thread-local caches */
   struct umbp_index_hdr *ih;
   struct umbp_bucket *buckets;
-  uint32_t bmask;
+  uint32_t nb; /* buckets (hdr->n_buckets) */
   struct umbp_slot_meta *meta;
   struct umbp_pin_row *pins;
   struct umbp_reader_shm *readers; /* this process's row of UMBP_MAX_THREADS */
@@ -65,6 +64,46 @@ static inline uint64_t umbp_key_hash(const struct umbp_key_shm *k) {
   uint64_t c = (w[2] ^ 0x94d049bb133111ebull) * 0xd6e8feb86659fd93ull + w[5] * 0x9fb21c651e98df25ull;
   uint64_t h = (a ^ umbp_rotl64(b, 21) ^ umbp_rotl64(c, 43)) * 0xff51afd7ed558ccdull;
   return h ^ (h >> 29) ^ (h >> 47);
+}
+
+/* The 16-bit bucket signature of key hash h (high bits; the low bits pick
+ * the bucket). Never 0, which marks a way with no key. */
+static inline uint16_t umbp_key_sig(uint64_t h) {
+  uint16_t s = (uint16_t)(h >> 48);
+  return s ? s : 1;
+}
+
+/* The home bucket of key hash h in a table of nb buckets: Lemire's
+ * multiply-shift range reduction of the hash's low 32 bits, so nb need not be
+ * a power of two (the table is sized to the pool, not rounded up to double). */
+static inline uint32_t umbp_bucket_home(uint64_t h, uint32_t nb) {
+  return (uint32_t)(((uint64_t)(uint32_t)h * nb) >> 32);
+}
+/* The bucket d after bucket b, wrapping (d < nb). */
+static inline uint32_t umbp_bucket_at(uint32_t b, unsigned d, uint32_t nb) {
+  uint32_t i = b + d;
+  return i >= nb ? i - nb : i;
+}
+/* How many buckets bucket b is after bucket home, wrapping. */
+static inline uint32_t umbp_bucket_dist(uint32_t home, uint32_t b, uint32_t nb) {
+  return b >= home ? b - home : b + nb - home;
+}
+
+/* Way w of bucket b as one value, sig << 32 | (slot + 1), for tools and tests
+ * that inspect or edit ways (not atomic as a pair: see struct umbp_bucket). */
+static inline uint64_t umbp_way_get(const struct umbp_bucket *b, unsigned w) {
+  uint32_t sl = atomic_load_explicit(&((struct umbp_bucket *)b)->slot[w], memory_order_acquire);
+  uint16_t sg = atomic_load_explicit(&((struct umbp_bucket *)b)->sig[w], memory_order_relaxed);
+  return sl ? (uint64_t)sg << 32 | sl : 0;
+}
+static inline void umbp_way_set(struct umbp_bucket *b, unsigned w, uint64_t v) {
+  if (!(uint32_t)v) atomic_store_explicit(&b->sig[w], 0, memory_order_relaxed);
+  atomic_store_explicit(&b->slot[w], (uint32_t)v, memory_order_release);
+  if ((uint32_t)v) atomic_store_explicit(&b->sig[w], (uint16_t)(v >> 32), memory_order_release);
+}
+/* The way value of slot s for key hash h. */
+static inline uint64_t umbp_way_make(uint64_t h, uint32_t s) {
+  return (uint64_t)umbp_key_sig(h) << 32 | (uint64_t)(s + 1);
 }
 
 #endif

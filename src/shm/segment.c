@@ -147,12 +147,12 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
   h->max_procs = UMBP_MAX_PROCS;
   h->max_threads = UMBP_MAX_THREADS;
   h->max_namespaces = UMBP_MAX_NAMESPACES;
-  /* Bucket array: 7 ways a bucket, a power of two of buckets with at least
-   * 1.25 ways per slot, so a full pool fills 40-80% of the ways: probe chains
-   * stay short, and the array (the one line a miss reads) stays small enough
-   * for the TLB and caches. */
-  h->n_buckets = pow2_at_least((slots * 5 / 4 + UMBP_BUCKET_WAYS - 1) / UMBP_BUCKET_WAYS);
-  if (h->n_buckets < 8) h->n_buckets = 8;
+  /* Bucket array: UMBP_BUCKET_WAYS (10) ways a bucket, 1.6 ways a slot (any
+   * count, not a power of two), so a full pool fills 62.5% of the ways: probe
+   * chains stay short, and the array (the one line a miss reads) stays small
+   * enough for the TLB and caches (10.2 MiB for 1M slots; rounded up to a power of two it would be 16 MiB). */
+  h->n_buckets = UMBP_BUCKETS_FOR(slots);
+  if (h->n_buckets < UMBP_MAX_PROBE) h->n_buckets = UMBP_MAX_PROBE;
   h->event_capacity = pow2_at_least(pp->event_capacity ? pp->event_capacity : 65536);
   if (pp->hugepages) h->incompat_features |= UMBP_FEAT_INCOMPAT_HUGEPAGES;
 
@@ -258,7 +258,7 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
   if (h->slot_size < 4096 || h->slot_size % 64 || h->slot_count == 0 || h->slot_count > (1u << 30) ||
       h->n_partitions == 0 || h->n_partitions > UMBP_MAX_PARTITIONS || h->max_procs != UMBP_MAX_PROCS ||
       h->max_threads != UMBP_MAX_THREADS || h->max_namespaces != UMBP_MAX_NAMESPACES ||
-      h->n_buckets == 0 || (h->n_buckets & (h->n_buckets - 1)) || h->event_capacity < 2 ||
+      h->n_buckets < UMBP_MAX_PROBE || h->n_buckets < UMBP_BUCKETS_FOR(h->slot_count) || h->event_capacity < 2 ||
       (h->event_capacity & (h->event_capacity - 1)))
     return umbp_fail(-EBADMSG, "pool creation parameters are inconsistent (slot size %llu, %u slots, "
                                "%u partitions): the header is corrupted",

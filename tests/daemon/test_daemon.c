@@ -293,7 +293,7 @@ static void test_inspect_text_json(void **st) {
   assert_int_equal(umbp_remove(p, &k7), 0); /* one removed event */
   umbp_counters_flush(p);
   assert_int_equal(DTU_RUN(out, "inspect", name), 0);
-  const char *want[] = {"layout 1.0", "partitions:", "index: 39 entries", "probe length:", "39 published (1 pinned)",
+  const char *want[] = {"layout 2.0", "partitions:", "index: 39 entries", "probe length:", "39 published (1 pinned)",
                         "processes: 1 live, 0 dead", "chat", "removed", "counters: lookups", "daemon: none"};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     if (!strstr(out, want[i])) fprintf(stderr, "# missing '%s' in:\n%s", want[i], out);
@@ -304,7 +304,7 @@ static void test_inspect_text_json(void **st) {
   snprintf(row, sizeof row, "%-8d %-9s %-5d %-5s %6d", (int)getpid(), "other", -1, "alive", 1);
   assert_non_null(strstr(out, row));
   assert_int_equal(DTU_RUN(out, "inspect", name, "--json", "--check"), 0);
-  const char *jw[] = {"\"header\":{", "\"layout\":\"1.0\"", "\"slots\":{\"total\":256", "\"published\":39",
+  const char *jw[] = {"\"header\":{", "\"layout\":\"2.0\"", "\"slots\":{\"total\":256", "\"published\":39",
                       "\"pinned\":1", "\"namespaces\":[{\"id\":0,\"name\":\"chat\",\"blocks\":39",
                       "\"type\":\"removed\"", "\"check\":{\"clean\":true", "\"probe_histogram\":[",
                       "\"daemon\":{\"running\":false"};
@@ -365,16 +365,16 @@ static void test_check_corrupted(void **st) {
   for (uint32_t s = 0; s < ix->slot_count && free_slot == UMBP_NO_SLOT; s++)
     if (ST_STATE(atomic_load(&ix->meta[s].state)) == UMBP_SLOT_FREE) free_slot = s;
   uint32_t b = 0, w = 0;
-  for (b = 0; b <= ix->bmask; b++) {
+  for (b = 0; b < ix->nb; b++) {
     for (w = 0; w < UMBP_BUCKET_WAYS; w++)
-      if (!atomic_load(&ix->buckets[b].way[w])) break;
+      if (!umbp_way_get(&ix->buckets[b], w)) break;
     if (w < UMBP_BUCKET_WAYS) break;
   }
-  atomic_store(&ix->buckets[b].way[w], (0x1234ull << 32) | (free_slot + 1));
+  umbp_way_set(&ix->buckets[b], w, (0x1234ull << 32) | (free_slot + 1));
   char want[160];
   snprintf(want, sizeof want, "bucket %u points at slot %u, which is FREE", b, free_slot);
   expect_violation(name, want);
-  atomic_store(&ix->buckets[b].way[w], 0);
+  umbp_way_set(&ix->buckets[b], w, 0);
   assert_int_equal(check_cli(name), 0);
 
   /* 2. a published slot with its way removed: unreachable */
@@ -384,9 +384,9 @@ static void test_check_corrupted(void **st) {
   umbp_unpin(p, s0);
   uint64_t saved = 0;
   uint32_t sb = 0, sw = 0;
-  for (uint32_t bb = 0; bb <= ix->bmask && !saved; bb++)
+  for (uint32_t bb = 0; bb < ix->nb && !saved; bb++)
     for (uint32_t ww = 0; ww < UMBP_BUCKET_WAYS; ww++) {
-      uint64_t v = atomic_load(&ix->buckets[bb].way[ww]);
+      uint64_t v = umbp_way_get(&ix->buckets[bb], ww);
       if (v && (uint32_t)v == s0 + 1) {
         saved = v;
         sb = bb;
@@ -395,19 +395,19 @@ static void test_check_corrupted(void **st) {
       }
     }
   assert_true(saved != 0);
-  atomic_store(&ix->buckets[sb].way[sw], 0);
+  umbp_way_set(&ix->buckets[sb], sw, 0);
   snprintf(want, sizeof want, "slot %u is PUBLISHED but no bucket points at it", s0);
   expect_violation(name, want);
   /* ... and reachable twice */
-  atomic_store(&ix->buckets[sb].way[sw], saved);
+  umbp_way_set(&ix->buckets[sb], sw, saved);
   uint32_t w2 = 0;
   for (w2 = 0; w2 < UMBP_BUCKET_WAYS; w2++)
-    if (!atomic_load(&ix->buckets[sb].way[w2])) break;
+    if (!umbp_way_get(&ix->buckets[sb], w2)) break;
   assert_true(w2 < UMBP_BUCKET_WAYS);
-  atomic_store(&ix->buckets[sb].way[w2], saved);
+  umbp_way_set(&ix->buckets[sb], w2, saved);
   snprintf(want, sizeof want, "slot %u is reachable from 2 ways", s0);
   expect_violation(name, want);
-  atomic_store(&ix->buckets[sb].way[w2], 0);
+  umbp_way_set(&ix->buckets[sb], w2, 0);
   assert_int_equal(check_cli(name), 0);
 
   /* 3. a free slot taken off its ring and dropped: lost capacity */
@@ -462,11 +462,11 @@ static void test_check_corrupted(void **st) {
 
   /* 7. an overflow counter below the displaced entries */
   uint32_t home = 0, disp = 0;
-  for (uint32_t bb = 0; bb <= ix->bmask; bb++) {
+  for (uint32_t bb = 0; bb < ix->nb; bb++) {
     for (unsigned ww = 0; ww < UMBP_BUCKET_WAYS; ww++) {
-      uint64_t v = atomic_load(&ix->buckets[bb].way[ww]);
+      uint64_t v = umbp_way_get(&ix->buckets[bb], ww);
       if (!v) continue;
-      uint32_t hh = (uint32_t)umbp_key_hash(&ix->meta[(uint32_t)v - 1].key) & ix->bmask;
+      uint32_t hh = umbp_bucket_home(umbp_key_hash(&ix->meta[(uint32_t)v - 1].key), ix->nb);
       if (hh != bb) {
         home = hh;
         disp = 1;
@@ -480,15 +480,17 @@ static void test_check_corrupted(void **st) {
     assert_int_equal(umbp_lookup_pin(p, &k1, &s1), 0);
     umbp_unpin(p, s1);
     uint64_t h = umbp_key_hash(&ix->meta[s1].key);
-    home = (uint32_t)h & ix->bmask;
-    struct umbp_bucket *hb = &ix->buckets[home], *nb = &ix->buckets[(home + 1) & ix->bmask];
+    home = umbp_bucket_home(h, ix->nb);
+    struct umbp_bucket *hb = &ix->buckets[home], *nb = &ix->buckets[umbp_bucket_at(home, 1, ix->nb)];
     for (unsigned ww = 0; ww < UMBP_BUCKET_WAYS; ww++)
-      if ((uint32_t)atomic_load(&hb->way[ww]) == s1 + 1) {
-        uint64_t v = atomic_exchange(&hb->way[ww], 0);
-        for (unsigned w3 = 0; w3 < UMBP_BUCKET_WAYS; w3++) {
-          uint64_t z = 0;
-          if (atomic_compare_exchange_strong(&nb->way[w3], &z, v)) break;
-        }
+      if ((uint32_t)umbp_way_get(hb, ww) == s1 + 1) {
+        uint64_t v = umbp_way_get(hb, ww);
+        umbp_way_set(hb, ww, 0);
+        for (unsigned w3 = 0; w3 < UMBP_BUCKET_WAYS; w3++)
+          if (!umbp_way_get(nb, w3)) {
+            umbp_way_set(nb, w3, v);
+            break;
+          }
       }
     atomic_fetch_add(&hb->overflow, 1);
     assert_int_equal(check_cli(name), 0); /* consistent again */

@@ -141,10 +141,13 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
     memcpy(ks.hash, k.hash, k.hash_len);
     ix->meta[s].key = ks;
     uint64_t h = umbp_key_hash(&ks);
-    struct umbp_bucket *b = &ix->buckets[(uint32_t)h & ix->bmask];
+    struct umbp_bucket *b = &ix->buckets[umbp_bucket_home(h, ix->nb)];
     for (int w = 0; w < UMBP_BUCKET_WAYS; w++) {
-      uint64_t z = 0;
-      if (atomic_compare_exchange_strong(&b->way[w], &z, ((h >> 32) << 32) | (uint64_t)(s + 1))) break;
+      uint32_t z = 0;
+      if (atomic_compare_exchange_strong(&b->slot[w], &z, s + 1)) {
+        atomic_store(&b->sig[w], umbp_key_sig(h));
+        break;
+      }
     }
     atomic_store(&b->lock, p->owner_id); /* and it held the bucket lock */
     die();

@@ -329,6 +329,40 @@ static void test_eviction_clock_and_pins(void **state) {
   census_ok(f->p);
 }
 
+/* A full pool under long churn never runs out of index ways. At 32767 slots a
+ * power-of-two bucket count with 1.25 ways a slot (the sizing before layout
+ * 2.0) gives 80% of the ways used at full load: there, linear probing pushes
+ * keys past UMBP_MAX_PROBE buckets and publish fails with "index
+ * neighbourhood ... full". */
+static int setup_awkward(void **state) { return setup_n(state, 32767, 0); }
+static void test_full_pool_churn(void **state) {
+  struct fx *f = *state;
+  umbp_pool_info info;
+  umbp_pool_get_info(f->p, &info);
+  unsigned total = info.slot_count;
+  assert_true(total > 20000);
+  assert_true((uint64_t)f->p->hdr->n_buckets * UMBP_BUCKET_WAYS * 10 >= (uint64_t)total * 16);
+  uint32_t s;
+  /* fill, then 10x the pool of fresh keys, each reserve evicting on demand */
+  for (unsigned i = 0; i < 11 * total; i++) {
+    umbp_key k = itu_key(f->ns, 100000 + i, 0);
+    int rc = umbp_reserve(f->p, -1, f->ns, &s);
+    if (rc) fprintf(stderr, "reserve %u: %s\n", i, umbp_last_error());
+    assert_int_equal(rc, 0);
+    rc = umbp_publish(f->p, s, &k);
+    if (rc) fprintf(stderr, "publish %u: %s\n", i, umbp_last_error());
+    assert_int_equal(rc, 0);
+  }
+  uint64_t entries, hist[UMBP_MAX_PROBE + 1];
+  assert_int_equal(umbp_index_stats(f->p, &entries, hist, UMBP_MAX_PROBE + 1), 0);
+  assert_true(entries > total - total / 8);
+  unsigned far = 0;
+  for (unsigned d = 0; d <= UMBP_MAX_PROBE; d++)
+    if (hist[d]) far = d;
+  assert_true(far < UMBP_MAX_PROBE / 2);
+  census_ok(f->p);
+}
+
 static void test_event_ring_drops_oldest(void **state) {
   struct fx *f = *state;
   /* 40 removals into a 16-event ring */
@@ -540,6 +574,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_remove_and_events, setup, teardown),
       cmocka_unit_test_setup_teardown(test_clear_ns, setup, teardown),
       cmocka_unit_test_setup_teardown(test_eviction_clock_and_pins, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_full_pool_churn, setup_awkward, teardown),
       cmocka_unit_test_setup_teardown(test_event_ring_drops_oldest, setup_ev16, teardown),
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counters, setup, teardown),

@@ -51,7 +51,7 @@ try:
     rc, out, err = umbp("pool", "info", name, "--json")
     info = json.loads(out) if rc == 0 else {}
     check("info --json", rc == 0 and info.get("slot_count") == 1024 and info.get("slot_size") == 65536
-          and info["slots"]["free"] == 1024 and info["layout"] == "1.0", out + err)
+          and info["slots"]["free"] == 1024 and info["layout"] == "2.0", out + err)
     rc, out, _ = umbp("pool", "ls", "--json")
     names = [p["name"] for p in json.loads(out)] if rc == 0 else []
     check("ls --json lists the pool", name in names, out[:300])

@@ -39,7 +39,7 @@ static void test_lifecycle(void **state) {
   assert_int_equal(umbp_pool_get_info(p, &info), 0);
   assert_int_equal(info.slot_count, 256);
   assert_int_equal(info.slot_size, 64 << 10);
-  assert_int_equal(info.layout_major, 1);
+  assert_int_equal(info.layout_major, UMBP_LAYOUT_MAJOR);
   assert_true(info.n_partitions >= 1);
   assert_int_equal(info.procs_live, 1);
   assert_true(umbp_pool_proc_slot(p) >= 0);
@@ -181,7 +181,7 @@ static int attach_after_patch(const char *name, void (*patch)(struct umbp_shm_he
   return rc;
 }
 
-static void patch_major(struct umbp_shm_header *h, int fd) { (void)fd; h->layout_major = 2; }
+static void patch_major(struct umbp_shm_header *h, int fd) { (void)fd; h->layout_major = UMBP_LAYOUT_MAJOR + 1; }
 static void patch_magic(struct umbp_shm_header *h, int fd) { (void)fd; atomic_store(&h->magic, 0x1234567812345678ull); }
 static void patch_fp(struct umbp_shm_header *h, int fd) {
   (void)fd;
@@ -221,7 +221,7 @@ static void test_header_validation(void **state) {
     int expect;
     const char *word;
   } cases[] = {
-      {patch_major, -EPROTO, "layout version 2"},
+      {patch_major, -EPROTO, "layout version 3.0, this build reads 2.x"},
       {patch_magic, -EBADMSG, "magic"},
       {patch_fp, -EPROTO, "fingerprint"},
       {patch_slotsize, -EBADMSG, "checksum"},

@@ -246,6 +246,7 @@ static uint8_t *rstream_make(uint64_t seed, unsigned set, uint64_t n) {
 struct run_res {
   uint64_t ops, found, ns;
   int err; /* 0 or -errno from the table */
+  char msg[256]; /* ours: umbp_last_error() of the thread that failed */
 };
 
 /* ---- ours ----------------------------------------------------------------------- */
@@ -312,6 +313,7 @@ static int ours_lookup_run(umbp_pool *p, const umbp_key *st, int op, uint64_t po
   r->found = found;
   r->ns = t - t0;
   r->err = err;
+  if (err) snprintf(r->msg, sizeof r->msg, "%s", umbp_last_error());
   return err;
 }
 
@@ -360,6 +362,7 @@ static int ours_churn_run(umbp_pool *p, uint32_t ns, uint64_t seed, uint64_t *ct
   r->found = ops;
   r->ns = t - t0;
   r->err = err;
+  if (err) snprintf(r->msg, sizeof r->msg, "%s", umbp_last_error());
   return err;
 }
 
@@ -709,6 +712,7 @@ static int child_wait(struct bench *b, struct run_res *r) {
   r->found = found;
   r->ns = ns;
   r->err = err;
+  if (err) snprintf(r->msg, sizeof r->msg, "in the second process (its stderr says why)");
   return 0;
 }
 
@@ -769,7 +773,7 @@ static int child_main(int argc, char **argv) {
 static int check_res(int impl, int op, const struct run_res *r, const char *cname) {
   if (r->err) {
     cli_error("bench index: %s: %s failed: %s%s%s", cname, impl_names[impl], strerror(-r->err),
-              impl == IMPL_OURS ? " — " : "", impl == IMPL_OURS ? umbp_last_error() : "");
+              impl == IMPL_OURS && r->msg[0] ? " — " : "", impl == IMPL_OURS ? r->msg : "");
     return -1;
   }
   if (op < 0) return 0;
