@@ -248,3 +248,55 @@ def test_eagle_group_not_prefix_cacheable(pool_name):
         KVCacheGroupSpec(["draft.attn"], spec, is_eagle_group=True, enable_kv_transfer=False)])
     with pytest.raises(NotImplementedError, match=r"draft-model KV groups \[1\] are not prefix-cacheable"):
         KVConnectorFactory.create_connector(make_vllm_config(pool_name), KVConnectorRole.SCHEDULER, bad)
+
+
+def test_two_groups_byte_accounting(pool_name):
+    """Two KV-cache groups whose block objects differ (1 KiB and 2 KiB per
+    block on each rank): stores and loads count each group's own size, and
+    both groups' KV comes back byte-identical."""
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    tokens = list(range(2000, 2000 + 4 * BLOCK + 5))
+    kcc = make_kv_cache_config("two-groups")
+    obj = [g.kv_cache_spec.page_size_bytes for g in kcc.kv_cache_groups]
+    assert obj == [1024, 2048]
+    s = KVConnectorFactory.create_connector(make_vllm_config(pool_name, tp=2), KVConnectorRole.SCHEDULER, kcc)
+    two = lambda ids: KVCacheBlocks(tuple([KVCacheBlock(i) for i in ids] for _ in range(2)))  # noqa: E731
+    src = [Worker(pool_name, 2, r, seed=r + 1, test_layout="two-groups") for r in range(2)]
+    try:
+        a = make_request("A", tokens)
+        assert s.get_num_new_matched_tokens(a, 0) == (0, False)
+        ids_a = [3, 4, 5, 6, 7]
+        s.update_state_after_alloc(a, two(ids_a), 0)
+        meta, replies, _ = run_step(s, src, sched_output(new=[(a, ids_a, 0)], num_scheduled={"A": len(tokens)},
+                                                         groups=2))
+        assert sorted((p.group, len(p.block_ids)) for p in meta.stores) == [(0, 4), (1, 4)]
+        for r in replies:
+            st = r["stats"].reduce()
+            assert st["store_completed"] == 8 and st["store_bytes"] == 4 * (obj[0] + obj[1])
+        a_bytes = [w.call("dump", ids_a[:4]) for w in src]
+        assert s.request_finished(a, (ids_a, ids_a)) == (False, None)
+    finally:
+        for w in src:
+            w.close()
+    dst = [Worker(pool_name, 2, r, seed=-1, test_layout="two-groups") for r in range(2)]
+    try:
+        b = make_request("B", tokens[:4 * BLOCK] + [7])
+        assert s.get_num_new_matched_tokens(b, 0) == (4 * BLOCK, False)
+        ids_b = [10, 11, 12, 13, 14]
+        s.update_state_after_alloc(b, two(ids_b), 4 * BLOCK)
+        b.num_computed_tokens = 4 * BLOCK
+        meta, replies, out = run_step(s, dst, sched_output(new=[(b, ids_b, 4 * BLOCK)], num_scheduled={"B": 1},
+                                                           groups=2))
+        assert sorted((x.group, len(x.block_ids)) for x in meta.loads) == [(0, 4), (1, 4)]
+        assert out.invalid_block_ids == set()
+        for r, w in enumerate(dst):
+            st = replies[r]["stats"].reduce()
+            assert st["load_completed"] == 8 and st["load_bytes"] == 4 * (obj[0] + obj[1])
+            got = w.call("dump", ids_b[:4])
+            for name in LAYERS:
+                assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+    finally:
+        for w in dst:
+            w.close()
+        s.shutdown()
+

@@ -513,8 +513,8 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._engine = None
         self._layout = None
         self._store_jobs: list[tuple[Any, list[StorePlan], list[int]]] = []
-        self._load_jobs: list[tuple[Any, int, str]] = []
-        self._async_loads: dict[str, list[tuple[Any, int]]] = {}   # req id -> [(job, blocks)]
+        self._load_jobs: list[tuple[Any, int, str, int]] = []     # (job, blocks, req id, group)
+        self._async_loads: dict[str, list[tuple[Any, int, int]]] = {}  # req id -> [(job, blocks, group)]
         self._async_started: dict[str, float] = {}
         self._async_cancelled: set[str] = set()
         self._load_errors: set[int] = set()
@@ -791,12 +791,12 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         # Loads of preempted or aborted requests are cancelled: blocks not yet
         # copied are skipped; the job still ends before its blocks are released.
         cancelled = set(kv_connector_metadata.cancelled or ())
-        for job, _, rid in self._load_jobs:
+        for job, _, rid, _ in self._load_jobs:
             if rid in cancelled:
                 self.lib.umbp_dp_job_cancel(job)
         for rid in cancelled & set(self._async_loads):
             self._async_cancelled.add(rid)
-            for job, _ in self._async_loads[rid]:
+            for job, _, _ in self._async_loads[rid]:
                 self.lib.umbp_dp_job_cancel(job)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
@@ -817,17 +817,20 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                     self._async_loads.setdefault(ls.req_id, [])
                 continue
             if ls.asynchronous:
-                self._async_loads.setdefault(ls.req_id, []).append((job, len(ls.block_ids)))
+                self._async_loads.setdefault(ls.req_id, []).append((job, len(ls.block_ids), ls.group))
                 self._async_started.setdefault(ls.req_id, time.monotonic())
             else:
-                self._load_jobs.append((job, len(ls.block_ids), ls.req_id))
+                self._load_jobs.append((job, len(ls.block_ids), ls.req_id, ls.group))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         self._finish_loads()
 
-    def _end_load(self, job, n: int, report: bool = True) -> None:
-        """Account a finished load job and release it (it must have ended)."""
-        obj = self.lib.umbp_kv_layout_object_bytes(self._layout, 0) if self._layout else 0
+    def _end_load(self, job, n: int, group: int, report: bool = True) -> None:
+        """Account a finished load job of KV group `group` and release it (it
+        must have ended). Bytes count the group's own block object: groups of
+        one model can differ in size (HMA: full and sliding-window attention,
+        other head sizes or dtypes)."""
+        obj = self.lib.umbp_kv_layout_object_bytes(self._layout, group) if self._layout else 0
         failed = (C.c_uint32 * max(1, n))()
         nf = max(0, self.lib.umbp_dp_job_failed_blocks(job, failed, n))
         if report:
@@ -836,11 +839,11 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.lib.umbp_dp_job_release(job)
 
     def _finish_loads(self) -> None:
-        for job, n, _ in self._load_jobs:
+        for job, n, _, g in self._load_jobs:
             if self.lib.umbp_dp_job_wait(job, self.cfg.load_timeout_ms) < 0:
                 self.lib.umbp_dp_job_cancel(job)
                 self.lib.umbp_dp_job_wait(job, 0xFFFFFFFF)
-            self._end_load(job, n)
+            self._end_load(job, n, g)
         self._load_jobs = []
 
     def _poll_async_loads(self) -> set[str]:
@@ -849,13 +852,13 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         now = time.monotonic()
         for rid, jobs in list(self._async_loads.items()):
             if (now - self._async_started.get(rid, now)) * 1000 > self.cfg.load_timeout_ms:
-                for job, _ in jobs:
+                for job, _, _ in jobs:
                     self.lib.umbp_dp_job_cancel(job)
-            if any(self.lib.umbp_dp_job_poll(job) != 0 for job, _ in jobs):
+            if any(self.lib.umbp_dp_job_poll(job) != 0 for job, _, _ in jobs):
                 continue
             aborted = rid in self._async_cancelled
-            for job, n in jobs:
-                self._end_load(job, n, report=not aborted)
+            for job, n, g in jobs:
+                self._end_load(job, n, g, report=not aborted)
             del self._async_loads[rid]
             self._async_started.pop(rid, None)
             self._async_cancelled.discard(rid)
@@ -970,7 +973,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         if self._engine is not None:
             self._poll_stores(wait=True)
             for jobs in self._async_loads.values():
-                for job, _ in jobs:
+                for job, _, _ in jobs:
                     self.lib.umbp_dp_job_cancel(job)
                     self.lib.umbp_dp_job_wait(job, 0xFFFFFFFF)
                     self.lib.umbp_dp_job_release(job)
