@@ -10,6 +10,7 @@ model runner's order, and the test builds each rank's ModelRunnerOutput (one
 sampled token per request that finished its prompt) for the aggregator."""
 from __future__ import annotations
 
+import ctypes as C
 import json
 
 import pytest
@@ -76,12 +77,18 @@ class Engine:
         self.agg = KVOutputAggregator.from_connector(self.s.connector, TP)
         self.outputs = []
 
-    def step(self, before_workers=None):
+    def step(self, before_workers=None, after_worker=None):
+        """One engine step; after_worker(rank, so) runs when that rank's
+        worker step has ended and before the next rank's starts (the workers
+        step one after another here)."""
         so = self.s.schedule()
         if before_workers:
             before_workers(so)
-        replies = [w.call("step", (so.kv_connector_metadata, set(so.finished_req_ids)))
-                   for w in self.w]
+        replies = []
+        for r, w in enumerate(self.w):
+            replies.append(w.call("step", (so.kv_connector_metadata, set(so.finished_req_ids))))
+            if after_worker:
+                after_worker(r, so)
         sampled = []
         req_ids = list(so.num_scheduled_tokens)
         for rid in req_ids:
@@ -122,8 +129,8 @@ class Engine:
         self.s.shutdown()
 
 
-def req(rid, tokens):
-    return Request(rid, tokens, SamplingParams(max_tokens=1), None,
+def req(rid, tokens, max_tokens=1):
+    return Request(rid, tokens, SamplingParams(max_tokens=max_tokens), None,
                    block_hasher=get_request_block_hasher(BLOCK, sha256))
 
 
@@ -247,4 +254,132 @@ def test_real_scheduler_async_loads(tmp_path, pool_name):
         assert e.s.kv_cache_manager.block_pool.get_num_free_blocks() == NUM_BLOCKS - 1
         assert e.s.reset_prefix_cache()
     finally:
+        e.close()
+
+
+# ---- a pool seen from the test process ------------------------------------------
+
+class PoolView:
+    """The test's own attachment to a pool: presence of keys, pins and held
+    (reserved, never published) slots, through libumbp's public API."""
+
+    def __init__(self, pool, namespace=EXTRA["key_namespace"]):
+        self.lib = L.lib()
+        o = L.AttachOpts()
+        self.lib.umbp_attach_opts_init(C.byref(o))
+        self.h = C.c_void_p()
+        L.check(self.lib.umbp_pool_attach(pool.encode(), C.byref(o), C.byref(self.h)), "attach")
+        ns = C.c_uint32()
+        L.check(self.lib.umbp_ns_register(self.h, namespace.encode(), C.byref(ns)), "ns")
+        self.ns = ns.value
+        self.pins: list[int] = []
+        self.held: list[int] = []
+
+    def keys(self, rank, hashes, group=0):
+        k = L.Key()
+        k.ns, k.tp_rank, k.group = self.ns, rank, group
+        return U._keys(k, list(hashes))
+
+    def present(self, rank, hashes, group=0) -> list[bool]:
+        out = (C.c_uint8 * max(1, len(hashes)))()
+        self.lib.umbp_contains_bulk(self.h, len(hashes), self.keys(rank, hashes, group), out)
+        return [bool(x) for x in out[:len(hashes)]]
+
+    def pin(self, rank, hashes):
+        slots = (C.c_uint32 * len(hashes))()
+        assert self.lib.umbp_lookup_pin_bulk(self.h, len(hashes), self.keys(rank, hashes), slots) == len(hashes)
+        self.pins += list(slots)
+
+    def hold_free_slots(self):
+        """Reserve every free slot (nothing is published yet, so nothing is evicted)."""
+        c = L.SlotCensus()
+        L.check(self.lib.umbp_census(self.h, C.byref(c)), "census")
+        buf = (C.c_uint32 * c.in_rings)()
+        got = L.check(self.lib.umbp_reserve_bulk(self.h, -1, self.ns, c.in_rings, buf), "reserve")
+        self.held += list(buf[:got])
+        return got
+
+    def release(self, n=None):
+        n = len(self.held) if n is None else n
+        for s in self.held[:n]:
+            assert self.lib.umbp_abort(self.h, s) == 0
+        del self.held[:n]
+
+    def close(self):
+        self.release()
+        if self.pins:
+            self.lib.umbp_unpin_bulk(self.h, len(self.pins), (C.c_uint32 * len(self.pins))(*self.pins))
+            self.pins = []
+        self.lib.umbp_pool_detach(self.h)
+
+
+def stored(e, since=0):
+    return [ev for b in e.published[since:] for ev in b.events if isinstance(ev, BlockStored)]
+
+
+def test_store_retry_after_pool_full(tmp_path, pool_name):
+    """A real shortage: every slot is reserved by the test or pinned. Rank 0
+    and rank 1 each find 2 free slots for A's 4 blocks: blocks 0-1 are stored
+    and announced, blocks 2-3 are published on no rank. A's next step (a
+    decode step) stores again from block 2 and fails again while the pool is
+    still full; once the slots are freed the next step stores blocks 2-3 and
+    announces them (parent: block 1). A later request loads all 4 blocks."""
+    e = Engine(tmp_path, pool_name)
+    v = PoolView(pool_name)
+    try:
+        tokens = list(range(900, 900 + 4 * BLOCK + 5))
+        a = req("A", tokens, max_tokens=4)
+        h = a.block_hashes
+        assert v.hold_free_slots() > 8
+        v.release(2)   # 2 free slots for rank 0
+
+        def between(rank, so):
+            if rank == 0:   # rank 0's blocks stay (pinned); 2 free slots for rank 1
+                v.pin(0, h[:2])
+                v.release(2)
+        e.s.add_request(a)
+        so, eco = e.step(after_worker=between)
+        ids_a = e.block_ids(so, "A")[:4]
+        assert [(p.first_block, p.block_ids) for p in so.kv_connector_metadata.stores] == [(0, ids_a)]
+        st = connector_stats(eco)
+        assert st["store_completed"] == 2 * TP and st["store_failed"] == 2 * TP
+        for r in range(TP):
+            assert v.present(r, h[:4]) == [True, True, False, False], f"rank {r}"
+        ev = stored(e)
+        assert [x.block_hashes for x in ev] == [list(h[:2])] and ev[0].parent_block_hash is None
+        v.pin(1, h[:2])   # nothing left to evict: the next store fails too
+        a_bytes = [w.call("dump", ids_a) for w in e.w]
+
+        n = len(e.published)
+        so, eco = e.step()
+        assert [(p.first_block, p.block_ids) for p in so.kv_connector_metadata.stores] == [(2, ids_a[2:])]
+        assert connector_stats(eco)["store_failed"] == 2 * TP
+        assert stored(e, n) == []
+        for r in range(TP):
+            assert v.present(r, h[:4]) == [True, True, False, False]
+
+        v.release()
+        n = len(e.published)
+        so, eco = e.step()
+        assert [(p.first_block, p.block_ids) for p in so.kv_connector_metadata.stores] == [(2, ids_a[2:])]
+        assert connector_stats(eco)["store_completed"] == 2 * TP
+        ev = stored(e, n)
+        assert [x.block_hashes for x in ev] == [list(h[2:4])] and ev[0].parent_block_hash == h[1]
+        for r in range(TP):
+            assert v.present(r, h[:4]) == [True] * 4
+        e.drain()
+
+        assert e.s.reset_prefix_cache()
+        for w in e.w:
+            w.call("zero")
+        e.s.add_request(req("B", tokens[:4 * BLOCK] + [3]))
+        so, _ = e.step()
+        assert so.num_scheduled_tokens == {"B": 1}
+        ids_b = e.block_ids(so, "B")[:4]
+        for r, w in enumerate(e.w):
+            got = w.call("dump", ids_b)
+            for name in LAYERS:
+                assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+    finally:
+        v.close()
         e.close()

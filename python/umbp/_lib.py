@@ -103,6 +103,12 @@ class NsParams(C.Structure):
                 ("dcp_size", C.c_uint32), ("draft_model", C.c_char_p)]
 
 
+class SlotCensus(C.Structure):
+    _fields_ = [("free_", C.c_uint64), ("reserved", C.c_uint64), ("published", C.c_uint64),
+                ("evicting", C.c_uint64), ("retired", C.c_uint64), ("total", C.c_uint64),
+                ("pinned", C.c_uint64), ("in_rings", C.c_uint64)]
+
+
 _P = C.c_void_p
 _I = C.c_int
 _U = C.c_uint
@@ -119,6 +125,11 @@ _SIGS = {
     "umbp_slot_size": (C.c_uint64, [_P]),
     "umbp_slot_count": (C.c_uint32, [_P]),
     "umbp_contains_bulk": (_I, [_P, _U, C.POINTER(Key), C.POINTER(C.c_uint8)]),
+    "umbp_reserve_bulk": (_I, [_P, _I, C.c_uint32, _U, C.POINTER(C.c_uint32)]),
+    "umbp_abort": (_I, [_P, C.c_uint32]),
+    "umbp_lookup_pin_bulk": (_I, [_P, _U, C.POINTER(Key), C.POINTER(C.c_uint32)]),
+    "umbp_unpin_bulk": (_I, [_P, _U, C.POINTER(C.c_uint32)]),
+    "umbp_census": (_I, [_P, C.POINTER(SlotCensus)]),
     "umbp_remove": (_I, [_P, C.POINTER(Key)]),
     "umbp_clear_ns": (_I, [_P, C.c_uint32]),
     "umbp_events_drain": (_I, [_P, C.POINTER(Event), _U]),

@@ -642,14 +642,22 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 st = self._reqs.get(plan.req_id)
                 if st is not None:
                     st.pending_events.discard(eid)
-                if cur[1] is None:
+                # Blocks before the first one that failed on any rank are in the
+                # pool on every rank: they are announced. The failed block and
+                # the ones after it are not (a worker's store reserves its slots
+                # in block order, so when slots run out the failed keys are a
+                # suffix and were never published); the request stores them
+                # again from the first failed block the next time it is
+                # scheduled (build_connector_meta plans from stored_upto).
+                good = len(plan.hashes) if cur[1] is None else cur[1]
+                if good:
                     req = st.request if st else None
                     parent = req.block_hashes[plan.first_block - 1] if req and plan.first_block else None
                     self._events_out.append_events([BlockStored(
-                        block_hashes=list(plan.hashes), parent_block_hash=parent, token_ids=tokens,
-                        block_size=self.block_size, lora_id=None, medium=MEDIUM, lora_name=None,
-                        group_idx=plan.group)])
-                elif st is not None:  # retried from the first failed block
+                        block_hashes=list(plan.hashes[:good]), parent_block_hash=parent,
+                        token_ids=tokens[:good * self.block_size], block_size=self.block_size,
+                        lora_id=None, medium=MEDIUM, lora_name=None, group_idx=plan.group)])
+                if cur[1] is not None and st is not None:
                     st.stored_upto = min(st.stored_upto, plan.first_block + cur[1])
                 if st is not None and st.finished and not st.pending_events:
                     self._reqs.pop(plan.req_id, None)
