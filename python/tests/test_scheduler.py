@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import ctypes as C
 import json
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -315,6 +321,122 @@ class PoolView:
 
 def stored(e, since=0):
     return [ev for b in e.published[since:] for ev in b.events if isinstance(ev, BlockStored)]
+
+
+def _umbp_cli():
+    return str(Path(L._find_library()).resolve().parent / "tools" / "umbp")
+
+
+def start_daemon(pool):
+    """`umbp daemon` in the foreground; returns once it logged 'ready'."""
+    p = subprocess.Popen([_umbp_cli(), "daemon", "--pool", pool, "--capacity", "1MiB", "--slot-size", "4KiB",
+                          "--no-prefault", "--foreground"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    log: list[str] = []
+    threading.Thread(target=lambda: [lines.put(x) for x in p.stderr] + [lines.put(None)], daemon=True).start()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            p.kill()
+            raise AssertionError(f"umbp daemon not ready after 30 s: {log}")
+        if line is None:
+            raise AssertionError(f"umbp daemon exited with {p.wait()}: {log}")
+        log.append(line)
+        if "ready:" in line:
+            return p, lines, log
+
+
+def test_standalone_daemon_pool_across_engines(tmp_path, pool_name):
+    """standalone: `umbp daemon` owns the pool; engine 1 (real scheduler + TP=2
+    workers) stores A and shuts down; the pool and A's blocks remain; engine 2
+    (new scheduler and workers, empty KV caches) gets A's prefix as matched
+    tokens and loads byte-identical KV; SIGTERM stops the daemon cleanly and
+    keeps the pool."""
+    d, lines, log = start_daemon(pool_name)
+    rc = None
+    try:
+        tokens = list(range(500, 500 + 4 * BLOCK + 5))
+        a = req("A", tokens)
+        e1 = Engine(tmp_path, pool_name, mode="standalone")
+        try:
+            assert e1.s.connector.pool.owner is False
+            e1.s.add_request(a)
+            so, _ = e1.step()
+            ids_a = e1.block_ids(so, "A")[:4]
+            a_bytes = [w.call("dump", ids_a) for w in e1.w]
+            assert [len(ev.block_hashes) for ev in stored(e1)] == [4]
+            e1.drain()
+        finally:
+            e1.close()
+        assert d.poll() is None, "the daemon outlives the engine"
+        assert subprocess.run([_umbp_cli(), "pool", "info", pool_name], capture_output=True).returncode == 0
+        v = PoolView(pool_name)
+        try:
+            assert v.present(0, a.block_hashes[:4]) == [True] * 4
+            assert v.present(1, a.block_hashes[:4]) == [True] * 4
+        finally:
+            v.close()
+
+        e2 = Engine(tmp_path, pool_name, mode="standalone")
+        try:
+            for w in e2.w:
+                w.call("zero")
+            e2.s.add_request(req("B", tokens[:4 * BLOCK] + [1, 2, 3]))
+            so, eco = e2.step()
+            assert so.num_scheduled_tokens == {"B": 3}, "engine 2 got A's 4 blocks from the daemon's pool"
+            ids_b = e2.block_ids(so, "B")[:4]
+            for r, w in enumerate(e2.w):
+                got = w.call("dump", ids_b)
+                for name in LAYERS:
+                    assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+            assert connector_stats(eco)["load_completed"] == 4 * TP
+            e2.drain()
+        finally:
+            e2.close()
+    finally:
+        if d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+        try:
+            rc = d.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
+    while (x := lines.get(timeout=5)) is not None:
+        log.append(x)
+    assert rc == 0, f"daemon exit status {rc}: {log}"
+    assert any("stopping on SIGTERM" in x for x in log) and "stopped" in log[-1], log
+    assert subprocess.run([_umbp_cli(), "pool", "info", pool_name], capture_output=True).returncode == 0, \
+        "the daemon keeps its pool when stopped"
+
+
+@pytest.mark.parametrize("save_decode", [False, True])
+def test_save_decode_cache(tmp_path, pool_name, save_decode):
+    """A's prompt fills 2 blocks (+10 tokens); 8 decode steps fill block 2.
+    save_decode_cache=false stores blocks 0-1 only; true also stores block 2
+    (a full decode block), never the partial block 3: in the pool on both
+    ranks, in BlockStored, and as matched tokens for a later request."""
+    e = Engine(tmp_path, pool_name, save_decode_cache=save_decode)
+    v = PoolView(pool_name)
+    try:
+        prompt = list(range(700, 700 + 2 * BLOCK + 10))
+        a = req("A", prompt, max_tokens=8)
+        e.s.add_request(a)
+        e.drain(limit=12)
+        assert a.num_tokens == len(prompt) + 8 and len(a.block_hashes) == 3
+        want = 3 if save_decode else 2
+        for r in range(TP):
+            assert v.present(r, a.block_hashes[:3]) == [True] * want + [False] * (3 - want)
+        assert sum(len(ev.block_hashes) for ev in stored(e)) == want
+        assert e.s.reset_prefix_cache()
+        e.s.add_request(req("B", list(a.all_token_ids[:3 * BLOCK]) + [1]))
+        so, _ = e.step()
+        assert so.num_scheduled_tokens == {"B": 3 * BLOCK + 1 - want * BLOCK}
+    finally:
+        v.close()
+        e.close()
 
 
 def test_store_retry_after_pool_full(tmp_path, pool_name):
