@@ -35,7 +35,7 @@ def main():
             break
         if cmd == "info":
             reply = {"cls": f"{type(conn).__module__}.{type(conn).__name__}",
-                     "handshake": conn.get_handshake_metadata()}
+                     "handshake": conn.get_handshake_metadata(), "placement": conn.placement}
         elif cmd == "step":
             meta, finished = args
             conn.handle_preemptions(meta)

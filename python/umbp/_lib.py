@@ -109,6 +109,19 @@ class SlotCensus(C.Structure):
                 ("pinned", C.c_uint64), ("in_rings", C.c_uint64)]
 
 
+class TopoPlanOpts(C.Structure):
+    _fields_ = [("nranks", C.c_int), ("gpus", C.POINTER(C.c_int)), ("threads_per_rank", C.c_int),
+                ("mempolicy", C.c_int)]
+
+
+class TopoRankInfo(C.Structure):
+    _fields_ = [("rank", C.c_int), ("gpu", C.c_int), ("numa_node", C.c_uint), ("gpu_local", C.c_bool),
+                ("mempolicy", C.c_int), ("ncpus", C.c_int), ("shared_cpus", C.c_bool),
+                ("nmem_nodes", C.c_int), ("nnotes", C.c_int)]
+
+
+TOPO_LOAD_NO_CUDA = 1
+
 _P = C.c_void_p
 _I = C.c_int
 _U = C.c_uint
@@ -172,6 +185,18 @@ _SIGS = {
     "umbp_conn_stats_free": (None, [_P]),
     "umbp_conn_stats_add": (_I, [_P, _I, C.c_uint64, C.c_uint64, C.c_uint64, C.c_uint64]),
     "umbp_conn_stats_read": (None, [_P, C.c_bool, C.POINTER(StatsSnapshot)]),
+    "umbp_topo_load": (_I, [C.c_char_p, _U, C.POINTER(_P)]),
+    "umbp_topo_free": (None, [_P]),
+    "umbp_topo_gpu_count": (_I, [_P]),
+    "umbp_topo_plan_make": (_I, [_P, C.POINTER(TopoPlanOpts), C.POINTER(_P)]),
+    "umbp_topo_plan_free": (None, [_P]),
+    "umbp_topo_plan_threads_per_rank": (_I, [_P]),
+    "umbp_topo_plan_rank": (_I, [_P, _I, C.POINTER(TopoRankInfo)]),
+    "umbp_topo_plan_rank_cpus": (_I, [_P, _I, C.POINTER(_U), _I]),
+    "umbp_topo_plan_rank_note": (C.c_char_p, [_P, _I, _I]),
+    "umbp_topo_plan_numa_nodes": (_I, [_P, C.POINTER(_U), _I]),
+    "umbp_topo_plan_note_count": (_I, [_P]),
+    "umbp_topo_plan_note": (C.c_char_p, [_P, _I]),
 }
 
 _lib = None
