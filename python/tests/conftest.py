@@ -39,18 +39,33 @@ def make_vllm_config(pool: str, tp: int = 1, rank: int = 0, role: str = "kv_both
                       device_config=DeviceConfig("cpu"))
 
 
-def make_kv_cache_config() -> KVCacheConfig:
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16)
-    return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
+# Layouts: "one-group" (both layers in KV group 0) or "two-groups" (layer 0 in
+# group 0 with head size HEAD, layer 1 in group 1 with head size 2*HEAD: two KV
+# cache groups whose block objects differ in size, as with HMA).
+def _head_sizes(layout: str) -> dict[str, int]:
+    if layout == "two-groups":
+        return {LAYERS[0]: HEAD, LAYERS[1]: 2 * HEAD}
+    assert layout == "one-group", layout
+    return {n: HEAD for n in LAYERS}
 
 
-def make_kv_caches(seed: int | None = None) -> dict[str, torch.Tensor]:
+def make_kv_cache_config(layout: str = "one-group") -> KVCacheConfig:
+    if layout == "two-groups":
+        groups = [KVCacheGroupSpec([n], FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=h,
+                                                          dtype=torch.float16))
+                  for n, h in _head_sizes(layout).items()]
+    else:
+        groups = [KVCacheGroupSpec(LAYERS, FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS,
+                                                             head_size=HEAD, dtype=torch.float16))]
+    return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def make_kv_caches(seed: int | None = None, layout: str = "one-group") -> dict[str, torch.Tensor]:
     """(2, num_blocks, block, heads, head) per layer: K and V split (vLLM's CPU/flash layout)."""
     g = torch.Generator().manual_seed(seed or 0)
     out = {}
-    for name in LAYERS:
-        t = torch.zeros(2, NUM_BLOCKS, BLOCK, HEADS, HEAD, dtype=torch.float16)
+    for name, head in _head_sizes(layout).items():
+        t = torch.zeros(2, NUM_BLOCKS, BLOCK, HEADS, head, dtype=torch.float16)
         if seed is not None:
             t.copy_(torch.randn(t.shape, generator=g).to(torch.float16))
         out[name] = t
@@ -62,11 +77,13 @@ def make_request(rid: str, tokens: list[int]) -> Request:
                    block_hasher=get_request_block_hasher(BLOCK, sha256))
 
 
-def sched_output(new=(), cached=None, num_scheduled=None, finished=()):
-    """A SchedulerOutput for new requests [(req, block_ids, computed)] and cached ones."""
+def sched_output(new=(), cached=None, num_scheduled=None, finished=(), groups=1):
+    """A SchedulerOutput for new requests [(req, block_ids, computed)] and cached ones
+    (with groups > 1, every KV group gets the same block ids)."""
     new_reqs = [NewRequestData(req_id=r.request_id, prompt_token_ids=r.prompt_token_ids, mm_features=[],
                                sampling_params=r.sampling_params, pooling_params=None,
-                               block_ids=(list(ids),), num_computed_tokens=c, lora_request=None,
+                               block_ids=tuple(list(ids) for _ in range(groups)), num_computed_tokens=c,
+                               lora_request=None,
                                prefill_token_ids=list(r.prompt_token_ids))
                 for r, ids, c in new]
     return SchedulerOutput(scheduled_new_reqs=new_reqs,

@@ -248,3 +248,137 @@ def test_eagle_group_not_prefix_cacheable(pool_name):
         KVCacheGroupSpec(["draft.attn"], spec, is_eagle_group=True, enable_kv_transfer=False)])
     with pytest.raises(NotImplementedError, match=r"draft-model KV groups \[1\] are not prefix-cacheable"):
         KVConnectorFactory.create_connector(make_vllm_config(pool_name), KVConnectorRole.SCHEDULER, bad)
+
+
+def test_two_groups_byte_accounting(pool_name):
+    """Two KV-cache groups whose block objects differ (1 KiB and 2 KiB per
+    block on each rank): stores and loads count each group's own size, and
+    both groups' KV comes back byte-identical."""
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    tokens = list(range(2000, 2000 + 4 * BLOCK + 5))
+    kcc = make_kv_cache_config("two-groups")
+    obj = [g.kv_cache_spec.page_size_bytes for g in kcc.kv_cache_groups]
+    assert obj == [1024, 2048]
+    s = KVConnectorFactory.create_connector(make_vllm_config(pool_name, tp=2), KVConnectorRole.SCHEDULER, kcc)
+    two = lambda ids: KVCacheBlocks(tuple([KVCacheBlock(i) for i in ids] for _ in range(2)))  # noqa: E731
+    src = [Worker(pool_name, 2, r, seed=r + 1, test_layout="two-groups") for r in range(2)]
+    try:
+        a = make_request("A", tokens)
+        assert s.get_num_new_matched_tokens(a, 0) == (0, False)
+        ids_a = [3, 4, 5, 6, 7]
+        s.update_state_after_alloc(a, two(ids_a), 0)
+        meta, replies, _ = run_step(s, src, sched_output(new=[(a, ids_a, 0)], num_scheduled={"A": len(tokens)},
+                                                         groups=2))
+        assert sorted((p.group, len(p.block_ids)) for p in meta.stores) == [(0, 4), (1, 4)]
+        for r in replies:
+            st = r["stats"].reduce()
+            assert st["store_completed"] == 8 and st["store_bytes"] == 4 * (obj[0] + obj[1])
+        a_bytes = [w.call("dump", ids_a[:4]) for w in src]
+        assert s.request_finished(a, (ids_a, ids_a)) == (False, None)
+    finally:
+        for w in src:
+            w.close()
+    dst = [Worker(pool_name, 2, r, seed=-1, test_layout="two-groups") for r in range(2)]
+    try:
+        b = make_request("B", tokens[:4 * BLOCK] + [7])
+        assert s.get_num_new_matched_tokens(b, 0) == (4 * BLOCK, False)
+        ids_b = [10, 11, 12, 13, 14]
+        s.update_state_after_alloc(b, two(ids_b), 4 * BLOCK)
+        b.num_computed_tokens = 4 * BLOCK
+        meta, replies, out = run_step(s, dst, sched_output(new=[(b, ids_b, 4 * BLOCK)], num_scheduled={"B": 1},
+                                                           groups=2))
+        assert sorted((x.group, len(x.block_ids)) for x in meta.loads) == [(0, 4), (1, 4)]
+        assert out.invalid_block_ids == set()
+        for r, w in enumerate(dst):
+            st = replies[r]["stats"].reduce()
+            assert st["load_completed"] == 8 and st["load_bytes"] == 4 * (obj[0] + obj[1])
+            got = w.call("dump", ids_b[:4])
+            for name in LAYERS:
+                assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+    finally:
+        for w in dst:
+            w.close()
+        s.shutdown()
+
+
+def _topo_plan(*args):
+    """The planner's answer through the CLI (`umbp topo --json`), not through the connector."""
+    import json
+    out = subprocess.run([_umbp_cli(), "topo", "--no-cuda", "--json", *args], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)["plan"]
+
+
+def _bound_threads(pid, cpus):
+    """Threads of process pid whose CPU affinity is exactly `cpus` (e.g. "1")."""
+    n = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/status") as f:
+            if any(x.split(":", 1)[1].strip() == cpus for x in f if x.startswith("Cpus_allowed_list")):
+                n += 1
+    return n
+
+
+def test_placement_defaults_follow_the_topology_plan(pool_name):
+    """copy_threads, copy_cpus and numa_nodes left unset: each TP worker takes
+    them from the topology plan for 2 ranks (the same as `umbp topo --ranks 2`);
+    a rank the plan gives no GPU keeps its copy threads unbound and says so."""
+    import logging
+    plan = _topo_plan("--ranks", "2")
+    cfg = U.UMBPConfig.from_extra({"pool": pool_name})
+    assert cfg.copy_threads is None and cfg.copy_cpus is None and cfg.numa_nodes is None
+    records = []
+    h = logging.Handler()
+    h.emit = records.append
+    lg = logging.getLogger("vllm.umbp")
+    old = lg.level
+    lg.addHandler(h)
+    lg.setLevel(logging.INFO)
+    try:
+        for r in range(2):
+            want = plan["ranks"][r]
+            pl = U.plan_placement(cfg, 2, r)
+            assert pl.copy_threads == plan["threads_per_rank"] and pl.numa_nodes == plan["numa_nodes"]
+            if want["gpu"] >= 0:
+                assert pl.copy_cpus == want["cpus"] and pl.source["copy_cpus"] == "plan"
+            else:
+                assert pl.copy_cpus is None and pl.source["copy_cpus"] == "fallback"
+            assert pl.source["copy_threads"] == pl.source["numa_nodes"] == "plan"
+    finally:
+        lg.removeHandler(h)
+        lg.setLevel(old)
+    msgs = [x.getMessage() for x in records]
+    assert len(msgs) == 2 and all(x.levelno == logging.INFO for x in records)
+    if plan["ranks"][0]["gpu"] < 0:
+        assert "unbound" in msgs[0] and "no GPU" in msgs[0], msgs[0]
+    # the real workers (exec'd, CPU KV caches) use the same values
+    ws = [Worker(pool_name, 2, r, seed=1) for r in range(2)]
+    try:
+        for r, w in enumerate(ws):
+            pl = w.call("info")["placement"]
+            assert pl == U.plan_placement(cfg, 2, r, log_level=logging.DEBUG)
+    finally:
+        for w in ws:
+            w.close()
+
+
+def test_placement_config_overrides_the_plan(pool_name):
+    """Keys set in kv_connector_extra_config win over the plan: all three in a
+    worker (its copy threads really run on the given CPU), or one alone (the
+    others still come from a plan made for that thread count)."""
+    ws = [Worker(pool_name, 1, 0, seed=1, copy_threads=3, copy_cpus=[1], numa_nodes=[0])]
+    try:
+        pl = ws[0].call("info")["placement"]
+        assert (pl.copy_threads, pl.copy_cpus, pl.numa_nodes) == (3, [1], [0])
+        assert set(pl.source.values()) == {"config"}
+        assert _bound_threads(ws[0].p.pid, "1") == 3, "3 copy threads bound to CPU 1"
+    finally:
+        ws[0].close()
+    plan = _topo_plan("--ranks", "2", "--threads-per-rank", "1")
+    pl = U.plan_placement(U.UMBPConfig.from_extra({"pool": pool_name, "copy_threads": 1}), 2, 1)
+    assert pl.copy_threads == 1 and pl.source["copy_threads"] == "config"
+    assert pl.numa_nodes == plan["numa_nodes"]
+    assert pl.copy_cpus == (plan["ranks"][1]["cpus"] if plan["ranks"][1]["gpu"] >= 0 else None)
+    pl = U.plan_placement(U.UMBPConfig.from_extra({"pool": pool_name, "numa_nodes": [0], "copy_cpus": [0]}), 2, 0)
+    assert (pl.copy_cpus, pl.numa_nodes) == ([0], [0])
+    assert pl.copy_threads == _topo_plan("--ranks", "2")["threads_per_rank"] and pl.source["copy_threads"] == "plan"

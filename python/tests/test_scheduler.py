@@ -10,7 +10,14 @@ model runner's order, and the test builds each rank's ModelRunnerOutput (one
 sampled token per request that finished its prompt) for the aggregator."""
 from __future__ import annotations
 
+import ctypes as C
 import json
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,12 +83,18 @@ class Engine:
         self.agg = KVOutputAggregator.from_connector(self.s.connector, TP)
         self.outputs = []
 
-    def step(self, before_workers=None):
+    def step(self, before_workers=None, after_worker=None):
+        """One engine step; after_worker(rank, so) runs when that rank's
+        worker step has ended and before the next rank's starts (the workers
+        step one after another here)."""
         so = self.s.schedule()
         if before_workers:
             before_workers(so)
-        replies = [w.call("step", (so.kv_connector_metadata, set(so.finished_req_ids)))
-                   for w in self.w]
+        replies = []
+        for r, w in enumerate(self.w):
+            replies.append(w.call("step", (so.kv_connector_metadata, set(so.finished_req_ids))))
+            if after_worker:
+                after_worker(r, so)
         sampled = []
         req_ids = list(so.num_scheduled_tokens)
         for rid in req_ids:
@@ -122,8 +135,8 @@ class Engine:
         self.s.shutdown()
 
 
-def req(rid, tokens):
-    return Request(rid, tokens, SamplingParams(max_tokens=1), None,
+def req(rid, tokens, max_tokens=1):
+    return Request(rid, tokens, SamplingParams(max_tokens=max_tokens), None,
                    block_hasher=get_request_block_hasher(BLOCK, sha256))
 
 
@@ -247,4 +260,248 @@ def test_real_scheduler_async_loads(tmp_path, pool_name):
         assert e.s.kv_cache_manager.block_pool.get_num_free_blocks() == NUM_BLOCKS - 1
         assert e.s.reset_prefix_cache()
     finally:
+        e.close()
+
+
+# ---- a pool seen from the test process ------------------------------------------
+
+class PoolView:
+    """The test's own attachment to a pool: presence of keys, pins and held
+    (reserved, never published) slots, through libumbp's public API."""
+
+    def __init__(self, pool, namespace=EXTRA["key_namespace"]):
+        self.lib = L.lib()
+        o = L.AttachOpts()
+        self.lib.umbp_attach_opts_init(C.byref(o))
+        self.h = C.c_void_p()
+        L.check(self.lib.umbp_pool_attach(pool.encode(), C.byref(o), C.byref(self.h)), "attach")
+        ns = C.c_uint32()
+        L.check(self.lib.umbp_ns_register(self.h, namespace.encode(), C.byref(ns)), "ns")
+        self.ns = ns.value
+        self.pins: list[int] = []
+        self.held: list[int] = []
+
+    def keys(self, rank, hashes, group=0):
+        k = L.Key()
+        k.ns, k.tp_rank, k.group = self.ns, rank, group
+        return U._keys(k, list(hashes))
+
+    def present(self, rank, hashes, group=0) -> list[bool]:
+        out = (C.c_uint8 * max(1, len(hashes)))()
+        self.lib.umbp_contains_bulk(self.h, len(hashes), self.keys(rank, hashes, group), out)
+        return [bool(x) for x in out[:len(hashes)]]
+
+    def pin(self, rank, hashes):
+        slots = (C.c_uint32 * len(hashes))()
+        assert self.lib.umbp_lookup_pin_bulk(self.h, len(hashes), self.keys(rank, hashes), slots) == len(hashes)
+        self.pins += list(slots)
+
+    def hold_free_slots(self):
+        """Reserve every free slot (nothing is published yet, so nothing is evicted)."""
+        c = L.SlotCensus()
+        L.check(self.lib.umbp_census(self.h, C.byref(c)), "census")
+        buf = (C.c_uint32 * c.in_rings)()
+        got = L.check(self.lib.umbp_reserve_bulk(self.h, -1, self.ns, c.in_rings, buf), "reserve")
+        self.held += list(buf[:got])
+        return got
+
+    def release(self, n=None):
+        n = len(self.held) if n is None else n
+        for s in self.held[:n]:
+            assert self.lib.umbp_abort(self.h, s) == 0
+        del self.held[:n]
+
+    def close(self):
+        self.release()
+        if self.pins:
+            self.lib.umbp_unpin_bulk(self.h, len(self.pins), (C.c_uint32 * len(self.pins))(*self.pins))
+            self.pins = []
+        self.lib.umbp_pool_detach(self.h)
+
+
+def stored(e, since=0):
+    return [ev for b in e.published[since:] for ev in b.events if isinstance(ev, BlockStored)]
+
+
+def _umbp_cli():
+    return str(Path(L._find_library()).resolve().parent / "tools" / "umbp")
+
+
+def start_daemon(pool):
+    """`umbp daemon` in the foreground; returns once it logged 'ready'."""
+    p = subprocess.Popen([_umbp_cli(), "daemon", "--pool", pool, "--capacity", "1MiB", "--slot-size", "4KiB",
+                          "--no-prefault", "--foreground"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    log: list[str] = []
+    threading.Thread(target=lambda: [lines.put(x) for x in p.stderr] + [lines.put(None)], daemon=True).start()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            p.kill()
+            raise AssertionError(f"umbp daemon not ready after 30 s: {log}")
+        if line is None:
+            raise AssertionError(f"umbp daemon exited with {p.wait()}: {log}")
+        log.append(line)
+        if "ready:" in line:
+            return p, lines, log
+
+
+def test_standalone_daemon_pool_across_engines(tmp_path, pool_name):
+    """standalone: `umbp daemon` owns the pool; engine 1 (real scheduler + TP=2
+    workers) stores A and shuts down; the pool and A's blocks remain; engine 2
+    (new scheduler and workers, empty KV caches) gets A's prefix as matched
+    tokens and loads byte-identical KV; SIGTERM stops the daemon cleanly and
+    keeps the pool."""
+    d, lines, log = start_daemon(pool_name)
+    rc = None
+    try:
+        tokens = list(range(500, 500 + 4 * BLOCK + 5))
+        a = req("A", tokens)
+        e1 = Engine(tmp_path, pool_name, mode="standalone")
+        try:
+            assert e1.s.connector.pool.owner is False
+            e1.s.add_request(a)
+            so, _ = e1.step()
+            ids_a = e1.block_ids(so, "A")[:4]
+            a_bytes = [w.call("dump", ids_a) for w in e1.w]
+            assert [len(ev.block_hashes) for ev in stored(e1)] == [4]
+            e1.drain()
+        finally:
+            e1.close()
+        assert d.poll() is None, "the daemon outlives the engine"
+        assert subprocess.run([_umbp_cli(), "pool", "info", pool_name], capture_output=True).returncode == 0
+        v = PoolView(pool_name)
+        try:
+            assert v.present(0, a.block_hashes[:4]) == [True] * 4
+            assert v.present(1, a.block_hashes[:4]) == [True] * 4
+        finally:
+            v.close()
+
+        e2 = Engine(tmp_path, pool_name, mode="standalone")
+        try:
+            for w in e2.w:
+                w.call("zero")
+            e2.s.add_request(req("B", tokens[:4 * BLOCK] + [1, 2, 3]))
+            so, eco = e2.step()
+            assert so.num_scheduled_tokens == {"B": 3}, "engine 2 got A's 4 blocks from the daemon's pool"
+            ids_b = e2.block_ids(so, "B")[:4]
+            for r, w in enumerate(e2.w):
+                got = w.call("dump", ids_b)
+                for name in LAYERS:
+                    assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+            assert connector_stats(eco)["load_completed"] == 4 * TP
+            e2.drain()
+        finally:
+            e2.close()
+    finally:
+        if d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+        try:
+            rc = d.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
+    while (x := lines.get(timeout=5)) is not None:
+        log.append(x)
+    assert rc == 0, f"daemon exit status {rc}: {log}"
+    assert any("stopping on SIGTERM" in x for x in log) and "stopped" in log[-1], log
+    assert subprocess.run([_umbp_cli(), "pool", "info", pool_name], capture_output=True).returncode == 0, \
+        "the daemon keeps its pool when stopped"
+
+
+@pytest.mark.parametrize("save_decode", [False, True])
+def test_save_decode_cache(tmp_path, pool_name, save_decode):
+    """A's prompt fills 2 blocks (+10 tokens); 8 decode steps fill block 2.
+    save_decode_cache=false stores blocks 0-1 only; true also stores block 2
+    (a full decode block), never the partial block 3: in the pool on both
+    ranks, in BlockStored, and as matched tokens for a later request."""
+    e = Engine(tmp_path, pool_name, save_decode_cache=save_decode)
+    v = PoolView(pool_name)
+    try:
+        prompt = list(range(700, 700 + 2 * BLOCK + 10))
+        a = req("A", prompt, max_tokens=8)
+        e.s.add_request(a)
+        e.drain(limit=12)
+        assert a.num_tokens == len(prompt) + 8 and len(a.block_hashes) == 3
+        want = 3 if save_decode else 2
+        for r in range(TP):
+            assert v.present(r, a.block_hashes[:3]) == [True] * want + [False] * (3 - want)
+        assert sum(len(ev.block_hashes) for ev in stored(e)) == want
+        assert e.s.reset_prefix_cache()
+        e.s.add_request(req("B", list(a.all_token_ids[:3 * BLOCK]) + [1]))
+        so, _ = e.step()
+        assert so.num_scheduled_tokens == {"B": 3 * BLOCK + 1 - want * BLOCK}
+    finally:
+        v.close()
+        e.close()
+
+
+def test_store_retry_after_pool_full(tmp_path, pool_name):
+    """A real shortage: every slot is reserved by the test or pinned. Rank 0
+    and rank 1 each find 2 free slots for A's 4 blocks: blocks 0-1 are stored
+    and announced, blocks 2-3 are published on no rank. A's next step (a
+    decode step) stores again from block 2 and fails again while the pool is
+    still full; once the slots are freed the next step stores blocks 2-3 and
+    announces them (parent: block 1). A later request loads all 4 blocks."""
+    e = Engine(tmp_path, pool_name)
+    v = PoolView(pool_name)
+    try:
+        tokens = list(range(900, 900 + 4 * BLOCK + 5))
+        a = req("A", tokens, max_tokens=4)
+        h = a.block_hashes
+        assert v.hold_free_slots() > 8
+        v.release(2)   # 2 free slots for rank 0
+
+        def between(rank, so):
+            if rank == 0:   # rank 0's blocks stay (pinned); 2 free slots for rank 1
+                v.pin(0, h[:2])
+                v.release(2)
+        e.s.add_request(a)
+        so, eco = e.step(after_worker=between)
+        ids_a = e.block_ids(so, "A")[:4]
+        assert [(p.first_block, p.block_ids) for p in so.kv_connector_metadata.stores] == [(0, ids_a)]
+        st = connector_stats(eco)
+        assert st["store_completed"] == 2 * TP and st["store_failed"] == 2 * TP
+        for r in range(TP):
+            assert v.present(r, h[:4]) == [True, True, False, False], f"rank {r}"
+        ev = stored(e)
+        assert [x.block_hashes for x in ev] == [list(h[:2])] and ev[0].parent_block_hash is None
+        v.pin(1, h[:2])   # nothing left to evict: the next store fails too
+        a_bytes = [w.call("dump", ids_a) for w in e.w]
+
+        n = len(e.published)
+        so, eco = e.step()
+        assert [(p.first_block, p.block_ids) for p in so.kv_connector_metadata.stores] == [(2, ids_a[2:])]
+        assert connector_stats(eco)["store_failed"] == 2 * TP
+        assert stored(e, n) == []
+        for r in range(TP):
+            assert v.present(r, h[:4]) == [True, True, False, False]
+
+        v.release()
+        n = len(e.published)
+        so, eco = e.step()
+        assert [(p.first_block, p.block_ids) for p in so.kv_connector_metadata.stores] == [(2, ids_a[2:])]
+        assert connector_stats(eco)["store_completed"] == 2 * TP
+        ev = stored(e, n)
+        assert [x.block_hashes for x in ev] == [list(h[2:4])] and ev[0].parent_block_hash == h[1]
+        for r in range(TP):
+            assert v.present(r, h[:4]) == [True] * 4
+        e.drain()
+
+        assert e.s.reset_prefix_cache()
+        for w in e.w:
+            w.call("zero")
+        e.s.add_request(req("B", tokens[:4 * BLOCK] + [3]))
+        so, _ = e.step()
+        assert so.num_scheduled_tokens == {"B": 1}
+        ids_b = e.block_ids(so, "B")[:4]
+        for r, w in enumerate(e.w):
+            got = w.call("dump", ids_b)
+            for name in LAYERS:
+                assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+    finally:
+        v.close()
         e.close()

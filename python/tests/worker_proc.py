@@ -21,9 +21,10 @@ from vllm.forward_context import set_forward_context  # noqa: E402
 def main():
     pool, tp, rank, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     extra = pickle.loads(bytes.fromhex(sys.argv[5])) if len(sys.argv) > 5 else {}
+    layout = extra.pop("test_layout", "one-group")   # a test setting, not a connector key
     cfg = make_vllm_config(pool, tp=tp, rank=rank, **extra)
-    conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, make_kv_cache_config())
-    caches = make_kv_caches(seed if seed >= 0 else None)
+    conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, make_kv_cache_config(layout))
+    caches = make_kv_caches(seed if seed >= 0 else None, layout)
     conn.register_kv_caches(caches)
     out = sys.stdout.buffer
     inp = sys.stdin.buffer
@@ -34,7 +35,7 @@ def main():
             break
         if cmd == "info":
             reply = {"cls": f"{type(conn).__module__}.{type(conn).__name__}",
-                     "handshake": conn.get_handshake_metadata()}
+                     "handshake": conn.get_handshake_metadata(), "placement": conn.placement}
         elif cmd == "step":
             meta, finished = args
             conn.handle_preemptions(meta)

@@ -103,6 +103,25 @@ class NsParams(C.Structure):
                 ("dcp_size", C.c_uint32), ("draft_model", C.c_char_p)]
 
 
+class SlotCensus(C.Structure):
+    _fields_ = [("free_", C.c_uint64), ("reserved", C.c_uint64), ("published", C.c_uint64),
+                ("evicting", C.c_uint64), ("retired", C.c_uint64), ("total", C.c_uint64),
+                ("pinned", C.c_uint64), ("in_rings", C.c_uint64)]
+
+
+class TopoPlanOpts(C.Structure):
+    _fields_ = [("nranks", C.c_int), ("gpus", C.POINTER(C.c_int)), ("threads_per_rank", C.c_int),
+                ("mempolicy", C.c_int)]
+
+
+class TopoRankInfo(C.Structure):
+    _fields_ = [("rank", C.c_int), ("gpu", C.c_int), ("numa_node", C.c_uint), ("gpu_local", C.c_bool),
+                ("mempolicy", C.c_int), ("ncpus", C.c_int), ("shared_cpus", C.c_bool),
+                ("nmem_nodes", C.c_int), ("nnotes", C.c_int)]
+
+
+TOPO_LOAD_NO_CUDA = 1
+
 _P = C.c_void_p
 _I = C.c_int
 _U = C.c_uint
@@ -119,6 +138,11 @@ _SIGS = {
     "umbp_slot_size": (C.c_uint64, [_P]),
     "umbp_slot_count": (C.c_uint32, [_P]),
     "umbp_contains_bulk": (_I, [_P, _U, C.POINTER(Key), C.POINTER(C.c_uint8)]),
+    "umbp_reserve_bulk": (_I, [_P, _I, C.c_uint32, _U, C.POINTER(C.c_uint32)]),
+    "umbp_abort": (_I, [_P, C.c_uint32]),
+    "umbp_lookup_pin_bulk": (_I, [_P, _U, C.POINTER(Key), C.POINTER(C.c_uint32)]),
+    "umbp_unpin_bulk": (_I, [_P, _U, C.POINTER(C.c_uint32)]),
+    "umbp_census": (_I, [_P, C.POINTER(SlotCensus)]),
     "umbp_remove": (_I, [_P, C.POINTER(Key)]),
     "umbp_clear_ns": (_I, [_P, C.c_uint32]),
     "umbp_events_drain": (_I, [_P, C.POINTER(Event), _U]),
@@ -161,6 +185,18 @@ _SIGS = {
     "umbp_conn_stats_free": (None, [_P]),
     "umbp_conn_stats_add": (_I, [_P, _I, C.c_uint64, C.c_uint64, C.c_uint64, C.c_uint64]),
     "umbp_conn_stats_read": (None, [_P, C.c_bool, C.POINTER(StatsSnapshot)]),
+    "umbp_topo_load": (_I, [C.c_char_p, _U, C.POINTER(_P)]),
+    "umbp_topo_free": (None, [_P]),
+    "umbp_topo_gpu_count": (_I, [_P]),
+    "umbp_topo_plan_make": (_I, [_P, C.POINTER(TopoPlanOpts), C.POINTER(_P)]),
+    "umbp_topo_plan_free": (None, [_P]),
+    "umbp_topo_plan_threads_per_rank": (_I, [_P]),
+    "umbp_topo_plan_rank": (_I, [_P, _I, C.POINTER(TopoRankInfo)]),
+    "umbp_topo_plan_rank_cpus": (_I, [_P, _I, C.POINTER(_U), _I]),
+    "umbp_topo_plan_rank_note": (C.c_char_p, [_P, _I, _I]),
+    "umbp_topo_plan_numa_nodes": (_I, [_P, C.POINTER(_U), _I]),
+    "umbp_topo_plan_note_count": (_I, [_P]),
+    "umbp_topo_plan_note": (C.c_char_p, [_P, _I]),
 }
 
 _lib = None

@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import ctypes as C
 import itertools
+import logging
 import os
 import shutil
 import time
@@ -53,6 +54,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 
 from . import _lib as L
 
+# Under the "vllm" logger so that vLLM's handler, format and VLLM_LOGGING_LEVEL
+# apply (a logger named after this module would have no handler in vLLM).
+logger = logging.getLogger("vllm.umbp")
+
 MEDIUM = "CPU"
 _CONFIG_KEYS = {
     "mode": "embedded",           # embedded | standalone
@@ -62,9 +67,10 @@ _CONFIG_KEYS = {
     "slot_size": None,            # bytes per slot; default: the block object rounded to 4 KiB
     "key_namespace": None,        # explicit namespace; default: derived from model and layout
     "save_decode_cache": False,   # store blocks filled by decode tokens too
-    "copy_threads": 2,            # host data-path threads per worker
-    "copy_cpus": None,            # list of CPUs for the copy threads (default: unbound)
-    "numa_nodes": None,           # list of NUMA nodes for the pool (embedded; default: all)
+    "copy_threads": None,         # host data-path threads per worker; default: the topology plan's (2)
+    "copy_cpus": None,            # CPUs for the copy threads; default: the plan's for this rank's GPU
+                                  # (unbound when the plan gives the rank no GPU)
+    "numa_nodes": None,           # NUMA nodes for the pool (embedded); default: the plan's nodes
     "load_timeout_ms": 60000,     # a load not done by then is reported as failed
     "load_async": False,          # loads overlap other requests' steps (WAITING_FOR_REMOTE_KVS)
     "no_prefault": False,         # embedded: skip pre-faulting (tests)
@@ -93,7 +99,7 @@ class UMBPConfig:
     slot_size: int | None
     key_namespace: str | None
     save_decode_cache: bool
-    copy_threads: int
+    copy_threads: int | None
     copy_cpus: list[int] | None
     numa_nodes: list[int] | None
     load_timeout_ms: int
@@ -117,7 +123,7 @@ class UMBPConfig:
                    slot_size=_parse_size(c["slot_size"], "slot_size") if c["slot_size"] else None,
                    key_namespace=c["key_namespace"] or None,
                    save_decode_cache=bool(c["save_decode_cache"]),
-                   copy_threads=int(c["copy_threads"]),
+                   copy_threads=int(c["copy_threads"]) if c["copy_threads"] is not None else None,
                    copy_cpus=list(c["copy_cpus"]) if c["copy_cpus"] else None,
                    numa_nodes=list(c["numa_nodes"]) if c["numa_nodes"] else None,
                    load_timeout_ms=int(c["load_timeout_ms"]), no_prefault=bool(c["no_prefault"]),
@@ -129,7 +135,8 @@ class UMBPConfig:
 class _Pool:
     """An attached pool; the embedded creator destroys it at close/exit."""
 
-    def __init__(self, cfg: UMBPConfig, slot_size: int, role: int, rank: int):
+    def __init__(self, cfg: UMBPConfig, slot_size: int, role: int, rank: int,
+                 numa_nodes: list[int] | None = None):
         self.lib = L.lib()
         self.name = cfg.pool
         self.owner = False
@@ -156,10 +163,11 @@ class _Pool:
             p.capacity = cfg.capacity
             p.slot_size = slot_size
             p.no_prefault = cfg.no_prefault
-            if cfg.numa_nodes:
-                for i, n in enumerate(cfg.numa_nodes):
+            nodes = cfg.numa_nodes if cfg.numa_nodes else numa_nodes
+            if nodes:
+                for i, n in enumerate(nodes):
                     p.numa_nodes[i] = n
-                p.n_numa_nodes = len(cfg.numa_nodes)
+                p.n_numa_nodes = len(nodes)
             rc = self.lib.umbp_pool_create(self.name.encode(), C.byref(p), C.byref(h))
             if rc == 0:
                 self.owner = True
@@ -186,6 +194,102 @@ class _Pool:
             if self.owner:
                 self.lib.umbp_pool_destroy(self.name.encode())
                 self.owner = False
+
+
+# ---- placement -----------------------------------------------------------------
+
+@dataclass
+class Placement:
+    """Copy threads, their CPUs and the pool's NUMA nodes for one rank.
+
+    source names where each value came from: "config" (kv_connector_extra_config),
+    "plan" (the topology planner, include/umbp/topo.h), or "fallback"."""
+
+    copy_threads: int
+    copy_cpus: list[int] | None
+    numa_nodes: list[int] | None
+    source: dict[str, str]
+    notes: list[str]
+
+
+def plan_placement(cfg: UMBPConfig, tp_size: int, tp_rank: int, cuda_device: int | None = None,
+                   log_level: int = logging.INFO) -> Placement:
+    """What the topology planner gives rank tp_rank of tp_size for the keys the
+    config leaves unset (copy_threads, copy_cpus, numa_nodes); set keys win.
+
+    The plan is umbp_topo_plan_make() for tp_size ranks on this machine (what
+    `umbp topo --ranks N` prints), with rank tp_rank on CUDA device cuda_device
+    when its KV cache is on one. copy_cpus comes from the plan only when the
+    plan gives the rank a GPU: without one there is no GPU-local socket to win,
+    and on vLLM's CPU backend the plan's cores are the ones vLLM binds its
+    compute threads to, so the copy threads stay unbound (said in the log line).
+    The CUDA runtime is asked for its devices only when cuda_device is given
+    (a process that owns CUDA tensors has initialised it already; asking in
+    another one would break a later fork()). When the topology cannot be read,
+    the old fixed defaults apply: 2 threads, unbound, every NUMA node."""
+    src = {"copy_threads": "config", "copy_cpus": "config", "numa_nodes": "config"}
+    threads, cpus, nodes = cfg.copy_threads, cfg.copy_cpus, cfg.numa_nodes
+    if threads is not None and cpus is not None and nodes is not None:
+        return Placement(threads, cpus, nodes, src, [])
+    lib = L.lib()
+    topo, plan = C.c_void_p(), C.c_void_p()
+    flags = 0 if cuda_device is not None else L.TOPO_LOAD_NO_CUDA
+    rc = lib.umbp_topo_load(None, flags, C.byref(topo))
+    if rc == 0:
+        opts = L.TopoPlanOpts()
+        opts.nranks = tp_size
+        opts.threads_per_rank = threads or 0
+        ngpu = lib.umbp_topo_gpu_count(topo)
+        if cuda_device is not None and 0 <= cuda_device < ngpu:
+            # rank r on GPU r (vLLM's local-rank order), this rank on its tensors' device
+            gpus = (C.c_int * tp_size)(*[r % ngpu for r in range(tp_size)])
+            gpus[tp_rank] = cuda_device
+            opts.gpus = gpus
+        rc = lib.umbp_topo_plan_make(topo, C.byref(opts), C.byref(plan))
+        lib.umbp_topo_free(topo)  # the plan keeps its own reference
+    if rc < 0:
+        why = lib.umbp_last_error().decode(errors="replace")
+        for k, v in (("copy_threads", threads), ("copy_cpus", cpus), ("numa_nodes", nodes)):
+            if v is None:
+                src[k] = "fallback"
+        logger.warning("UMBP rank %d: no topology plan (%s): %d copy threads on CPUs %s, pool NUMA "
+                       "nodes %s (None: unbound / every node); set copy_threads, copy_cpus and "
+                       "numa_nodes to place them", tp_rank, why, threads or 2, cpus, nodes)
+        return Placement(threads or 2, cpus, nodes, src, [why])
+    try:
+        info = L.TopoRankInfo()
+        L.check(lib.umbp_topo_plan_rank(plan, tp_rank, C.byref(info)), "topology plan rank")
+        buf = (C.c_uint * max(1, info.ncpus))()
+        n = lib.umbp_topo_plan_rank_cpus(plan, tp_rank, buf, len(buf))
+        plan_cpus = list(buf[:max(0, min(n, len(buf)))])
+        nb = (C.c_uint * L.UMBP_MAX_PARTITIONS)()
+        n = lib.umbp_topo_plan_numa_nodes(plan, nb, len(nb))
+        plan_nodes = list(nb[:max(0, min(n, len(nb)))])
+        plan_threads = lib.umbp_topo_plan_threads_per_rank(plan)
+        notes = [lib.umbp_topo_plan_note(plan, i).decode(errors="replace")
+                 for i in range(lib.umbp_topo_plan_note_count(plan))]
+        notes += [lib.umbp_topo_plan_rank_note(plan, tp_rank, i).decode(errors="replace")
+                  for i in range(info.nnotes)]
+        gpu = info.gpu
+    finally:
+        lib.umbp_topo_plan_free(plan)
+    if threads is None:
+        threads, src["copy_threads"] = plan_threads, "plan"
+    if nodes is None:
+        nodes, src["numa_nodes"] = plan_nodes, "plan"
+    if cpus is None:
+        if gpu >= 0:
+            cpus, src["copy_cpus"] = plan_cpus, "plan"
+        else:
+            src["copy_cpus"] = "fallback"
+    where = (f"CPUs {cpus} ({src['copy_cpus']})" if cpus else
+             "no CPUs: unbound (" + ("the topology plan gives this rank no GPU, so there is no "
+                                     "GPU-local core to prefer" if src["copy_cpus"] == "fallback"
+                                     else src["copy_cpus"]) + ")")
+    logger.log(log_level, "UMBP rank %d of %d: %d copy threads (%s) on %s; pool NUMA nodes %s (%s); "
+               "GPU %s; plan notes: %s", tp_rank, tp_size, threads, src["copy_threads"], where, nodes,
+               src["numa_nodes"], gpu if gpu >= 0 else "none", "; ".join(notes) or "none")
+    return Placement(threads, cpus, nodes, src, notes)
 
 
 # ---- events and stats --------------------------------------------------------
@@ -494,7 +598,12 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.kv_cache_config = kv_cache_config
         slot = _slot_size(self.cfg, kv_cache_config)
         sched = role == KVConnectorRole.SCHEDULER
-        self.pool = _Pool(self.cfg, slot, 1 if sched else 2, -1 if sched else self.tp_rank)
+        nodes = None
+        if self.cfg.mode == "embedded" and self.cfg.numa_nodes is None:
+            # the pool's partitions, should this process be the one that creates it
+            nodes = plan_placement(self.cfg, self.tp_size, self.tp_rank, log_level=logging.DEBUG).numa_nodes
+        self.pool = _Pool(self.cfg, slot, 1 if sched else 2, -1 if sched else self.tp_rank, nodes)
+        self.placement: Placement | None = None
         self.lib = L.lib()
         self.namespace: str | None = None
         self.ns_id: int | None = None
@@ -513,8 +622,8 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._engine = None
         self._layout = None
         self._store_jobs: list[tuple[Any, list[StorePlan], list[int]]] = []
-        self._load_jobs: list[tuple[Any, int, str]] = []
-        self._async_loads: dict[str, list[tuple[Any, int]]] = {}   # req id -> [(job, blocks)]
+        self._load_jobs: list[tuple[Any, int, str, int]] = []     # (job, blocks, req id, group)
+        self._async_loads: dict[str, list[tuple[Any, int, int]]] = {}  # req id -> [(job, blocks, group)]
         self._async_started: dict[str, float] = {}
         self._async_cancelled: set[str] = set()
         self._load_errors: set[int] = set()
@@ -642,14 +751,22 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 st = self._reqs.get(plan.req_id)
                 if st is not None:
                     st.pending_events.discard(eid)
-                if cur[1] is None:
+                # Blocks before the first one that failed on any rank are in the
+                # pool on every rank: they are announced. The failed block and
+                # the ones after it are not (a worker's store reserves its slots
+                # in block order, so when slots run out the failed keys are a
+                # suffix and were never published); the request stores them
+                # again from the first failed block the next time it is
+                # scheduled (build_connector_meta plans from stored_upto).
+                good = len(plan.hashes) if cur[1] is None else cur[1]
+                if good:
                     req = st.request if st else None
                     parent = req.block_hashes[plan.first_block - 1] if req and plan.first_block else None
                     self._events_out.append_events([BlockStored(
-                        block_hashes=list(plan.hashes), parent_block_hash=parent, token_ids=tokens,
-                        block_size=self.block_size, lora_id=None, medium=MEDIUM, lora_name=None,
-                        group_idx=plan.group)])
-                elif st is not None:  # retried from the first failed block
+                        block_hashes=list(plan.hashes[:good]), parent_block_hash=parent,
+                        token_ids=tokens[:good * self.block_size], block_size=self.block_size,
+                        lora_id=None, medium=MEDIUM, lora_name=None, group_idx=plan.group)])
+                if cur[1] is not None and st is not None:
                     st.stored_upto = min(st.stored_upto, plan.first_block + cur[1])
                 if st is not None and st.finished and not st.pending_events:
                     self._reqs.pop(plan.req_id, None)
@@ -740,6 +857,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         group_of = {n: g for g, grp in enumerate(self.kv_cache_config.kv_cache_groups)
                     for n in grp.layer_names}
         regs = []
+        cuda_dev = next((t.device.index or 0 for t in kv_caches.values() if t.device.type == "cuda"), None)
         for layer, (name, t) in enumerate(kv_caches.items()):
             if t.device.type != "cpu" and t.device.type != "cuda":
                 raise ValueError(f"KV cache {name} is on {t.device}; UMBP supports cpu and cuda")
@@ -771,13 +889,14 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
             raise ValueError("UMBP: " + self.lib.umbp_last_error().decode())
         L.check(rc, "kv layout")
         self._layout = lay
+        pl = self.placement = plan_placement(self.cfg, self.tp_size, self.tp_rank, cuda_dev)
         o = L.DPOpts()
         self.lib.umbp_dp_opts_init(C.byref(o))
-        o.threads = self.cfg.copy_threads
-        if self.cfg.copy_cpus:
-            cpus = (C.c_uint * len(self.cfg.copy_cpus))(*self.cfg.copy_cpus)
+        o.threads = pl.copy_threads
+        if pl.copy_cpus:
+            cpus = (C.c_uint * len(pl.copy_cpus))(*pl.copy_cpus)
             self._cpus = cpus
-            o.cpus, o.n_cpus = C.cast(cpus, C.POINTER(C.c_uint)), len(self.cfg.copy_cpus)
+            o.cpus, o.n_cpus = C.cast(cpus, C.POINTER(C.c_uint)), len(pl.copy_cpus)
         eng = C.c_void_p()
         L.check(self.lib.umbp_dp_engine_create(self.pool.h, C.byref(o), C.byref(eng)), "data path")
         self._engine = eng
@@ -791,12 +910,12 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         # Loads of preempted or aborted requests are cancelled: blocks not yet
         # copied are skipped; the job still ends before its blocks are released.
         cancelled = set(kv_connector_metadata.cancelled or ())
-        for job, _, rid in self._load_jobs:
+        for job, _, rid, _ in self._load_jobs:
             if rid in cancelled:
                 self.lib.umbp_dp_job_cancel(job)
         for rid in cancelled & set(self._async_loads):
             self._async_cancelled.add(rid)
-            for job, _ in self._async_loads[rid]:
+            for job, _, _ in self._async_loads[rid]:
                 self.lib.umbp_dp_job_cancel(job)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
@@ -817,17 +936,20 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                     self._async_loads.setdefault(ls.req_id, [])
                 continue
             if ls.asynchronous:
-                self._async_loads.setdefault(ls.req_id, []).append((job, len(ls.block_ids)))
+                self._async_loads.setdefault(ls.req_id, []).append((job, len(ls.block_ids), ls.group))
                 self._async_started.setdefault(ls.req_id, time.monotonic())
             else:
-                self._load_jobs.append((job, len(ls.block_ids), ls.req_id))
+                self._load_jobs.append((job, len(ls.block_ids), ls.req_id, ls.group))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         self._finish_loads()
 
-    def _end_load(self, job, n: int, report: bool = True) -> None:
-        """Account a finished load job and release it (it must have ended)."""
-        obj = self.lib.umbp_kv_layout_object_bytes(self._layout, 0) if self._layout else 0
+    def _end_load(self, job, n: int, group: int, report: bool = True) -> None:
+        """Account a finished load job of KV group `group` and release it (it
+        must have ended). Bytes count the group's own block object: groups of
+        one model can differ in size (HMA: full and sliding-window attention,
+        other head sizes or dtypes)."""
+        obj = self.lib.umbp_kv_layout_object_bytes(self._layout, group) if self._layout else 0
         failed = (C.c_uint32 * max(1, n))()
         nf = max(0, self.lib.umbp_dp_job_failed_blocks(job, failed, n))
         if report:
@@ -836,11 +958,11 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.lib.umbp_dp_job_release(job)
 
     def _finish_loads(self) -> None:
-        for job, n, _ in self._load_jobs:
+        for job, n, _, g in self._load_jobs:
             if self.lib.umbp_dp_job_wait(job, self.cfg.load_timeout_ms) < 0:
                 self.lib.umbp_dp_job_cancel(job)
                 self.lib.umbp_dp_job_wait(job, 0xFFFFFFFF)
-            self._end_load(job, n)
+            self._end_load(job, n, g)
         self._load_jobs = []
 
     def _poll_async_loads(self) -> set[str]:
@@ -849,13 +971,13 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         now = time.monotonic()
         for rid, jobs in list(self._async_loads.items()):
             if (now - self._async_started.get(rid, now)) * 1000 > self.cfg.load_timeout_ms:
-                for job, _ in jobs:
+                for job, _, _ in jobs:
                     self.lib.umbp_dp_job_cancel(job)
-            if any(self.lib.umbp_dp_job_poll(job) != 0 for job, _ in jobs):
+            if any(self.lib.umbp_dp_job_poll(job) != 0 for job, _, _ in jobs):
                 continue
             aborted = rid in self._async_cancelled
-            for job, n in jobs:
-                self._end_load(job, n, report=not aborted)
+            for job, n, g in jobs:
+                self._end_load(job, n, g, report=not aborted)
             del self._async_loads[rid]
             self._async_started.pop(rid, None)
             self._async_cancelled.discard(rid)
@@ -970,7 +1092,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         if self._engine is not None:
             self._poll_stores(wait=True)
             for jobs in self._async_loads.values():
-                for job, _ in jobs:
+                for job, _, _ in jobs:
                     self.lib.umbp_dp_job_cancel(job)
                     self.lib.umbp_dp_job_wait(job, 0xFFFFFFFF)
                     self.lib.umbp_dp_job_release(job)
