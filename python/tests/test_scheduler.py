@@ -53,7 +53,7 @@ def model_dir(tmp_path):
     return str(tmp_path)
 
 
-def make_scheduler(tmp_path, pool, extra):
+def make_scheduler(tmp_path, pool, extra, num_blocks=NUM_BLOCKS):
     mc = ModelConfig(model=model_dir(tmp_path), skip_tokenizer_init=True, dtype="float16",
                      max_model_len=1024)
     ktc = KVTransferConfig(kv_connector="UMBPStoreConnector", kv_connector_module_path="umbp.vllm",
@@ -65,8 +65,12 @@ def make_scheduler(tmp_path, pool, extra):
                                                      max_num_batched_tokens=1024, max_num_seqs=8),
                     parallel_config=ParallelConfig(tensor_parallel_size=TP),
                     device_config=DeviceConfig("cpu"))
-    vc.cache_config.num_gpu_blocks = NUM_BLOCKS
-    s = Scheduler(vc, make_kv_cache_config(), StructuredOutputManager(vc), block_size=BLOCK,
+    # num_blocks < NUM_BLOCKS: the scheduler uses blocks [0, num_blocks) of the
+    # workers' KV caches (which keep NUM_BLOCKS blocks)
+    vc.cache_config.num_gpu_blocks = num_blocks
+    kvc = make_kv_cache_config()
+    kvc.num_blocks = num_blocks
+    s = Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=BLOCK,
                   log_stats=True)
     published = []
     s.kv_event_publisher.publish = published.append   # what the engine would publish
@@ -76,9 +80,9 @@ def make_scheduler(tmp_path, pool, extra):
 class Engine:
     """One scheduler + TP worker processes, stepped like vLLM's EngineCore."""
 
-    def __init__(self, tmp_path, pool, **extra):
+    def __init__(self, tmp_path, pool, num_blocks=NUM_BLOCKS, **extra):
         extra = {**EXTRA, **extra}
-        self.s, self.published = make_scheduler(tmp_path, pool, extra)
+        self.s, self.published = make_scheduler(tmp_path, pool, extra, num_blocks)
         self.w = [Worker(pool, TP, r, seed=r + 1, **extra) for r in range(TP)]
         self.agg = KVOutputAggregator.from_connector(self.s.connector, TP)
         self.outputs = []
@@ -504,4 +508,114 @@ def test_store_retry_after_pool_full(tmp_path, pool_name):
                 assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
     finally:
         v.close()
+        e.close()
+
+
+def test_preempted_request_loads_cancelled(tmp_path, pool_name):
+    """Preemption by vLLM's real scheduler, with load_async: a cache of 8 usable
+    blocks; W (2 blocks) and V (5 blocks, 4 of them loaded from the pool) decode
+    until V needs a 6th block and the scheduler preempts it (running[-1]). The
+    step's preempted_req_ids is {V} and the connector metadata the workers get
+    has cancelled == [V]. V resumes once W finished: its prefix blocks still in
+    the prefix cache are hits, the ones W's growth evicted are loaded from the
+    pool again, byte-identical to the original, and it recomputes from block 4.
+    Then reset_prefix_cache(reset_running_requests=True) preempts V again and the
+    next step both cancels V and re-plans V's load from the pool (now the whole
+    prefix, the workers' caches zeroed): the workers cancel only loads in flight
+    before the preemption, so the new load completes on both ranks,
+    byte-identically, and V finishes all 40 of its tokens.
+
+    What vLLM 0.34 does not allow: a preempted request with a UMBP load in
+    flight. Sync loads end inside their step (wait_for_layer_load), and a
+    request whose async load runs is WAITING_FOR_REMOTE_KVS, which
+    Scheduler._preempt_request refuses (only RUNNING requests are preempted;
+    the scheduler admits an async load only if it fits, "isn't preemptible
+    here"). A step that preempts schedules no waiting request, so its
+    metadata holds no load of the preempted one either. So here the workers'
+    handle_preemptions finds no job of V to cancel; the job cancellation
+    itself (the same cancelled list) is shown for an aborted request in
+    test_real_scheduler_async_loads."""
+    from vllm.v1.request import RequestStatus
+    e = Engine(tmp_path, pool_name, num_blocks=9, load_async=True)
+    try:
+        tokens = list(range(1100, 1100 + 4 * BLOCK + 2))
+        e.s.add_request(req("A", tokens))
+        so, _ = e.step()
+        ids_a = e.block_ids(so, "A")[:4]
+        a_bytes = [w.call("dump", ids_a) for w in e.w]
+        e.drain()
+        assert e.s.reset_prefix_cache()
+        for w in e.w:
+            w.call("zero")
+
+        def same_as_a(ids):
+            for r, w in enumerate(e.w):
+                got = w.call("dump", ids)
+                for name in LAYERS:
+                    assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16)), \
+                        f"rank {r} {name} blocks {ids}"
+
+        def step_until(cond, limit=48):
+            for _ in range(limit):
+                so, _ = e.step()
+                if cond(so):
+                    return so
+            raise AssertionError("condition never met")
+
+        # 9 blocks, block 0 is vLLM's null block: W takes 2, V 5 (66 tokens), 1 free
+        v = req("V", tokens[:4 * BLOCK] + [1, 2], max_tokens=40)
+        e.s.add_request(req("W", list(range(2000, 2000 + 2 * BLOCK - 4)), max_tokens=40))
+        e.s.add_request(v)
+        so, _ = e.step()
+        m = so.kv_connector_metadata
+        assert [(x.req_id, len(x.block_ids)) for x in m.loads] == [("V", 4)]
+        assert v.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        so = step_until(lambda so: "V" in so.num_scheduled_tokens)
+        assert so.num_scheduled_tokens["V"] == 2, "V runs on the 4 blocks it loaded"
+        same_as_a(e.block_ids(so, "V")[:4])
+
+        # W takes the free block at 33 tokens; V at 81 tokens needs a 6th: preempted
+        so = step_until(lambda so: so.preempted_req_ids)
+        assert so.preempted_req_ids == {"V"} and v.status == RequestStatus.PREEMPTED
+        assert v.num_preemptions == 1 and "W" in so.num_scheduled_tokens
+        m = so.kv_connector_metadata
+        assert m.cancelled == ["V"], "the preempted id reaches the workers' handle_preemptions"
+        assert m.loads == []
+        assert not e.s.connector._reqs["V"].async_loading, "its load had ended before"
+        n_tokens = v.num_tokens   # 66 prompt + 15 sampled
+
+        # V resumes after W finished: its prefix blocks still cached are hits,
+        # the ones W's growth evicted come from the pool again
+        so = step_until(lambda so: so.kv_connector_metadata.loads)
+        (ld,) = so.kv_connector_metadata.loads
+        assert ld.req_id == "V" and so.kv_connector_metadata.cancelled == []
+        first = 4 - len(ld.hashes)
+        assert 0 <= first < 4 and ld.hashes == list(v.block_hashes[first:4])
+        assert "W" not in e.s.requests
+        so = step_until(lambda so: "V" in so.num_scheduled_tokens)
+        assert so.num_scheduled_tokens["V"] == n_tokens - 4 * BLOCK, "recomputed from block 4"
+        assert e.block_ids(so, "V")[first:4] == list(ld.block_ids)
+        same_as_a(e.block_ids(so, "V")[:4])
+        e.step()
+
+        # preempted outside schedule(): the same metadata cancels V and loads V
+        assert e.s.reset_prefix_cache(reset_running_requests=True)
+        assert v.status == RequestStatus.PREEMPTED and v.num_preemptions == 2
+        for w in e.w:
+            w.call("zero")
+        n = len(e.outputs)
+        so, _ = e.step()
+        m = so.kv_connector_metadata
+        assert so.preempted_req_ids == {"V"} and m.cancelled == ["V"]
+        assert [(x.req_id, x.hashes) for x in m.loads] == [("V", list(v.block_hashes[:4]))]
+        ids_v = list(m.loads[0].block_ids)
+        so = step_until(lambda so: "V" in so.num_scheduled_tokens)
+        st = [connector_stats(x) for x in e.outputs[n:]]
+        assert sum(x.get("load_completed", 0) for x in st) == 4 * TP, "not cancelled on any rank"
+        assert sum(x.get("load_failed", 0) for x in st) == 0
+        same_as_a(ids_v)
+        e.drain(limit=48)
+        assert v.is_finished() and len(v.output_token_ids) == 40
+        assert v.num_preemptions == 2
+    finally:
         e.close()
