@@ -127,6 +127,14 @@ class Engine:
             n += 1
         return n
 
+    def assert_kv_equal(self, ids, expected):
+        """Every rank's KV of blocks ids is byte-identical to expected[rank]."""
+        for r, w in enumerate(self.w):
+            got = w.call("dump", ids)
+            for name in LAYERS:
+                assert torch.equal(got[name].view(torch.int16), expected[r][name].view(torch.int16)), \
+                    f"rank {r} {name} blocks {ids}"
+
     def block_ids(self, so, rid):
         for nr in so.scheduled_new_reqs:
             if nr.req_id == rid:
@@ -179,10 +187,7 @@ def test_real_scheduler_tp2(tmp_path, pool_name):
         so, eco = e.step()
         assert so.num_scheduled_tokens == {"B": 3}, "4 blocks came from the pool"
         ids_b = e.block_ids(so, "B")[:4]
-        for r, w in enumerate(e.w):
-            got = w.call("dump", ids_b)
-            for name in LAYERS:
-                assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+        e.assert_kv_equal(ids_b, a_bytes)
         assert connector_stats(eco)["load_completed"] == 4 * TP
 
         # block 2 gone on rank 1 only: C's hit stops before it
@@ -242,10 +247,7 @@ def test_real_scheduler_async_loads(tmp_path, pool_name):
             if so.num_scheduled_tokens:
                 break
         assert so.num_scheduled_tokens == {"B": 2}, "B resumes after the load with 64 tokens cached"
-        for r, w in enumerate(e.w):
-            got = w.call("dump", ids_b)
-            for name in LAYERS:
-                assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+        e.assert_kv_equal(ids_b, a_bytes)
         e.drain()
 
         # E aborted between the step that sent its load and the workers' next step
@@ -392,10 +394,7 @@ def test_standalone_daemon_pool_across_engines(tmp_path, pool_name):
             so, eco = e2.step()
             assert so.num_scheduled_tokens == {"B": 3}, "engine 2 got A's 4 blocks from the daemon's pool"
             ids_b = e2.block_ids(so, "B")[:4]
-            for r, w in enumerate(e2.w):
-                got = w.call("dump", ids_b)
-                for name in LAYERS:
-                    assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+            e2.assert_kv_equal(ids_b, a_bytes)
             assert connector_stats(eco)["load_completed"] == 4 * TP
             e2.drain()
         finally:
@@ -502,10 +501,7 @@ def test_store_retry_after_pool_full(tmp_path, pool_name):
         so, _ = e.step()
         assert so.num_scheduled_tokens == {"B": 1}
         ids_b = e.block_ids(so, "B")[:4]
-        for r, w in enumerate(e.w):
-            got = w.call("dump", ids_b)
-            for name in LAYERS:
-                assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
+        e.assert_kv_equal(ids_b, a_bytes)
     finally:
         v.close()
         e.close()
@@ -549,11 +545,7 @@ def test_preempted_request_loads_cancelled(tmp_path, pool_name):
             w.call("zero")
 
         def same_as_a(ids):
-            for r, w in enumerate(e.w):
-                got = w.call("dump", ids)
-                for name in LAYERS:
-                    assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16)), \
-                        f"rank {r} {name} blocks {ids}"
+            e.assert_kv_equal(ids, a_bytes)
 
         def step_until(cond, limit=48):
             for _ in range(limit):

@@ -472,22 +472,28 @@ void umbp_index_detach_hook(umbp_pool *p) {
 }
 
 /* ---- namespaces ----------------------------------------------------------- */
+/* One failed round of taking an owner-id lock that `cur` holds (0: free):
+ * true when the holder died and the caller may steal it (its critical
+ * sections leave the table consistent at every store, see publish());
+ * otherwise spin, then back off to sleeping after 100000 rounds. */
+static bool lock_wait(umbp_pool *p, unsigned spins, uint32_t cur) {
+  if (cur && (spins & 1023) == 1023 && !umbp_registry_alive(p, cur - 1)) return true;
+  umbp_cpu_relax();
+  if (spins > 100000) {
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+  return false;
+}
+
 static void spin_lock_owner(umbp_pool *p, _Atomic uint32_t *lock) {
   uint32_t me = p->owner_id;
   for (unsigned spins = 0;; spins++) {
     uint32_t cur = 0;
     if (atomic_compare_exchange_weak_explicit(lock, &cur, me, memory_order_acquire, memory_order_relaxed)) return;
-    if (cur && (spins & 1023) == 1023 && !umbp_registry_alive(p, cur - 1)) {
-      /* the holder died: steal the lock (its critical sections leave the table
-       * consistent at every store, see publish()) */
-      if (atomic_compare_exchange_strong_explicit(lock, &cur, me, memory_order_acquire, memory_order_relaxed))
-        return;
-    }
-    umbp_cpu_relax();
-    if (spins > 100000) {
-      struct timespec ts = {0, 50000};
-      nanosleep(&ts, NULL);
-    }
+    if (lock_wait(p, spins, cur) &&
+        atomic_compare_exchange_strong_explicit(lock, &cur, me, memory_order_acquire, memory_order_relaxed))
+      return;
   }
 }
 
@@ -495,19 +501,13 @@ static void spin_unlock(_Atomic uint32_t *lock) { atomic_store_explicit(lock, 0,
 
 /* The same for a bucket's 16-bit inserter lock. */
 static void bucket_lock(umbp_pool *p, _Atomic uint16_t *lock) {
-  uint16_t me = p->owner_id;
+  uint16_t me = (uint16_t)p->owner_id;
   for (unsigned spins = 0;; spins++) {
     uint16_t cur = 0;
     if (atomic_compare_exchange_weak_explicit(lock, &cur, me, memory_order_acquire, memory_order_relaxed)) return;
-    if (cur && (spins & 1023) == 1023 && !umbp_registry_alive(p, (unsigned)cur - 1)) {
-      if (atomic_compare_exchange_strong_explicit(lock, &cur, me, memory_order_acquire, memory_order_relaxed))
-        return;
-    }
-    umbp_cpu_relax();
-    if (spins > 100000) {
-      struct timespec ts = {0, 50000};
-      nanosleep(&ts, NULL);
-    }
+    if (lock_wait(p, spins, cur) &&
+        atomic_compare_exchange_strong_explicit(lock, &cur, me, memory_order_acquire, memory_order_relaxed))
+      return;
   }
 }
 
