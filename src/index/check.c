@@ -25,9 +25,11 @@
  *    stores PUBLISHED) and cleared only while EVICTING (or by a reaper, before
  *    it stores RETIRED), so a way at a stable FREE/RETIRED slot is corruption;
  *    a stable PUBLISHED slot was linked for the whole window;
- *  - overflow is incremented before a displaced way is linked and decremented
- *    after it is cleared, so overflow >= displaced entries at every instant,
- *    in particular for the stable PUBLISHED ones read before the overflow load;
+ *  - an overflow count is incremented before a displaced way is linked and
+ *    decremented after it is cleared, so count >= displaced entries at every
+ *    instant, in particular for the stable PUBLISHED ones read before the
+ *    overflow load; the reach is reset only when the count reaches 0, which
+ *    it cannot while such an entry is linked, so reach >= its distance;
  *  - a slot leaves a free ring only through a consumer claim (the cell turns
  *    READING, still holding it) followed by FREE -> RESERVED; a stable FREE
  *    slot outside every ledger is therefore in exactly one full cell;
@@ -245,13 +247,19 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
            s, home, b, d, UMBP_MAX_PROBE - 1);
       continue;
     }
-    if (d && st == UMBP_SLOT_PUBLISHED) need[home]++;
+    if (d && st == UMBP_SLOT_PUBLISHED) {
+      need[home]++;
+      if (d > UMBP_OVF_REACH(ovf[home]))
+        viol(r, "bucket %u's overflow reach is %u but slot %u's key homed there lives %u buckets on: lookups of it "
+                "miss",
+             home, UMBP_OVF_REACH(ovf[home]), s, d);
+    }
   }
   for (uint32_t b = 0; b < nb; b++)
-    if (need[b] > ovf[b])
+    if (need[b] > UMBP_OVF_COUNT(ovf[b]))
       viol(r, "bucket %u's overflow count is %u but %u of the keys homed there live in later buckets: lookups "
               "of them can miss",
-           b, ovf[b], need[b]);
+           b, UMBP_OVF_COUNT(ovf[b]), need[b]);
 
   /* ---- slots ---- */
   memset(nsc, 0, sizeof nsc);

@@ -11,8 +11,9 @@
  * 16-bit signature hint (the top 16 bits of the key hash, never 0) and a
  * 32-bit slot word (slot + 1; 0 = empty), kept in two arrays so that one SSE2
  * compare tests all ten hints; a 16-bit lock word used only by inserters; and
- * an overflow count: how many keys whose home is this bucket live in one of
- * the next UMBP_MAX_PROBE-1 buckets. A key's full bytes live in its slot's
+ * an overflow word: how many keys whose home is this bucket live in one of
+ * the next UMBP_MAX_PROBE-1 buckets, and how far on the furthest of them is
+ * (a miss looks no further). A key's full bytes live in its slot's
  * metadata (struct umbp_slot_meta), so there is one entry per slot and the
  * slot id is the entry id (DPDK's rte_hash keeps signatures in buckets and
  * keys in a flat store the same way). For 1M slots the bucket array is 10.2 MiB
@@ -729,7 +730,8 @@ static inline uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm 
                                bool pin) {
   uint32_t home = umbp_bucket_home(h, ix->nb);
   uint16_t sig = umbp_key_sig(h);
-  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
+  unsigned lim = UMBP_MAX_PROBE;
+  for (unsigned d = 0; d < lim; d++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
     unsigned mask = bucket_match(b, sig);
     while (mask) {
@@ -740,7 +742,11 @@ static inline uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm 
       uint32_t s = way_check(ix, v, k, ret_st);
       if (s != UMBP_NO_SLOT) return s;
     }
-    if (d == 0 && atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire) == 0) break;
+    if (d == 0) {
+      /* the keys homed here that live further on are at most `reach` on */
+      unsigned reach = UMBP_OVF_REACH(atomic_load_explicit(&b->overflow, memory_order_acquire));
+      if (reach < lim) lim = reach + 1;
+    }
   }
   return UMBP_NO_SLOT;
 }
@@ -1183,7 +1189,7 @@ static bool unlink_way(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uin
       atomic_store_explicit(&b->sig[w], 0, memory_order_relaxed);
       uint32_t v = s + 1;
       if (atomic_compare_exchange_strong_explicit(&b->slot[w], &v, 0, memory_order_seq_cst, memory_order_relaxed)) {
-        if (d) atomic_fetch_sub_explicit(&buckets[home].overflow, 1, memory_order_release);
+        if (d) umbp_ovf_sub(&buckets[home].overflow);
         return true;
       }
     }
@@ -1447,7 +1453,7 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
       if (atomic_load_explicit(&b->slot[i], memory_order_relaxed)) continue;
       /* overflow first (release), so a reader that finds the home bucket without
        * the key still looks further (pairs with probe()'s acquire load) */
-      if (d) atomic_fetch_add_explicit(&hb->overflow, 1, memory_order_release);
+      if (d) umbp_ovf_add(&hb->overflow, d);
       uint32_t z = 0;
       /* The slot word decides who owns an empty way: inserters of other homes
        * (holding other locks) may race for it here. release: the key and block
@@ -1473,7 +1479,7 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
         placed = true;
         break;
       }
-      if (d) atomic_fetch_sub_explicit(&hb->overflow, 1, memory_order_relaxed);
+      if (d) umbp_ovf_sub(&hb->overflow);
     }
   }
   bucket_unlock(&hb->lock);

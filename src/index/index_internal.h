@@ -54,7 +54,13 @@ struct umbp_index {
  * parallel), then one more mixes the halves: low bits pick the bucket, high
  * bits are the signature. Sequential block ids (a trace's 8-byte hashes) still
  * spread, because each word's product is rotated into the other half before
- * the last multiply. Part of the segment ABI: every process must hash alike. */
+ * the last multiply. Two multiplies deep is the least that spreads structured
+ * keys: an XOR fold of the words into one multiply collides whole keys (a
+ * namespace id in word 0 cancels a block id in word 2) and a sum of per-word
+ * products keeps lattice patterns (block ids with a 4096 stride overfill
+ * neighbourhoods); each left keys with no way in their neighbourhood (the
+ * Mooncake trace's ids, 16 namespaces x sequential ids, or 1M ids with a 4096
+ * stride) where this hash places every key. Part of the segment ABI: every process must hash alike. */
 static inline uint64_t umbp_rotl64(uint64_t x, unsigned r) { return (x << r) | (x >> (64 - r)); }
 static inline uint64_t umbp_key_hash(const struct umbp_key_shm *k) {
   uint64_t w[6];
@@ -87,6 +93,32 @@ static inline uint32_t umbp_bucket_at(uint32_t b, unsigned d, uint32_t nb) {
 /* How many buckets bucket b is after bucket home, wrapping. */
 static inline uint32_t umbp_bucket_dist(uint32_t home, uint32_t b, uint32_t nb) {
   return b >= home ? b - home : b + nb - home;
+}
+
+/* A bucket's overflow word: the count of keys homed there that live in later
+ * buckets (low 8 bits; at most 15 buckets x 10 ways) and their reach, the
+ * largest distance any of them has had since the count was last 0 (high 8
+ * bits). A lookup that misses in the home bucket looks at the next `reach`
+ * buckets only. Both parts change in one CAS: an inserter adds before it links
+ * a displaced way, a remover subtracts after it unlinks one, and the count
+ * reaching 0 resets the reach. So count >= displaced ways and reach >= their
+ * distances at every instant. */
+#define UMBP_OVF_COUNT(v) ((unsigned)(v) & 0xffu)
+#define UMBP_OVF_REACH(v) ((unsigned)(v) >> 8)
+static inline void umbp_ovf_add(_Atomic uint16_t *o, unsigned d) {
+  uint16_t v = atomic_load_explicit(o, memory_order_relaxed), nv;
+  do {
+    unsigned r = UMBP_OVF_REACH(v) > d ? UMBP_OVF_REACH(v) : d;
+    nv = (uint16_t)(r << 8 | ((UMBP_OVF_COUNT(v) + 1) & 0xffu));
+  } while (!atomic_compare_exchange_weak_explicit(o, &v, nv, memory_order_release, memory_order_relaxed));
+}
+static inline void umbp_ovf_sub(_Atomic uint16_t *o) {
+  uint16_t v = atomic_load_explicit(o, memory_order_relaxed), nv;
+  do {
+    unsigned c = UMBP_OVF_COUNT(v);
+    if (!c) return; /* never below zero (a repair tool may have zeroed it) */
+    nv = c == 1 ? 0 : (uint16_t)(v - 1);
+  } while (!atomic_compare_exchange_weak_explicit(o, &v, nv, memory_order_release, memory_order_relaxed));
 }
 
 /* Way w of bucket b as one value, sig << 32 | (slot + 1), for tools and tests

@@ -64,7 +64,7 @@ _Static_assert(sizeof(struct umbp_slot_meta) == 64, "slot meta is one cache line
 struct umbp_bucket {
   _Atomic uint16_t sig[UMBP_BUCKET_WAYS];
   _Atomic uint16_t lock;                  /* inserter's owner id, 0 free */
-  _Atomic uint16_t overflow;              /* keys homed here that live in later buckets */
+  _Atomic uint16_t overflow;              /* keys homed here that live in later buckets: count | reach << 8 */
   _Atomic uint32_t slot[UMBP_BUCKET_WAYS]; /* 0 empty; else slot + 1 */
 };
 _Static_assert(sizeof(struct umbp_bucket) == 64, "bucket is one cache line");

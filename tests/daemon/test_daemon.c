@@ -293,7 +293,10 @@ static void test_inspect_text_json(void **st) {
   assert_int_equal(umbp_remove(p, &k7), 0); /* one removed event */
   umbp_counters_flush(p);
   assert_int_equal(DTU_RUN(out, "inspect", name), 0);
-  const char *want[] = {"layout 2.0", "partitions:", "index: 39 entries", "probe length:", "39 published (1 pinned)",
+  char lay[32], jlay[32];
+  snprintf(lay, sizeof lay, "layout %d.%d", UMBP_LAYOUT_MAJOR, UMBP_LAYOUT_MINOR);
+  snprintf(jlay, sizeof jlay, "\"layout\":\"%d.%d\"", UMBP_LAYOUT_MAJOR, UMBP_LAYOUT_MINOR);
+  const char *want[] = {lay, "partitions:", "index: 39 entries", "probe length:", "39 published (1 pinned)",
                         "processes: 1 live, 0 dead", "chat", "removed", "counters: lookups", "daemon: none"};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     if (!strstr(out, want[i])) fprintf(stderr, "# missing '%s' in:\n%s", want[i], out);
@@ -304,7 +307,7 @@ static void test_inspect_text_json(void **st) {
   snprintf(row, sizeof row, "%-8d %-9s %-5d %-5s %6d", (int)getpid(), "other", -1, "alive", 1);
   assert_non_null(strstr(out, row));
   assert_int_equal(DTU_RUN(out, "inspect", name, "--json", "--check"), 0);
-  const char *jw[] = {"\"header\":{", "\"layout\":\"2.0\"", "\"slots\":{\"total\":256", "\"published\":39",
+  const char *jw[] = {"\"header\":{", jlay, "\"slots\":{\"total\":256", "\"published\":39",
                       "\"pinned\":1", "\"namespaces\":[{\"id\":0,\"name\":\"chat\",\"blocks\":39",
                       "\"type\":\"removed\"", "\"check\":{\"clean\":true", "\"probe_histogram\":[",
                       "\"daemon\":{\"running\":false"};
@@ -492,7 +495,7 @@ static void test_check_corrupted(void **st) {
             break;
           }
       }
-    atomic_fetch_add(&hb->overflow, 1);
+    umbp_ovf_add(&hb->overflow, 1);
     assert_int_equal(check_cli(name), 0); /* consistent again */
   }
   uint32_t ov = atomic_exchange(&ix->buckets[home].overflow, 0);

@@ -363,6 +363,53 @@ static void test_full_pool_churn(void **state) {
   census_ok(f->p);
 }
 
+/* Structured key sets fill every slot with no key left without a way: block
+ * ids are often sequential integers (a trace's ids, 8-byte hashes), ranks and
+ * namespaces sit in other key words, and a weak key hash (an XOR fold, a sum
+ * of per-word products) was measured to overfill neighbourhoods on these. */
+static void test_structured_keys(void **state) {
+  struct fx *f = *state;
+  umbp_pool_info info;
+  umbp_pool_get_info(f->p, &info);
+  const unsigned total = info.slot_count;
+  assert_true(total > 30000);
+  uint32_t ns[16];
+  for (unsigned i = 0; i < 16; i++) {
+    char nm[16];
+    snprintf(nm, sizeof nm, "set-%u", i);
+    assert_int_equal(umbp_ns_register(f->p, nm, &ns[i]), 0);
+  }
+  static const char *what[] = {"sequential ids", "8 tp ranks x sequential ids", "16 namespaces x sequential ids",
+                               "ids with a 4096 stride", "4 KV groups x sequential ids"};
+  for (unsigned set = 0; set < sizeof what / sizeof what[0]; set++) {
+    for (unsigned i = 0; i < total; i++) {
+      umbp_key k = {.ns = ns[0], .hash_len = 8};
+      uint64_t id = i;
+      if (set == 1) k.tp_rank = (uint16_t)(i & 7), id = i >> 3;
+      if (set == 2) k.ns = ns[i & 15], id = i >> 4;
+      if (set == 3) id = (uint64_t)i << 12;
+      if (set == 4) k.group = (uint16_t)(i & 3), id = i >> 2;
+      memcpy(k.hash, &id, 8);
+      uint32_t s;
+      assert_int_equal(umbp_reserve(f->p, -1, k.ns, &s), 0);
+      int rc = umbp_publish(f->p, s, &k);
+      if (rc) fprintf(stderr, "# %s: publish %u of %u: %s\n", what[set], i, total, umbp_last_error());
+      assert_int_equal(rc, 0);
+    }
+    uint64_t entries, hist[UMBP_MAX_PROBE + 1];
+    assert_int_equal(umbp_index_stats(f->p, &entries, hist, UMBP_MAX_PROBE + 1), 0);
+    assert_int_equal(entries, total);
+    unsigned far = 0;
+    for (unsigned d = 0; d <= UMBP_MAX_PROBE; d++)
+      if (hist[d]) far = d;
+    fprintf(stderr, "# %s: %u keys, furthest %u buckets from home\n", what[set], total, far);
+    assert_true(far < UMBP_MAX_PROBE / 2);
+    for (unsigned i = 0; i < 16; i++) assert_true(umbp_clear_ns(f->p, ns[i]) >= 0);
+    umbp_reclaim(f->p);
+    census_ok(f->p);
+  }
+}
+
 static void test_event_ring_drops_oldest(void **state) {
   struct fx *f = *state;
   /* 40 removals into a 16-event ring */
@@ -575,6 +622,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_clear_ns, setup, teardown),
       cmocka_unit_test_setup_teardown(test_eviction_clock_and_pins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_full_pool_churn, setup_awkward, teardown),
+      cmocka_unit_test_setup_teardown(test_structured_keys, setup_awkward, teardown),
       cmocka_unit_test_setup_teardown(test_event_ring_drops_oldest, setup_ev16, teardown),
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counters, setup, teardown),

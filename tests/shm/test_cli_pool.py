@@ -9,6 +9,10 @@ import time
 TOOL = os.environ["UMBP_TOOL"]
 HELPER = os.path.join(os.environ["UMBP_TEST_HELPER_DIR"], "shm", "pool_helper")
 name = f"t-cli-{os.getpid()}"
+# the layout version this build writes, read from the header that defines it
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "shm", "layout.h")) as f:
+    _defs = dict(line.split()[1:3] for line in f if line.startswith("#define UMBP_LAYOUT_M"))
+LAYOUT = f"{_defs['UMBP_LAYOUT_MAJOR']}.{_defs['UMBP_LAYOUT_MINOR']}"
 failures = []
 n = 0
 
@@ -51,7 +55,7 @@ try:
     rc, out, err = umbp("pool", "info", name, "--json")
     info = json.loads(out) if rc == 0 else {}
     check("info --json", rc == 0 and info.get("slot_count") == 1024 and info.get("slot_size") == 65536
-          and info["slots"]["free"] == 1024 and info["layout"] == "2.0", out + err)
+          and info["slots"]["free"] == 1024 and info["layout"] == LAYOUT, out + err)
     rc, out, _ = umbp("pool", "ls", "--json")
     names = [p["name"] for p in json.loads(out)] if rc == 0 else []
     check("ls --json lists the pool", name in names, out[:300])

@@ -216,12 +216,15 @@ static void patch_random(struct umbp_shm_header *h, int fd) {
 
 static void test_header_validation(void **state) {
   (void)state;
+  char major_msg[64];
+  snprintf(major_msg, sizeof major_msg, "layout version %d.0, this build reads %d.x", UMBP_LAYOUT_MAJOR + 1,
+           UMBP_LAYOUT_MAJOR);
   struct {
     void (*patch)(struct umbp_shm_header *, int);
     int expect;
     const char *word;
   } cases[] = {
-      {patch_major, -EPROTO, "layout version 3.0, this build reads 2.x"},
+      {patch_major, -EPROTO, major_msg},
       {patch_magic, -EBADMSG, "magic"},
       {patch_fp, -EPROTO, "fingerprint"},
       {patch_slotsize, -EBADMSG, "checksum"},
