@@ -276,27 +276,59 @@ UMBP_API void umbp_counters_flush(umbp_pool *p) {
 }
 
 /* ---- keys ------------------------------------------------------------------- */
-static int key_to_shm(const umbp_key *k, struct umbp_key_shm *out) {
+static __attribute__((noinline, cold)) int key_fail(const umbp_key *k) {
   if (!k) return umbp_fail(-EINVAL, "key is NULL");
-  if (k->hash_len < 1 || k->hash_len > UMBP_HASH_MAX)
-    return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_HASH_MAX);
-  /* Written as six whole 64-bit words, in the layout of struct umbp_key_shm
-   * (little-endian), so that the hash's 64-bit loads right after are served by
-   * store forwarding instead of stalling on a dozen narrow stores. The hash
-   * array is always 32 bytes in the caller's struct: a fixed-size copy, then
-   * what lies past hash_len is cleared. */
-  _Static_assert(offsetof(struct umbp_key_shm, tp) == 4 && offsetof(struct umbp_key_shm, dcp) == 8 &&
-                     offsetof(struct umbp_key_shm, group) == 12 && offsetof(struct umbp_key_shm, hash_len) == 14 &&
-                     offsetof(struct umbp_key_shm, hash) == 16,
-                 "key words");
-  uint64_t w[6];
-  w[0] = (uint64_t)k->ns | (uint64_t)k->tp_rank << 32 | (uint64_t)k->pcp_rank << 48;
-  w[1] = (uint64_t)k->dcp_rank | (uint64_t)k->pp_rank << 16 | (uint64_t)k->group << 32 | (uint64_t)k->hash_len << 48;
-  memcpy(&w[2], k->hash, UMBP_HASH_MAX);
-  if (UMBP_UNLIKELY(k->hash_len < UMBP_HASH_MAX)) {
-    unsigned char *hb = (unsigned char *)&w[2];
-    memset(hb + k->hash_len, 0, UMBP_HASH_MAX - k->hash_len);
+  return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_HASH_MAX);
+}
+
+/* The caller's key in the segment's layout. umbp_key and struct umbp_key_shm
+ * agree on their first 15 bytes (namespace, ranks, group, hash length); the
+ * segment's has a zero pad byte where the caller's block hash starts. So the
+ * conversion is two 8-byte loads, a mask and a 32-byte copy (store forwarding
+ * then serves the hash's 64-bit loads); what lies past hash_len is cleared. */
+_Static_assert(offsetof(umbp_key, tp_rank) == 4 && offsetof(umbp_key, pcp_rank) == 6 &&
+                   offsetof(umbp_key, dcp_rank) == 8 && offsetof(umbp_key, pp_rank) == 10 &&
+                   offsetof(umbp_key, group) == 12 && offsetof(umbp_key, hash_len) == 14 &&
+                   offsetof(umbp_key, hash) == 15 && sizeof(umbp_key) >= 47,
+               "umbp_key layout");
+_Static_assert(offsetof(struct umbp_key_shm, tp) == 4 && offsetof(struct umbp_key_shm, pcp) == 6 &&
+                   offsetof(struct umbp_key_shm, dcp) == 8 && offsetof(struct umbp_key_shm, pp) == 10 &&
+                   offsetof(struct umbp_key_shm, group) == 12 && offsetof(struct umbp_key_shm, hash_len) == 14 &&
+                   offsetof(struct umbp_key_shm, hash) == 16,
+               "key words");
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "key words are little-endian");
+/* The key as the segment's six little-endian words, loaded straight from the
+ * caller's struct (unaligned loads; no copy through memory, whose narrower
+ * stores a wider load could not take by store forwarding). */
+static inline int key_words(const umbp_key *k, uint64_t w[6]) {
+  if (UMBP_UNLIKELY(!k || k->hash_len - 1u >= UMBP_HASH_MAX)) {
+    memset(w, 0, 6 * sizeof *w);
+    return key_fail(k);
   }
+  unsigned len = k->hash_len;
+  const unsigned char *b = (const unsigned char *)k;
+  memcpy(&w[0], b, 8);
+  memcpy(&w[1], b + 8, 8);
+  w[1] &= 0x00ffffffffffffffull; /* byte 15: the caller's hash[0], our pad */
+  memcpy(&w[2], b + offsetof(umbp_key, hash), UMBP_HASH_MAX);
+  if (UMBP_UNLIKELY(len < UMBP_HASH_MAX)) memset((unsigned char *)&w[2] + len, 0, UMBP_HASH_MAX - len);
+  return 0;
+}
+
+/* key_to_shm, and the key's hash computed from the words in registers */
+static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t *h) {
+  uint64_t w[6];
+  int rc = key_words(k, w);
+  if (UMBP_UNLIKELY(rc)) return rc;
+  memcpy(out, w, sizeof w);
+  *h = umbp_key_hash_w(w);
+  return 0;
+}
+
+static inline int key_to_shm(const umbp_key *k, struct umbp_key_shm *out) {
+  uint64_t w[6];
+  int rc = key_words(k, w);
+  if (UMBP_UNLIKELY(rc)) return rc;
   memcpy(out, w, sizeof w);
   return 0;
 }
@@ -796,9 +828,9 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
   struct umbp_key_shm k;
   int rc = ix_get(p, &ix, &t);
   if (rc) return rc;
-  if ((rc = key_to_shm(key, &k))) return rc;
+  uint64_t h, st = 0;
+  if ((rc = key_load(key, &k, &h))) return rc;
   if (!ret_slot) return -EINVAL;
-  uint64_t h = umbp_key_hash(&k), st = 0;
   struct umbp_reader_shm *r = reader_of(ix, t);
   rd_lock(ix, r);
   uint32_t s = probe_x(ix, &k, h, &st, true);
@@ -816,58 +848,87 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
   return rc;
 }
 
-#define BULK_CHUNK 32
+/* Count the hits and misses of n probed keys: one update per namespace run
+ * (a batch's keys normally share one namespace). pins: also count each hit
+ * as a pin held. */
+static inline void count_lookups_x(struct umbp_index *ix, struct tl_slot *t, const struct umbp_key_shm *k,
+                                   const uint32_t *s, unsigned n, bool pins) {
+  unsigned i = 0;
+  while (i < n) {
+    uint32_t ns = k[i].ns;
+    unsigned hits = 0, j = i;
+    for (; j < n && k[j].ns == ns; j++) hits += s[j] != UMBP_NO_SLOT;
+    if (hits) count_ns(ix, t, ns, UMBP_CTR_HITS, hits);
+    if (hits && pins) count_ns(ix, t, ns, UMBP_CTR_PINS, hits);
+    if (j - i - hits) count_ns(ix, t, ns, UMBP_CTR_MISSES, j - i - hits);
+    i = j;
+  }
+}
+static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const struct umbp_key_shm *k,
+                                 const uint32_t *s, unsigned n) {
+  count_lookups_x(ix, t, k, s, n, false);
+}
 
-/* Bulk probe in stages so that the cache misses of up to 32 keys overlap. */
-static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_key_shm *k, uint32_t *slots,
-                           uint64_t *sts, bool pin) {
-  uint64_t h[BULK_CHUNK];
+#define BULK_CHUNK 32
+/* a bulk candidate that needs the full probe (slot counts are at most 2^30) */
+#define UMBP_SLOW (UINT32_MAX - 1)
+
+/* Bulk lookups in stages so that the cache misses of up to 32 keys overlap.
+ * Stage 1 (bulk_prep, before the read section: it reads only the caller's
+ * keys): convert each key, hash it, prefetch its home bucket. */
+static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, struct umbp_key_shm *k, uint64_t *h) {
+  for (unsigned i = 0; i < n; i++) {
+    uint64_t w[6];
+    int rc = key_words(&keys[i], w);
+    if (UMBP_UNLIKELY(rc)) return rc;
+    memcpy(&k[i], w, sizeof w);
+    h[i] = umbp_key_hash_w(w);
+    __builtin_prefetch(&ix->buckets[umbp_bucket_home(h[i], ix->nb)]);
+  }
+  return 0;
+}
+
+/* Stages 2 and 3, inside the read section: match each home bucket's hints
+ * (prefetching the first candidate's metadata, and its pin line to pin), then
+ * compare keys; anything else (a second candidate, an overflowed home) takes
+ * the single-key probe. */
+static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_key_shm *k, const uint64_t *h,
+                           uint32_t *slots, uint64_t *sts, bool pin) {
   uint32_t cand[BULK_CHUNK];
   unsigned hits = 0;
   for (unsigned i = 0; i < n; i++) {
-    h[i] = umbp_key_hash(&k[i]);
-    __builtin_prefetch(&ix->buckets[umbp_bucket_home(h[i], ix->nb)]);
-  }
-  bool clean_miss[BULK_CHUNK];
-  for (unsigned i = 0; i < n; i++) {
-    cand[i] = UMBP_NO_SLOT;
-    uint32_t home = umbp_bucket_home(h[i], ix->nb);
-    unsigned mask = bucket_match(&ix->buckets[home], umbp_key_sig(h[i]));
-    /* no signature in the home bucket and nothing homed here overflowed: a miss, decided */
-    clean_miss[i] = !mask && atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire) == 0;
+    struct umbp_bucket *b = &ix->buckets[umbp_bucket_home(h[i], ix->nb)];
+    unsigned mask = bucket_match(b, umbp_key_sig(h[i]));
+    uint32_t s = UMBP_NO_SLOT;
     if (mask) {
-      uint32_t s = bucket_slot(&ix->buckets[home], (unsigned)__builtin_ctz(mask)) - 1;
+      s = bucket_slot(b, (unsigned)__builtin_ctz(mask)) - 1;
       if (s < ix->slot_count) {
-        cand[i] = s;
         __builtin_prefetch(&ix->meta[s]);
         if (pin) __builtin_prefetch(&ix->pins[s], 1);
+      } else {
+        s = UMBP_SLOW;
       }
+    } else if (atomic_load_explicit(&b->overflow, memory_order_acquire) != 0) {
+      s = UMBP_SLOW; /* keys homed here live further on */
     }
+    cand[i] = s;
   }
   for (unsigned i = 0; i < n; i++) {
     uint32_t s = cand[i];
     uint64_t st = 0;
-    if (clean_miss[i]) {
-      s = UMBP_NO_SLOT;
-    } else if (s != UMBP_NO_SLOT && key_eq(&ix->meta[s].key, &k[i])) {
+    if (s == UMBP_NO_SLOT) {
+      /* no hint in the home bucket and nothing homed there overflowed: a miss */
+    } else if (s != UMBP_SLOW && key_eq(&ix->meta[s].key, &k[i])) {
       st = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
       if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) s = UMBP_NO_SLOT;
     } else {
-      s = probe(ix, &k[i], h[i], &st); /* slow path: other ways, overflow buckets */
+      s = probe(ix, &k[i], h[i], &st); /* other ways, overflow buckets */
     }
     slots[i] = s;
     sts[i] = st;
     hits += s != UMBP_NO_SLOT;
   }
   return hits;
-}
-
-static int keys_to_shm(unsigned n, const umbp_key *keys, struct umbp_key_shm *out) {
-  for (unsigned i = 0; i < n; i++) {
-    int rc = key_to_shm(&keys[i], &out[i]);
-    if (rc) return rc;
-  }
-  return 0;
 }
 
 UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys, uint32_t *ret_slots) {
@@ -882,24 +943,21 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
     unsigned c = n - off < BULK_CHUNK ? n - off : BULK_CHUNK;
     struct umbp_key_shm k[BULK_CHUNK];
     uint32_t s[BULK_CHUNK];
-    uint64_t st[BULK_CHUNK];
-    if ((rc = keys_to_shm(c, keys + off, k))) {
+    uint64_t st[BULK_CHUNK], h[BULK_CHUNK];
+    if ((rc = bulk_prep(ix, c, keys + off, k, h))) {
       umbp_unpin_bulk(p, off, ret_slots); /* undo: outputs only on success */
       return rc;
     }
     rd_lock(ix, r);
-    probe_bulk(ix, c, k, s, st, true);
+    probe_bulk(ix, c, k, h, s, st, true);
     for (unsigned i = 0; i < c; i++)
       if (s[i] != UMBP_NO_SLOT && pin_slot(ix, s[i], st[i]) != 0) s[i] = UMBP_NO_SLOT;
     rd_unlock(r);
     for (unsigned i = 0; i < c; i++) {
       ret_slots[off + i] = s[i];
-      count_ns(ix, t, k[i].ns, s[i] != UMBP_NO_SLOT ? UMBP_CTR_HITS : UMBP_CTR_MISSES, 1);
-      if (s[i] != UMBP_NO_SLOT) {
-        hits++;
-        count_ns(ix, t, k[i].ns, UMBP_CTR_PINS, 1);
-      }
+      hits += s[i] != UMBP_NO_SLOT;
     }
+    count_lookups_x(ix, t, k, s, c, true);
   }
   return hits;
 }
@@ -956,25 +1014,28 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
     unsigned c = n - off < BULK_CHUNK ? n - off : BULK_CHUNK;
     struct umbp_key_shm k[BULK_CHUNK];
     uint32_t s[BULK_CHUNK];
-    uint64_t st[BULK_CHUNK];
-    int rc = keys_to_shm(c, keys + off, k);
+    uint64_t st[BULK_CHUNK], h[BULK_CHUNK];
+    int rc = bulk_prep(ix, c, keys + off, k, h);
     if (rc) return rc;
     if (t) rd_lock(ix, r);
-    if (c == 1) s[0] = probe(ix, &k[0], umbp_key_hash(&k[0]), &st[0]);
-    else probe_bulk(ix, c, k, s, st, false);
+    if (c == 1) s[0] = probe(ix, &k[0], h[0], &st[0]);
+    else probe_bulk(ix, c, k, h, s, st, false);
     if (t) rd_unlock(r);
-    for (unsigned i = 0; i < c; i++) {
-      if (t) {
-        count_ns(ix, t, k[i].ns, s[i] != UMBP_NO_SLOT ? UMBP_CTR_HITS : UMBP_CTR_MISSES, 1);
-      }
-      if (present) present[off + i] = s[i] != UMBP_NO_SLOT;
-      if (prefix) {
-        if (s[i] == UMBP_NO_SLOT) return count;
-        count++;
-      } else {
-        count += s[i] != UMBP_NO_SLOT;
-      }
+    unsigned hits = 0;
+    if (prefix) {
+      while (hits < c && s[hits] != UMBP_NO_SLOT) hits++;
+      if (t) count_lookups(ix, t, k, s, hits < c ? hits + 1 : c); /* the keys probed before the first miss */
+      count += (int)hits;
+      if (hits < c) return count;
+      continue;
     }
+    for (unsigned i = 0; i < c; i++) {
+      unsigned hit = s[i] != UMBP_NO_SLOT;
+      if (present) present[off + i] = (uint8_t)hit;
+      hits += hit;
+    }
+    if (t) count_lookups(ix, t, k, s, c);
+    count += (int)hits;
   }
   return count;
 }
@@ -986,9 +1047,9 @@ UMBP_API int umbp_contains(umbp_pool *p, const umbp_key *key) {
   struct tl_slot *t = thread_slot(ix);
   if (UMBP_UNLIKELY(!t)) return -EUSERS;
   struct umbp_key_shm k;
-  int rc = key_to_shm(key, &k);
+  uint64_t h, st;
+  int rc = key_load(key, &k, &h);
   if (UMBP_UNLIKELY(rc)) return rc;
-  uint64_t h = umbp_key_hash(&k), st;
   struct umbp_reader_shm *r = reader_of(ix, t);
   rd_lock(ix, r);
   uint32_t s = probe(ix, &k, h, &st);
@@ -1236,11 +1297,11 @@ UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
   struct umbp_key_shm k;
   int rc = ix_get(p, &ix, &t);
   if (rc) return rc;
-  if ((rc = key_to_shm(key, &k))) return rc;
-  uint64_t st = 0;
+  uint64_t h, st = 0;
+  if ((rc = key_load(key, &k, &h))) return rc;
   struct umbp_reader_shm *r = reader_of(ix, t);
   rd_lock(ix, r);
-  uint32_t s = probe(ix, &k, umbp_key_hash(&k), &st);
+  uint32_t s = probe(ix, &k, h, &st);
   rd_unlock(r);
   if (s == UMBP_NO_SLOT) return -ENOENT;
   rc = try_remove(p, t, s, st, UMBP_CTR_REMOVES);
@@ -1421,13 +1482,13 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
   struct umbp_key_shm k;
   int rc = ix_get(p, &ix, &t);
   if (rc) return rc;
-  if ((rc = key_to_shm(key, &k))) return rc;
+  uint64_t h;
+  if ((rc = key_load(key, &k, &h))) return rc;
   uint64_t w;
   if ((rc = check_reserved(p, slot, &w))) return rc;
   if (k.ns >= UMBP_MAX_NAMESPACES || atomic_load_explicit(&ix->ns[k.ns].state, memory_order_acquire) != 1)
     return umbp_fail(-EINVAL, "namespace %u is not registered: register it with umbp_ns_register()", k.ns);
   struct umbp_slot_meta *m = &ix->meta[slot];
-  uint64_t h = umbp_key_hash(&k);
   m->key = k; /* made visible by the release CAS of the way below */
   atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
   uint32_t home = umbp_bucket_home(h, ix->nb);
