@@ -218,6 +218,16 @@ static struct tl_slot *thread_slot_slow(struct umbp_index *ix) {
   return tl_last = t;
 }
 
+/* Fetch a line for writing (x86 PREFETCHW, a NOP on CPUs without it;
+ * elsewhere the compiler's write prefetch). */
+static inline void prefetch_w(const void *a) {
+#if defined(__x86_64__)
+  __asm__ volatile("prefetchw %0" : : "m"(*(const char *)a));
+#else
+  __builtin_prefetch(a, 1);
+#endif
+}
+
 /* ---- read sections --------------------------------------------------------- */
 static inline void rd_lock(struct umbp_index *ix, struct umbp_reader_shm *r) {
   uint64_t e = atomic_load_explicit(&ix->ih->epoch, memory_order_acquire);
@@ -409,6 +419,7 @@ int umbp_index_init_regions(umbp_pool *p) {
 
 uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part) {
   if (part >= p->hdr->n_partitions) return 0;
+  if (p->index) return umbp_ring_count(p->index->rings[part]); /* checked at attach */
   void *ring = part_ring(p, part);
   if (umbp_ring_check_header(ring, p->hdr->partitions[part].ring_bytes)) return 0;
   return umbp_ring_count(ring);
@@ -770,7 +781,7 @@ static inline uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm 
       unsigned w = (unsigned)__builtin_ctz(mask);
       mask &= mask - 1;
       uint32_t v = bucket_slot(b, w);
-      if (pin && v - 1 < ix->slot_count) __builtin_prefetch(&ix->pins[v - 1], 1);
+      if (pin && v - 1 < ix->slot_count) prefetch_w(&ix->pins[v - 1]);
       uint32_t s = way_check(ix, v, k, ret_st);
       if (s != UMBP_NO_SLOT) return s;
     }
@@ -904,7 +915,7 @@ static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_
       s = bucket_slot(b, (unsigned)__builtin_ctz(mask)) - 1;
       if (s < ix->slot_count) {
         __builtin_prefetch(&ix->meta[s]);
-        if (pin) __builtin_prefetch(&ix->pins[s], 1);
+        if (pin) prefetch_w(&ix->pins[s]);
       } else {
         s = UMBP_SLOW;
       }
@@ -1304,6 +1315,7 @@ UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
   uint32_t s = probe(ix, &k, h, &st);
   rd_unlock(r);
   if (s == UMBP_NO_SLOT) return -ENOENT;
+  prefetch_w(&ix->pins[s]); /* read by try_remove() right after its state CAS */
   rc = try_remove(p, t, s, st, UMBP_CTR_REMOVES);
   if (rc == -EBUSY) return umbp_fail(-EBUSY, "the block is pinned by a reader: retry after it is unpinned");
   /* reclaim in batches: each grace period costs one membarrier */
@@ -1484,6 +1496,8 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
   if (rc) return rc;
   uint64_t h;
   if ((rc = key_load(key, &k, &h))) return rc;
+  /* the home bucket is locked and written below: start its miss now */
+  prefetch_w(&ix->buckets[umbp_bucket_home(h, ix->nb)]);
   uint64_t w;
   if ((rc = check_reserved(p, slot, &w))) return rc;
   if (k.ns >= UMBP_MAX_NAMESPACES || atomic_load_explicit(&ix->ns[k.ns].state, memory_order_acquire) != 1)

@@ -352,17 +352,18 @@ static int ours_churn_run(umbp_pool *p, uint32_t ns, uint64_t seed, uint64_t *ct
                           struct run_res *r) {
   uint64_t ops = 0;
   int err = 0;
-  uint64_t t0 = now_ns(), end = t0 + dur_ns, t;
+  uint64_t t0 = now_ns(), end = t0 + dur_ns, t = t0;
   do {
-    for (unsigned i = 0; i < 16 && !err; i++) {
-      if (__builtin_expect(ours_free_slots(p) < CHURN_LOW, 0)) {
-        while (ours_free_slots(p) < CHURN_LOW && now_ns() < end) {
-          umbp_reclaim(p);
-          sched_yield();
-        }
-        g_churn_waits++;
-        if (ours_free_slots(p) < CHURN_LOW) break;
+    /* one check per 16 pairs, for 16 + CHURN_LOW free slots */
+    if (__builtin_expect(ours_free_slots(p) < CHURN_LOW + 16, 0)) {
+      while (ours_free_slots(p) < CHURN_LOW + 16 && now_ns() < end) {
+        umbp_reclaim(p);
+        sched_yield();
       }
+      g_churn_waits++;
+      if (ours_free_slots(p) < CHURN_LOW + 16) break;
+    }
+    for (unsigned i = 0; i < 16 && !err; i++) {
       uint8_t b[KEYLEN];
       umbp_key k;
       uint32_t s;
