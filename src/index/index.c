@@ -291,11 +291,6 @@ static __attribute__((noinline, cold)) int key_fail(const umbp_key *k) {
   return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_HASH_MAX);
 }
 
-/* The caller's key in the segment's layout. umbp_key and struct umbp_key_shm
- * agree on their first 15 bytes (namespace, ranks, group, hash length); the
- * segment's has a zero pad byte where the caller's block hash starts. So the
- * conversion is two 8-byte loads, a mask and a 32-byte copy (store forwarding
- * then serves the hash's 64-bit loads); what lies past hash_len is cleared. */
 _Static_assert(offsetof(umbp_key, tp_rank) == 4 && offsetof(umbp_key, pcp_rank) == 6 &&
                    offsetof(umbp_key, dcp_rank) == 8 && offsetof(umbp_key, pp_rank) == 10 &&
                    offsetof(umbp_key, group) == 12 && offsetof(umbp_key, hash_len) == 14 &&
@@ -307,9 +302,13 @@ _Static_assert(offsetof(struct umbp_key_shm, tp) == 4 && offsetof(struct umbp_ke
                    offsetof(struct umbp_key_shm, hash) == 16,
                "key words");
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "key words are little-endian");
-/* The key as the segment's six little-endian words, loaded straight from the
- * caller's struct (unaligned loads; no copy through memory, whose narrower
- * stores a wider load could not take by store forwarding). */
+/* The caller's key as the segment's six little-endian key words. umbp_key and
+ * struct umbp_key_shm agree on their first 15 bytes (namespace, ranks, group,
+ * hash length); the segment's has a zero pad byte where the caller's block
+ * hash starts. So the conversion is two 8-byte loads, a mask and a 32-byte
+ * copy into registers; what lies past hash_len is cleared. The hash is taken
+ * from these registers, not from a copy in memory: narrower stores followed
+ * by wider loads of the same bytes defeat store forwarding. */
 static inline int key_words(const umbp_key *k, uint64_t w[6]) {
   if (UMBP_UNLIKELY(!k || k->hash_len - 1u >= UMBP_HASH_MAX)) {
     memset(w, 0, 6 * sizeof *w);
@@ -325,21 +324,13 @@ static inline int key_words(const umbp_key *k, uint64_t w[6]) {
   return 0;
 }
 
-/* key_to_shm, and the key's hash computed from the words in registers */
+/* The key in the segment's layout, and its hash. */
 static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t *h) {
   uint64_t w[6];
   int rc = key_words(k, w);
   if (UMBP_UNLIKELY(rc)) return rc;
   memcpy(out, w, sizeof w);
   *h = umbp_key_hash_w(w);
-  return 0;
-}
-
-static inline int key_to_shm(const umbp_key *k, struct umbp_key_shm *out) {
-  uint64_t w[6];
-  int rc = key_words(k, w);
-  if (UMBP_UNLIKELY(rc)) return rc;
-  memcpy(out, w, sizeof w);
   return 0;
 }
 
@@ -862,8 +853,8 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
 /* Count the hits and misses of n probed keys: one update per namespace run
  * (a batch's keys normally share one namespace). pins: also count each hit
  * as a pin held. */
-static inline void count_lookups_x(struct umbp_index *ix, struct tl_slot *t, const struct umbp_key_shm *k,
-                                   const uint32_t *s, unsigned n, bool pins) {
+static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const struct umbp_key_shm *k,
+                                 const uint32_t *s, unsigned n, bool pins) {
   unsigned i = 0;
   while (i < n) {
     uint32_t ns = k[i].ns;
@@ -875,10 +866,6 @@ static inline void count_lookups_x(struct umbp_index *ix, struct tl_slot *t, con
     i = j;
   }
 }
-static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const struct umbp_key_shm *k,
-                                 const uint32_t *s, unsigned n) {
-  count_lookups_x(ix, t, k, s, n, false);
-}
 
 #define BULK_CHUNK 32
 /* a bulk candidate that needs the full probe (slot counts are at most 2^30) */
@@ -889,11 +876,8 @@ static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const
  * keys): convert each key, hash it, prefetch its home bucket. */
 static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, struct umbp_key_shm *k, uint64_t *h) {
   for (unsigned i = 0; i < n; i++) {
-    uint64_t w[6];
-    int rc = key_words(&keys[i], w);
+    int rc = key_load(&keys[i], &k[i], &h[i]);
     if (UMBP_UNLIKELY(rc)) return rc;
-    memcpy(&k[i], w, sizeof w);
-    h[i] = umbp_key_hash_w(w);
     __builtin_prefetch(&ix->buckets[umbp_bucket_home(h[i], ix->nb)]);
   }
   return 0;
@@ -968,7 +952,7 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
       ret_slots[off + i] = s[i];
       hits += s[i] != UMBP_NO_SLOT;
     }
-    count_lookups_x(ix, t, k, s, c, true);
+    count_lookups(ix, t, k, s, c, true);
   }
   return hits;
 }
@@ -1035,7 +1019,7 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
     unsigned hits = 0;
     if (prefix) {
       while (hits < c && s[hits] != UMBP_NO_SLOT) hits++;
-      if (t) count_lookups(ix, t, k, s, hits < c ? hits + 1 : c); /* the keys probed before the first miss */
+      if (t) count_lookups(ix, t, k, s, hits < c ? hits + 1 : c, false); /* up to the first miss */
       count += (int)hits;
       if (hits < c) return count;
       continue;
@@ -1045,7 +1029,7 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
       if (present) present[off + i] = (uint8_t)hit;
       hits += hit;
     }
-    if (t) count_lookups(ix, t, k, s, c);
+    if (t) count_lookups(ix, t, k, s, c, false);
     count += (int)hits;
   }
   return count;
