@@ -346,8 +346,18 @@ static void key_from_shm(const struct umbp_key_shm *s, umbp_key *k) {
   memcpy(k->hash, s->hash, k->hash_len);
 }
 
+/* Word-wise, with one branch on the result instead of one per 16 bytes. With
+ * the table in L3 (--keys 262144) single hits went from 0.63-0.77x to
+ * 0.94-1.13x rte_hash against the memcmp() form (A/B of both builds). */
+static inline uint64_t ld64(const void *p, unsigned i) {
+  uint64_t v;
+  memcpy(&v, (const char *)p + 8 * i, 8);
+  return v;
+}
 static inline bool key_eq(const struct umbp_key_shm *a, const struct umbp_key_shm *b) {
-  return memcmp(a, b, sizeof *a) == 0;
+  uint64_t d = 0;
+  for (unsigned i = 0; i < 6; i++) d |= ld64(a, i) ^ ld64(b, i);
+  return d == 0;
 }
 
 
@@ -760,7 +770,9 @@ static inline uint32_t way_check(struct umbp_index *ix, uint32_t v, const struct
 
 /* pin: the caller will pin a hit, so start fetching the candidate's pin line
  * (for writing) while its key line is still on its way. */
-static inline uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st,
+/* Always inlined (as probe() is): GCC 12 outlined both once key_eq() became
+ * word-wise, and the single-key calls are the hot path. */
+static inline __attribute__((always_inline)) uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st,
                                bool pin) {
   uint32_t home = umbp_bucket_home(h, ix->nb);
   uint16_t sig = umbp_key_sig(h);
@@ -785,7 +797,7 @@ static inline uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm 
   return UMBP_NO_SLOT;
 }
 
-static inline uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st) {
+static inline __attribute__((always_inline)) uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st) {
   return probe_x(ix, k, h, ret_st, false);
 }
 
