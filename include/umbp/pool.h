@@ -72,7 +72,7 @@ typedef struct umbp_pool_params {
   bool hugepages;           /* back the pool by a file on a hugetlbfs mount */
   const char *hugetlbfs_dir;/* NULL: the first hugetlbfs mount in /proc/mounts */
   unsigned prefault_threads;/* 0: min(online CPUs, 8) */
-  bool no_prefault;         /* skip pre-faulting (tests) */
+  bool no_prefault;         /* skip pre-faulting the slot bytes (the metadata is always populated) */
   uint32_t event_capacity;  /* events kept in the event ring; 0: 65536 */
   umbp_progress_fn progress;/* pre-fault progress; may be NULL */
   void *progress_arg;

@@ -572,6 +572,36 @@ static void advise_metadata(void *base, uint64_t len) {
 #endif
 }
 
+/* Populate the metadata (everything before the arena: header, registry,
+ * index, pins, free queues, events) so that no lookup, pin or remove takes a
+ * page fault. creating: allocate it now, whatever no_prefault says (a shmem
+ * page first touched inside a remove costs a fault and a page clear, and a
+ * full /dev/shm would raise SIGBUS there instead of an error here); attaching
+ * read-write: map the creator's pages into this process. 160 MiB for 1M
+ * slots (64 B each of slot metadata and pins, 10.2 B of buckets, the free
+ * queue's cells); creating such a pool took 0.5-0.7 s with this here (a VM),
+ * 0.09 s without. */
+static int populate_metadata(struct umbp_pool *p, bool creating) {
+  uint64_t len = p->hdr->regions[UMBP_REG_ARENA].offset;
+  if (len > p->size) len = p->size;
+  if (!len || madvise(p->base, len, MADV_POPULATE_WRITE) == 0) return 0;
+  int e = errno;
+  if (e == EINVAL || e == ENOSYS) {
+    /* a kernel before 5.14: fault the creator's pages in by touching them;
+     * an attacher maps them on first use */
+    if (creating) {
+      long page = sysconf(_SC_PAGESIZE);
+      for (uint64_t o = 0; o < len; o += (uint64_t)page)
+        atomic_fetch_add_explicit((_Atomic char *)((char *)p->base + o), 0, memory_order_relaxed);
+    }
+    return 0;
+  }
+  if (!creating) return 0; /* pages map in on first use, as without this call */
+  return umbp_fail(-ENOMEM, "the pool's index metadata (%llu MiB) could not be allocated (%s): the shared "
+                            "memory file system is out of space; free memory or choose a smaller --capacity",
+                   (unsigned long long)(len >> 20), strerror(e));
+}
+
 /* ---- create / attach ------------------------------------------------------ */
 int umbp_registry_claim(struct umbp_pool *p, int role, int rank);
 void umbp_registry_release(struct umbp_pool *p);
@@ -681,6 +711,8 @@ UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *pp, umbp
   p->procs = umbp_pool_region(p, UMBP_REG_REGISTRY);
 
   place_partitions(p, pp->mempolicy);
+  rc = populate_metadata(p, true);
+  if (rc) goto fail_unlink;
   if (!pp->no_prefault) {
     rc = prefault(p, pp);
     if (rc) goto fail_unlink;
@@ -803,6 +835,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
   p->hugepages = (p->hdr->incompat_features & UMBP_FEAT_INCOMPAT_HUGEPAGES) != 0;
   p->procs = umbp_pool_region(p, UMBP_REG_REGISTRY);
   if (!opts->read_only) {
+    populate_metadata(p, false);
     rc = umbp_registry_claim(p, opts->role, opts->rank);
     if (rc) goto fail;
     rc = umbp_index_attach_hook(p);

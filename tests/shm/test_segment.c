@@ -466,6 +466,72 @@ static void test_prefault_progress(void **state) {
   assert_int_equal(umbp_pool_destroy(name), 0);
 }
 
+/* Resident set of this process's mapping that starts at base (/proc/self/smaps). */
+static uint64_t mapping_rss(const void *base) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  assert_non_null(f);
+  char line[512];
+  bool in = false;
+  uint64_t kb = UINT64_MAX;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+      in = lo == (unsigned long)base;
+      continue;
+    }
+    if (in && sscanf(line, "Rss: %lu kB", &lo) == 1) {
+      kb = lo;
+      break;
+    }
+  }
+  fclose(f);
+  assert_int_not_equal(kb, UINT64_MAX);
+  return kb << 10;
+}
+
+/* The metadata is populated at creation even with no_prefault (the slot bytes
+ * are not), and an attacher maps it at attach: no lookup or remove faults. */
+static void test_metadata_populated(void **state) {
+  (void)state;
+  const char *name = tu_name("meta");
+  umbp_pool_params pp = small_params();
+  pp.capacity = 64 << 20;
+  pp.slot_size = 4096; /* 16384 slots: 8 MiB of metadata, 64 MiB of slots */
+  pp.no_prefault = true;
+  umbp_pool *p;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
+  uint64_t meta = p->hdr->regions[UMBP_REG_ARENA].offset;
+  assert_true(meta > (2u << 20));
+  long page = sysconf(_SC_PAGESIZE);
+  size_t np = (size_t)(p->size + (uint64_t)page - 1) / (size_t)page;
+  unsigned char *vec = malloc(np);
+  assert_non_null(vec);
+  assert_int_equal(mincore(p->base, p->size, vec), 0);
+  size_t meta_pages = (size_t)(meta / (uint64_t)page), in_meta = 0, in_arena = 0;
+  for (size_t i = 0; i < np; i++) {
+    if (i < meta_pages) in_meta += vec[i] & 1;
+    else in_arena += vec[i] & 1;
+  }
+  assert_int_equal(in_meta, meta_pages);  /* every metadata page allocated */
+  assert_true(in_arena < (np - meta_pages) / 8); /* slot bytes left to fault in */
+  free(vec);
+  /* a second mapping (as another process would have) has the metadata mapped */
+  umbp_pool *a;
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), 0);
+  assert_true(mapping_rss(a->base) >= meta - (uint64_t)page);
+  /* read-only handles map nothing up front */
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true;
+  umbp_pool *r;
+  assert_int_equal(umbp_pool_attach(name, &o, &r), 0);
+  assert_true(mapping_rss(r->base) < meta / 2);
+  umbp_pool_detach(r);
+  umbp_pool_detach(a);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
 static int hugetlbfs_dir(char *out, size_t n) {
   FILE *f = fopen("/proc/mounts", "r");
   char dev[256], dir[256], type[64];
@@ -554,6 +620,7 @@ int main(void) {
       cmocka_unit_test(test_attach_waits_for_creator),
       cmocka_unit_test(test_registry_full),
       cmocka_unit_test(test_prefault_progress),
+      cmocka_unit_test(test_metadata_populated),
       cmocka_unit_test(test_hugepages_bad_dir),
   };
   const struct CMUnitTest mp_tests[] = {
