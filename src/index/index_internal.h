@@ -42,6 +42,7 @@ struct umbp_index {
   pthread_mutex_t limbo_mu;
   uint32_t *limbo;
   size_t nlimbo, limbo_cap;
+  _Atomic size_t limbo_n; /* nlimbo, stored under limbo_mu, read without it */
   /* evictor thread */
   pthread_t ev_thread;
   bool ev_running;
