@@ -811,14 +811,20 @@ static inline struct umbp_reader_shm *reader_of(struct umbp_index *ix, struct tl
  * only, bounds-checked, and may see a slot in mid-reuse (never crash). */
 static struct umbp_reader_shm ro_reader;
 
-static int ix_get(umbp_pool *p, struct umbp_index **ix, struct tl_slot **t) {
+static __attribute__((noinline, cold)) int ix_fail(umbp_pool *p) {
+  if (!p) return umbp_fail(-EINVAL, "pool is NULL");
+  return umbp_fail(-EROFS, "pool '%s' is attached read-only", p->name);
+}
+
+/* Inlined, its messages out of line: a umbp_lookup_pin() that misses went from
+ * 185 to 160 instructions (callgrind; umbp_contains() 149, rte_hash_lookup() 212). */
+static inline __attribute__((always_inline)) int ix_get(umbp_pool *p, struct umbp_index **ix, struct tl_slot **t) {
   *ix = NULL;
   *t = NULL;
-  if (!p) return umbp_fail(-EINVAL, "pool is NULL");
-  if (!p->index) return umbp_fail(-EROFS, "pool '%s' is attached read-only", p->name);
+  if (UMBP_UNLIKELY(!p || !p->index)) return ix_fail(p);
   *ix = p->index;
   *t = thread_slot(p->index);
-  return *t ? 0 : -EUSERS;
+  return UMBP_LIKELY(*t != NULL) ? 0 : -EUSERS;
 }
 
 static inline int pin_slot(struct umbp_index *ix, uint32_t s, uint64_t st) {
