@@ -27,7 +27,8 @@
  *    worker's ops / its own elapsed time.
  *  - Each case runs --reps repetitions of --seconds each, interleaving the
  *    three tables inside every repetition so that machine noise hits all of
- *    them alike; the median is reported.
+ *    them alike; each table's median is reported, and each ratio is the
+ *    median of the repetitions' ratios (see case_medians()).
  *  - Every repetition checks its results: a hit run must find every key and a
  *    miss run none; a wrong answer is a runtime error (exit 1), so the
  *    benchmark doubles as a smoke test of the index.
@@ -114,6 +115,9 @@ struct case_res {
   char name[64];
   const char *unit;
   double v[IMPL_N]; /* median, NAN: not measured */
+  double r[IMPL_N]; /* median over the repetitions of ours / that table in the same repetition */
+  double *rv[IMPL_N]; /* each repetition's figure, in order (NULL: not measured) */
+  unsigned nrep;
 };
 
 #define MAX_CASES 64
@@ -177,6 +181,27 @@ static double median(double *v, unsigned n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* Medians of one case: each table's figure, and each table's ratio, ours over
+ * it, taken repetition by repetition (the two measured within a second of each
+ * other) before the median. This machine's speed drifts by up to 4x within a
+ * minute; a ratio of two medians can pair a fast repetition with a slow one. */
+static void case_medians(struct case_res *c, double *const vals[IMPL_N], unsigned reps, const bool *measured) {
+  double rr[reps > 0 ? reps : 1];
+  c->nrep = reps;
+  for (int impl = 0; impl < IMPL_N; impl++) {
+    if (!measured[impl]) continue;
+    if ((c->rv[impl] = malloc(reps * sizeof(double)))) memcpy(c->rv[impl], vals[impl], reps * sizeof(double));
+    if (impl != IMPL_OURS && measured[IMPL_OURS]) {
+      unsigned n = 0;
+      for (unsigned k = 0; k < reps; k++)
+        if (vals[impl][k] > 0) rr[n++] = vals[IMPL_OURS][k] / vals[impl][k];
+      c->r[impl] = median(rr, n);
+    }
+  }
+  for (int impl = 0; impl < IMPL_N; impl++)
+    if (measured[impl]) c->v[impl] = median(vals[impl], reps); /* sorts: after the ratios */
+}
+
 static bool case_selected(const struct opts *o, const char *name) {
   if (!o->filter) return true;
   const char *f = o->filter;
@@ -204,15 +229,10 @@ static struct case_res *case_add(const char *name, const char *unit) {
   memset(c, 0, sizeof *c);
   snprintf(c->name, sizeof c->name, "%s", name);
   c->unit = unit;
-  for (int i = 0; i < IMPL_N; i++) c->v[i] = NAN;
+  for (int i = 0; i < IMPL_N; i++) c->v[i] = c->r[i] = NAN;
   return c;
 }
 
-static struct case_res *case_find(const char *name) {
-  for (unsigned i = 0; i < n_cases; i++)
-    if (!strcmp(cases[i].name, name)) return &cases[i];
-  return NULL;
-}
 
 static bool g_progress;
 static unsigned g_done, g_total;
@@ -1125,21 +1145,18 @@ static int run_lf(struct bench *b, unsigned lf_idx) {
       if (!case_selected(o, name)) continue;
       struct case_res *c = case_add(name, "Mlookups/s");
       if (!c) continue;
-      /* pin rows: the references' plain lookups, measured once for the base row */
-      char base[64];
-      snprintf(base, sizeof base, "%s-%s-p%u", op_names[base_op(op)], lfs, par);
-      const struct case_res *bc = op != base_op(op) ? case_find(base) : NULL;
+      /* pin rows: the references run their plain lookup, again in every
+       * repetition, so that each ratio pairs figures measured together */
       progress(name);
+      bool measured[IMPL_N];
+      for (int impl = 0; impl < IMPL_N; impl++) measured[impl] = impl_ready(b, impl);
       for (unsigned rep = 0; rep < o->reps; rep++)
         for (int impl = 0; impl < IMPL_N; impl++) {
-          if (!impl_ready(b, impl) || (impl != IMPL_OURS && bc && !isnan(bc->v[impl]))) continue;
+          if (!measured[impl]) continue;
           vals[impl][rep] = rep_lookup(b, impl, impl == IMPL_OURS ? op : base_op(op), par, name, &err);
           if (err) goto out;
         }
-      for (int impl = 0; impl < IMPL_N; impl++) {
-        if (!impl_ready(b, impl)) continue;
-        c->v[impl] = impl != IMPL_OURS && bc && !isnan(bc->v[impl]) ? bc->v[impl] : median(vals[impl], o->reps);
-      }
+      case_medians(c, vals, o->reps, measured);
       g_done++;
     }
   }
@@ -1158,30 +1175,19 @@ static int run_lf(struct bench *b, unsigned lf_idx) {
       struct case_res *c = case_add(name, "Mpairs/s");
       struct case_res *cr = case_add(rname, "Mlookups/s");
       if (!c || !cr) continue;
-      /* p2: the references have no second process; they keep their p1 (two-thread) figures */
-      char b1[64], b1r[64];
-      snprintf(b1, sizeof b1, "churn-%s-p1", lfs);
-      snprintf(b1r, sizeof b1r, "churn-reader-%s-p1", lfs);
-      const struct case_res *bc = par == 2 ? case_find(b1) : NULL;
-      const struct case_res *bcr = par == 2 ? case_find(b1r) : NULL;
-      if (!bcr) bc = NULL;
+      /* p2: the references have no second process; they run their p1
+       * (two-thread) churn again in every repetition, paired with ours */
       progress(name);
+      bool measured[IMPL_N];
+      for (int impl = 0; impl < IMPL_N; impl++) measured[impl] = impl_ready(b, impl);
       for (unsigned rep = 0; rep < o->reps; rep++)
         for (int impl = 0; impl < IMPL_N; impl++) {
-          if (!impl_ready(b, impl) || (impl != IMPL_OURS && bc && !isnan(bc->v[impl]))) continue;
+          if (!measured[impl]) continue;
           vals[impl][rep] = rep_churn(b, impl, impl == IMPL_OURS ? par : 1, name, &rdv[impl][rep], &err);
           if (err) goto out;
         }
-      for (int impl = 0; impl < IMPL_N; impl++) {
-        if (!impl_ready(b, impl)) continue;
-        if (impl != IMPL_OURS && bc && !isnan(bc->v[impl])) {
-          c->v[impl] = bc->v[impl];
-          cr->v[impl] = bcr->v[impl];
-        } else {
-          c->v[impl] = median(vals[impl], o->reps);
-          cr->v[impl] = median(rdv[impl], o->reps);
-        }
-      }
+      case_medians(c, vals, o->reps, measured);
+      case_medians(cr, rdv, o->reps, measured);
       g_done += 2;
     }
   }
@@ -1273,14 +1279,11 @@ static void fmt_v(char *buf, size_t n, double v) {
   else snprintf(buf, n, "%.2f", v);
 }
 
-static double ratio(const struct case_res *c, int ref) {
-  if (isnan(c->v[IMPL_OURS]) || isnan(c->v[ref]) || c->v[ref] <= 0) return NAN;
-  return c->v[IMPL_OURS] / c->v[ref];
-}
+static double ratio(const struct case_res *c, int ref) { return c->r[ref]; }
 
 static void print_table(const struct opts *o) {
   printf("umbp bench index: table size %llu, reps %u x %.2f s, medians in M ops/s (lookups, or insert+remove "
-         "pairs for churn-*)\n",
+         "pairs for churn-*); ratios: medians of each repetition's ratio\n",
          (unsigned long long)o->keys, o->reps, o->seconds);
   printf("rte_hash: %s\n", g_dpdk_note);
   printf("%-28s %9s %9s %9s %9s %9s\n", "case", "ours", "rte_hash", "cds_lfht", "ours/rte", "ours/lfht");
@@ -1340,6 +1343,17 @@ static void print_json(const struct opts *o) {
     json_num(&j, "cds_lfht_mops", c->v[IMPL_LFHT]);
     json_num(&j, "ratio_rte_hash", ratio(c, IMPL_RTE));
     json_num(&j, "ratio_cds_lfht", ratio(c, IMPL_LFHT));
+    static const char *const rep_keys[IMPL_N] = {[IMPL_OURS] = "ours_reps", [IMPL_RTE] = "rte_hash_reps",
+                                                 [IMPL_LFHT] = "cds_lfht_reps"};
+    for (int impl = 0; impl < IMPL_N; impl++) {
+      if (!c->rv[impl]) {
+        json_null(&j, rep_keys[impl]);
+        continue;
+      }
+      json_arr(&j, rep_keys[impl]);
+      for (unsigned k = 0; k < c->nrep; k++) json_num(&j, NULL, c->rv[impl][k]);
+      json_end_arr(&j);
+    }
     json_end_obj(&j);
   }
   json_end_arr(&j);
@@ -1373,7 +1387,8 @@ static const char *usage_text =
     "rte_hash: rte_hash_lookup / rte_hash_lookup_bulk (32 keys). cds_lfht:\n"
     "cds_lfht_lookup inside urcu_memb_read_lock (bulk: 32 lookups in one read\n"
     "section; it has no bulk call). In pin-* rows the references run their plain\n"
-    "lookup, which is what the pin row's figure is compared with.\n"
+    "lookup (again, in every repetition), which is what the pin row's figure is\n"
+    "compared with.\n"
     "\n"
     "Parallelism. pN rows: ours with N processes (the second is this binary,\n"
     "fork+exec'd and attached to the pool by name), the references with N threads\n"
@@ -1385,8 +1400,8 @@ static const char *usage_text =
     "freed entries pass an rte_rcu_qsbr defer queue; cds_lfht: add_unique, lookup,\n"
     "del and call_rcu) while one reader runs single hit lookups; figure: writer\n"
     "M pairs/s. churn-reader-LF-pN: that reader's M lookups/s. p1: writer and\n"
-    "reader are two threads; p2 (ours only): two processes; the references'\n"
-    "figures in p2 rows are their two-thread figures.\n"
+    "reader are two threads; p2 (ours only): two processes; in p2 rows the\n"
+    "references run their two-thread churn again, in every repetition.\n"
     "\n"
     "Every repetition checks the answers (a hit run must find every key, a miss\n"
     "run none); a wrong answer ends the run with exit status 1.\n"
@@ -1408,7 +1423,10 @@ static const char *usage_text =
     "  -h, --help      this text.\n"
     "\n"
     "Output. A line per case: case name, ours, rte_hash, cds_lfht (medians, M ops/s),\n"
-    "ours/rte_hash, ours/cds_lfht; '-' where a figure was not measured. Case names:\n"
+    "ours/rte_hash, ours/cds_lfht; '-' where a figure was not measured. A ratio is\n"
+    "the median over the repetitions of ours/theirs, each pair measured in the same\n"
+    "repetition (within a second), so it need not equal the ratio of the medians:\n"
+    "machine speed that drifts between repetitions cancels out of it. Case names:\n"
     "{hit,miss}-{single,bulk}-lfLF-pN, pin-{hit,miss}-{single,bulk}-lfLF-pN,\n"
     "churn-lfLF-pN, churn-reader-lfLF-pN. A last line counts the cases where ours\n"
     "is at least rte_hash's figure and names the others.\n"
@@ -1418,7 +1436,9 @@ static const char *usage_text =
     "\"dpdk_note\":\"DPDK version and EAL arguments, or why rte_hash was not\n"
     "measured\", \"cases\":[{\"name\":\"hit-single-lf0.5-p1\", \"unit\":\"Mlookups/s\"|\n"
     "\"Mpairs/s\", \"ours_mops\":x, \"rte_hash_mops\":x, \"cds_lfht_mops\":x,\n"
-    "\"ratio_rte_hash\":x, \"ratio_cds_lfht\":x}, ...]}; a figure not measured is null.\n"
+    "\"ratio_rte_hash\":x, \"ratio_cds_lfht\":x, \"ours_reps\":[x, ...], \"rte_hash_reps\":\n"
+    "[...], \"cds_lfht_reps\":[...]}, ...]} (the *_reps: each repetition's figure, in\n"
+    "order); a figure not measured is null.\n"
     "\n"
     "rte_hash needs DPDK (Debian's libdpdk-dev) at build time; its EAL is started\n"
     "with --no-huge --no-pci --no-shconf --no-telemetry on two of this process's\n"
