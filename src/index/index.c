@@ -206,6 +206,9 @@ static struct tl_slot *thread_slot_slow(struct umbp_index *ix) {
       memset(t, 0, sizeof *t);
       t->instance = ix->instance;
       t->tid = tid;
+      /* what a thread that held this line before us left uncounted is lost,
+       * as its thread-local counts would be */
+      if (ix->readers) ix->readers[tid].pend_lookups = ix->readers[tid].pend_pins = 0;
       t->ctr_part = -1;
       t->ctr_ns = UINT32_MAX;
       break;
@@ -246,6 +249,17 @@ static inline void rd_unlock(struct umbp_reader_shm *r) {
 
 /* ---- counters ---------------------------------------------------------------- */
 static void flush_slot(struct umbp_index *ix, struct tl_slot *t) {
+  struct umbp_reader_shm *r = ix->readers ? &ix->readers[t->tid] : NULL;
+  if (r && (r->pend_lookups || r->pend_pins)) {
+    /* only ever added to while t->ctr_ns is a namespace, and pins while
+     * t->ctr_part is a partition (count_lookup1, count_pin1) */
+    uint64_t lookups = (uint32_t)r->pend_lookups, hits = r->pend_lookups >> 32;
+    t->pend_ns[UMBP_CTR_HITS] += hits;
+    t->pend_ns[UMBP_CTR_MISSES] += lookups - hits;
+    t->pend_ns[UMBP_CTR_PINS] += r->pend_pins;
+    t->pend_part[UMBP_CTR_HITS] += r->pend_pins;
+    r->pend_lookups = r->pend_pins = 0;
+  }
   if (t->ctr_ns < UMBP_MAX_NAMESPACES)
     for (int c = 0; c < UMBP_CTR_COUNT; c++)
       if (t->pend_ns[c]) {
@@ -261,14 +275,25 @@ static void flush_slot(struct umbp_index *ix, struct tl_slot *t) {
   t->pend_ops = 0;
 }
 
-static inline void count_ns(struct umbp_index *ix, struct tl_slot *t, uint32_t ns, int c, uint64_t n) {
+static __attribute__((noinline)) void count_ns_switch(struct umbp_index *ix, struct tl_slot *t, uint32_t ns, int c,
+                                                      uint64_t n) {
   if (ns >= UMBP_MAX_NAMESPACES || !ix->ctr) return;
-  if (t->ctr_ns != ns) {
-    flush_slot(ix, t);
-    t->ctr_ns = ns;
-  }
+  flush_slot(ix, t);
+  t->ctr_ns = ns;
   t->pend_ns[c] += n;
   if (++t->pend_ops >= 64) flush_slot(ix, t);
+}
+
+/* Counting is on every lookup's path, so its common case is short: the
+ * thread's pending namespace is this one. ctr_ns holds a namespace id only
+ * where the process has a counter row (set by count_ns_switch() alone). */
+static inline void count_ns(struct umbp_index *ix, struct tl_slot *t, uint32_t ns, int c, uint64_t n) {
+  if (UMBP_LIKELY(t->ctr_ns == ns)) {
+    t->pend_ns[c] += n;
+    if (UMBP_UNLIKELY(++t->pend_ops >= 64)) flush_slot(ix, t);
+    return;
+  }
+  count_ns_switch(ix, t, ns, c, n);
 }
 
 static inline void count_part(struct umbp_index *ix, struct tl_slot *t, int part, int c, uint64_t n) {
@@ -278,6 +303,43 @@ static inline void count_part(struct umbp_index *ix, struct tl_slot *t, int part
     t->ctr_part = part;
   }
   t->pend_part[c] += n;
+}
+
+/* One single-key lookup, counted on the thread's reader line r, which the
+ * lookup has just written: one add, no other line written. Single hits are
+ * bound by how many lookups' cache misses the core keeps in flight, and with
+ * the count in thread-local memory (one more line written a lookup) they ran
+ * at 0.63-0.83x rte_hash against 0.84-0.93x this way (alternating A/B runs of
+ * both builds, 1M keys, ratios paired by repetition). */
+static inline void count_lookup1(struct umbp_index *ix, struct tl_slot *t, struct umbp_reader_shm *r, uint32_t ns,
+                                 bool hit) {
+  if (UMBP_LIKELY(t->ctr_ns == ns)) {
+    uint64_t v = r->pend_lookups + (hit ? (1ull << 32) + 1 : 1);
+    r->pend_lookups = v;
+    if (UMBP_UNLIKELY((uint32_t)v >= 64)) flush_slot(ix, t);
+    return;
+  }
+  count_ns_switch(ix, t, ns, hit ? UMBP_CTR_HITS : UMBP_CTR_MISSES, 1);
+}
+
+/* One single-key pin lookup (a hit pins): as count_lookup1(), plus the pin
+ * and the partition's hit, on the same line. */
+static inline void count_pin1(struct umbp_index *ix, struct tl_slot *t, struct umbp_reader_shm *r, uint32_t ns,
+                              int part, bool hit) {
+  if (UMBP_LIKELY(t->ctr_ns == ns && (!hit || t->ctr_part == part))) {
+    uint64_t v = r->pend_lookups + (hit ? (1ull << 32) + 1 : 1);
+    r->pend_lookups = v;
+    r->pend_pins += hit;
+    if (UMBP_UNLIKELY((uint32_t)v >= 64)) flush_slot(ix, t);
+    return;
+  }
+  if (hit) {
+    count_ns(ix, t, ns, UMBP_CTR_HITS, 1);
+    count_ns(ix, t, ns, UMBP_CTR_PINS, 1);
+    count_part(ix, t, part, UMBP_CTR_HITS, 1);
+  } else {
+    count_ns(ix, t, ns, UMBP_CTR_MISSES, 1);
+  }
 }
 
 UMBP_API void umbp_counters_flush(umbp_pool *p) {
@@ -780,7 +842,8 @@ static inline __attribute__((always_inline)) uint32_t probe_x(struct umbp_index 
   uint16_t sig = umbp_key_sig(h);
   unsigned lim = UMBP_MAX_PROBE;
   for (unsigned d = 0; d < lim; d++) {
-    struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
+    /* the home bucket needs no wrap-around */
+    struct umbp_bucket *b = &ix->buckets[d ? umbp_bucket_at(home, d, ix->nb) : home];
     unsigned mask = bucket_match(b, sig);
     while (mask) {
       unsigned w = (unsigned)__builtin_ctz(mask);
@@ -859,14 +922,8 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
   if (s != UMBP_NO_SLOT) rc = pin_slot(ix, s, st);
   else rc = -ENOENT;
   rd_unlock(r);
-  if (rc == 0) {
-    count_ns(ix, t, k.ns, UMBP_CTR_HITS, 1);
-    count_ns(ix, t, k.ns, UMBP_CTR_PINS, 1);
-    count_part(ix, t, slot_part(p, s), UMBP_CTR_HITS, 1);
-    *ret_slot = s;
-  } else {
-    count_ns(ix, t, k.ns, UMBP_CTR_MISSES, 1);
-  }
+  count_pin1(ix, t, r, k.ns, rc == 0 ? slot_part(p, s) : -1, rc == 0);
+  if (rc == 0) *ret_slot = s;
   return rc;
 }
 
@@ -1069,7 +1126,7 @@ UMBP_API int umbp_contains(umbp_pool *p, const umbp_key *key) {
   rd_lock(ix, r);
   uint32_t s = probe(ix, &k, h, &st);
   rd_unlock(r);
-  count_ns(ix, t, k.ns, s != UMBP_NO_SLOT ? UMBP_CTR_HITS : UMBP_CTR_MISSES, 1);
+  count_lookup1(ix, t, r, k.ns, s != UMBP_NO_SLOT);
   return s != UMBP_NO_SLOT;
 }
 

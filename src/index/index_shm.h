@@ -79,7 +79,13 @@ _Static_assert(sizeof(struct umbp_pin_row) == 64, "pin row is one cache line");
 /* Reader state for grace periods: one cache line per (process, thread). */
 struct umbp_reader_shm {
   _Atomic uint64_t ctr; /* 0: offline; else the epoch the reader entered at */
-  uint64_t pad[7];
+  /* The owning thread's single-key lookups not yet added to its process's
+   * counter row: lookups in the low 32 bits, hits in the high 32. Written and
+   * read by that thread only, on the line each lookup writes anyway (see
+   * count_lookup1() in index.c); other processes never read it. */
+  uint64_t pend_lookups;
+  uint64_t pend_pins; /* of those hits, the pins (single umbp_lookup_pin) */
+  uint64_t pad[5];
 };
 
 struct umbp_ns_shm {
