@@ -796,18 +796,29 @@ UMBP_API void umbp_events_enable_stored(umbp_pool *p, bool on) {
  * (bucket_slot()) and its key compared — so a way changing underneath costs a
  * wasted look, never a wrong answer. (Under TSan the scalar loop below is
  * used: it does not model this.) */
-static inline unsigned bucket_match(struct umbp_bucket *b, uint16_t sig) {
+/* *ovf: the bucket's overflow word, taken from the second of the same two
+ * loads (bytes 22..23) rather than loaded again: a lookup that misses loads
+ * its bucket line twice instead of three times, and how many loads wait on a
+ * missing line sets how many lookups' misses the core keeps in flight. The
+ * compiler barrier gives the word acquire order for what the probe reads
+ * next (x86 keeps loads in order). */
+_Static_assert(offsetof(struct umbp_bucket, overflow) == 22, "overflow is word 3 of the bucket's second 16 bytes");
+static inline unsigned bucket_match(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
   const __m128i *q = (const __m128i *)(const void *)b;
   __m128i sv = _mm_set1_epi16((short)sig);
-  __m128i c0 = _mm_cmpeq_epi16(_mm_load_si128(q), sv), c1 = _mm_cmpeq_epi16(_mm_load_si128(q + 1), sv);
+  __m128i l1 = _mm_load_si128(q + 1);
+  __m128i c0 = _mm_cmpeq_epi16(_mm_load_si128(q), sv), c1 = _mm_cmpeq_epi16(l1, sv);
   unsigned m = (unsigned)_mm_movemask_epi8(_mm_packs_epi16(c0, c1));
+  *ovf = (unsigned)_mm_extract_epi16(l1, 3);
+  atomic_signal_fence(memory_order_acquire);
   return m & ((1u << UMBP_BUCKET_WAYS) - 1);
 }
 #else
-static inline unsigned bucket_match(struct umbp_bucket *b, uint16_t sig) {
+static inline unsigned bucket_match(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
   unsigned mask = 0;
   for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++)
     mask |= (unsigned)(atomic_load_explicit(&b->sig[w], memory_order_relaxed) == sig) << w;
+  *ovf = atomic_load_explicit(&b->overflow, memory_order_acquire);
   return mask;
 }
 #endif
@@ -844,7 +855,8 @@ static inline __attribute__((always_inline)) uint32_t probe_x(struct umbp_index 
   for (unsigned d = 0; d < lim; d++) {
     /* the home bucket needs no wrap-around */
     struct umbp_bucket *b = &ix->buckets[d ? umbp_bucket_at(home, d, ix->nb) : home];
-    unsigned mask = bucket_match(b, sig);
+    unsigned ovf;
+    unsigned mask = bucket_match(b, sig, &ovf);
     while (mask) {
       unsigned w = (unsigned)__builtin_ctz(mask);
       mask &= mask - 1;
@@ -855,7 +867,7 @@ static inline __attribute__((always_inline)) uint32_t probe_x(struct umbp_index 
     }
     if (d == 0) {
       /* the keys homed here that live further on are at most `reach` on */
-      unsigned reach = UMBP_OVF_REACH(atomic_load_explicit(&b->overflow, memory_order_acquire));
+      unsigned reach = UMBP_OVF_REACH(ovf);
       if (reach < lim) lim = reach + 1;
     }
   }
@@ -970,7 +982,8 @@ static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_
   unsigned hits = 0;
   for (unsigned i = 0; i < n; i++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_home(h[i], ix->nb)];
-    unsigned mask = bucket_match(b, umbp_key_sig(h[i]));
+    unsigned ovf;
+    unsigned mask = bucket_match(b, umbp_key_sig(h[i]), &ovf);
     uint32_t s = UMBP_NO_SLOT;
     if (mask) {
       s = bucket_slot(b, (unsigned)__builtin_ctz(mask)) - 1;
@@ -980,7 +993,7 @@ static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_
       } else {
         s = UMBP_SLOW;
       }
-    } else if (atomic_load_explicit(&b->overflow, memory_order_acquire) != 0) {
+    } else if (ovf != 0) {
       s = UMBP_SLOW; /* keys homed here live further on */
     }
     cand[i] = s;
