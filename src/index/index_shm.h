@@ -82,7 +82,7 @@ struct umbp_reader_shm {
   /* The owning thread's single-key lookups not yet added to its process's
    * counter row: lookups in the low 32 bits, hits in the high 32. Written and
    * read by that thread only, on the line each lookup writes anyway (see
-   * count_lookup1() in index.c); other processes never read it. */
+   * count_single() in index.c); other processes never read it. */
   uint64_t pend_lookups;
   uint64_t pend_pins; /* of those hits, the pins (single umbp_lookup_pin) */
   uint64_t pad[5];
