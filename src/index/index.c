@@ -1283,7 +1283,8 @@ static inline size_t reclaim_batch(const struct umbp_index *ix) {
 }
 
 /* Retired slots on this process's limbo list, without taking its mutex (a
- * remove asks after every call; the mutex pair was 4% of a churn writer's time). */
+ * remove asks after every call; with limbo_push's, the two mutex pairs were
+ * 4.4-8.8% of a churn writer's time in perf). */
 static size_t limbo_count(struct umbp_index *ix) {
   return atomic_load_explicit(&ix->limbo_n, memory_order_relaxed);
 }
