@@ -948,22 +948,33 @@ static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const
 
 /* Bulk lookups in stages so that the cache misses of up to 32 keys overlap.
  * Stage 1 (bulk_prep, before the read section: it reads only the caller's
- * keys): convert each key, hash it, prefetch its home bucket. */
-static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, struct umbp_key_shm *k, uint64_t *h) {
+ * keys): convert each key, hash it, prefetch its home bucket. *one_ns:
+ * whether all n keys share one namespace (counted with one update per
+ * counter, count_bulk()). */
+static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, struct umbp_key_shm *k, uint64_t *h,
+                     bool *one_ns) {
+  uint32_t nsd = 0;
   for (unsigned i = 0; i < n; i++) {
     int rc = key_load(&keys[i], &k[i], &h[i]);
     if (UMBP_UNLIKELY(rc)) return rc;
     __builtin_prefetch(&ix->buckets[umbp_bucket_home(h[i], ix->nb)]);
+    nsd |= k[i].ns ^ k[0].ns;
   }
+  *one_ns = nsd == 0;
   return 0;
 }
 
 /* Stages 2 and 3, inside the read section: match each home bucket's hints
  * (prefetching the first candidate's metadata, and its pin line to pin), then
  * compare keys; anything else (a second candidate, an overflowed home) takes
- * the single-key probe. */
-static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_key_shm *k, const uint64_t *h,
-                           uint32_t *slots, uint64_t *sts, bool pin) {
+ * the single-key probe. Results: slots[], and sts[] (state words, to pin)
+ * or present[] (0/1) where given; returns the hits. Inlined into each caller
+ * with pin constant: a miss then costs its stage 3 a load, a compare and its
+ * stores. */
+static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_index *ix, unsigned n,
+                                                                 const struct umbp_key_shm *k, const uint64_t *h,
+                                                                 uint32_t *slots, uint64_t *sts, uint8_t *present,
+                                                                 bool pin) {
   uint32_t cand[BULK_CHUNK];
   unsigned hits = 0;
   for (unsigned i = 0; i < n; i++) {
@@ -996,10 +1007,24 @@ static unsigned probe_bulk(struct umbp_index *ix, unsigned n, const struct umbp_
       s = probe(ix, &k[i], h[i], &st); /* other ways, overflow buckets */
     }
     slots[i] = s;
-    sts[i] = st;
+    if (pin) sts[i] = st;
+    if (present) present[i] = s != UMBP_NO_SLOT;
     hits += s != UMBP_NO_SLOT;
   }
   return hits;
+}
+
+/* Count n probed keys, `hits` of them hits: one update per counter when
+ * they share one namespace (one_ns), else count_lookups(). */
+static inline void count_bulk(struct umbp_index *ix, struct tl_slot *t, const struct umbp_key_shm *k,
+                              const uint32_t *s, unsigned n, unsigned hits, bool one_ns, bool pins) {
+  if (!UMBP_LIKELY(one_ns)) {
+    count_lookups(ix, t, k, s, n, pins);
+    return;
+  }
+  if (hits) count_ns(ix, t, k[0].ns, UMBP_CTR_HITS, hits);
+  if (hits && pins) count_ns(ix, t, k[0].ns, UMBP_CTR_PINS, hits);
+  if (n - hits) count_ns(ix, t, k[0].ns, UMBP_CTR_MISSES, n - hits);
 }
 
 UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys, uint32_t *ret_slots) {
@@ -1015,20 +1040,23 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
     struct umbp_key_shm k[BULK_CHUNK];
     uint32_t s[BULK_CHUNK];
     uint64_t st[BULK_CHUNK], h[BULK_CHUNK];
-    if ((rc = bulk_prep(ix, c, keys + off, k, h))) {
+    bool one_ns;
+    if ((rc = bulk_prep(ix, c, keys + off, k, h, &one_ns))) {
       umbp_unpin_bulk(p, off, ret_slots); /* undo: outputs only on success */
       return rc;
     }
     rd_lock(ix, r);
-    probe_bulk(ix, c, k, h, s, st, true);
+    probe_bulk(ix, c, k, h, s, st, NULL, true);
+    unsigned ch = 0;
     for (unsigned i = 0; i < c; i++)
-      if (s[i] != UMBP_NO_SLOT && pin_slot(ix, s[i], st[i]) != 0) s[i] = UMBP_NO_SLOT;
+      if (s[i] != UMBP_NO_SLOT) {
+        if (pin_slot(ix, s[i], st[i]) != 0) s[i] = UMBP_NO_SLOT;
+        else ch++;
+      }
     rd_unlock(r);
-    for (unsigned i = 0; i < c; i++) {
-      ret_slots[off + i] = s[i];
-      hits += s[i] != UMBP_NO_SLOT;
-    }
-    count_lookups(ix, t, k, s, c, true);
+    memcpy(ret_slots + off, s, c * sizeof *s);
+    count_bulk(ix, t, k, s, c, ch, one_ns, true);
+    hits += (int)ch;
   }
   return hits;
 }
@@ -1086,26 +1114,28 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
     struct umbp_key_shm k[BULK_CHUNK];
     uint32_t s[BULK_CHUNK];
     uint64_t st[BULK_CHUNK], h[BULK_CHUNK];
-    int rc = bulk_prep(ix, c, keys + off, k, h);
+    bool one_ns;
+    int rc = bulk_prep(ix, c, keys + off, k, h, &one_ns);
     if (rc) return rc;
+    uint8_t *pr = present && !prefix ? present + off : NULL;
+    unsigned hits;
     if (t) rd_lock(ix, r);
-    if (c == 1) s[0] = probe(ix, &k[0], h[0], &st[0]);
-    else probe_bulk(ix, c, k, h, s, st, false);
+    if (c == 1) {
+      s[0] = probe(ix, &k[0], h[0], &st[0]);
+      hits = s[0] != UMBP_NO_SLOT;
+      if (pr) pr[0] = (uint8_t)hits;
+    } else {
+      hits = probe_bulk(ix, c, k, h, s, NULL, pr, false);
+    }
     if (t) rd_unlock(r);
-    unsigned hits = 0;
     if (prefix) {
-      while (hits < c && s[hits] != UMBP_NO_SLOT) hits++;
-      if (t) count_lookups(ix, t, k, s, hits < c ? hits + 1 : c, false); /* up to the first miss */
+      for (hits = 0; hits < c && s[hits] != UMBP_NO_SLOT;) hits++;
+      if (t) count_bulk(ix, t, k, s, hits < c ? hits + 1 : c, hits, one_ns, false); /* up to the first miss */
       count += (int)hits;
       if (hits < c) return count;
       continue;
     }
-    for (unsigned i = 0; i < c; i++) {
-      unsigned hit = s[i] != UMBP_NO_SLOT;
-      if (present) present[off + i] = (uint8_t)hit;
-      hits += hit;
-    }
-    if (t) count_lookups(ix, t, k, s, c, false);
+    if (t) count_bulk(ix, t, k, s, c, hits, one_ns, false);
     count += (int)hits;
   }
   return count;

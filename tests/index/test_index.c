@@ -460,6 +460,72 @@ static void test_quota(void **state) {
   census_ok(f->p);
 }
 
+/* Bulk lookups count each key for its own namespace: one update per counter
+ * when a batch shares a namespace, per namespace run when it does not; a
+ * prefix probe counts up to its first miss; present[] is optional. */
+struct ctr_delta {
+  umbp_counters a, b;
+};
+static void ctr_snap(struct fx *f, uint32_t b, struct ctr_delta *d) {
+  assert_int_equal(umbp_counters_ns(f->p, f->ns, &d->a), 0);
+  assert_int_equal(umbp_counters_ns(f->p, b, &d->b), 0);
+}
+static void ctr_expect(struct fx *f, uint32_t b, struct ctr_delta *d, uint64_t ah, uint64_t am, uint64_t ap,
+                       uint64_t bh, uint64_t bm, uint64_t bp) {
+  struct ctr_delta n;
+  ctr_snap(f, b, &n);
+  assert_int_equal(n.a.hits - d->a.hits, ah);
+  assert_int_equal(n.a.misses - d->a.misses, am);
+  assert_int_equal(n.a.lookups - d->a.lookups, ah + am);
+  assert_int_equal(n.a.pins - d->a.pins, ap);
+  assert_int_equal(n.b.hits - d->b.hits, bh);
+  assert_int_equal(n.b.misses - d->b.misses, bm);
+  assert_int_equal(n.b.lookups - d->b.lookups, bh + bm);
+  assert_int_equal(n.b.pins - d->b.pins, bp);
+  *d = n;
+}
+static void test_bulk_counters(void **state) {
+  struct fx *f = *state;
+  uint32_t b;
+  assert_int_equal(umbp_ns_register(f->p, "model-b", &b), 0);
+  /* ka: one namespace; mix: key i in namespace b when i % 3 == 0; even keys stored */
+  umbp_key ka[40], mix[40];
+  unsigned ah = 0, am = 0, bh = 0, bm = 0;
+  for (int i = 0; i < 40; i++) {
+    ka[i] = itu_key(f->ns, 700 + (uint64_t)i, 0);
+    mix[i] = itu_key(i % 3 ? f->ns : b, 800 + (uint64_t)i, 0);
+    if (i % 2 == 0) {
+      put(f->p, &ka[i]);
+      put(f->p, &mix[i]);
+    }
+    unsigned *c = i % 3 ? (i % 2 ? &am : &ah) : (i % 2 ? &bm : &bh);
+    (*c)++;
+  }
+  struct ctr_delta d;
+  ctr_snap(f, b, &d);
+  assert_int_equal(umbp_contains_bulk(f->p, 40, ka, NULL), 20); /* two chunks, no present[] */
+  ctr_expect(f, b, &d, 20, 20, 0, 0, 0, 0);
+  uint8_t present[40];
+  assert_int_equal(umbp_contains_bulk(f->p, 40, mix, present), 20);
+  for (int i = 0; i < 40; i++) assert_int_equal(present[i], i % 2 == 0);
+  ctr_expect(f, b, &d, ah, am, 0, bh, bm, 0);
+  uint32_t got[40];
+  assert_int_equal(umbp_lookup_pin_bulk(f->p, 40, mix, got), 20);
+  ctr_expect(f, b, &d, ah, am, ah, bh, bm, bh);
+  assert_int_equal(umbp_unpin_bulk(f->p, 40, got), 0);
+  assert_int_equal(umbp_lookup_pin_bulk(f->p, 40, ka, got), 20);
+  ctr_expect(f, b, &d, 20, 20, 20, 0, 0, 0);
+  assert_int_equal(umbp_unpin_bulk(f->p, 40, got), 0);
+  /* prefix: ka[0] hits, ka[1] misses: two lookups counted, not forty */
+  assert_int_equal(umbp_prefix_probe(f->p, 40, ka), 1);
+  ctr_expect(f, b, &d, 1, 1, 0, 0, 0, 0);
+  /* b hit, a hit, b miss (first miss), a hit (not looked up) */
+  umbp_key pre[4] = {mix[0], mix[2], mix[3], mix[4]};
+  assert_int_equal(umbp_prefix_probe(f->p, 4, pre), 2);
+  ctr_expect(f, b, &d, 1, 0, 0, 1, 1, 0);
+  census_ok(f->p);
+}
+
 struct count_arg {
   umbp_pool *p;
   umbp_key hit, miss;
@@ -660,6 +726,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_first_writer_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_prefix_and_bulk, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bulk_counters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_remove_and_events, setup, teardown),
       cmocka_unit_test_setup_teardown(test_clear_ns, setup, teardown),
       cmocka_unit_test_setup_teardown(test_eviction_clock_and_pins, setup, teardown),
