@@ -829,35 +829,53 @@ static inline uint32_t way_check(struct umbp_index *ix, uint32_t v, const struct
   return s;
 }
 
-/* pin: the caller will pin a hit, so start fetching the candidate's pin line
+/* The way of bucket b, among those whose hints matched (mask), that holds k.
+ * pin: the caller will pin a hit, so start fetching the candidate's pin line
  * (for writing) while its key line is still on its way. */
-/* Always inlined (as probe() is): GCC 12 outlined both once key_eq() became
- * word-wise, and the single-key calls are the hot path. */
-static inline __attribute__((always_inline)) uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st,
-                               bool pin) {
-  uint32_t home = umbp_bucket_home(h, ix->nb);
-  uint16_t sig = umbp_key_sig(h);
-  unsigned lim = UMBP_MAX_PROBE;
-  for (unsigned d = 0; d < lim; d++) {
-    /* the home bucket needs no wrap-around */
-    struct umbp_bucket *b = &ix->buckets[d ? umbp_bucket_at(home, d, ix->nb) : home];
-    unsigned ovf;
-    unsigned mask = bucket_match(b, sig, &ovf);
-    while (mask) {
-      unsigned w = (unsigned)__builtin_ctz(mask);
-      mask &= mask - 1;
-      uint32_t v = bucket_slot(b, w);
-      if (pin && v - 1 < ix->slot_count) prefetch_w(&ix->pins[v - 1]);
-      uint32_t s = way_check(ix, v, k, ret_st);
-      if (s != UMBP_NO_SLOT) return s;
-    }
-    if (d == 0) {
-      /* the keys homed here that live further on are at most `reach` on */
-      unsigned reach = UMBP_OVF_REACH(ovf);
-      if (reach < lim) lim = reach + 1;
-    }
+static inline __attribute__((always_inline)) uint32_t match_ways(struct umbp_index *ix, struct umbp_bucket *b,
+                                                                 unsigned mask, const struct umbp_key_shm *k,
+                                                                 uint64_t *ret_st, bool pin) {
+  while (mask) {
+    unsigned w = (unsigned)__builtin_ctz(mask);
+    mask &= mask - 1;
+    uint32_t v = bucket_slot(b, w);
+    if (pin && v - 1 < ix->slot_count) prefetch_w(&ix->pins[v - 1]);
+    uint32_t s = way_check(ix, v, k, ret_st);
+    if (s != UMBP_NO_SLOT) return s;
   }
   return UMBP_NO_SLOT;
+}
+
+/* The buckets after home that keys homed there may live in: up to the reach
+ * its overflow word ovf gives. Out of line: 3.1% of homes overflow at load
+ * factor 0.9 (1M keys), 0.02% at 0.5. */
+static __attribute__((noinline)) uint32_t probe_far(struct umbp_index *ix, const struct umbp_key_shm *k,
+                                                   uint32_t home, uint16_t sig, unsigned ovf, uint64_t *ret_st,
+                                                   bool pin) {
+  unsigned reach = UMBP_OVF_REACH(ovf);
+  if (reach >= UMBP_MAX_PROBE) reach = UMBP_MAX_PROBE - 1;
+  for (unsigned d = 1; d <= reach; d++) {
+    struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
+    unsigned o;
+    uint32_t s = match_ways(ix, b, bucket_match(b, sig, &o), k, ret_st, pin);
+    if (s != UMBP_NO_SLOT) return s;
+  }
+  return UMBP_NO_SLOT;
+}
+
+/* Find k: the home bucket's ways, then, only if keys homed there overflowed,
+ * the buckets after it. A miss in a home that never overflowed (the common
+ * case) ends after one bucket line and one branch on its overflow word.
+ * Always inlined (as probe() is): the single-key calls are the hot path. */
+static inline __attribute__((always_inline)) uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm *k,
+                                                              uint64_t h, uint64_t *ret_st, bool pin) {
+  uint32_t home = umbp_bucket_home(h, ix->nb);
+  uint16_t sig = umbp_key_sig(h);
+  struct umbp_bucket *b = &ix->buckets[home];
+  unsigned ovf;
+  uint32_t s = match_ways(ix, b, bucket_match(b, sig, &ovf), k, ret_st, pin);
+  if (s != UMBP_NO_SLOT || UMBP_LIKELY(ovf == 0)) return s;
+  return probe_far(ix, k, home, sig, ovf, ret_st, pin);
 }
 
 static inline __attribute__((always_inline)) uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st) {
