@@ -162,6 +162,31 @@ def _():
         assert len(f) == 6 and float(f[1]) > 0 and f[2] == "-" and float(f[3]) > 0 and f[5].endswith("x"), row
 
 
+@check("the table's two last lines count lookup rows and pin/churn rows apart, naming those below 1.0x")
+def _():
+    r = run(["bench", "index", "--keys", "4096", "--seconds", "0.02", "--reps", "1", "--lf", "0.5",
+             "--filter", "miss-bulk-lf0.5-p1,churn-lf0.5-p1", "--impls", "ours,rte_hash"])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    if "rte_hash: DPDK" not in r.stdout:
+        assert not any(l.startswith("target") for l in lines), r.stdout  # nothing compared
+        return
+    rows = {l.split()[0]: float(l.split()[4].rstrip("x")) for l in lines
+            if l.split() and l.split()[0].endswith("-p1") and l.split()[4] != "-"}
+    groups = ([n for n in rows if not n.startswith(("pin-", "churn"))],
+              [n for n in rows if n.startswith(("pin-", "churn"))])
+    assert sorted(groups[0]) == ["miss-bulk-lf0.5-p1"], rows
+    assert sorted(groups[1]) == ["churn-lf0.5-p1", "churn-reader-lf0.5-p1", "pin-miss-bulk-lf0.5-p1"], rows
+    for prefix, names in (("target ours >= 1.0x rte_hash (lookups", groups[0]),
+                          ("pin and churn rows >= 1.0x rte_hash", groups[1])):
+        line = [l for l in lines if l.startswith(prefix)]
+        assert len(line) == 1, r.stdout
+        met = sum(rows[n] >= 1.0 for n in names)
+        assert (" %d of %d" % (met, len(names))) in line[0], line[0]
+        for n in names:
+            assert (n in line[0]) == (rows[n] < 1.0), line[0]
+
+
 @check("--help exits 0 and documents every option; usage errors exit 2")
 def _():
     r = run(["bench", "index", "--help"])
