@@ -63,12 +63,16 @@ struct umbp_index {
  * Mooncake trace's ids, 16 namespaces x sequential ids, or 1M ids with a 4096
  * stride) where this hash places every key. Part of the segment ABI: every process must hash alike. */
 static inline uint64_t umbp_rotl64(uint64_t x, unsigned r) { return (x << r) | (x >> (64 - r)); }
-static inline uint64_t umbp_key_hash_w(const uint64_t w[6]) {
-  uint64_t a = (w[0] ^ 0x9e3779b97f4a7c15ull) * (w[3] | 1) + w[3];
-  uint64_t b = (w[1] ^ 0xbf58476d1ce4e5b9ull) * (w[4] | 1) + w[4];
-  uint64_t c = (w[2] ^ 0x94d049bb133111ebull) * 0xd6e8feb86659fd93ull + w[5] * 0x9fb21c651e98df25ull;
+static inline uint64_t umbp_key_hash6(uint64_t w0, uint64_t w1, uint64_t w2, uint64_t w3, uint64_t w4,
+                                      uint64_t w5) {
+  uint64_t a = (w0 ^ 0x9e3779b97f4a7c15ull) * (w3 | 1) + w3;
+  uint64_t b = (w1 ^ 0xbf58476d1ce4e5b9ull) * (w4 | 1) + w4;
+  uint64_t c = (w2 ^ 0x94d049bb133111ebull) * 0xd6e8feb86659fd93ull + w5 * 0x9fb21c651e98df25ull;
   uint64_t h = (a ^ umbp_rotl64(b, 21) ^ umbp_rotl64(c, 43)) * 0xff51afd7ed558ccdull;
   return h ^ (h >> 29) ^ (h >> 47);
+}
+static inline uint64_t umbp_key_hash_w(const uint64_t w[6]) {
+  return umbp_key_hash6(w[0], w[1], w[2], w[3], w[4], w[5]);
 }
 static inline uint64_t umbp_key_hash(const struct umbp_key_shm *k) {
   uint64_t w[6];
