@@ -413,9 +413,21 @@ static void key_from_shm(const struct umbp_key_shm *s, umbp_key *k) {
  * the table in L3 (--keys 262144) single hits went from 0.63-0.77x to
  * 0.94-1.13x rte_hash against the memcmp() form (A/B of both builds). */
 static inline bool key_eq(const struct umbp_key_shm *a, const struct umbp_key_shm *b) {
+#if defined(__SSE2__)
+  /* Three 16-byte loads of each key, as GCC's vectorised loop of the scalar
+   * form below did, without the loop's counter and branch: umbp_contains
+   * hits 167.7 -> 151.7 instructions (callgrind); single hits 1.00x rte_hash
+   * median against 0.97x (eight alternating rounds, code placement equal). */
+  const __m128i *x = (const __m128i *)(const void *)a, *y = (const __m128i *)(const void *)b;
+  __m128i d = _mm_or_si128(_mm_or_si128(_mm_xor_si128(_mm_loadu_si128(x), _mm_loadu_si128(y)),
+                                        _mm_xor_si128(_mm_loadu_si128(x + 1), _mm_loadu_si128(y + 1))),
+                           _mm_xor_si128(_mm_loadu_si128(x + 2), _mm_loadu_si128(y + 2)));
+  return _mm_movemask_epi8(_mm_cmpeq_epi8(d, _mm_setzero_si128())) == 0xffff;
+#else
   uint64_t d = 0;
   for (unsigned i = 0; i < 6; i++) d |= ld64(a, i) ^ ld64(b, i);
   return d == 0;
+#endif
 }
 
 

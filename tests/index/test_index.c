@@ -122,6 +122,61 @@ static void test_roundtrip(void **state) {
   census_ok(f->p);
 }
 
+/* Keys that share a home bucket and a signature, differing in one 16-byte
+ * part of the key only (ranks; the first half of the block hash; its last
+ * half), are told apart by the full key compare in every path: single and
+ * batched lookups, pins, publish's duplicate check and remove. */
+static void shm_of(const umbp_key *k, struct umbp_key_shm *s) {
+  memset(s, 0, sizeof *s);
+  s->ns = k->ns;
+  s->tp = k->tp_rank;
+  s->pcp = k->pcp_rank;
+  s->dcp = k->dcp_rank;
+  s->pp = k->pp_rank;
+  s->group = k->group;
+  s->hash_len = k->hash_len;
+  memcpy(s->hash, k->hash, k->hash_len);
+}
+static void test_key_compare_exact(void **state) {
+  struct fx *f = *state;
+  uint32_t nb = f->p->hdr->n_buckets;
+  for (int part = 0; part < 3; part++) {
+    umbp_key k1 = itu_key(f->ns, 4000 + (uint64_t)part, 0), k2;
+    struct umbp_key_shm s1, s2;
+    shm_of(&k1, &s1);
+    uint64_t h1 = umbp_key_hash(&s1);
+    bool found = false;
+    for (uint32_t i = 1; i < 200000000u && !found; i++) {
+      k2 = k1;
+      if (part == 0) memcpy(&k2.pcp_rank, &i, 4); /* pcp and dcp ranks: key bytes 6..9 */
+      else memcpy(k2.hash + (part == 1 ? 8 : 24), &i, 4);
+      shm_of(&k2, &s2);
+      uint64_t h2 = umbp_key_hash(&s2);
+      found = umbp_bucket_home(h2, nb) == umbp_bucket_home(h1, nb) && umbp_key_sig(h2) == umbp_key_sig(h1);
+    }
+    assert_true(found);
+    uint32_t s1slot = put(f->p, &k1), got, sl[2];
+    assert_int_equal(umbp_contains(f->p, &k2), 0);
+    assert_int_equal(umbp_lookup_pin(f->p, &k2, &got), -ENOENT);
+    umbp_key both[2] = {k2, k1};
+    uint8_t present[2];
+    assert_int_equal(umbp_contains_bulk(f->p, 2, both, present), 1);
+    assert_int_equal(present[0], 0);
+    assert_int_equal(present[1], 1);
+    uint32_t s2slot = put(f->p, &k2); /* not a duplicate of k1 */
+    assert_int_not_equal(s1slot, s2slot);
+    assert_int_equal(umbp_lookup_pin_bulk(f->p, 2, both, sl), 2);
+    assert_int_equal(sl[0], s2slot);
+    assert_int_equal(sl[1], s1slot);
+    assert_int_equal(umbp_unpin_bulk(f->p, 2, sl), 0);
+    assert_int_equal(umbp_remove(f->p, &k2), 0);
+    assert_int_equal(umbp_contains(f->p, &k1), 1);
+    assert_int_equal(umbp_contains(f->p, &k2), 0);
+    assert_int_equal(umbp_remove(f->p, &k1), 0);
+  }
+  census_ok(f->p);
+}
+
 static void test_errors(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 2, 0);
@@ -723,6 +778,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_namespaces, setup, teardown),
       cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_first_writer_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_prefix_and_bulk, setup, teardown),
