@@ -360,9 +360,10 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "key words are little-
  * length); the segment's has a zero pad byte where the caller's block hash
  * starts. So the copy is one masked 16-byte store and the 32-byte block
  * hash; what lies past hash_len is cleared. Stored as 16-byte vectors, the
- * width key_eq() loads the copy with, so store forwarding serves those loads
- * (a copy stored as 8-byte words ran single hits at 0.73-0.78x rte_hash
- * against 0.89-1.08x). The hash reloads the words as 8-byte loads, which
+ * width key_eq() loads the copy with, so that store forwarding can serve
+ * those loads (a copy stored as 8-byte words measured lower single hits,
+ * 0.73-1.05x rte_hash against 0.88-1.16x, in runs whose code placement was
+ * not controlled). The hash reloads the words as 8-byte loads, which
  * forwarding serves from the wider stores. Writing the copy directly, not
  * through a second array: 12 instructions fewer a key (callgrind, batched
  * misses: stage 1 76 -> 64 a key; umbp_contains hits 177.7 -> 167.7), and
