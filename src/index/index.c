@@ -6,28 +6,32 @@
  * Design note.
  *
  * Table. An array of 64-byte buckets, sized at creation so that a full pool
- * fills 62.5% of the ways (any count, not a power of two: a key's home is a
- * multiply-shift of its hash, umbp_bucket_home()). A bucket holds 10 ways, each a
- * 16-bit signature hint (the top 16 bits of the key hash, never 0) and a
- * 32-bit slot word (slot + 1; 0 = empty), kept in two arrays so that one SSE2
- * compare tests all ten hints; a 16-bit lock word used only by inserters; and
- * an overflow word: how many keys whose home is this bucket live in one of
- * the next UMBP_MAX_PROBE-1 buckets, and how far on the furthest of them is
- * (a miss looks no further). A key's full bytes live in its slot's
- * metadata (struct umbp_slot_meta), so there is one entry per slot and the
- * slot id is the entry id (DPDK's rte_hash keeps signatures in buckets and
- * keys in a flat store the same way). For 1M slots the bucket array is 10.2 MiB
- * (rte_hash: 8 MiB of buckets). Lines touched: a miss reads its home bucket (one
- * line; more only when the home overflowed); a hit reads the bucket, the
- * slot's metadata line and, to pin, its pin line.
+ * fills 66.7% of the ways (n/8 buckets for n slots, any count, not a power of
+ * two: a key's home is a multiply-shift of its hash, umbp_bucket_home()). A
+ * bucket holds 12 ways. A key's signature is the top 16 bits of its hash,
+ * split in two: the low byte (never 0) is the way's hint in an array of
+ * twelve bytes that one SSE2 compare tests at once, and the high byte rides
+ * in the way's 32-bit slot word (sig_hi << 24 | slot + 1; 0 = empty), which
+ * a lookup loads before it follows the way, so a way whose hint matches by
+ * chance is passed over without a metadata read unless its high byte
+ * matches too. The hints sit beside a 16-bit lock word used only by
+ * inserters and an overflow word: how many keys whose home is this bucket
+ * live in one of the next UMBP_MAX_PROBE-1 buckets, and how far on the
+ * furthest of them is (a miss looks no further). A key's full bytes live in
+ * its slot's metadata (struct umbp_slot_meta), so there is one entry per
+ * slot and the slot id is the entry id (DPDK's rte_hash keeps signatures in
+ * buckets and keys in a flat store the same way). For 1M slots the bucket
+ * array is 8 MiB, as rte_hash's is for 1M entries. Lines touched: a miss
+ * reads its home bucket (one line; more only when the home overflowed); a
+ * hit reads the bucket, the slot's metadata line and, to pin, its pin line.
  *
  * Readers never wait and write nothing shared. The slot word is the
  * authority, the signature only a hint: a lookup compares hints, then loads
  * the slot word of each matching way with acquire order (pairing with the
  * inserter's acq_rel CAS of that word, so the key bytes it compares and the
  * block bytes it will read are those the publisher wrote) and compares the
- * full key. An inserter CASes the slot word 0 -> slot+1 and then stores the
- * hint; a remover clears the hint and then CASes the slot word to 0. A
+ * full key. An inserter CASes the slot word 0 -> sig_hi << 24 | slot+1 and
+ * then stores the hint; a remover clears the hint and then CASes the slot word to 0. A
  * reader that sees a stale hint either finds an empty slot word, a slot word
  * whose key differs (a full compare rejects it), or misses a key whose hint
  * is not yet stored, which is a lookup ordered before the publish. The hint
@@ -797,32 +801,28 @@ UMBP_API void umbp_events_enable_stored(umbp_pool *p, bool on) {
 
 #if defined(__x86_64__) && defined(__SSE2__) && !defined(UMBP_TSAN)
 #include <emmintrin.h>
-/* The ways of bucket b whose signature is sig, as a bit mask. SSE2: the ten
- * 16-bit signatures (bytes 0..19 of the line) in two vector compares, packed
- * into one 16-bit mask. The signatures are a hint only — each candidate's
- * slot word is loaded with acquire order before it is followed
- * (bucket_slot()) and its key compared — so a way changing underneath costs a
- * wasted look, never a wrong answer. (Under TSan the scalar loop below is
- * used: it does not model this.) */
-/* *ovf: the bucket's overflow word, taken from the second of the same two
- * loads (bytes 22..23) rather than loaded again: a lookup that misses loads
- * its bucket line twice instead of three times, and how many loads wait on a
- * missing line sets how many lookups' misses the core keeps in flight. The
- * compiler barrier gives the word acquire order for what the probe reads
- * next (x86 keeps loads in order). */
-_Static_assert(offsetof(struct umbp_bucket, overflow) == 22, "overflow is word 3 of the bucket's second 16 bytes");
-static inline unsigned bucket_match(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
-  const __m128i *q = (const __m128i *)(const void *)b;
-  __m128i sv = _mm_set1_epi16((short)sig);
-  __m128i l1 = _mm_load_si128(q + 1);
-  __m128i c0 = _mm_cmpeq_epi16(_mm_load_si128(q), sv), c1 = _mm_cmpeq_epi16(l1, sv);
-  unsigned m = (unsigned)_mm_movemask_epi8(_mm_packs_epi16(c0, c1));
-  *ovf = (unsigned)_mm_extract_epi16(l1, 3);
+/* The ways of bucket b whose signature is sig, as a bit mask. SSE2: the
+ * twelve 8-bit signatures (bytes 0..11 of the line) in one vector compare.
+ * The signatures are a hint only — each candidate's slot word is loaded with
+ * acquire order before it is followed (bucket_slot()) and its key compared —
+ * so a way changing underneath costs a wasted look, never a wrong answer.
+ * (Under TSan the scalar loop below is used: it does not model this.) */
+/* *ovf: the bucket's overflow word, taken from the same 16-byte load (bytes
+ * 14..15) rather than loaded again: a lookup that misses loads its bucket
+ * line once, and how many loads wait on a missing line sets how many
+ * lookups' misses the core keeps in flight. The compiler barrier gives the
+ * word acquire order for what the probe reads next (x86 keeps loads in
+ * order). */
+_Static_assert(offsetof(struct umbp_bucket, overflow) == 14, "overflow is word 7 of the bucket's first 16 bytes");
+static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned *ovf) {
+  __m128i l0 = _mm_load_si128((const __m128i *)(const void *)b);
+  unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(l0, _mm_set1_epi8((char)sig)));
+  *ovf = (unsigned)_mm_extract_epi16(l0, 7);
   atomic_signal_fence(memory_order_acquire);
   return m & ((1u << UMBP_BUCKET_WAYS) - 1);
 }
 #else
-static inline unsigned bucket_match(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
+static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned *ovf) {
   unsigned mask = 0;
   for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++)
     mask |= (unsigned)(atomic_load_explicit(&b->sig[w], memory_order_relaxed) == sig) << w;
@@ -831,17 +831,25 @@ static inline unsigned bucket_match(struct umbp_bucket *b, uint16_t sig, unsigne
 }
 #endif
 
-/* Slot word of way w (slot + 1, 0 empty), loaded with acquire order: pairs
+/* Slot word of way w (sig_hi << 24 | slot + 1, 0 empty), loaded with acquire order: pairs
  * with the release CAS in publish(), so the key and block bytes it leads to
  * are visible. */
 static inline uint32_t bucket_slot(struct umbp_bucket *b, unsigned w) {
   return atomic_load_explicit(&b->slot[w], memory_order_acquire);
 }
 
-/* The slot of slot word v if it holds key k published, else UMBP_NO_SLOT.
- * An empty way (v == 0) gives slot UINT32_MAX, refused by the range check. */
-static inline uint32_t way_check(struct umbp_index *ix, uint32_t v, const struct umbp_key_shm *k, uint64_t *ret_st) {
-  uint32_t s = v - 1;
+/* A way's slot word with the high signature byte of the key looked up
+ * XORed out of its top byte: slot + 1 when the high bytes agree, else at
+ * least 2^24, so that one range check of x - 1 against the slot count
+ * (below UMBP_MAX_SLOTS + 1) refuses an empty way (x - 1 = UINT32_MAX), a way
+ * of another signature and a garbage word alike, and a hint that matched by
+ * chance costs no metadata read. */
+static inline uint32_t way_x(uint32_t v, uint16_t sig) { return v ^ (uint32_t)(sig >> 8) << 24; }
+
+/* The slot of way word x (way_x()) if it holds key k published, else
+ * UMBP_NO_SLOT. */
+static inline uint32_t way_check(struct umbp_index *ix, uint32_t x, const struct umbp_key_shm *k, uint64_t *ret_st) {
+  uint32_t s = x - 1;
   if (UMBP_UNLIKELY(s >= ix->slot_count)) return UMBP_NO_SLOT; /* empty, or garbage from a buggy writer */
   struct umbp_slot_meta *m = &ix->meta[s];
   if (!key_eq(&m->key, k)) return UMBP_NO_SLOT;
@@ -851,18 +859,21 @@ static inline uint32_t way_check(struct umbp_index *ix, uint32_t v, const struct
   return s;
 }
 
-/* The way of bucket b, among those whose hints matched (mask), that holds k.
- * pin: the caller will pin a hit, so start fetching the candidate's pin line
- * (for writing) while its key line is still on its way. */
+/* The way of bucket b, among those whose hints matched (mask), that holds k
+ * (signature sig): a way whose slot word carries another high signature byte
+ * is passed over without reading its metadata. pin: the caller will pin a
+ * hit, so start fetching the candidate's pin line (for writing) while its
+ * key line is still on its way. */
 static inline __attribute__((always_inline)) uint32_t match_ways(struct umbp_index *ix, struct umbp_bucket *b,
-                                                                 unsigned mask, const struct umbp_key_shm *k,
-                                                                 uint64_t *ret_st, bool pin) {
+                                                                 unsigned mask, uint16_t sig,
+                                                                 const struct umbp_key_shm *k, uint64_t *ret_st,
+                                                                 bool pin) {
   while (mask) {
     unsigned w = (unsigned)__builtin_ctz(mask);
     mask &= mask - 1;
-    uint32_t v = bucket_slot(b, w);
-    if (pin && v - 1 < ix->slot_count) prefetch_w(&ix->pins[v - 1]);
-    uint32_t s = way_check(ix, v, k, ret_st);
+    uint32_t x = way_x(bucket_slot(b, w), sig);
+    if (pin && x - 1 < ix->slot_count) prefetch_w(&ix->pins[x - 1]);
+    uint32_t s = way_check(ix, x, k, ret_st);
     if (s != UMBP_NO_SLOT) return s;
   }
   return UMBP_NO_SLOT;
@@ -879,7 +890,7 @@ static __attribute__((noinline)) uint32_t probe_far(struct umbp_index *ix, const
   for (unsigned d = 1; d <= reach; d++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
     unsigned o;
-    uint32_t s = match_ways(ix, b, bucket_match(b, sig, &o), k, ret_st, pin);
+    uint32_t s = match_ways(ix, b, bucket_match(b, (uint8_t)sig, &o), sig, k, ret_st, pin);
     if (s != UMBP_NO_SLOT) return s;
   }
   return UMBP_NO_SLOT;
@@ -895,7 +906,7 @@ static inline __attribute__((always_inline)) uint32_t probe_x(struct umbp_index 
   uint16_t sig = umbp_key_sig(h);
   struct umbp_bucket *b = &ix->buckets[home];
   unsigned ovf;
-  uint32_t s = match_ways(ix, b, bucket_match(b, sig, &ovf), k, ret_st, pin);
+  uint32_t s = match_ways(ix, b, bucket_match(b, (uint8_t)sig, &ovf), sig, k, ret_st, pin);
   if (s != UMBP_NO_SLOT || UMBP_LIKELY(ovf == 0)) return s;
   return probe_far(ix, k, home, sig, ovf, ret_st, pin);
 }
@@ -983,7 +994,7 @@ static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const
 }
 
 #define BULK_CHUNK 32
-/* a bulk candidate that needs the full probe (slot counts are at most 2^30) */
+/* a bulk candidate that needs the full probe (slot counts are below 2^24) */
 #define UMBP_SLOW (UINT32_MAX - 1)
 
 /* Bulk lookups in stages so that the cache misses of up to 32 keys overlap.
@@ -1020,15 +1031,18 @@ static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_ind
   for (unsigned i = 0; i < n; i++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_home(h[i], ix->nb)];
     unsigned ovf;
-    unsigned mask = bucket_match(b, umbp_key_sig(h[i]), &ovf);
+    uint16_t sig = umbp_key_sig(h[i]);
+    unsigned mask = bucket_match(b, (uint8_t)sig, &ovf);
     uint32_t s = UMBP_NO_SLOT;
     if (mask) {
-      s = bucket_slot(b, (unsigned)__builtin_ctz(mask)) - 1;
+      s = way_x(bucket_slot(b, (unsigned)__builtin_ctz(mask)), sig) - 1;
       if (s < ix->slot_count) {
         __builtin_prefetch(&ix->meta[s]);
         if (pin) prefetch_w(&ix->pins[s]);
       } else {
-        s = UMBP_SLOW;
+        /* the hint matched by chance (or the way emptied since): a miss
+         * unless other ways or later buckets may hold the key */
+        s = (mask & (mask - 1)) || ovf ? UMBP_SLOW : UMBP_NO_SLOT;
       }
     } else if (ovf != 0) {
       s = UMBP_SLOW; /* keys homed here live further on */
@@ -1390,9 +1404,9 @@ static bool unlink_way(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uin
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
     struct umbp_bucket *b = &buckets[umbp_bucket_at(home, d, nb)];
     for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
-      if (atomic_load_explicit(&b->slot[w], memory_order_relaxed) != s + 1) continue;
+      uint32_t v = atomic_load_explicit(&b->slot[w], memory_order_relaxed);
+      if (UMBP_WAY_SLOT(v) != s + 1) continue;
       atomic_store_explicit(&b->sig[w], 0, memory_order_relaxed);
-      uint32_t v = s + 1;
       if (atomic_compare_exchange_strong_explicit(&b->slot[w], &v, 0, memory_order_seq_cst, memory_order_relaxed)) {
         if (d) umbp_ovf_sub(&buckets[home].overflow);
         return true;
@@ -1668,11 +1682,11 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
        * bytes written before are visible to a reader that loads this word
        * (pairs with bucket_slot()'s acquire load); acquire: our signature store
        * comes after the last remover's clearing one (see unlink_way()). */
-      if (atomic_compare_exchange_strong_explicit(&b->slot[i], &z, slot + 1, memory_order_acq_rel,
+      if (atomic_compare_exchange_strong_explicit(&b->slot[i], &z, umbp_way_word(sig, slot), memory_order_acq_rel,
                                                   memory_order_relaxed)) {
         /* the hint that makes lookups look at this way; release pairs with
          * nothing in particular: readers take it as a hint only */
-        atomic_store_explicit(&b->sig[i], sig, memory_order_release);
+        atomic_store_explicit(&b->sig[i], (uint8_t)sig, memory_order_release);
         /* counted while still RESERVED (a reaper of ours takes it back out).
          * Flag first, the shared counter's RMW last: a kill lands after a slow
          * contended atomic far more often than after a plain store, and there
@@ -1938,7 +1952,7 @@ UMBP_API int umbp_index_stats(umbp_pool *p, uint64_t *ret_entries, uint64_t *his
       uint32_t v = atomic_load_explicit(&b[i].slot[w], memory_order_acquire);
       if (!v) continue;
       n++;
-      uint32_t s = v - 1;
+      uint32_t s = UMBP_WAY_SLOT(v) - 1;
       if (!hist || s >= p->hdr->slot_count) continue;
       struct umbp_key_shm k = meta[s].key;
       uint32_t home = umbp_bucket_home(umbp_key_hash(&k), nb);

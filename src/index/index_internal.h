@@ -80,11 +80,17 @@ static inline uint64_t umbp_key_hash(const struct umbp_key_shm *k) {
   return umbp_key_hash_w(w);
 }
 
-/* The 16-bit bucket signature of key hash h (high bits; the low bits pick
- * the bucket). Never 0, which marks a way with no key. */
+/* The 16-bit signature of key hash h (its top 16 bits; the low 32 bits
+ * pick the bucket): the low byte goes in the bucket's sig array, the high
+ * byte in the way's slot word (see struct umbp_bucket). The low byte is
+ * never 0, which marks a way with no key. */
 static inline uint16_t umbp_key_sig(uint64_t h) {
   uint16_t s = (uint16_t)(h >> 48);
-  return s ? s : 1;
+  return (s & 0xff) ? s : (uint16_t)(s | 1);
+}
+/* The slot word of a way that links slot s under signature sig. */
+static inline uint32_t umbp_way_word(uint16_t sig, uint32_t s) {
+  return (uint32_t)(sig >> 8) << 24 | (s + 1);
 }
 
 /* The home bucket of key hash h in a table of nb buckets: Lemire's
@@ -104,7 +110,7 @@ static inline uint32_t umbp_bucket_dist(uint32_t home, uint32_t b, uint32_t nb) 
 }
 
 /* A bucket's overflow word: the count of keys homed there that live in later
- * buckets (low 8 bits; at most 15 buckets x 10 ways) and their reach, the
+ * buckets (low 8 bits; at most 15 buckets x 12 ways) and their reach, the
  * largest distance any of them has had since the count was last 0 (high 8
  * bits). A lookup that misses in the home bucket looks at the next `reach`
  * buckets only. Both parts change in one CAS: an inserter adds before it links
@@ -129,17 +135,20 @@ static inline void umbp_ovf_sub(_Atomic uint16_t *o) {
   } while (!atomic_compare_exchange_weak_explicit(o, &v, nv, memory_order_release, memory_order_relaxed));
 }
 
-/* Way w of bucket b as one value, sig << 32 | (slot + 1), for tools and tests
- * that inspect or edit ways (not atomic as a pair: see struct umbp_bucket). */
+/* Way w of bucket b as one value, sig << 32 | (slot + 1) with the 16-bit
+ * signature, for tools and tests that inspect or edit ways (not atomic as a
+ * pair: see struct umbp_bucket). */
 static inline uint64_t umbp_way_get(const struct umbp_bucket *b, unsigned w) {
-  uint32_t sl = atomic_load_explicit(&((struct umbp_bucket *)b)->slot[w], memory_order_acquire);
-  uint16_t sg = atomic_load_explicit(&((struct umbp_bucket *)b)->sig[w], memory_order_relaxed);
-  return sl ? (uint64_t)sg << 32 | sl : 0;
+  uint32_t v = atomic_load_explicit(&((struct umbp_bucket *)b)->slot[w], memory_order_acquire);
+  uint8_t lo = atomic_load_explicit(&((struct umbp_bucket *)b)->sig[w], memory_order_relaxed);
+  return v ? (uint64_t)(UMBP_WAY_SIG_HI(v) << 8 | lo) << 32 | UMBP_WAY_SLOT(v) : 0;
 }
 static inline void umbp_way_set(struct umbp_bucket *b, unsigned w, uint64_t v) {
-  if (!(uint32_t)v) atomic_store_explicit(&b->sig[w], 0, memory_order_relaxed);
-  atomic_store_explicit(&b->slot[w], (uint32_t)v, memory_order_release);
-  if ((uint32_t)v) atomic_store_explicit(&b->sig[w], (uint16_t)(v >> 32), memory_order_release);
+  uint32_t sl = UMBP_WAY_SLOT((uint32_t)v);
+  uint16_t sig = (uint16_t)(v >> 32);
+  if (!sl) atomic_store_explicit(&b->sig[w], 0, memory_order_relaxed);
+  atomic_store_explicit(&b->slot[w], sl ? umbp_way_word(sig, sl - 1) : 0, memory_order_release);
+  if (sl) atomic_store_explicit(&b->sig[w], (uint8_t)sig, memory_order_release);
 }
 /* The way value of slot s for key hash h. */
 static inline uint64_t umbp_way_make(uint64_t h, uint32_t s) {

@@ -11,13 +11,15 @@
 #include "umbp/pool.h"
 
 #define UMBP_HASH_MAX 32
-#define UMBP_BUCKET_WAYS 10
+#define UMBP_BUCKET_WAYS 12
 #define UMBP_MAX_PROBE 16 /* buckets a key may live from its home */
-/* Buckets for a pool of n slots: 1.6 ways a slot, so a full pool fills 62.5%
- * of the ways. Linear probing over 10-way buckets keeps every key within 10
- * buckets of its home at that load even after 20M random insert+remove
- * pairs (at 72% it reaches 16, the probe limit, and publish fails). */
-#define UMBP_BUCKETS_FOR(n) ((uint32_t)(((uint64_t)(n) * 16 + 10 * UMBP_BUCKET_WAYS - 1) / (10 * UMBP_BUCKET_WAYS)))
+/* Buckets for a pool of n slots: n/8, 1.5 ways a slot, so a full pool fills
+ * 66.7% of the ways, and 1M slots take 8 MiB of buckets, as 1M entries do
+ * in rte_hash. Linear probing over 12-way buckets kept every key within
+ * 13 buckets of its home at that load through 100M random insert+remove
+ * pairs on 1M slots (simulated; the former 10-way buckets at 1.6 ways a slot
+ * reached 13 as well); test_full_pool_churn checks it on a real pool. */
+#define UMBP_BUCKETS_FOR(n) ((uint32_t)(((uint64_t)(n) * 3 + 2 * UMBP_BUCKET_WAYS - 1) / (2 * UMBP_BUCKET_WAYS)))
 
 /* The full key of a block, kept in its slot's metadata for exact comparison. */
 struct umbp_key_shm {
@@ -54,21 +56,30 @@ struct umbp_slot_meta {
 };
 _Static_assert(sizeof(struct umbp_slot_meta) == 64, "slot meta is one cache line");
 
-/* A bucket: ten ways in one cache line. Way w is linked iff slot[w] != 0
- * (slot id + 1); sig[w] is a 16-bit signature of its key's hash, a hint that
- * lets a lookup skip ways without reading their slot metadata (0: no key). The
- * slot word is what links an entry (its release store publishes the key); the
- * signature is written after it by the inserter that won the slot word and
- * cleared before it by the remover, so a reader that follows a stale hint finds
- * an empty way or a key that does not compare equal, never a wrong block. */
+/* A bucket: twelve ways in one cache line. A way's slot word is
+ * sig_hi << 24 | (slot id + 1): way w is linked iff slot[w] != 0 (slot ids
+ * are below UMBP_MAX_SLOTS, so the low 24 bits of a linked way are never 0).
+ * A key's 16-bit signature is split: its low byte is sig[w], which a lookup
+ * matches against all twelve ways in one vector compare, and its high byte
+ * rides in the slot word, which the lookup loads anyway before it follows a
+ * way, so a way whose low byte matches by chance costs no metadata read
+ * unless the high byte matches too (1 in 65536 for a different key, as with
+ * a 16-bit signature). sig[w] is a hint: the slot word is what links an
+ * entry (its release store publishes the key); the sig byte is written after
+ * it by the inserter that won the slot word and cleared before it by the
+ * remover, so a reader that follows a stale hint finds an empty way or a key
+ * that does not compare equal, never a wrong block. */
+#define UMBP_MAX_SLOTS ((1u << 24) - 1)
+#define UMBP_WAY_SLOT(v) ((v) & 0xffffffu) /* slot id + 1, 0 empty */
+#define UMBP_WAY_SIG_HI(v) ((v) >> 24)
 struct umbp_bucket {
-  _Atomic uint16_t sig[UMBP_BUCKET_WAYS];
+  _Atomic uint8_t sig[UMBP_BUCKET_WAYS];  /* low byte of each way's signature; 0 no key */
   _Atomic uint16_t lock;                  /* inserter's owner id, 0 free */
   _Atomic uint16_t overflow;              /* keys homed here that live in later buckets: count | reach << 8 */
-  _Atomic uint32_t slot[UMBP_BUCKET_WAYS]; /* 0 empty; else slot + 1 */
+  _Atomic uint32_t slot[UMBP_BUCKET_WAYS]; /* 0 empty; else sig_hi << 24 | (slot + 1) */
 };
 _Static_assert(sizeof(struct umbp_bucket) == 64, "bucket is one cache line");
-_Static_assert(offsetof(struct umbp_bucket, slot) == 24, "bucket frozen");
+_Static_assert(offsetof(struct umbp_bucket, slot) == 16, "bucket frozen");
 
 /* Pins: one byte per (slot, process); a slot is pinned iff any byte is non-zero. */
 struct umbp_pin_row {

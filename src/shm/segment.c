@@ -134,9 +134,11 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
                      "partition (%u partitions); raise --capacity",
                      (unsigned long long)pp->capacity, (unsigned long long)slots,
                      (unsigned long long)pp->slot_size, n_nodes);
-  if (slots > (1ull << 30))
-    return umbp_fail(-EINVAL, "capacity holds %llu slots: at most 2^30 slots are supported; raise --slot-size",
-                     (unsigned long long)slots);
+  if (slots > UMBP_MAX_SLOTS)
+    return umbp_fail(-EINVAL,
+                     "capacity holds %llu slots: at most %u slots are supported; raise --slot-size (or lower "
+                     "--capacity)",
+                     (unsigned long long)slots, UMBP_MAX_SLOTS);
   memset(h, 0, sizeof *h);
   h->layout_major = UMBP_LAYOUT_MAJOR;
   h->layout_minor = UMBP_LAYOUT_MINOR;
@@ -147,10 +149,10 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
   h->max_procs = UMBP_MAX_PROCS;
   h->max_threads = UMBP_MAX_THREADS;
   h->max_namespaces = UMBP_MAX_NAMESPACES;
-  /* Bucket array: UMBP_BUCKET_WAYS (10) ways a bucket, 1.6 ways a slot (any
-   * count, not a power of two), so a full pool fills 62.5% of the ways: probe
+  /* Bucket array: UMBP_BUCKET_WAYS (12) ways a bucket, 1.5 ways a slot (any
+   * count, not a power of two), so a full pool fills 66.7% of the ways: probe
    * chains stay short, and the array (the one line a miss reads) stays small
-   * enough for the TLB and caches (10.2 MiB for 1M slots; rounded up to a power of two it would be 16 MiB). */
+   * enough for the TLB and caches (8 MiB for 1M slots). */
   h->n_buckets = UMBP_BUCKETS_FOR(slots);
   if (h->n_buckets < UMBP_MAX_PROBE) h->n_buckets = UMBP_MAX_PROBE;
   h->event_capacity = pow2_at_least(pp->event_capacity ? pp->event_capacity : 65536);
@@ -255,7 +257,7 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
                        (unsigned long long)d->offset, (unsigned long long)d->size,
                        (unsigned long long)file_size);
   }
-  if (h->slot_size < 4096 || h->slot_size % 64 || h->slot_count == 0 || h->slot_count > (1u << 30) ||
+  if (h->slot_size < 4096 || h->slot_size % 64 || h->slot_count == 0 || h->slot_count > UMBP_MAX_SLOTS ||
       h->n_partitions == 0 || h->n_partitions > UMBP_MAX_PARTITIONS || h->max_procs != UMBP_MAX_PROCS ||
       h->max_threads != UMBP_MAX_THREADS || h->max_namespaces != UMBP_MAX_NAMESPACES ||
       h->n_buckets < UMBP_MAX_PROBE || h->n_buckets < UMBP_BUCKETS_FOR(h->slot_count) || h->event_capacity < 2 ||

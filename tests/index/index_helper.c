@@ -144,8 +144,8 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_home(h, ix->nb)];
     for (int w = 0; w < UMBP_BUCKET_WAYS; w++) {
       uint32_t z = 0;
-      if (atomic_compare_exchange_strong(&b->slot[w], &z, s + 1)) {
-        atomic_store(&b->sig[w], umbp_key_sig(h));
+      if (atomic_compare_exchange_strong(&b->slot[w], &z, umbp_way_word(umbp_key_sig(h), s))) {
+        atomic_store(&b->sig[w], (uint8_t)umbp_key_sig(h));
         break;
       }
     }

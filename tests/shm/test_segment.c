@@ -8,6 +8,7 @@
 #include "test_util.h"
 
 #include "common/common.h"
+#include "index/index_shm.h" /* UMBP_MAX_SLOTS */
 #include "shm/pool_internal.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
@@ -607,6 +608,22 @@ static void test_layout_compute(void **state) {
   atomic_store(&h.magic, UMBP_MAGIC);
   assert_int_equal(umbp_header_validate(&h, h.total_size), 0);
   assert_int_equal(umbp_header_validate(&h, h.total_size - 1), -EBADMSG);
+  /* slot ids fill 24 bits of a bucket's slot word: at most UMBP_MAX_SLOTS */
+  pp.slot_size = 4096;
+  pp.capacity = (uint64_t)UMBP_MAX_SLOTS * 4096 + 4095;
+  assert_int_equal(umbp_layout_compute(&pp, nodes, 2, &h), 0);
+  assert_int_equal(h.slot_count, UMBP_MAX_SLOTS);
+  assert_int_equal(h.n_buckets, (UMBP_MAX_SLOTS + 7) / 8);
+  h.header_checksum = umbp_header_checksum(&h);
+  atomic_store(&h.magic, UMBP_MAGIC);
+  assert_int_equal(umbp_header_validate(&h, h.total_size), 0);
+  h.slot_count = UMBP_MAX_SLOTS + 1; /* a header claiming more is refused */
+  h.header_checksum = umbp_header_checksum(&h);
+  assert_int_equal(umbp_header_validate(&h, h.total_size), -EBADMSG);
+  pp.capacity = (uint64_t)(UMBP_MAX_SLOTS + 1) * 4096;
+  assert_int_equal(umbp_layout_compute(&pp, nodes, 2, &h), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "at most 16777215 slots"));
+  assert_non_null(strstr(umbp_last_error(), "raise --slot-size"));
 }
 
 int main(void) {
