@@ -136,9 +136,10 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
                      (unsigned long long)pp->slot_size, n_nodes);
   if (slots > UMBP_MAX_SLOTS)
     return umbp_fail(-EINVAL,
-                     "capacity holds %llu slots: at most %u slots are supported; raise --slot-size (or lower "
-                     "--capacity)",
-                     (unsigned long long)slots, UMBP_MAX_SLOTS);
+                     "capacity %llu bytes holds %llu slots of %llu bytes: at most %u slots are supported; "
+                     "lower the capacity (--capacity) or raise the slot size (--slot-size)",
+                     (unsigned long long)pp->capacity, (unsigned long long)slots,
+                     (unsigned long long)pp->slot_size, UMBP_MAX_SLOTS);
   memset(h, 0, sizeof *h);
   h->layout_major = UMBP_LAYOUT_MAJOR;
   h->layout_minor = UMBP_LAYOUT_MINOR;

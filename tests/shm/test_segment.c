@@ -623,7 +623,7 @@ static void test_layout_compute(void **state) {
   pp.capacity = (uint64_t)(UMBP_MAX_SLOTS + 1) * 4096;
   assert_int_equal(umbp_layout_compute(&pp, nodes, 2, &h), -EINVAL);
   assert_non_null(strstr(umbp_last_error(), "at most 16777215 slots"));
-  assert_non_null(strstr(umbp_last_error(), "raise --slot-size"));
+  assert_non_null(strstr(umbp_last_error(), "raise the slot size (--slot-size)"));
 }
 
 int main(void) {
