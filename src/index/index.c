@@ -14,10 +14,13 @@
  * in the way's 32-bit slot word (sig_hi << 24 | slot + 1; 0 = empty), which
  * a lookup loads before it follows the way, so a way whose hint matches by
  * chance is passed over without a metadata read unless its high byte
- * matches too. The hints sit beside a 16-bit lock word used only by
- * inserters and an overflow word: how many keys whose home is this bucket
- * live in one of the next UMBP_MAX_PROBE-1 buckets, and how far on the
- * furthest of them is (a miss looks no further). A key's full bytes live in
+ * matches too; the single-key probe compares the high bytes of all twelve
+ * slot words at once as well (bucket_match16()), so that it does not branch
+ * on a chance hint match while its bucket line is still in flight. The
+ * hints sit beside a 16-bit lock word used only by inserters and an
+ * overflow word: how many keys whose home is this bucket live in one of the
+ * next UMBP_MAX_PROBE-1 buckets, and how far on the furthest of them is (a
+ * miss looks no further). A key's full bytes live in
  * its slot's metadata (struct umbp_slot_meta), so there is one entry per
  * slot and the slot id is the entry id (DPDK's rte_hash keeps signatures in
  * buckets and keys in a flat store the same way). For 1M slots the bucket
@@ -36,7 +39,13 @@
  * whose key differs (a full compare rejects it), or misses a key whose hint
  * is not yet stored, which is a lookup ordered before the publish. The hint
  * and the slot word are never read as one value, so no torn pair can be
- * acted on. The only store of a lookup is its own thread's reader-state line.
+ * acted on. The single-key probe's compare of the slot words' high bytes is
+ * a filter only: a way it keeps is loaded again with acquire order and
+ * checked as above, and a way it drops because the word it read is not the
+ * one the hint it saw belongs to is a lookup ordered before that word's
+ * publish or after its remove (keys never move between ways, so a key that
+ * is present throughout the lookup is never dropped). The only store of a
+ * lookup is its own thread's reader-state line.
  *
  * Slot states (slot_meta.state = state | owner << 8 | gen << 24; every
  * transition is a CAS that bumps gen, so there is no ABA):
@@ -821,6 +830,34 @@ static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned
   atomic_signal_fence(memory_order_acquire);
   return m & ((1u << UMBP_BUCKET_WAYS) - 1);
 }
+
+/* The ways of bucket b whose whole 16-bit signature is sig: bucket_match()'s
+ * hint mask ANDed with a compare of the twelve slot words' top bytes (three
+ * 16-byte loads of the same line, after the hint load: x86 keeps loads in
+ * order, and an inserter stores the slot word before the hint, so a hint seen
+ * set brings its slot word). A different key's low byte matches one of ~7
+ * ways (load factor 0.9) 1 time in 36; its whole signature, 1 in 9000. The
+ * single-key probe branches on this mask with its bucket line still in
+ * flight, so a chance hint match there is a mispredicted branch that waits
+ * for memory. 16 instructions a call more (umbp_contains misses 126.5 ->
+ * 142.7, callgrind), and over 7-11 alternating rounds of both builds single
+ * hits went 0.85-0.93x -> 0.89-0.98x rte_hash and single misses at load
+ * factor 0.9 (one process) 1.00x -> 1.07x (docs/bench-index.md). The batched
+ * probe, whose lines were prefetched, keeps the hint mask alone: there the
+ * same filter measured batched misses lower (1.14x -> 1.03x, three rounds). */
+static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
+  unsigned m = bucket_match(b, (uint8_t)sig, ovf);
+  const __m128i *sw = (const __m128i *)(const void *)b->slot;
+  __m128i hv = _mm_set1_epi8((char)(sig >> 8));
+  __m128i e0 = _mm_cmpeq_epi8(_mm_load_si128(sw), hv);
+  __m128i e1 = _mm_cmpeq_epi8(_mm_load_si128(sw + 1), hv);
+  __m128i e2 = _mm_cmpeq_epi8(_mm_load_si128(sw + 2), hv);
+  /* A slot word's byte compares read as a signed 32-bit lane are negative
+   * iff its top byte matched; the signed saturating packs keep each lane's
+   * sign, so the twelve ways' results land, in way order, in the sign bits
+   * of bytes 0..11. */
+  return m & (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_packs_epi32(e0, e1), _mm_packs_epi32(e2, e2)));
+}
 #else
 static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned *ovf) {
   unsigned mask = 0;
@@ -828,6 +865,10 @@ static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned
     mask |= (unsigned)(atomic_load_explicit(&b->sig[w], memory_order_relaxed) == sig) << w;
   *ovf = atomic_load_explicit(&b->overflow, memory_order_acquire);
   return mask;
+}
+/* the high signature bytes are checked by match_ways() (way_x()) */
+static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
+  return bucket_match(b, (uint8_t)sig, ovf);
 }
 #endif
 
@@ -890,7 +931,7 @@ static __attribute__((noinline)) uint32_t probe_far(struct umbp_index *ix, const
   for (unsigned d = 1; d <= reach; d++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
     unsigned o;
-    uint32_t s = match_ways(ix, b, bucket_match(b, (uint8_t)sig, &o), sig, k, ret_st, pin);
+    uint32_t s = match_ways(ix, b, bucket_match16(b, sig, &o), sig, k, ret_st, pin);
     if (s != UMBP_NO_SLOT) return s;
   }
   return UMBP_NO_SLOT;
@@ -906,7 +947,7 @@ static inline __attribute__((always_inline)) uint32_t probe_x(struct umbp_index 
   uint16_t sig = umbp_key_sig(h);
   struct umbp_bucket *b = &ix->buckets[home];
   unsigned ovf;
-  uint32_t s = match_ways(ix, b, bucket_match(b, (uint8_t)sig, &ovf), sig, k, ret_st, pin);
+  uint32_t s = match_ways(ix, b, bucket_match16(b, sig, &ovf), sig, k, ret_st, pin);
   if (s != UMBP_NO_SLOT || UMBP_LIKELY(ovf == 0)) return s;
   return probe_far(ix, k, home, sig, ovf, ret_st, pin);
 }

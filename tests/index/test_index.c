@@ -242,6 +242,69 @@ static void test_signature_split(void **state) {
   census_ok(f->p);
 }
 
+/* Thirteen keys with one home bucket and one hint byte, each with its own
+ * high signature byte: twelve fill the home's ways, the thirteenth lives in a
+ * later bucket. Every lookup path finds each in its own way (the single-key
+ * probe matches the high bytes of all twelve slot words at once, lane by lane,
+ * so a way mapped to the wrong lane would go unfound), and a key with the
+ * same home and hint byte but a high byte none of them has is a miss. */
+static void test_bucket_all_ways(void **state) {
+  struct fx *f = *state;
+  uint32_t nb = f->p->hdr->n_buckets;
+  enum { N = UMBP_BUCKET_WAYS + 1 };
+  umbp_key k[N + 1];
+  uint32_t slot[N];
+  uint16_t sig[N + 1];
+  struct umbp_key_shm s;
+  k[0] = itu_key(f->ns, 5000, 0);
+  shm_of(&k[0], &s);
+  uint64_t h0 = umbp_key_hash(&s);
+  uint32_t home = umbp_bucket_home(h0, nb);
+  sig[0] = umbp_key_sig(h0);
+  unsigned n = 1;
+  for (uint64_t i = 5001; i < 50000000u && n <= N; i++) {
+    umbp_key c = itu_key(f->ns, i, 0);
+    shm_of(&c, &s);
+    uint64_t h = umbp_key_hash(&s);
+    uint16_t g = umbp_key_sig(h);
+    if (umbp_bucket_home(h, nb) != home || (uint8_t)g != (uint8_t)sig[0]) continue;
+    bool fresh = true;
+    for (unsigned j = 0; j < n; j++) fresh = fresh && (g >> 8) != (sig[j] >> 8);
+    if (!fresh) continue;
+    k[n] = c;
+    sig[n++] = g;
+  }
+  assert_int_equal(n, N + 1); /* k[N]: the phantom, never published */
+  for (unsigned i = 0; i < N; i++) slot[i] = put(f->p, &k[i]);
+  const struct umbp_bucket *bk = (const struct umbp_bucket *)umbp_pool_region(f->p, UMBP_REG_BUCKETS) + home;
+  for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) /* the home is full: way w links key w */
+    assert_int_equal(umbp_way_get(bk, w), ((uint64_t)sig[w] << 32) | (slot[w] + 1));
+  uint8_t present[N + 1];
+  uint32_t got, sl[N + 1];
+  for (int round = 0; round < 2; round++) {
+    for (unsigned i = 0; i < N; i++) {
+      bool gone = round == 1 && i == 5;
+      assert_int_equal(umbp_contains(f->p, &k[i]), gone ? 0 : 1);
+      assert_int_equal(umbp_lookup_pin(f->p, &k[i], &got), gone ? -ENOENT : 0);
+      if (gone) continue;
+      assert_int_equal(got, slot[i]);
+      assert_int_equal(umbp_unpin(f->p, got), 0);
+    }
+    assert_int_equal(umbp_contains(f->p, &k[N]), 0);
+    assert_int_equal(umbp_lookup_pin(f->p, &k[N], &got), -ENOENT);
+    assert_int_equal(umbp_contains_bulk(f->p, N + 1, k, present), round == 0 ? N : N - 1);
+    for (unsigned i = 0; i <= N; i++) assert_int_equal(present[i], i < N && !(round == 1 && i == 5));
+    assert_int_equal(umbp_lookup_pin_bulk(f->p, N + 1, k, sl), round == 0 ? N : N - 1);
+    for (unsigned i = 0; i < N; i++) assert_int_equal(sl[i], round == 1 && i == 5 ? UMBP_NO_SLOT : slot[i]);
+    assert_int_equal(sl[N], UMBP_NO_SLOT);
+    assert_int_equal(umbp_unpin_bulk(f->p, N + 1, sl), 0);
+    if (round == 0) assert_int_equal(umbp_remove(f->p, &k[5]), 0);
+  }
+  for (unsigned i = 0; i < N; i++)
+    if (i != 5) assert_int_equal(umbp_remove(f->p, &k[i]), 0);
+  census_ok(f->p);
+}
+
 static void test_errors(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 2, 0);
@@ -845,6 +908,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_signature_split, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bucket_all_ways, setup, teardown),
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_first_writer_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_prefix_and_bulk, setup, teardown),
