@@ -46,8 +46,11 @@
  * contiguous range per thread. The CUDA backend (built when cudart was found
  * at build time, used when a device is present at run time) serves layouts
  * whose regions are on a CUDA device: it registers the pool mapping with
- * cudaHostRegister in a background thread, then issues batched copies on its
- * own streams and completes jobs through CUDA events, which poll/wait query.
+ * cudaHostRegister in a background thread, then copies on its own streams,
+ * by a gather/scatter kernel that reads and writes slots through the
+ * registered mapping or by the copy engines (cudaMemcpyBatchAsync), as
+ * umbp_dp_opts.cuda_copy says, and completes jobs through CUDA events, which
+ * poll/wait query.
  * umbp_dp_backends() says which backends this process can use and why not.
  *
  * CUDA IPC. umbp_dp_ipc_export() publishes cudaIpcMemHandles of a layout's
@@ -143,7 +146,28 @@ typedef struct umbp_dp_opts {
   bool cuda_register;      /* cudaHostRegister the pool mapping (default true) */
   umbp_progress_fn progress; /* registration progress ("cuda-register"); may be NULL */
   void *progress_arg;
+  int cuda_copy;           /* enum umbp_dp_cuda_copy; default UMBP_DP_CUDA_COPY_AUTO */
 } umbp_dp_opts;
+
+/* How the CUDA backend moves store/load bytes between device memory and pool
+ * slots (IPC pulls always use the copy engines). */
+enum umbp_dp_cuda_copy {
+  /* The copy kernel for jobs whose ranges (one per block and region)
+   * average under UMBP_DP_KERNEL_AUTO_MAX bytes, the copy engines otherwise. */
+  UMBP_DP_CUDA_COPY_AUTO = 0,
+  /* Copy engines only: cudaMemcpyBatchAsync (one call per stream chunk), or
+   * one cudaMemcpyAsync per range. Uses no SM time. */
+  UMBP_DP_CUDA_COPY_DMA = 1,
+  /* The copy kernel for every store and load: one CTA per (block, region)
+   * range moves 16-byte words between device memory and the pool's
+   * registered mapping. Uses SMs (shares them with the model's kernels). */
+  UMBP_DP_CUDA_COPY_KERNEL = 2,
+};
+/* In every mode the kernel is used only once the pool's registration is done
+ * (umbp_dp_cuda_registration() == 0), on a device that can address
+ * registered host memory at its host address, in a build that has the kernel
+ * (nvcc at build time) for that device; otherwise the copy engines run. */
+#define UMBP_DP_KERNEL_AUTO_MAX (256u << 10)
 
 UMBP_API void umbp_dp_opts_init(umbp_dp_opts *o);
 
@@ -227,8 +251,11 @@ UMBP_API void umbp_dp_job_release(umbp_dp_job *job);
 /* Export the CUDA regions of `layout` as rank `rank` (0..65535) of this
  * process's registry slot into "/umbp.<pool>.ipc" (created on first use),
  * replacing this process's previous export of that rank. Each region's base
- * must be the start of its cudaMalloc allocation (cudaIpcGetMemHandle gives a
- * handle to the whole allocation). 0, -EINVAL (no CUDA region), -ENOSPC
+ * may lie anywhere inside a device allocation made by cudaMalloc (a slice of
+ * a framework's caching-allocator block, K or V half of one tensor): the
+ * entry records its offset from the allocation's base, since a handle names
+ * the whole allocation. Memory from cuMemCreate (virtual memory management,
+ * e.g. PyTorch's expandable segments) has no legacy IPC handle: -EIO. 0, -EINVAL (no CUDA region), -ENOSPC
  * (table full), -ESTALE (table left by an earlier pool of the same name:
  * remove it with umbp_dp_ipc_unlink), -ENOSYS/-ENODEV (no CUDA backend), -EIO
  * (CUDA error, message says which). Any thread. */

@@ -70,6 +70,8 @@ def test_config_errors(pool_name):
         sched(pool_name + "-none", mode="standalone")
     with pytest.raises(ValueError, match="mode"):
         sched(pool_name, mode="other")
+    with pytest.raises(ValueError, match="cuda_copy='fast'.*'auto'"):
+        sched(pool_name, cuda_copy="fast")
 
 
 def test_events_semantics(pool_name):

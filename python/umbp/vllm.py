@@ -74,7 +74,9 @@ _CONFIG_KEYS = {
     "load_timeout_ms": 60000,     # a load not done by then is reported as failed
     "load_async": False,          # loads overlap other requests' steps (WAITING_FOR_REMOTE_KVS)
     "no_prefault": False,         # embedded: skip pre-faulting (tests)
+    "cuda_copy": "auto",          # CUDA tensors: auto | kernel (SM copy kernel) | dma (copy engines)
 }
+_CUDA_COPY = {"auto": 0, "dma": 1, "kernel": 2}  # enum umbp_dp_cuda_copy
 
 
 def _parse_size(v: Any, key: str) -> int:
@@ -105,6 +107,7 @@ class UMBPConfig:
     load_timeout_ms: int
     no_prefault: bool
     load_async: bool = False
+    cuda_copy: str = "auto"
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> UMBPConfig:
@@ -117,6 +120,9 @@ class UMBPConfig:
         if c["mode"] not in ("embedded", "standalone"):
             raise ValueError(f"kv_connector_extra_config.mode={c['mode']!r}: use 'embedded' "
                              "(the engine creates the pool) or 'standalone' (attach to `umbp daemon`'s pool)")
+        if c["cuda_copy"] not in _CUDA_COPY:
+            raise ValueError(f"kv_connector_extra_config.cuda_copy={c['cuda_copy']!r}: use 'auto' (the copy "
+                             "kernel for ranges under 256 KiB), 'kernel' or 'dma' (copy engines only)")
         cap = c["capacity_bytes"] if c["capacity_bytes"] is not None else c["total_capacity_bytes"]
         return cls(mode=c["mode"], pool=str(c["pool"]),
                    capacity=_parse_size(cap, "capacity_bytes") if cap is not None else None,
@@ -127,7 +133,7 @@ class UMBPConfig:
                    copy_cpus=list(c["copy_cpus"]) if c["copy_cpus"] else None,
                    numa_nodes=list(c["numa_nodes"]) if c["numa_nodes"] else None,
                    load_timeout_ms=int(c["load_timeout_ms"]), no_prefault=bool(c["no_prefault"]),
-                   load_async=bool(c["load_async"]))
+                   load_async=bool(c["load_async"]), cuda_copy=c["cuda_copy"])
 
 
 # ---- pool handling -----------------------------------------------------------
@@ -893,6 +899,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         o = L.DPOpts()
         self.lib.umbp_dp_opts_init(C.byref(o))
         o.threads = pl.copy_threads
+        o.cuda_copy = _CUDA_COPY[self.cfg.cuda_copy]
         if pl.copy_cpus:
             cpus = (C.c_uint * len(pl.copy_cpus))(*pl.copy_cpus)
             self._cpus = cpus

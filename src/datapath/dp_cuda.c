@@ -16,7 +16,17 @@
  *
  * Copies. A job's keys are split into one contiguous chunk per stream of the
  * group's device (streams are created per device on first use, non-blocking,
- * shared by the engine's jobs round-robin). A chunk's (dst, src, size)
+ * shared by the engine's jobs round-robin). A store or load chunk goes to the
+ * copy kernel (dp_kernel.cu) when the engine's mode picks it (auto: ranges
+ * averaging under UMBP_DP_KERNEL_AUTO_MAX) and the kernel can run: the pool's
+ * registration finished (the kernel reads and writes slots through the
+ * mapping, which must be registered for the whole time the kernel may touch
+ * it: the engine holds the registration until its streams are idle), the
+ * device addresses registered memory at its host address
+ * (cudaDevAttrCanUseHostPointerForRegisteredMem), and this build has code for
+ * the device. Its (block, slot address) list travels in the launch
+ * parameters, DP_KC_MAX_BLK blocks x DP_KC_MAX_REG regions per launch.
+ * Otherwise a chunk's (dst, src, size)
  * triples — one per region per block — go to the device in one
  * cudaMemcpyBatchAsync call where the runtime has it (CUDA >= 12.8; the
  * signature lost its failIdx argument in 13.0), else one cudaMemcpyAsync per
@@ -29,7 +39,11 @@
  * completed, so slots are never released under a running copy.
  *
  * IPC. Export takes cudaIpcGetMemHandle of every CUDA region and writes them
- * to the export table (dp_ipc.c). A pull finds the source rank's live
+ * to the export table (dp_ipc.c) with the region's offset inside its
+ * allocation (cuMemGetAddressRange, reached through the runtime's
+ * cudaGetDriverEntryPointByVersion, so the library does not link libcuda):
+ * a KV tensor is usually a slice of a larger allocation (the framework's
+ * caching allocator, K and V halves of one tensor). A pull finds the source rank's live
  * entries, opens them through the per-engine cache (cudaIpcOpenMemHandle with
  * lazy peer access) and copies device to device with cudaMemcpyDefault.
  */
@@ -40,8 +54,10 @@
 #include <string.h>
 
 #include <cuda_runtime_api.h>
+#include <cudaTypedefs.h> /* PFN_cuMemGetAddressRange; no link to libcuda */
 
 #include "datapath/dp_internal.h"
+#include "datapath/dp_kernel.h"
 #include "shm/pool_internal.h"
 
 #define REG_CHUNK (64ull << 30)
@@ -98,7 +114,8 @@ static void *reg_thread(void *arg) {
   cudaSetDevice(0);
   for (uint64_t off = 0; off < r->size; off += REG_CHUNK) {
     uint64_t len = r->size - off < REG_CHUNK ? r->size - off : REG_CHUNK;
-    cudaError_t e = cudaHostRegister((char *)r->base + off, len, cudaHostRegisterPortable);
+    cudaError_t e =
+        cudaHostRegister((char *)r->base + off, len, cudaHostRegisterPortable | cudaHostRegisterMapped);
     if (e != cudaSuccess) {
       snprintf(r->err, sizeof r->err, "cudaHostRegister of pool bytes [%llu, %llu): %s",
                (unsigned long long)off, (unsigned long long)(off + len), cudaGetErrorString(e));
@@ -170,6 +187,8 @@ struct cuda_eng {
   struct reg *reg;
   struct dp_ipc_cache *cache;
   int ndev;
+  int copy_mode;                /* enum umbp_dp_cuda_copy */
+  signed char kern_ok[MAX_DEV]; /* set with the device's streams: 1 the kernel can run there */
 };
 
 static int ipc_open_cb(void *arg, const struct dp_ipc_desc *d, void **ret_ptr) {
@@ -200,6 +219,7 @@ int dp_cuda_engine_init(umbp_dp_engine *eng, const umbp_dp_opts *opts) {
   pthread_mutex_init(&c->mu, NULL);
   c->nstreams = opts->cuda_streams ? opts->cuda_streams : 2;
   c->ndev = n < MAX_DEV ? n : MAX_DEV;
+  c->copy_mode = opts->cuda_copy;
   int rc = dp_ipc_cache_new(ipc_open_cb, ipc_close_cb, NULL, &c->cache);
   if (rc) {
     free(c);
@@ -264,6 +284,10 @@ static cudaStream_t *dev_streams(struct cuda_eng *c, int dev, const char **err) 
       pthread_mutex_unlock(&c->mu);
       return NULL;
     }
+    int same = 0;
+    if (cudaDeviceGetAttribute(&same, cudaDevAttrCanUseHostPointerForRegisteredMem, dev) != cudaSuccess) same = 0;
+    c->kern_ok[dev] = (signed char)(same && dp_kc_usable() == cudaSuccess);
+    cudaGetLastError(); /* dp_kc_usable's error, if any, is an answer, not a failure */
     c->streams[dev] = s;
   }
   pthread_mutex_unlock(&c->mu);
@@ -283,6 +307,47 @@ struct cuda_job {
   int dev;
 };
 
+static _Atomic uint64_t n_batches, n_ranges, n_kernels; /* relaxed: statistics only */
+
+void dp_cuda_copy_calls(uint64_t *ret_batches, uint64_t *ret_ranges, uint64_t *ret_kernels) {
+  *ret_batches = atomic_load_explicit(&n_batches, memory_order_relaxed);
+  *ret_ranges = atomic_load_explicit(&n_ranges, memory_order_relaxed);
+  *ret_kernels = atomic_load_explicit(&n_kernels, memory_order_relaxed);
+}
+
+/* Launch the copy kernel over keys [i0, i1) of a store or load job. */
+static cudaError_t copy_kernel(struct umbp_dp_job *job, unsigned i0, unsigned i1, struct dp_kc_params *p,
+                               cudaStream_t s) {
+  const struct dp_group *g = job->grp;
+  const struct dp_region *R = &job->lay->r[g->first];
+  p->to_host = job->op == DP_OP_STORE;
+  for (unsigned r0 = 0; r0 < g->count; r0 += DP_KC_MAX_REG) {
+    p->nreg = g->count - r0 < DP_KC_MAX_REG ? g->count - r0 : DP_KC_MAX_REG;
+    for (unsigned k = 0; k < p->nreg; k++)
+      p->reg[k] = (struct dp_kc_reg){.dev = (uint64_t)(uintptr_t)R[r0 + k].base, .stride = R[r0 + k].stride,
+                                     .obj_off = R[r0 + k].obj_off, .bytes = R[r0 + k].block_bytes};
+    p->nblk = 0;
+    for (unsigned i = i0; i < i1; i++) {
+      if (job->rc[i] != 0 || job->slots[i] == UMBP_NO_SLOT) continue;
+      p->blk[p->nblk] = job->blocks[i];
+      p->host[p->nblk] = (uint64_t)(uintptr_t)umbp_slot_ptr(job->eng->pool, job->slots[i]);
+      if (++p->nblk == DP_KC_MAX_BLK) {
+        cudaError_t e = dp_kc_launch(p, s);
+        if (e != cudaSuccess) return e;
+        atomic_fetch_add_explicit(&n_kernels, 1, memory_order_relaxed);
+        p->nblk = 0;
+      }
+    }
+    if (p->nblk) {
+      cudaError_t e = dp_kc_launch(p, s);
+      if (e != cudaSuccess) return e;
+      atomic_fetch_add_explicit(&n_kernels, 1, memory_order_relaxed);
+      p->nblk = 0;
+    }
+  }
+  return cudaSuccess;
+}
+
 static cudaError_t copy_batch(void **dsts, void **srcs, size_t *sizes, size_t count, cudaStream_t s) {
   if (count == 0) return cudaSuccess;
 #if CUDART_VERSION >= 12080
@@ -297,13 +362,17 @@ static cudaError_t copy_batch(void **dsts, void **srcs, size_t *sizes, size_t co
   size_t fail_idx = 0;
   cudaError_t e = cudaMemcpyBatchAsync(dsts, srcs, sizes, count, &attr, &idx, 1, &fail_idx, s);
 #endif
-  if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) return e;
+  if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) {
+    if (e == cudaSuccess) atomic_fetch_add_explicit(&n_batches, 1, memory_order_relaxed);
+    return e;
+  }
   cudaGetLastError(); /* the driver refused the batch form: fall back per range */
 #endif
   for (size_t i = 0; i < count; i++) {
     cudaError_t e2 = cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s);
     if (e2 != cudaSuccess) return e2;
   }
+  atomic_fetch_add_explicit(&n_ranges, count, memory_order_relaxed);
   return cudaSuccess;
 }
 
@@ -334,7 +403,7 @@ static int resolve_pull(struct umbp_dp_job *job, struct cuda_eng *c, char **src,
                      (unsigned long long)d[k].block_bytes, job->src_rank, (unsigned long long)r->block_bytes);
     void *p = NULL;
     if (!rc) rc = dp_ipc_cache_get(c->cache, &d[k], &p);
-    src[k] = p;
+    src[k] = p ? (char *)p + d[k].alloc_off : NULL;
     stride[k] = d[k].stride;
     count[k] = d[k].block_count;
   }
@@ -377,6 +446,12 @@ int dp_cuda_submit(struct umbp_dp_job *job) {
     }
   }
   unsigned ns = c->nstreams < job->n ? c->nstreams : job->n;
+  /* The kernel or the copy engines, for the whole job. */
+  bool kern = job->op != DP_OP_PULL && c->copy_mode != UMBP_DP_CUDA_COPY_DMA && c->kern_ok[g->device_id] &&
+              c->reg && atomic_load_explicit(&c->reg->state, memory_order_acquire) == 0 &&
+              (c->copy_mode == UMBP_DP_CUDA_COPY_KERNEL || g->obj_bytes < (uint64_t)UMBP_DP_KERNEL_AUTO_MAX * g->count);
+  struct dp_kc_params *kp = kern ? malloc(sizeof *kp) : NULL;
+  if (kern && !kp) kern = false;
   cj->ch = calloc(ns, sizeof *cj->ch);
   size_t cap = (size_t)job->n * g->count;
   void **dsts = malloc(cap * sizeof *dsts), **srcs = malloc(cap * sizeof *srcs);
@@ -424,7 +499,7 @@ int dp_cuda_submit(struct umbp_dp_job *job) {
       continue;
     }
     cudaStream_t s = streams[atomic_fetch_add_explicit(&c->rr, 1, memory_order_relaxed) % c->nstreams];
-    cudaError_t e = copy_batch(dsts, srcs, sizes, cnt, s);
+    cudaError_t e = kern ? copy_kernel(job, ch->i0, ch->i1, kp, s) : copy_batch(dsts, srcs, sizes, cnt, s);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ch->ev, cudaEventDisableTiming);
     if (e == cudaSuccess) {
       ch->has_ev = true;
@@ -439,7 +514,7 @@ int dp_cuda_submit(struct umbp_dp_job *job) {
       ch->done = true;
     }
   }
-  free(dsts), free(srcs), free(sizes), free(src), free(sstride), free(scount);
+  free(dsts), free(srcs), free(sizes), free(src), free(sstride), free(scount), free(kp);
   return 0;
 }
 
@@ -478,6 +553,30 @@ void dp_cuda_job_free(struct umbp_dp_job *job) {
 }
 
 /* ---- IPC export ------------------------------------------------------------ */
+static PFN_cuMemGetAddressRange_v3020 get_range_fn;
+static cudaError_t get_range_err;
+static pthread_once_t get_range_once = PTHREAD_ONCE_INIT;
+
+static void get_range_init(void) {
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  void *fn = NULL;
+  get_range_err = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 3020, cudaEnableDefault, &q);
+  if (get_range_err == cudaSuccess && (q != cudaDriverEntryPointSuccess || !fn))
+    get_range_err = cudaErrorSymbolNotFound;
+  get_range_fn = get_range_err == cudaSuccess ? (PFN_cuMemGetAddressRange_v3020)fn : NULL;
+}
+
+/* Offset of device pointer p from the base of the allocation holding it. */
+static cudaError_t alloc_offset(const void *p, uint64_t *ret) {
+  pthread_once(&get_range_once, get_range_init);
+  if (!get_range_fn) return get_range_err;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (get_range_fn(&base, &size, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS) return cudaErrorInvalidDevicePointer;
+  *ret = (uint64_t)((uintptr_t)p - (uintptr_t)base);
+  return cudaSuccess;
+}
+
 int dp_cuda_ipc_export(umbp_dp_engine *eng, const umbp_kv_layout *lay, unsigned rank) {
   if (!eng->cuda) {
     char why[256];
@@ -501,6 +600,13 @@ int dp_cuda_ipc_export(umbp_dp_engine *eng, const umbp_kv_layout *lay, unsigned 
         return umbp_fail(-EIO, "dp ipc export: cudaIpcGetMemHandle of region %u (group %u, layer %u): %s",
                          r->orig, g->group, r->layer, cudaGetErrorString(e));
       }
+      uint64_t off = 0;
+      if ((e = alloc_offset(r->base, &off)) != cudaSuccess) {
+        cudaGetLastError();
+        free(d);
+        return umbp_fail(-EIO, "dp ipc export: cannot find the allocation of region %u (group %u, layer %u): %s",
+                         r->orig, g->group, r->layer, cudaGetErrorString(e));
+      }
       _Static_assert(sizeof h <= DP_IPC_HANDLE_BYTES, "IPC handle fits the table");
       struct dp_ipc_desc *x = &d[n++];
       x->rank = rank;
@@ -513,6 +619,7 @@ int dp_cuda_ipc_export(umbp_dp_engine *eng, const umbp_kv_layout *lay, unsigned 
       x->stride = r->stride;
       x->block_count = r->block_count;
       x->n_regions = g->count;
+      x->alloc_off = off;
       memcpy(x->handle, &h, sizeof h);
     }
   }

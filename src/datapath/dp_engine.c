@@ -369,6 +369,8 @@ int umbp_dp_engine_create(umbp_pool *pool, const umbp_dp_opts *opts, umbp_dp_eng
     return umbp_fail(-EINVAL, "dp engine: the pool handle is read-only; attach read-write to copy blocks");
   if (opts->threads > 256) return umbp_fail(-EINVAL, "dp engine: %u threads (at most 256)", opts->threads);
   if (opts->cpus && opts->n_cpus == 0) return umbp_fail(-EINVAL, "dp engine: cpus given with n_cpus 0");
+  if (opts->cuda_copy < UMBP_DP_CUDA_COPY_AUTO || opts->cuda_copy > UMBP_DP_CUDA_COPY_KERNEL)
+    return umbp_fail(-EINVAL, "dp engine: cuda_copy %d is not a mode (0 auto, 1 dma, 2 kernel)", opts->cuda_copy);
   for (unsigned i = 0; opts->cpus && i < opts->n_cpus; i++)
     if (opts->cpus[i] >= CPU_SETSIZE) return umbp_fail(-EINVAL, "dp engine: cpu %u out of range", opts->cpus[i]);
   umbp_dp_engine *eng = calloc(1, sizeof *eng);

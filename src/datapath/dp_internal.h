@@ -113,6 +113,10 @@ int dp_cuda_progress(struct umbp_dp_job *job);
 void dp_cuda_job_free(struct umbp_dp_job *job);
 int dp_cuda_registration(umbp_dp_engine *eng, uint64_t *ret_done, uint64_t *ret_total);
 int dp_cuda_ipc_export(umbp_dp_engine *eng, const umbp_kv_layout *lay, unsigned rank);
+/* Process-wide counts of copy issues: chunks sent as one cudaMemcpyBatchAsync,
+ * ranges sent one cudaMemcpyAsync each (the fallback), copy-kernel launches.
+ * For benchmarks and tests. */
+void dp_cuda_copy_calls(uint64_t *ret_batches, uint64_t *ret_ranges, uint64_t *ret_kernels);
 /* ---- IPC export table (dp_ipc.c; integers only, no CUDA needed) --------- */
 #define DP_IPC_HANDLE_BYTES 64
 struct dp_ipc_desc {          /* one exported region */
@@ -123,6 +127,9 @@ struct dp_ipc_desc {          /* one exported region */
   int32_t kind;
   uint64_t block_bytes, stride;
   uint32_t block_count, n_regions; /* n_regions of that group */
+  /* The region's base minus the base of the allocation the handle names
+   * (cudaIpcOpenMemHandle maps the whole allocation and returns its base). */
+  uint64_t alloc_off;
   uint8_t handle[DP_IPC_HANDLE_BYTES];
   /* filled by lookups: */
   uint32_t proc_slot;

@@ -28,6 +28,14 @@
  * it and the next exporter's CAS takes it over (and its seq increments make
  * it even again).
  *
+ * A handle names a whole device allocation and cudaIpcOpenMemHandle returns
+ * that allocation's base, while a region (a KV tensor, or its K or V half)
+ * may start anywhere inside it: each entry carries alloc_off, the region's
+ * base minus its allocation's base, which the puller adds to the opened
+ * pointer. Opening the same handle twice in one context (K and V of one
+ * allocation) returns the same pointer with a reference count; each region's
+ * cache entry closes once.
+ *
  * The cache maps (owner slot, incarnation, rank, group, region) to the
  * pointer returned by the open callback (cudaIpcOpenMemHandle), in a
  * cds_lfht of the memb flavour: lookups run under the RCU read lock from any
@@ -53,7 +61,7 @@
 #include "shm/pool_internal.h"
 
 #define IPC_MAGIC 0x31435049504d4255ull /* "UMBPIPC1" */
-#define IPC_MAJOR 1
+#define IPC_MAJOR 2 /* 2: entries carry alloc_off; a 1.x reader would open the wrong address */
 #define IPC_MINOR 0
 #define IPC_ENTRIES 4096
 
@@ -76,7 +84,8 @@ struct ipc_entry {
   uint64_t block_bytes, stride;
   uint32_t block_count, pad;
   uint8_t handle[DP_IPC_HANDLE_BYTES];
-  uint8_t reserved[32];
+  uint64_t alloc_off; /* region base - allocation base (layout 2.0) */
+  uint8_t reserved[24];
 };
 
 _Static_assert(sizeof(struct ipc_hdr) == 128, "ipc header layout is frozen");
@@ -271,6 +280,7 @@ int dp_ipc_publish(umbp_pool *pool, unsigned rank, const struct dp_ipc_desc *des
     e->block_bytes = d->block_bytes;
     e->stride = d->stride;
     e->block_count = d->block_count;
+    e->alloc_off = d->alloc_off;
     memcpy(e->handle, d->handle, DP_IPC_HANDLE_BYTES);
     s = atomic_load_explicit(&e->seq, memory_order_relaxed);
     /* Even again; pairs with the reader's acquire load of seq. */
@@ -303,6 +313,7 @@ int dp_ipc_find(umbp_pool *pool, unsigned rank, uint16_t group, struct dp_ipc_de
                               .device_id = e->device_id, .layer = e->layer, .kind = e->kind,
                               .block_bytes = e->block_bytes, .stride = e->stride,
                               .block_count = e->block_count, .n_regions = e->n_regions,
+                              .alloc_off = e->alloc_off,
                               .proc_slot = (uint32_t)(o & 0xff) - 1, .incarnation = o >> 8};
       memcpy(d.handle, e->handle, DP_IPC_HANDLE_BYTES);
       atomic_thread_fence(memory_order_acquire); /* field reads before the re-check */

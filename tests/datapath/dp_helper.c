@@ -5,6 +5,11 @@
  *   dp_helper load POOL RANK       load them into blocks 16..31, check bytes
  *   dp_helper export POOL RANK N   export N fake IPC regions, print
  *                                  "exported", then wait to be killed
+ *   dp_helper gpu-export POOL RANK export K/V regions of one cuda:0
+ *                                  allocation, print "exported", wait
+ *   dp_helper gpu-bad-copy POOL RANK MODE  store from freed device memory
+ *                                  with copy mode MODE (umbp_dp_cuda_copy),
+ *                                  print "status S present P: MESSAGE"
  * Exit 0 on success, 1 on failure (a line on stdout says why). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,18 +61,23 @@ int main(int argc, char **argv) {
     for (;;) pause();
   }
 #if UMBP_HAVE_CUDA
-  if (!strcmp(argv[1], "gpu-export")) { /* 2 regions (K,V) of 8 blocks of 64 KiB on cuda:0 */
+  if (!strcmp(argv[1], "gpu-export")) {
+    /* K and V of 8 blocks of 64 KiB on cuda:0, both inside ONE allocation
+     * and neither at its start (as a framework's caching allocator and a
+     * [2, blocks, ...] KV tensor place them): K at +4 KiB, V right after. */
     uint64_t bytes[2] = {65536, 65536};
     static struct kvc h;
     kvc_init(&h, 2, 8, bytes, 0, 1);
     umbp_kv_region reg[2];
+    char *d;
+    if (cudaMalloc((void **)&d, 4096 + 2 * 8 * 65536) != cudaSuccess) return fail("cudaMalloc", -ENOMEM);
+    if (cudaMemset(d, 0xee, 4096) != cudaSuccess) return fail("cudaMemset", -EIO);
+    for (unsigned b = 0; b < 8; b++) kvc_fill(&h, b, 77, b);
     for (int r = 0; r < 2; r++) {
-      void *d;
-      if (cudaMalloc(&d, 8 * 65536) != cudaSuccess) return fail("cudaMalloc", -ENOMEM);
-      for (unsigned b = 0; b < 8; b++) kvc_fill(&h, b, 77, b);
-      if (cudaMemcpy(d, h.mem[r], 8 * 65536, cudaMemcpyHostToDevice) != cudaSuccess) return fail("H2D", -EIO);
+      char *base = d + 4096 + (uint64_t)r * 8 * 65536;
+      if (cudaMemcpy(base, h.mem[r], 8 * 65536, cudaMemcpyHostToDevice) != cudaSuccess) return fail("H2D", -EIO);
       reg[r] = h.reg[r];
-      reg[r].base = d;
+      reg[r].base = base;
       reg[r].device = UMBP_DP_CUDA;
       reg[r].device_id = 0;
     }
@@ -79,6 +89,57 @@ int main(int argc, char **argv) {
     printf("exported\n");
     fflush(stdout);
     for (;;) pause();
+  }
+  if (!strcmp(argv[1], "gpu-bad-copy")) {
+    /* Store from device memory that was freed after the layout was made:
+     * the copy must fail per key with CUDA's error string and publish
+     * nothing. Runs in its own process in case the driver does worse. */
+    uint64_t bytes[2] = {16384, 16384};
+    int mode = argc > 4 ? atoi(argv[4]) : UMBP_DP_CUDA_COPY_DMA;
+    static struct kvc h;
+    kvc_init(&h, 2, 4, bytes, 0, 1);
+    umbp_kv_region reg[2];
+    for (int r = 0; r < 2; r++) {
+      void *dv;
+      /* Copy engines: a small allocation, whose freed range the runtime
+       * still knows as device memory and refuses ("invalid argument"); an
+       * address it does not know is taken for host memory. Kernel: 32 MiB,
+       * an allocation of its own that cudaFree unmaps, so the kernel faults
+       * (a small one may stay mapped in the driver's sub-allocator). */
+      size_t sz = mode == UMBP_DP_CUDA_COPY_DMA ? 4 * 16384 : 32u << 20;
+      if (cudaMalloc(&dv, sz) != cudaSuccess) return fail("cudaMalloc", -ENOMEM);
+      reg[r] = h.reg[r];
+      reg[r].base = dv;
+      reg[r].device = UMBP_DP_CUDA;
+      reg[r].device_id = 0;
+    }
+    uint32_t ns;
+    if ((rc = umbp_ns_register(pool, "dp-bad", &ns))) return fail("ns", rc);
+    umbp_kv_layout *lay;
+    umbp_dp_engine *e;
+    if ((rc = umbp_kv_layout_create(pool, reg, 2, &lay))) return fail("layout", rc);
+    umbp_dp_opts o;
+    umbp_dp_opts_init(&o);
+    o.cuda_copy = mode;
+    if ((rc = umbp_dp_engine_create(pool, &o, &e))) return fail("engine", rc);
+    while ((rc = umbp_dp_cuda_registration(e, NULL, NULL)) == -EINPROGRESS) usleep(1000);
+    if (rc) return fail("registration", rc);
+    for (int r = 0; r < 2; r++) cudaFree(reg[r].base);
+    uint32_t ids[4] = {0, 1, 2, 3};
+    umbp_key k[4];
+    for (unsigned i = 0; i < 4; i++) k[i] = dp_key(ns, 5, i);
+    umbp_dp_job *j;
+    if ((rc = umbp_dp_store(e, lay, 0, -1, 4, ids, k, 0, &j))) return fail("store", rc);
+    if ((rc = umbp_dp_job_wait(j, 20000))) return fail("wait", rc);
+    int present = 0;
+    for (unsigned i = 0; i < 4; i++) present += umbp_contains(pool, &k[i]);
+    printf("status %d present %d: %s\n", umbp_dp_job_status(j), present, umbp_dp_job_message(j, 0));
+    fflush(stdout);
+    umbp_dp_job_release(j);
+    umbp_dp_engine_destroy(e);
+    umbp_kv_layout_free(lay);
+    umbp_pool_detach(pool);
+    return 0;
   }
 #endif
   uint32_t ns;

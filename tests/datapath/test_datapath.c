@@ -227,6 +227,17 @@ static void test_bad_args(void **st) {
   umbp_dp_engine *e2 = NULL;
   assert_int_equal(umbp_dp_engine_create(f.pool, &o, &e2), -EINVAL);
   assert_null(e2);
+  umbp_dp_opts_init(&o);
+  assert_int_equal(o.cuda_copy, UMBP_DP_CUDA_COPY_AUTO);
+  for (int bad = -1; bad <= 3; bad += 4) {
+    o.cuda_copy = bad;
+    assert_int_equal(umbp_dp_engine_create(f.pool, &o, &e2), -EINVAL);
+    assert_non_null(strstr(umbp_last_error(), "cuda_copy"));
+    assert_null(e2);
+  }
+  o.cuda_copy = UMBP_DP_CUDA_COPY_KERNEL; /* valid without a GPU: host jobs ignore it */
+  assert_int_equal(umbp_dp_engine_create(f.pool, &o, &e2), 0);
+  umbp_dp_engine_destroy(e2);
   umbp_dp_engine_destroy(e);
   umbp_kv_layout_free(lay);
   kvc_free(&c);

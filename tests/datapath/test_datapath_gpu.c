@@ -3,6 +3,7 @@
  * build has no cudart or the runtime reports no device. */
 #include "test_util.h"
 
+#include "datapath/dp_internal.h"
 #include "dp_test_util.h"
 #include "umbp/datapath.h"
 #include "umbp_config.h"
@@ -26,7 +27,7 @@ struct gfx {
   umbp_dp_engine *e;
 };
 
-static void gfx_open(struct gfx *f, const char *tag) {
+static void gfx_open_mode(struct gfx *f, const char *tag, int mode) {
   snprintf(f->name, sizeof f->name, "%s", tu_name(tag));
   umbp_pool_params p;
   umbp_pool_params_init(&p);
@@ -36,8 +37,13 @@ static void gfx_open(struct gfx *f, const char *tag) {
   p.mempolicy = UMBP_MPOL_NONE;
   assert_int_equal(umbp_pool_create(f->name, &p, &f->pool), 0);
   assert_int_equal(umbp_ns_register(f->pool, "gpu", &f->ns), 0);
-  assert_int_equal(umbp_dp_engine_create(f->pool, NULL, &f->e), 0);
+  umbp_dp_opts o;
+  umbp_dp_opts_init(&o);
+  o.cuda_copy = mode;
+  assert_int_equal(umbp_dp_engine_create(f->pool, &o, &f->e), 0);
 }
+
+static void gfx_open(struct gfx *f, const char *tag) { gfx_open_mode(f, tag, UMBP_DP_CUDA_COPY_AUTO); }
 
 static void gfx_close(struct gfx *f) {
   umbp_dp_engine_destroy(f->e);
@@ -71,60 +77,121 @@ static void test_registration(void **st) {
 #endif
 }
 
-static void test_d2h_h2d(void **st) {
-  (void)st;
-  if (!need_gpu()) skip();
-#if UMBP_HAVE_CUDA
+/* Store blocks 0..n-1 of a layout on cuda:0 with engine copy mode `mode`,
+ * zero the device regions, load them into blocks n..2n-1, and compare every
+ * byte (padding between blocks must stay zero) through a host mirror.
+ * *ret_kern / *ret_dma: copy-kernel launches and copy-engine issues the two
+ * jobs made. */
+static void roundtrip(int mode, unsigned nreg, unsigned n, const uint64_t *bytes, uint64_t pad,
+                      uint64_t *ret_kern, uint64_t *ret_dma) {
   struct gfx f;
-  gfx_open(&f, "gpurt");
+  gfx_open_mode(&f, "gpurt", mode);
   assert_int_equal(wait_registered(f.e), 0);
-  /* 4 layers x K,V on cuda:0, 16 KiB per block, 32 blocks; a host mirror to check. */
-  uint64_t bytes[8];
-  for (int i = 0; i < 8; i++) bytes[i] = 16384;
   static struct kvc h;
-  kvc_init(&h, 8, 32, bytes, 0, 1);
-  umbp_kv_region reg[8];
-  void *dev[8];
-  for (int r = 0; r < 8; r++) {
-    assert_int_equal(cudaMalloc(&dev[r], 32 * 16384), cudaSuccess);
-    for (unsigned b = 0; b < 16; b++) kvc_fill(&h, b, 11, b);
-    assert_int_equal(cudaMemcpy(dev[r], h.mem[r], 32 * 16384, cudaMemcpyHostToDevice), cudaSuccess);
+  kvc_init(&h, nreg, 2 * n, bytes, pad, 1);
+  umbp_kv_region *reg = calloc(nreg, sizeof *reg);
+  void **dev = calloc(nreg, sizeof *dev);
+  assert_non_null(reg);
+  assert_non_null(dev);
+  for (unsigned b = 0; b < n; b++) kvc_fill(&h, b, 11, b);
+  for (unsigned r = 0; r < nreg; r++) {
+    uint64_t len = (uint64_t)2 * n * h.reg[r].stride;
+    assert_int_equal(cudaMalloc(&dev[r], len), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dev[r], h.mem[r], len, cudaMemcpyHostToDevice), cudaSuccess);
     reg[r] = h.reg[r];
     reg[r].base = dev[r];
     reg[r].device = UMBP_DP_CUDA;
     reg[r].device_id = 0;
   }
   umbp_kv_layout *lay;
-  assert_int_equal(umbp_kv_layout_create(f.pool, reg, 8, &lay), 0);
-  uint32_t ids[16], dst[16];
-  umbp_key k[16];
-  for (unsigned i = 0; i < 16; i++) ids[i] = i, dst[i] = 16 + i, k[i] = dp_key(f.ns, 11, i);
+  assert_int_equal(umbp_kv_layout_create(f.pool, reg, nreg, &lay), 0);
+  uint32_t *ids = calloc(n, sizeof *ids), *dst = calloc(n, sizeof *dst);
+  umbp_key *k = calloc(n, sizeof *k);
+  for (unsigned i = 0; i < n; i++) ids[i] = i, dst[i] = n + i, k[i] = dp_key(f.ns, 11, i);
+  uint64_t b0, r0, k0, b1, r1, k1;
+  dp_cuda_copy_calls(&b0, &r0, &k0);
   umbp_dp_job *j;
-  assert_int_equal(umbp_dp_store(f.e, lay, 0, -1, 16, ids, k, 0, &j), 0);
+  assert_int_equal(umbp_dp_store(f.e, lay, 0, -1, n, ids, k, 0, &j), 0);
   assert_int_equal(umbp_dp_job_wait(j, 20000), 0);
+  if (umbp_dp_job_status(j)) printf("# store: %s\n", umbp_dp_job_message(j, 0));
   assert_int_equal(umbp_dp_job_status(j), 0);
   umbp_dp_job_release(j);
-  for (int r = 0; r < 8; r++) assert_int_equal(cudaMemset(dev[r], 0, 32 * 16384), cudaSuccess);
-  assert_int_equal(umbp_dp_load(f.e, lay, 0, 16, k, dst, &j), 0);
+  for (unsigned i = 0; i < n; i++) assert_true(umbp_contains(f.pool, &k[i]));
+  for (unsigned r = 0; r < nreg; r++)
+    assert_int_equal(cudaMemset(dev[r], 0, (uint64_t)2 * n * h.reg[r].stride), cudaSuccess);
+  assert_int_equal(umbp_dp_load(f.e, lay, 0, n, k, dst, &j), 0);
   assert_int_equal(umbp_dp_job_wait(j, 20000), 0);
+  if (umbp_dp_job_status(j)) printf("# load: %s\n", umbp_dp_job_message(j, 0));
   assert_int_equal(umbp_dp_job_status(j), 0);
   umbp_dp_job_release(j);
+  dp_cuda_copy_calls(&b1, &r1, &k1);
+  *ret_kern = k1 - k0;
+  *ret_dma = (b1 - b0) + (r1 - r0);
   kvc_zero(&h);
-  for (int r = 0; r < 8; r++)
-    assert_int_equal(cudaMemcpy(h.mem[r], dev[r], 32 * 16384, cudaMemcpyDeviceToHost), cudaSuccess);
-  for (unsigned i = 0; i < 16; i++) {
+  for (unsigned r = 0; r < nreg; r++)
+    assert_int_equal(cudaMemcpy(h.mem[r], dev[r], (uint64_t)2 * n * h.reg[r].stride, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+  for (unsigned i = 0; i < n; i++) {
     assert_true(kvc_check(&h, dst[i], 11, i));
     assert_true(kvc_is_zero(&h, ids[i]));
   }
   umbp_kv_layout_free(lay);
-  for (int r = 0; r < 8; r++) cudaFree(dev[r]);
-  kvc_free(&h);
+  for (unsigned r = 0; r < nreg; r++) cudaFree(dev[r]);
+  for (unsigned r = 0; r < nreg; r++) free(h.mem[r]);
+  free(reg), free(dev), free(ids), free(dst), free(k);
   gfx_close(&f);
+}
+
+/* 4 layers x K,V of 16 KiB per block, 16 blocks, through the copy engines. */
+static void test_d2h_h2d_dma(void **st) {
+  (void)st;
+  if (!need_gpu()) skip();
+#if UMBP_HAVE_CUDA
+  uint64_t bytes[8], kern, dma;
+  for (int i = 0; i < 8; i++) bytes[i] = 16384;
+  roundtrip(UMBP_DP_CUDA_COPY_DMA, 8, 16, bytes, 0, &kern, &dma);
+  printf("# dma: %llu copy-engine issues, %llu kernel launches\n", (unsigned long long)dma,
+         (unsigned long long)kern);
+  assert_int_equal(kern, 0);
+  assert_true(dma > 0);
 #endif
 }
 
-/* The helper (another process) exports its cuda:0 KV regions as rank 3;
- * this process pulls blocks device to device and checks them. */
+/* The same through the copy kernel (auto picks it for 16 KiB ranges). */
+static void test_d2h_h2d_kernel(void **st) {
+  (void)st;
+  if (!need_gpu()) skip();
+#if UMBP_HAVE_CUDA
+  uint64_t bytes[8], kern, dma;
+  for (int i = 0; i < 8; i++) bytes[i] = 16384;
+  roundtrip(UMBP_DP_CUDA_COPY_AUTO, 8, 16, bytes, 0, &kern, &dma);
+  printf("# auto: %llu kernel launches, %llu copy-engine issues\n", (unsigned long long)kern,
+         (unsigned long long)dma);
+  assert_true(kern > 0);
+  assert_int_equal(dma, 0);
+#endif
+}
+
+/* The kernel's split and byte paths: 100 regions (3 launches of at most 48
+ * regions), 200 blocks (2 launches of at most 160 blocks), odd sizes and
+ * padding (unaligned ranges, object offsets not multiples of 16). */
+static void test_d2h_h2d_kernel_odd(void **st) {
+  (void)st;
+  if (!need_gpu()) skip();
+#if UMBP_HAVE_CUDA
+  uint64_t bytes[100], kern, dma;
+  for (int i = 0; i < 100; i++) bytes[i] = i % 3 ? 1024 : 1000 + (uint64_t)i;
+  roundtrip(UMBP_DP_CUDA_COPY_KERNEL, 100, 200, bytes, 24, &kern, &dma);
+  printf("# kernel: %llu launches\n", (unsigned long long)kern);
+  assert_true(kern >= 2 * 2 * 3); /* store and load, >= 2 block batches x 3 region batches each */
+  assert_int_equal(dma, 0);
+#endif
+}
+
+/* The helper (another process) exports its cuda:0 KV regions as rank 3 (K
+ * and V inside one allocation, at +4 KiB and after K); this process pulls
+ * blocks device to device and checks them: a pull that ignored the regions'
+ * offsets inside the allocation would read the 0xee bytes before K. */
 static void test_ipc_pull(void **st) {
   (void)st;
   if (!need_gpu()) skip();
@@ -175,6 +242,50 @@ static void test_ipc_pull(void **st) {
 #endif
 }
 
+/* A CUDA copy error is a per-key failure carrying CUDA's error string, and a
+ * failed store publishes nothing nor keeps a slot (the helper stores from
+ * freed device memory): the copy engines refuse the range at issue; the
+ * kernel faults, and the stream's event reports it. */
+#if UMBP_HAVE_CUDA
+static void copy_error(int mode, const char *want) {
+  struct gfx f;
+  gfx_open(&f, "gpuerr");
+  char ms[8];
+  snprintf(ms, sizeof ms, "%d", mode);
+  char *argv[] = {(char *)getenv("UMBP_DP_HELPER"), "gpu-bad-copy", f.name, "0", ms, NULL};
+  assert_non_null(argv[0]);
+  int fd;
+  pid_t pid = tu_spawn(argv, &fd);
+  char line[512];
+  int n = tu_readline(fd, line, sizeof line);
+  printf("# helper (mode %d): %s\n", mode, n > 0 ? line : "(no output)");
+  int code = tu_wait(pid);
+  close(fd);
+  assert_true(n > 0);
+  assert_int_equal(code, 0);
+  int status = 0, present = -1;
+  assert_int_equal(sscanf(line, "status %d present %d", &status, &present), 2);
+  assert_int_equal(status, -EIO);
+  assert_int_equal(present, 0);
+  assert_non_null(strstr(line, want));
+  umbp_pool_info info;
+  assert_int_equal(umbp_pool_reap(f.pool) >= 0, 1);
+  assert_int_equal(umbp_pool_get_info(f.pool, &info), 0);
+  for (uint32_t q = 0; q < info.n_partitions; q++)
+    assert_int_equal(info.partitions[q].free_slots, info.partitions[q].slot_count);
+  gfx_close(&f);
+}
+#endif
+
+static void test_copy_error(void **st) {
+  (void)st;
+  if (!need_gpu()) skip();
+#if UMBP_HAVE_CUDA
+  copy_error(UMBP_DP_CUDA_COPY_DMA, "CUDA copy: ");
+  copy_error(UMBP_DP_CUDA_COPY_KERNEL, "CUDA copy: ");
+#endif
+}
+
 static void test_bench_cuda(void **st) {
   (void)st;
   if (!need_gpu()) skip();
@@ -198,8 +309,11 @@ int main(void) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registration),
-      cmocka_unit_test(test_d2h_h2d),
+      cmocka_unit_test(test_d2h_h2d_dma),
+      cmocka_unit_test(test_d2h_h2d_kernel),
+      cmocka_unit_test(test_d2h_h2d_kernel_odd),
       cmocka_unit_test(test_ipc_pull),
+      cmocka_unit_test(test_copy_error),
       cmocka_unit_test(test_bench_cuda),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "datapath/dp_internal.h"
 #include "umbp/datapath.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
@@ -36,9 +37,12 @@
 
 int bench_copy_main(int argc, char **argv);
 
+static const char *const copy_names[] = {"auto", "dma", "kernel"};
+static int cuda_copy = UMBP_DP_CUDA_COPY_AUTO; /* --cuda-copy */
+
 static const char *copy_usage =
     "Usage: umbp bench copy [--threads N] [--cpus LIST] [--cases LIST] [--reps N]\n"
-    "                       [--bytes SIZE] [--cuda] [--json]\n"
+    "                       [--bytes SIZE] [--cuda [--cuda-copy MODE]] [--json]\n"
     "\n"
     "Measure the data path's store (KV regions -> pool slots, then publish) and load\n"
     "(pin, pool slots -> KV regions, unpin) throughput beside a reference that copies\n"
@@ -61,6 +65,10 @@ static const char *copy_usage =
     "                  at most 2GiB).\n"
     "  --cuda          regions on cuda:0 through the CUDA backend, reference\n"
     "                  cudaMemcpy of pinned buffers (needs a GPU and a CUDA build).\n"
+    "  --cuda-copy MODE  how the CUDA backend copies (umbp_dp_opts.cuda_copy):\n"
+    "                  auto (default: the copy kernel for ranges averaging under\n"
+    "                  256 KiB, else the copy engines), dma (copy engines only:\n"
+    "                  cudaMemcpyBatchAsync), kernel (the copy kernel always).\n"
     "  --json          one JSON object instead of the table.\n"
     "  -h, --help      this text.\n"
     "\n"
@@ -68,7 +76,9 @@ static const char *copy_usage =
     "load our GB/s (1e9 bytes/s), the reference's GB/s and ours/reference. JSON:\n"
     "{\"backend\", \"threads\", \"reps\", \"bytes_per_job\", \"reference\", \"cases\": [{\"case\",\n"
     "\"object_bytes\", \"regions\", \"blocks\", \"store_gbps\", \"store_ref_gbps\",\n"
-    "\"store_ratio\", \"load_gbps\", \"load_ref_gbps\", \"load_ratio\"}]}.\n"
+    "\"store_ratio\", \"load_gbps\", \"load_ref_gbps\", \"load_ratio\"}]}; with --cuda also\n"
+    "\"cuda_copy\" and the process's copy issues: \"cuda_kernel_launches\",\n"
+    "\"cuda_batch_calls\" (cudaMemcpyBatchAsync) and \"cuda_range_calls\" (cudaMemcpyAsync).\n"
     "\n"
     "Exit status: 0 measured; 1 a runtime failure (pool, CUDA, a failed job); 2 usage.\n"
     "\n"
@@ -250,6 +260,7 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
   o.threads = threads;
   o.cpus = cpus;
   o.n_cpus = ncpus;
+  o.cuda_copy = cuda_copy;
   if ((rc = umbp_dp_engine_create(pool, &o, &e))) {
     cli_error("bench copy: engine: %s", umbp_last_error());
     goto out;
@@ -400,10 +411,12 @@ int bench_copy_main(int argc, char **argv) {
                                      {"cases", required_argument, 0, 'C'},   {"reps", required_argument, 0, 'r'},
                                      {"bytes", required_argument, 0, 'b'},   {"cuda", no_argument, 0, 'g'},
                                      {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+                                     {"cuda-copy", required_argument, 0, 'm'},
                                      {0, 0, 0, 0}};
   unsigned threads = 2, reps = 5;
   uint64_t bytes = 256ull << 20;
-  bool json = false, cuda = false;
+  bool json = false, cuda = false, copy_given = false;
+  cuda_copy = UMBP_DP_CUDA_COPY_AUTO;
   int cpus_i[256];
   unsigned cpus[256], ncpus = 0;
   const char *cases_s = "64KiBx2,256KiBx16,1MiBx80,4MiBx160";
@@ -415,6 +428,15 @@ int bench_copy_main(int argc, char **argv) {
     case 'r': reps = (unsigned)atoi(optarg); break;
     case 'C': cases_s = optarg; break;
     case 'g': cuda = true; break;
+    case 'm': {
+      int m = -1;
+      for (int k = 0; k < 3; k++)
+        if (!strcmp(optarg, copy_names[k])) m = k;
+      if (m < 0) return cli_usage_error("bench copy", "--cuda-copy '%s': one of auto, dma, kernel", optarg);
+      cuda_copy = m;
+      copy_given = true;
+      break;
+    }
     case 'j': json = true; break;
     case 'b':
       if (cli_parse_size(optarg, &bytes) || bytes == 0 || bytes > (2ull << 30))
@@ -432,6 +454,7 @@ int bench_copy_main(int argc, char **argv) {
     }
   }
   if (optind < argc) return cli_usage_error("bench copy", "unexpected argument '%s'", argv[optind]);
+  if (copy_given && !cuda) return cli_usage_error("bench copy", "--cuda-copy needs --cuda");
   if (threads < 1 || threads > 64) return cli_usage_error("bench copy", "--threads: 1..64");
   if (reps < 1 || reps > 1000) return cli_usage_error("bench copy", "--reps: 1..1000");
   struct bcase cases[32];
@@ -454,6 +477,8 @@ int bench_copy_main(int argc, char **argv) {
   for (unsigned i = 0; i < nc; i++)
     if (run_case(&cases[i], threads, ncpus ? cpus : NULL, ncpus, reps, bytes, cuda, &res[i])) return CLI_RUNTIME;
   const char *refname = cuda ? "cudaMemcpy of pinned buffers" : "memcpy";
+  uint64_t nbatch = 0, nrange = 0, nkern = 0;
+  dp_cuda_copy_calls(&nbatch, &nrange, &nkern);
   if (json) {
     struct json j;
     json_begin(&j, stdout);
@@ -463,6 +488,12 @@ int bench_copy_main(int argc, char **argv) {
     json_u64(&j, "reps", reps);
     json_u64(&j, "bytes_per_job", bytes);
     json_str(&j, "reference", refname);
+    if (cuda) {
+      json_u64(&j, "cuda_batch_calls", nbatch);
+      json_u64(&j, "cuda_range_calls", nrange);
+      json_u64(&j, "cuda_kernel_launches", nkern);
+      json_str(&j, "cuda_copy", copy_names[cuda_copy]);
+    }
     json_arr(&j, "cases");
     for (unsigned i = 0; i < nc; i++) {
       json_obj(&j, NULL);
@@ -491,5 +522,9 @@ int bench_copy_main(int argc, char **argv) {
     printf("%-12s %7u %6u | %10.2f %10.2f %6.2f | %10.2f %10.2f %6.2f\n", cases[i].name, cases[i].nreg,
            res[i].blocks, res[i].store, res[i].store_ref, res[i].store / res[i].store_ref, res[i].load,
            res[i].load_ref, res[i].load / res[i].load_ref);
+  if (cuda)
+    printf("CUDA copy mode %s: %llu copy-kernel launches, %llu chunks as one cudaMemcpyBatchAsync each, %llu ranges "
+           "as one cudaMemcpyAsync each\n",
+           copy_names[cuda_copy], (unsigned long long)nkern, (unsigned long long)nbatch, (unsigned long long)nrange);
   return CLI_OK;
 }
