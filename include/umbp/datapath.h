@@ -147,20 +147,27 @@ typedef struct umbp_dp_opts {
   umbp_progress_fn progress; /* registration progress ("cuda-register"); may be NULL */
   void *progress_arg;
   int cuda_copy;           /* enum umbp_dp_cuda_copy; default UMBP_DP_CUDA_COPY_AUTO */
+  unsigned cuda_kernel_ctas; /* CTAs (of 256 threads) per copy-kernel launch, 1..1024; 0: 16.
+                              Fewer leave more of the GPU to the model's kernels. */
 } umbp_dp_opts;
 
 /* How the CUDA backend moves store/load bytes between device memory and pool
  * slots (IPC pulls always use the copy engines). */
 enum umbp_dp_cuda_copy {
-  /* The copy kernel for jobs whose ranges (one per block and region)
-   * average under UMBP_DP_KERNEL_AUTO_MAX bytes, the copy engines otherwise. */
+  /* Loads (a request waits for them) through the copy kernel when their
+   * ranges (one per block and region) average under UMBP_DP_KERNEL_AUTO_MAX
+   * bytes; stores (nobody waits) and larger ranges through the copy engines,
+   * which leave the SMs to the model. On an H200 the kernel's device->host
+   * writes slowed a concurrent HBM-streaming kernel 2.4-3.1x, its
+   * host->device reads 1.4-1.5x, the copy engines 1.0-1.07x. */
   UMBP_DP_CUDA_COPY_AUTO = 0,
   /* Copy engines only: cudaMemcpyBatchAsync (one call per stream chunk), or
    * one cudaMemcpyAsync per range. Uses no SM time. */
   UMBP_DP_CUDA_COPY_DMA = 1,
-  /* The copy kernel for every store and load: one CTA per (block, region)
-   * range moves 16-byte words between device memory and the pool's
-   * registered mapping. Uses SMs (shares them with the model's kernels). */
+  /* The copy kernel for every store and load: cuda_kernel_ctas CTAs per
+   * launch stride over the (block, region) ranges, moving 16-byte words
+   * between device memory and the pool's registered mapping. Uses that many
+   * CTAs' share of the SMs while it runs (the model's kernels share them). */
   UMBP_DP_CUDA_COPY_KERNEL = 2,
 };
 /* In every mode the kernel is used only once the pool's registration is done

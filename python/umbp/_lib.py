@@ -75,7 +75,8 @@ class KVRegion(C.Structure):
 class DPOpts(C.Structure):
     _fields_ = [("threads", C.c_uint), ("cpus", C.POINTER(C.c_uint)), ("n_cpus", C.c_uint),
                 ("cuda_streams", C.c_uint), ("cuda_register", C.c_bool),
-                ("progress", PROGRESS_FN), ("progress_arg", C.c_void_p), ("cuda_copy", C.c_int)]
+                ("progress", PROGRESS_FN), ("progress_arg", C.c_void_p), ("cuda_copy", C.c_int),
+                ("cuda_kernel_ctas", C.c_uint)]
 
 
 class Event(C.Structure):

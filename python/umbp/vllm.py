@@ -74,7 +74,7 @@ _CONFIG_KEYS = {
     "load_timeout_ms": 60000,     # a load not done by then is reported as failed
     "load_async": False,          # loads overlap other requests' steps (WAITING_FOR_REMOTE_KVS)
     "no_prefault": False,         # embedded: skip pre-faulting (tests)
-    "cuda_copy": "auto",          # CUDA tensors: auto | kernel (SM copy kernel) | dma (copy engines)
+    "cuda_copy": "auto",          # CUDA tensors: auto (kernel loads, copy-engine stores) | kernel | dma
 }
 _CUDA_COPY = {"auto": 0, "dma": 1, "kernel": 2}  # enum umbp_dp_cuda_copy
 
@@ -121,8 +121,8 @@ class UMBPConfig:
             raise ValueError(f"kv_connector_extra_config.mode={c['mode']!r}: use 'embedded' "
                              "(the engine creates the pool) or 'standalone' (attach to `umbp daemon`'s pool)")
         if c["cuda_copy"] not in _CUDA_COPY:
-            raise ValueError(f"kv_connector_extra_config.cuda_copy={c['cuda_copy']!r}: use 'auto' (the copy "
-                             "kernel for ranges under 256 KiB), 'kernel' or 'dma' (copy engines only)")
+            raise ValueError(f"kv_connector_extra_config.cuda_copy={c['cuda_copy']!r}: use 'auto' (loads by "
+                             "the copy kernel, stores by the copy engines), 'kernel' or 'dma' (copy engines only)")
         cap = c["capacity_bytes"] if c["capacity_bytes"] is not None else c["total_capacity_bytes"]
         return cls(mode=c["mode"], pool=str(c["pool"]),
                    capacity=_parse_size(cap, "capacity_bytes") if cap is not None else None,

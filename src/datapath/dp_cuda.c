@@ -17,8 +17,9 @@
  * Copies. A job's keys are split into one contiguous chunk per stream of the
  * group's device (streams are created per device on first use, non-blocking,
  * shared by the engine's jobs round-robin). A store or load chunk goes to the
- * copy kernel (dp_kernel.cu) when the engine's mode picks it (auto: ranges
- * averaging under UMBP_DP_KERNEL_AUTO_MAX) and the kernel can run: the pool's
+ * copy kernel (dp_kernel.cu) when the engine's mode picks it (auto: loads
+ * whose ranges average under UMBP_DP_KERNEL_AUTO_MAX) and the kernel can run:
+ * the pool's
  * registration finished (the kernel reads and writes slots through the
  * mapping, which must be registered for the whole time the kernel may touch
  * it: the engine holds the registration until its streams are idle), the
@@ -188,6 +189,7 @@ struct cuda_eng {
   struct dp_ipc_cache *cache;
   int ndev;
   int copy_mode;                /* enum umbp_dp_cuda_copy */
+  unsigned kctas;               /* CTAs per copy-kernel launch */
   signed char kern_ok[MAX_DEV]; /* set with the device's streams: 1 the kernel can run there */
 };
 
@@ -220,6 +222,7 @@ int dp_cuda_engine_init(umbp_dp_engine *eng, const umbp_dp_opts *opts) {
   c->nstreams = opts->cuda_streams ? opts->cuda_streams : 2;
   c->ndev = n < MAX_DEV ? n : MAX_DEV;
   c->copy_mode = opts->cuda_copy;
+  c->kctas = opts->cuda_kernel_ctas ? opts->cuda_kernel_ctas : 16;
   int rc = dp_ipc_cache_new(ipc_open_cb, ipc_close_cb, NULL, &c->cache);
   if (rc) {
     free(c);
@@ -317,7 +320,7 @@ void dp_cuda_copy_calls(uint64_t *ret_batches, uint64_t *ret_ranges, uint64_t *r
 
 /* Launch the copy kernel over keys [i0, i1) of a store or load job. */
 static cudaError_t copy_kernel(struct umbp_dp_job *job, unsigned i0, unsigned i1, struct dp_kc_params *p,
-                               cudaStream_t s) {
+                               unsigned ctas, cudaStream_t s) {
   const struct dp_group *g = job->grp;
   const struct dp_region *R = &job->lay->r[g->first];
   p->to_host = job->op == DP_OP_STORE;
@@ -332,14 +335,14 @@ static cudaError_t copy_kernel(struct umbp_dp_job *job, unsigned i0, unsigned i1
       p->blk[p->nblk] = job->blocks[i];
       p->host[p->nblk] = (uint64_t)(uintptr_t)umbp_slot_ptr(job->eng->pool, job->slots[i]);
       if (++p->nblk == DP_KC_MAX_BLK) {
-        cudaError_t e = dp_kc_launch(p, s);
+        cudaError_t e = dp_kc_launch(p, ctas, s);
         if (e != cudaSuccess) return e;
         atomic_fetch_add_explicit(&n_kernels, 1, memory_order_relaxed);
         p->nblk = 0;
       }
     }
     if (p->nblk) {
-      cudaError_t e = dp_kc_launch(p, s);
+      cudaError_t e = dp_kc_launch(p, ctas, s);
       if (e != cudaSuccess) return e;
       atomic_fetch_add_explicit(&n_kernels, 1, memory_order_relaxed);
       p->nblk = 0;
@@ -449,7 +452,8 @@ int dp_cuda_submit(struct umbp_dp_job *job) {
   /* The kernel or the copy engines, for the whole job. */
   bool kern = job->op != DP_OP_PULL && c->copy_mode != UMBP_DP_CUDA_COPY_DMA && c->kern_ok[g->device_id] &&
               c->reg && atomic_load_explicit(&c->reg->state, memory_order_acquire) == 0 &&
-              (c->copy_mode == UMBP_DP_CUDA_COPY_KERNEL || g->obj_bytes < (uint64_t)UMBP_DP_KERNEL_AUTO_MAX * g->count);
+              (c->copy_mode == UMBP_DP_CUDA_COPY_KERNEL ||
+               (job->op == DP_OP_LOAD && g->obj_bytes < (uint64_t)UMBP_DP_KERNEL_AUTO_MAX * g->count));
   struct dp_kc_params *kp = kern ? malloc(sizeof *kp) : NULL;
   if (kern && !kp) kern = false;
   cj->ch = calloc(ns, sizeof *cj->ch);
@@ -499,7 +503,7 @@ int dp_cuda_submit(struct umbp_dp_job *job) {
       continue;
     }
     cudaStream_t s = streams[atomic_fetch_add_explicit(&c->rr, 1, memory_order_relaxed) % c->nstreams];
-    cudaError_t e = kern ? copy_kernel(job, ch->i0, ch->i1, kp, s) : copy_batch(dsts, srcs, sizes, cnt, s);
+    cudaError_t e = kern ? copy_kernel(job, ch->i0, ch->i1, kp, c->kctas, s) : copy_batch(dsts, srcs, sizes, cnt, s);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ch->ev, cudaEventDisableTiming);
     if (e == cudaSuccess) {
       ch->has_ev = true;

@@ -371,6 +371,9 @@ int umbp_dp_engine_create(umbp_pool *pool, const umbp_dp_opts *opts, umbp_dp_eng
   if (opts->cpus && opts->n_cpus == 0) return umbp_fail(-EINVAL, "dp engine: cpus given with n_cpus 0");
   if (opts->cuda_copy < UMBP_DP_CUDA_COPY_AUTO || opts->cuda_copy > UMBP_DP_CUDA_COPY_KERNEL)
     return umbp_fail(-EINVAL, "dp engine: cuda_copy %d is not a mode (0 auto, 1 dma, 2 kernel)", opts->cuda_copy);
+  if (opts->cuda_kernel_ctas > 1024)
+    return umbp_fail(-EINVAL, "dp engine: cuda_kernel_ctas %u (at most 1024; 0 for the default 16)",
+                     opts->cuda_kernel_ctas);
   for (unsigned i = 0; opts->cpus && i < opts->n_cpus; i++)
     if (opts->cpus[i] >= CPU_SETSIZE) return umbp_fail(-EINVAL, "dp engine: cpu %u out of range", opts->cpus[i]);
   umbp_dp_engine *eng = calloc(1, sizeof *eng);

@@ -8,7 +8,17 @@
  * fixed cost per range: cudaMemcpyBatchAsync of 13-16 KiB ranges moved 3 GB/s
  * host->device on an H200 (PCIe 5 x16), a pinned cudaMemcpy of the same bytes
  * 53 GB/s. Here one CTA copies one (block, region) range with 16-byte loads
- * and stores, and thousands of CTAs keep enough PCIe reads in flight.
+ * and stores (four 16-byte loads in flight per thread).
+ *
+ * Why few CTAs: a launch's grid is a handful of CTAs (umbp_dp_opts.
+ * cuda_kernel_ctas, default 16) striding over its ranges, not one CTA per
+ * range. On the H200, 16 CTAs per launch moved 0.74-0.88x of a pinned
+ * cudaMemcpy, while one CTA per range (16384 CTAs for 256 MiB of 16 KiB
+ * ranges) filled every SM and slowed a concurrent kernel 5-10x; the model's
+ * kernels must keep the GPU while the pool copies. Even so the kernel's
+ * device->host writes slowed a concurrent HBM-streaming kernel about 3x
+ * (host->device reads about 1.5x), which is why auto mode stores through the
+ * copy engines (docs/datapath.md).
  *
  * Host memory is read with ld.global.cv (no cached copy can be stale: the
  * CPU of another process may have written the slot since an earlier launch)
@@ -21,16 +31,12 @@
 #define THREADS 256
 #define UNROLL 4
 
-__global__ void __launch_bounds__(THREADS) dp_kc_copy(const __grid_constant__ struct dp_kc_params p) {
-  const unsigned b = blockIdx.x, r = blockIdx.y;
-  const struct dp_kc_reg *R = &p.reg[r];
-  char *dev = (char *)(uintptr_t)(R->dev + (uint64_t)p.blk[b] * R->stride);
-  char *host = (char *)(uintptr_t)(p.host[b] + R->obj_off);
-  const uint64_t n = R->bytes;
+/* Copy one range: n bytes between device address dev and host address host. */
+static __device__ __forceinline__ void copy_range(char *dev, char *host, uint64_t n, bool to_host) {
   if ((((uintptr_t)dev | (uintptr_t)host | n) & 15) == 0) {
     const uint64_t n16 = n >> 4;
     uint64_t i = threadIdx.x;
-    if (p.to_host) {
+    if (to_host) {
       const uint4 *s = (const uint4 *)dev;
       uint4 *d = (uint4 *)host;
       for (; i + (UNROLL - 1) * THREADS < n16; i += UNROLL * THREADS) {
@@ -55,18 +61,29 @@ __global__ void __launch_bounds__(THREADS) dp_kc_copy(const __grid_constant__ st
     }
     return;
   }
-  /* Unaligned ranges (odd sizes): byte by byte, still one CTA per range. */
-  const char *s = p.to_host ? dev : host;
-  char *d = p.to_host ? host : dev;
+  /* Unaligned ranges (odd sizes): byte by byte. */
   for (uint64_t i = threadIdx.x; i < n; i += THREADS) {
-    if (p.to_host) __stwt((signed char *)d + i, __ldcs((const signed char *)s + i));
-    else __stcs((signed char *)d + i, __ldcv((const signed char *)s + i));
+    if (to_host) __stwt((signed char *)host + i, __ldcs((const signed char *)dev + i));
+    else __stcs((signed char *)dev + i, __ldcv((const signed char *)host + i));
   }
 }
 
-extern "C" cudaError_t dp_kc_launch(const struct dp_kc_params *p, cudaStream_t s) {
-  if (p->nblk == 0 || p->nreg == 0) return cudaSuccess;
-  dp_kc_copy<<<dim3(p->nblk, p->nreg), THREADS, 0, s>>>(*p);
+/* A small grid strides over the launch's (block, region) ranges, block-major
+ * (consecutive ranges are adjacent in the slot). */
+__global__ void __launch_bounds__(THREADS) dp_kc_copy(const __grid_constant__ struct dp_kc_params p) {
+  const unsigned total = p.nblk * p.nreg;
+  for (unsigned t = blockIdx.x; t < total; t += gridDim.x) {
+    const unsigned b = t / p.nreg, r = t - b * p.nreg;
+    const struct dp_kc_reg *R = &p.reg[r];
+    copy_range((char *)(uintptr_t)(R->dev + (uint64_t)p.blk[b] * R->stride),
+               (char *)(uintptr_t)(p.host[b] + R->obj_off), R->bytes, p.to_host != 0);
+  }
+}
+
+extern "C" cudaError_t dp_kc_launch(const struct dp_kc_params *p, unsigned ctas, cudaStream_t s) {
+  const unsigned total = p->nblk * p->nreg;
+  if (total == 0) return cudaSuccess;
+  dp_kc_copy<<<total < ctas ? total : ctas, THREADS, 0, s>>>(*p);
   return cudaGetLastError();
 }
 

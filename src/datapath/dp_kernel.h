@@ -34,9 +34,9 @@ struct dp_kc_params {
   struct dp_kc_reg reg[DP_KC_MAX_REG];
 };
 
-/* Queue one launch on stream s (the current device must be the regions').
- * Returns the launch's error (cudaSuccess when queued). */
-cudaError_t dp_kc_launch(const struct dp_kc_params *p, cudaStream_t s);
+/* Queue one launch of at most `ctas` CTAs on stream s (the current device
+ * must be the regions'). Returns the launch's error (cudaSuccess when queued). */
+cudaError_t dp_kc_launch(const struct dp_kc_params *p, unsigned ctas, cudaStream_t s);
 /* cudaSuccess when this build holds code the current device can run. */
 cudaError_t dp_kc_usable(void);
 

@@ -3,8 +3,9 @@
  * nvcc not found): no copy kernel, every CUDA copy goes to the copy engines. */
 #include "datapath/dp_kernel.h"
 
-cudaError_t dp_kc_launch(const struct dp_kc_params *p, cudaStream_t s) {
+cudaError_t dp_kc_launch(const struct dp_kc_params *p, unsigned ctas, cudaStream_t s) {
   (void)p;
+  (void)ctas;
   (void)s;
   return cudaErrorNotSupported;
 }

@@ -235,6 +235,11 @@ static void test_bad_args(void **st) {
     assert_non_null(strstr(umbp_last_error(), "cuda_copy"));
     assert_null(e2);
   }
+  o.cuda_copy = UMBP_DP_CUDA_COPY_AUTO;
+  o.cuda_kernel_ctas = 1025;
+  assert_int_equal(umbp_dp_engine_create(f.pool, &o, &e2), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "cuda_kernel_ctas"));
+  o.cuda_kernel_ctas = 1024;
   o.cuda_copy = UMBP_DP_CUDA_COPY_KERNEL; /* valid without a GPU: host jobs ignore it */
   assert_int_equal(umbp_dp_engine_create(f.pool, &o, &e2), 0);
   umbp_dp_engine_destroy(e2);

@@ -27,12 +27,12 @@ struct gfx {
   umbp_dp_engine *e;
 };
 
-static void gfx_open_mode(struct gfx *f, const char *tag, int mode) {
+static void gfx_open_cap(struct gfx *f, const char *tag, int mode, uint64_t capacity) {
   snprintf(f->name, sizeof f->name, "%s", tu_name(tag));
   umbp_pool_params p;
   umbp_pool_params_init(&p);
   p.slot_size = 256 * 1024;
-  p.capacity = 64ull << 20;
+  p.capacity = capacity;
   p.no_prefault = true;
   p.mempolicy = UMBP_MPOL_NONE;
   assert_int_equal(umbp_pool_create(f->name, &p, &f->pool), 0);
@@ -43,6 +43,7 @@ static void gfx_open_mode(struct gfx *f, const char *tag, int mode) {
   assert_int_equal(umbp_dp_engine_create(f->pool, &o, &f->e), 0);
 }
 
+static void gfx_open_mode(struct gfx *f, const char *tag, int mode) { gfx_open_cap(f, tag, mode, 64ull << 20); }
 static void gfx_open(struct gfx *f, const char *tag) { gfx_open_mode(f, tag, UMBP_DP_CUDA_COPY_AUTO); }
 
 static void gfx_close(struct gfx *f) {
@@ -80,10 +81,10 @@ static void test_registration(void **st) {
 /* Store blocks 0..n-1 of a layout on cuda:0 with engine copy mode `mode`,
  * zero the device regions, load them into blocks n..2n-1, and compare every
  * byte (padding between blocks must stay zero) through a host mirror.
- * *ret_kern / *ret_dma: copy-kernel launches and copy-engine issues the two
- * jobs made. */
+ * ret_kern[0..1] / ret_dma[0..1]: copy-kernel launches and copy-engine
+ * issues of the store [0] and of the load [1]. */
 static void roundtrip(int mode, unsigned nreg, unsigned n, const uint64_t *bytes, uint64_t pad,
-                      uint64_t *ret_kern, uint64_t *ret_dma) {
+                      uint64_t ret_kern[2], uint64_t ret_dma[2]) {
   struct gfx f;
   gfx_open_mode(&f, "gpurt", mode);
   assert_int_equal(wait_registered(f.e), 0);
@@ -108,7 +109,7 @@ static void roundtrip(int mode, unsigned nreg, unsigned n, const uint64_t *bytes
   uint32_t *ids = calloc(n, sizeof *ids), *dst = calloc(n, sizeof *dst);
   umbp_key *k = calloc(n, sizeof *k);
   for (unsigned i = 0; i < n; i++) ids[i] = i, dst[i] = n + i, k[i] = dp_key(f.ns, 11, i);
-  uint64_t b0, r0, k0, b1, r1, k1;
+  uint64_t b0, r0, k0, b1, r1, k1, b2, r2, k2;
   dp_cuda_copy_calls(&b0, &r0, &k0);
   umbp_dp_job *j;
   assert_int_equal(umbp_dp_store(f.e, lay, 0, -1, n, ids, k, 0, &j), 0);
@@ -117,6 +118,7 @@ static void roundtrip(int mode, unsigned nreg, unsigned n, const uint64_t *bytes
   assert_int_equal(umbp_dp_job_status(j), 0);
   umbp_dp_job_release(j);
   for (unsigned i = 0; i < n; i++) assert_true(umbp_contains(f.pool, &k[i]));
+  dp_cuda_copy_calls(&b1, &r1, &k1);
   for (unsigned r = 0; r < nreg; r++)
     assert_int_equal(cudaMemset(dev[r], 0, (uint64_t)2 * n * h.reg[r].stride), cudaSuccess);
   assert_int_equal(umbp_dp_load(f.e, lay, 0, n, k, dst, &j), 0);
@@ -124,9 +126,9 @@ static void roundtrip(int mode, unsigned nreg, unsigned n, const uint64_t *bytes
   if (umbp_dp_job_status(j)) printf("# load: %s\n", umbp_dp_job_message(j, 0));
   assert_int_equal(umbp_dp_job_status(j), 0);
   umbp_dp_job_release(j);
-  dp_cuda_copy_calls(&b1, &r1, &k1);
-  *ret_kern = k1 - k0;
-  *ret_dma = (b1 - b0) + (r1 - r0);
+  dp_cuda_copy_calls(&b2, &r2, &k2);
+  ret_kern[0] = k1 - k0, ret_dma[0] = (b1 - b0) + (r1 - r0);
+  ret_kern[1] = k2 - k1, ret_dma[1] = (b2 - b1) + (r2 - r1);
   kvc_zero(&h);
   for (unsigned r = 0; r < nreg; r++)
     assert_int_equal(cudaMemcpy(h.mem[r], dev[r], (uint64_t)2 * n * h.reg[r].stride, cudaMemcpyDeviceToHost),
@@ -147,28 +149,32 @@ static void test_d2h_h2d_dma(void **st) {
   (void)st;
   if (!need_gpu()) skip();
 #if UMBP_HAVE_CUDA
-  uint64_t bytes[8], kern, dma;
+  uint64_t bytes[8], kern[2], dma[2];
   for (int i = 0; i < 8; i++) bytes[i] = 16384;
-  roundtrip(UMBP_DP_CUDA_COPY_DMA, 8, 16, bytes, 0, &kern, &dma);
-  printf("# dma: %llu copy-engine issues, %llu kernel launches\n", (unsigned long long)dma,
-         (unsigned long long)kern);
-  assert_int_equal(kern, 0);
-  assert_true(dma > 0);
+  roundtrip(UMBP_DP_CUDA_COPY_DMA, 8, 16, bytes, 0, kern, dma);
+  printf("# dma: store %llu / load %llu copy-engine issues, %llu kernel launches\n", (unsigned long long)dma[0],
+         (unsigned long long)dma[1], (unsigned long long)(kern[0] + kern[1]));
+  assert_int_equal(kern[0] + kern[1], 0);
+  assert_true(dma[0] > 0 && dma[1] > 0);
 #endif
 }
 
-/* The same through the copy kernel (auto picks it for 16 KiB ranges). */
-static void test_d2h_h2d_kernel(void **st) {
+/* The same in auto mode: the store through the copy engines, the load (16
+ * KiB ranges) through the copy kernel. */
+static void test_d2h_h2d_auto(void **st) {
   (void)st;
   if (!need_gpu()) skip();
 #if UMBP_HAVE_CUDA
-  uint64_t bytes[8], kern, dma;
+  uint64_t bytes[8], kern[2], dma[2];
   for (int i = 0; i < 8; i++) bytes[i] = 16384;
-  roundtrip(UMBP_DP_CUDA_COPY_AUTO, 8, 16, bytes, 0, &kern, &dma);
-  printf("# auto: %llu kernel launches, %llu copy-engine issues\n", (unsigned long long)kern,
-         (unsigned long long)dma);
-  assert_true(kern > 0);
-  assert_int_equal(dma, 0);
+  roundtrip(UMBP_DP_CUDA_COPY_AUTO, 8, 16, bytes, 0, kern, dma);
+  printf("# auto: store %llu copy-engine issues + %llu launches, load %llu launches + %llu issues\n",
+         (unsigned long long)dma[0], (unsigned long long)kern[0], (unsigned long long)kern[1],
+         (unsigned long long)dma[1]);
+  assert_true(dma[0] > 0);
+  assert_int_equal(kern[0], 0);
+  assert_true(kern[1] > 0);
+  assert_int_equal(dma[1], 0);
 #endif
 }
 
@@ -179,12 +185,83 @@ static void test_d2h_h2d_kernel_odd(void **st) {
   (void)st;
   if (!need_gpu()) skip();
 #if UMBP_HAVE_CUDA
-  uint64_t bytes[100], kern, dma;
+  uint64_t bytes[100], kern[2], dma[2];
   for (int i = 0; i < 100; i++) bytes[i] = i % 3 ? 1024 : 1000 + (uint64_t)i;
-  roundtrip(UMBP_DP_CUDA_COPY_KERNEL, 100, 200, bytes, 24, &kern, &dma);
-  printf("# kernel: %llu launches\n", (unsigned long long)kern);
-  assert_true(kern >= 2 * 2 * 3); /* store and load, >= 2 block batches x 3 region batches each */
-  assert_int_equal(dma, 0);
+  roundtrip(UMBP_DP_CUDA_COPY_KERNEL, 100, 200, bytes, 24, kern, dma);
+  printf("# kernel: store %llu, load %llu launches\n", (unsigned long long)kern[0], (unsigned long long)kern[1]);
+  /* each: >= 2 block batches x 3 region batches */
+  assert_true(kern[0] >= 6 && kern[1] >= 6);
+  assert_int_equal(dma[0] + dma[1], 0);
+#endif
+}
+
+/* Slots reused under the kernel: a pool of 16 slots, and each round the host
+ * backend (CPU stores) writes new bytes for 16 new keys into the same slots
+ * that the kernel loaded from in the round before; the kernel must load the
+ * new bytes (it reads slots with ld.global.cv, so no line that an earlier
+ * launch cached is returned). */
+static void test_kernel_slot_reuse(void **st) {
+  (void)st;
+  if (!need_gpu()) skip();
+#if UMBP_HAVE_CUDA
+  enum { NREG = 8, NB = 16, BB = 16384 };
+  struct gfx f;
+  gfx_open_cap(&f, "gpureuse", UMBP_DP_CUDA_COPY_KERNEL, (uint64_t)NB * 256 * 1024);
+  assert_int_equal(wait_registered(f.e), 0);
+  uint64_t bytes[NREG];
+  for (int i = 0; i < NREG; i++) bytes[i] = BB;
+  static struct kvc hc, hm; /* CPU cache (source), mirror of the device cache */
+  kvc_init(&hc, NREG, NB, bytes, 0, 1);
+  kvc_init(&hm, NREG, NB, bytes, 0, 1);
+  umbp_kv_region reg[NREG];
+  void *dev[NREG];
+  for (int r = 0; r < NREG; r++) {
+    assert_int_equal(cudaMalloc(&dev[r], NB * BB), cudaSuccess);
+    reg[r] = hc.reg[r];
+    reg[r].base = dev[r];
+    reg[r].device = UMBP_DP_CUDA;
+    reg[r].device_id = 0;
+  }
+  umbp_kv_layout *lc, *lg;
+  assert_int_equal(umbp_kv_layout_create(f.pool, hc.reg, NREG, &lc), 0);
+  assert_int_equal(umbp_kv_layout_create(f.pool, reg, NREG, &lg), 0);
+  uint32_t ids[NB];
+  umbp_key k[NB];
+  uint64_t k0, k1, b, rg;
+  dp_cuda_copy_calls(&b, &rg, &k0);
+  for (unsigned round = 0; round < 6; round++) {
+    for (unsigned i = 0; i < NB; i++) ids[i] = i, k[i] = dp_key(f.ns, 100 + round, i), kvc_fill(&hc, i, 100 + round, i);
+    umbp_dp_job *j;
+    assert_int_equal(umbp_dp_store(f.e, lc, 0, -1, NB, ids, k, 0, &j), 0);
+    assert_int_equal(umbp_dp_job_wait(j, 20000), 0);
+    assert_int_equal(umbp_dp_job_status(j), 0);
+    umbp_dp_job_release(j);
+    assert_int_equal(umbp_dp_load(f.e, lg, 0, NB, k, ids, &j), 0);
+    assert_int_equal(umbp_dp_job_wait(j, 20000), 0);
+    assert_int_equal(umbp_dp_job_status(j), 0);
+    umbp_dp_job_release(j);
+    for (int r = 0; r < NREG; r++)
+      assert_int_equal(cudaMemcpy(hm.mem[r], dev[r], NB * BB, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (unsigned i = 0; i < NB; i++) assert_true(kvc_check(&hm, i, 100 + round, i));
+    /* Free every slot for the next round's keys. */
+    assert_true(umbp_clear_ns(f.pool, f.ns) >= 0);
+    umbp_pool_info info;
+    for (int t = 0; t < 2000; t++) {
+      umbp_reclaim(f.pool);
+      assert_int_equal(umbp_pool_get_info(f.pool, &info), 0);
+      if (info.partitions[0].free_slots >= NB) break;
+      usleep(500);
+    }
+    assert_true(info.partitions[0].free_slots >= NB);
+  }
+  dp_cuda_copy_calls(&b, &rg, &k1);
+  assert_true(k1 - k0 >= 6);
+  umbp_kv_layout_free(lc);
+  umbp_kv_layout_free(lg);
+  for (int r = 0; r < NREG; r++) cudaFree(dev[r]);
+  kvc_free(&hc);
+  kvc_free(&hm);
+  gfx_close(&f);
 #endif
 }
 
@@ -310,8 +387,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registration),
       cmocka_unit_test(test_d2h_h2d_dma),
-      cmocka_unit_test(test_d2h_h2d_kernel),
+      cmocka_unit_test(test_d2h_h2d_auto),
       cmocka_unit_test(test_d2h_h2d_kernel_odd),
+      cmocka_unit_test(test_kernel_slot_reuse),
       cmocka_unit_test(test_ipc_pull),
       cmocka_unit_test(test_copy_error),
       cmocka_unit_test(test_bench_cuda),

@@ -39,10 +39,78 @@ int bench_copy_main(int argc, char **argv);
 
 static const char *const copy_names[] = {"auto", "dma", "kernel"};
 static int cuda_copy = UMBP_DP_CUDA_COPY_AUTO; /* --cuda-copy */
+static unsigned cuda_ctas;                     /* --cuda-ctas (0: the library's default) */
+static bool victim_on;                         /* --victim */
+
+static double median(double *v, unsigned n);
+
+#if UMBP_HAVE_BENCH_VICTIM
+/* The victim: VICTIM_LAUNCHES launches of a kernel that streams a 1 GiB
+ * device buffer from HBM (bench_victim.cu), on its own stream, timed with
+ * events, alone and while a store or load job's copies run. */
+cudaError_t bench_victim_launch(const void *buf, size_t bytes, float *out, cudaStream_t s);
+#define VICTIM_BYTES (1ull << 30)
+#define VICTIM_LAUNCHES 8
+struct victim {
+  void *buf;
+  float *out;
+  cudaStream_t s;
+  cudaEvent_t a, b;
+  double alone_ms;
+};
+
+static int victim_start(struct victim *v) {
+  cudaEventRecord(v->a, v->s);
+  for (int k = 0; k < VICTIM_LAUNCHES; k++)
+    if (bench_victim_launch(v->buf, VICTIM_BYTES, v->out, v->s) != cudaSuccess) return -EIO;
+  cudaEventRecord(v->b, v->s);
+  return 0;
+}
+
+static double victim_ms(struct victim *v) {
+  float ms = 0;
+  cudaEventSynchronize(v->b);
+  cudaEventElapsedTime(&ms, v->a, v->b);
+  return ms;
+}
+
+static void victim_close(struct victim *v) {
+  if (v->buf) cudaFree(v->buf);
+  if (v->out) cudaFree(v->out);
+  if (v->s) cudaStreamDestroy(v->s);
+  if (v->a) cudaEventDestroy(v->a);
+  if (v->b) cudaEventDestroy(v->b);
+  memset(v, 0, sizeof *v);
+}
+
+static int victim_open(struct victim *v) {
+  memset(v, 0, sizeof *v);
+  if (cudaMalloc(&v->buf, VICTIM_BYTES) != cudaSuccess || cudaMalloc((void **)&v->out, 64) != cudaSuccess ||
+      cudaMemset(v->buf, 0, VICTIM_BYTES) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&v->s, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaEventCreate(&v->a) != cudaSuccess || cudaEventCreate(&v->b) != cudaSuccess) {
+    cli_error("bench copy --victim: cannot allocate the victim's 1 GiB buffer, stream or events");
+    victim_close(v);
+    return -ENOMEM;
+  }
+  double t[6];
+  for (int r = 0; r < 6; r++) { /* r 0: warm-up */
+    if (victim_start(v)) {
+      cli_error("bench copy --victim: the victim kernel did not launch (no code for this GPU?)");
+      victim_close(v);
+      return -EIO;
+    }
+    t[r] = victim_ms(v);
+  }
+  v->alone_ms = median(t + 1, 5);
+  return 0;
+}
+#endif
 
 static const char *copy_usage =
     "Usage: umbp bench copy [--threads N] [--cpus LIST] [--cases LIST] [--reps N]\n"
-    "                       [--bytes SIZE] [--cuda [--cuda-copy MODE]] [--json]\n"
+    "                       [--bytes SIZE] [--cuda [--cuda-copy MODE] [--cuda-ctas N] [--victim]]\n"
+    "                       [--json]\n"
     "\n"
     "Measure the data path's store (KV regions -> pool slots, then publish) and load\n"
     "(pin, pool slots -> KV regions, unpin) throughput beside a reference that copies\n"
@@ -69,6 +137,12 @@ static const char *copy_usage =
     "                  auto (default: the copy kernel for ranges averaging under\n"
     "                  256 KiB, else the copy engines), dma (copy engines only:\n"
     "                  cudaMemcpyBatchAsync), kernel (the copy kernel always).\n"
+    "  --cuda-ctas N   CTAs per copy-kernel launch (umbp_dp_opts.cuda_kernel_ctas,\n"
+    "                  1..1024; default 16).\n"
+    "  --victim        also time a kernel that streams 1 GiB of HBM 8 times (as a\n"
+    "                  decode step streams weights) on its own stream, alone and\n"
+    "                  while each store and load job copies; print its slowdown\n"
+    "                  (time beside the copies / time alone, median).\n"
     "  --json          one JSON object instead of the table.\n"
     "  -h, --help      this text.\n"
     "\n"
@@ -77,8 +151,9 @@ static const char *copy_usage =
     "{\"backend\", \"threads\", \"reps\", \"bytes_per_job\", \"reference\", \"cases\": [{\"case\",\n"
     "\"object_bytes\", \"regions\", \"blocks\", \"store_gbps\", \"store_ref_gbps\",\n"
     "\"store_ratio\", \"load_gbps\", \"load_ref_gbps\", \"load_ratio\"}]}; with --cuda also\n"
-    "\"cuda_copy\" and the process's copy issues: \"cuda_kernel_launches\",\n"
-    "\"cuda_batch_calls\" (cudaMemcpyBatchAsync) and \"cuda_range_calls\" (cudaMemcpyAsync).\n"
+    "\"cuda_copy\", \"cuda_kernel_ctas\" and the process's copy issues: \"cuda_kernel_launches\",\n"
+    "\"cuda_batch_calls\" (cudaMemcpyBatchAsync) and \"cuda_range_calls\" (cudaMemcpyAsync);\n"
+    "with --victim per case \"victim_alone_ms\", \"store_victim_slowdown\", \"load_victim_slowdown\".\n"
     "\n"
     "Exit status: 0 measured; 1 a runtime failure (pool, CUDA, a failed job); 2 usage.\n"
     "\n"
@@ -184,6 +259,7 @@ static void ref_stop(struct ref *r) {
 /* ---- one case --------------------------------------------------------------- */
 struct result {
   double store, store_ref, load, load_ref; /* GB/s */
+  double store_vx, load_vx, victim_ms;     /* --victim: victim time with the copies / alone */
   unsigned blocks;
 };
 
@@ -227,8 +303,11 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
   char *refbuf = NULL;
   umbp_dp_engine *e = NULL;
   umbp_kv_layout *lay = NULL;
-  double *v[4];
-  for (int k = 0; k < 4; k++) v[k] = calloc(reps, sizeof(double));
+  double *v[6];
+  for (int k = 0; k < 6; k++) v[k] = calloc(reps, sizeof(double));
+#if UMBP_HAVE_BENCH_VICTIM
+  struct victim vic = {0};
+#endif
   for (unsigned r = 0; r < c->nreg; r++) {
     uint64_t bb = r + 1 < c->nreg ? per : c->obj - per * (c->nreg - 1);
     reg[r] = (umbp_kv_region){.block_bytes = bb, .stride = bb, .block_count = nb, .group = 0, .layer = r / 2,
@@ -261,6 +340,7 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
   o.cpus = cpus;
   o.n_cpus = ncpus;
   o.cuda_copy = cuda_copy;
+  o.cuda_kernel_ctas = cuda_ctas;
   if ((rc = umbp_dp_engine_create(pool, &o, &e))) {
     cli_error("bench copy: engine: %s", umbp_last_error());
     goto out;
@@ -305,6 +385,10 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
     free(rargs);
     goto out;
   }
+#if UMBP_HAVE_BENCH_VICTIM
+  if (victim_on) rc = victim_open(&vic); /* on failure the loop below does not run */
+  res->victim_ms = vic.alone_ms;
+#endif
   double gb = (double)c->obj * nb / 1e9;
   for (unsigned rep = 0; rep <= reps && !rc; rep++) { /* rep 0: warm-up, not counted */
     for (unsigned i = 0; i < nb; i++) {
@@ -315,8 +399,15 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
     }
     umbp_dp_job *j;
     double t0 = now_s();
-    if ((rc = umbp_dp_store(e, lay, 0, 0, nb, ids, keys, 0, &j)) || (rc = run_job(j, "store"))) break;
+    if ((rc = umbp_dp_store(e, lay, 0, 0, nb, ids, keys, 0, &j))) break;
+#if UMBP_HAVE_BENCH_VICTIM
+    if (victim_on) victim_start(&vic); /* the job's copies are queued: the victim runs beside them */
+#endif
+    if ((rc = run_job(j, "store"))) break;
     double ts = now_s() - t0;
+#if UMBP_HAVE_BENCH_VICTIM
+    if (victim_on && rep) v[4][rep - 1] = victim_ms(&vic) / vic.alone_ms;
+#endif
     if (umbp_lookup_pin_bulk(pool, nb, keys, pins) != (int)nb) {
       cli_error("bench copy: stored keys not found");
       rc = -EIO;
@@ -336,8 +427,15 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
 #endif
       tsr = ref_run(&ref, 0);
     t0 = now_s();
-    if ((rc = umbp_dp_load(e, lay, 0, nb, keys, ids, &j)) || (rc = run_job(j, "load"))) break;
+    if ((rc = umbp_dp_load(e, lay, 0, nb, keys, ids, &j))) break;
+#if UMBP_HAVE_BENCH_VICTIM
+    if (victim_on) victim_start(&vic);
+#endif
+    if ((rc = run_job(j, "load"))) break;
     double tl = now_s() - t0;
+#if UMBP_HAVE_BENCH_VICTIM
+    if (victim_on && rep) v[5][rep - 1] = victim_ms(&vic) / vic.alone_ms;
+#endif
     if (!cuda) tlr = ref_run(&ref, 1);
     umbp_unpin_bulk(pool, nb, pins);
     umbp_clear_ns(pool, ns);
@@ -363,7 +461,12 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
     res->store_ref = median(v[1], reps);
     res->load = median(v[2], reps);
     res->load_ref = median(v[3], reps);
+    res->store_vx = victim_on ? median(v[4], reps) : 0;
+    res->load_vx = victim_on ? median(v[5], reps) : 0;
   }
+#if UMBP_HAVE_BENCH_VICTIM
+  victim_close(&vic);
+#endif
 #if UMBP_HAVE_CUDA
   if (devref) cudaFree(devref);
 #endif
@@ -384,7 +487,7 @@ out:
   else
 #endif
     free(refbuf);
-  for (int k = 0; k < 4; k++) free(v[k]);
+  for (int k = 0; k < 6; k++) free(v[k]);
   free(reg), free(ids), free(pins), free(keys), free(slotp);
   umbp_pool_detach(pool);
   umbp_pool_destroy(name);
@@ -412,11 +515,15 @@ int bench_copy_main(int argc, char **argv) {
                                      {"bytes", required_argument, 0, 'b'},   {"cuda", no_argument, 0, 'g'},
                                      {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
                                      {"cuda-copy", required_argument, 0, 'm'},
+                                     {"cuda-ctas", required_argument, 0, 'k'},
+                                     {"victim", no_argument, 0, 'v'},
                                      {0, 0, 0, 0}};
   unsigned threads = 2, reps = 5;
   uint64_t bytes = 256ull << 20;
   bool json = false, cuda = false, copy_given = false;
   cuda_copy = UMBP_DP_CUDA_COPY_AUTO;
+  cuda_ctas = 0;
+  victim_on = false;
   int cpus_i[256];
   unsigned cpus[256], ncpus = 0;
   const char *cases_s = "64KiBx2,256KiBx16,1MiBx80,4MiBx160";
@@ -437,6 +544,22 @@ int bench_copy_main(int argc, char **argv) {
       copy_given = true;
       break;
     }
+    case 'k': {
+      char *end;
+      long v = strtol(optarg, &end, 10);
+      if (*end || v < 1 || v > 1024) return cli_usage_error("bench copy", "--cuda-ctas '%s': 1..1024", optarg);
+      cuda_ctas = (unsigned)v;
+      copy_given = true;
+      break;
+    }
+    case 'v':
+#if UMBP_HAVE_BENCH_VICTIM
+      victim_on = true;
+      copy_given = true;
+      break;
+#else
+      return cli_usage_error("bench copy", "--victim: this build has no victim kernel (it needs nvcc at build time)");
+#endif
     case 'j': json = true; break;
     case 'b':
       if (cli_parse_size(optarg, &bytes) || bytes == 0 || bytes > (2ull << 30))
@@ -454,7 +577,7 @@ int bench_copy_main(int argc, char **argv) {
     }
   }
   if (optind < argc) return cli_usage_error("bench copy", "unexpected argument '%s'", argv[optind]);
-  if (copy_given && !cuda) return cli_usage_error("bench copy", "--cuda-copy needs --cuda");
+  if (copy_given && !cuda) return cli_usage_error("bench copy", "--cuda-copy, --cuda-ctas and --victim need --cuda");
   if (threads < 1 || threads > 64) return cli_usage_error("bench copy", "--threads: 1..64");
   if (reps < 1 || reps > 1000) return cli_usage_error("bench copy", "--reps: 1..1000");
   struct bcase cases[32];
@@ -493,6 +616,7 @@ int bench_copy_main(int argc, char **argv) {
       json_u64(&j, "cuda_range_calls", nrange);
       json_u64(&j, "cuda_kernel_launches", nkern);
       json_str(&j, "cuda_copy", copy_names[cuda_copy]);
+      json_u64(&j, "cuda_kernel_ctas", cuda_ctas ? cuda_ctas : 16);
     }
     json_arr(&j, "cases");
     for (unsigned i = 0; i < nc; i++) {
@@ -507,6 +631,11 @@ int bench_copy_main(int argc, char **argv) {
       json_dbl(&j, "load_gbps", res[i].load);
       json_dbl(&j, "load_ref_gbps", res[i].load_ref);
       json_dbl(&j, "load_ratio", res[i].load / res[i].load_ref);
+      if (victim_on) {
+        json_dbl(&j, "victim_alone_ms", res[i].victim_ms);
+        json_dbl(&j, "store_victim_slowdown", res[i].store_vx);
+        json_dbl(&j, "load_victim_slowdown", res[i].load_vx);
+      }
       json_end_obj(&j);
     }
     json_end_arr(&j);
@@ -516,12 +645,15 @@ int bench_copy_main(int argc, char **argv) {
   }
   printf("umbp bench copy: %s backend, %u thread%s, median of %u reps, %llu MiB per job, reference %s\n",
          cuda ? "CUDA" : "host", threads, threads > 1 ? "s" : "", reps, (unsigned long long)(bytes >> 20), refname);
-  printf("%-12s %7s %6s | %10s %10s %6s | %10s %10s %6s\n", "case", "regions", "blocks", "store GB/s", "ref GB/s",
-         "ratio", "load GB/s", "ref GB/s", "ratio");
-  for (unsigned i = 0; i < nc; i++)
-    printf("%-12s %7u %6u | %10.2f %10.2f %6.2f | %10.2f %10.2f %6.2f\n", cases[i].name, cases[i].nreg,
+  printf("%-12s %7s %6s | %10s %10s %6s | %10s %10s %6s%s\n", "case", "regions", "blocks", "store GB/s", "ref GB/s",
+         "ratio", "load GB/s", "ref GB/s", "ratio", victim_on ? " | victim ms  store x   load x" : "");
+  for (unsigned i = 0; i < nc; i++) {
+    printf("%-12s %7u %6u | %10.2f %10.2f %6.2f | %10.2f %10.2f %6.2f", cases[i].name, cases[i].nreg,
            res[i].blocks, res[i].store, res[i].store_ref, res[i].store / res[i].store_ref, res[i].load,
            res[i].load_ref, res[i].load / res[i].load_ref);
+    if (victim_on) printf(" | %9.3f %8.2f %8.2f", res[i].victim_ms, res[i].store_vx, res[i].load_vx);
+    printf("\n");
+  }
   if (cuda)
     printf("CUDA copy mode %s: %llu copy-kernel launches, %llu chunks as one cudaMemcpyBatchAsync each, %llu ranges "
            "as one cudaMemcpyAsync each\n",
