@@ -31,34 +31,33 @@
 #define THREADS 256
 #define UNROLL 4
 
+/* Slot (host) words: read with .cv, written through (.wt); device words
+ * streamed (.cs). TO_HOST: device -> host. */
+template <bool TO_HOST> static __device__ __forceinline__ uint4 ld16(const uint4 *p) {
+  return TO_HOST ? __ldcs(p) : __ldcv(p);
+}
+template <bool TO_HOST> static __device__ __forceinline__ void st16(uint4 *p, uint4 v) {
+  if (TO_HOST) __stwt(p, v);
+  else __stcs(p, v);
+}
+
+template <bool TO_HOST> static __device__ __forceinline__ void copy16(const uint4 *s, uint4 *d, uint64_t n16) {
+  uint64_t i = threadIdx.x;
+  for (; i + (UNROLL - 1) * THREADS < n16; i += UNROLL * THREADS) {
+    uint4 v[UNROLL];
+#pragma unroll
+    for (int k = 0; k < UNROLL; k++) v[k] = ld16<TO_HOST>(s + i + k * THREADS);
+#pragma unroll
+    for (int k = 0; k < UNROLL; k++) st16<TO_HOST>(d + i + k * THREADS, v[k]);
+  }
+  for (; i < n16; i += THREADS) st16<TO_HOST>(d + i, ld16<TO_HOST>(s + i));
+}
+
 /* Copy one range: n bytes between device address dev and host address host. */
 static __device__ __forceinline__ void copy_range(char *dev, char *host, uint64_t n, bool to_host) {
   if ((((uintptr_t)dev | (uintptr_t)host | n) & 15) == 0) {
-    const uint64_t n16 = n >> 4;
-    uint64_t i = threadIdx.x;
-    if (to_host) {
-      const uint4 *s = (const uint4 *)dev;
-      uint4 *d = (uint4 *)host;
-      for (; i + (UNROLL - 1) * THREADS < n16; i += UNROLL * THREADS) {
-        uint4 v[UNROLL];
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++) v[k] = __ldcs(s + i + k * THREADS);
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++) __stwt(d + i + k * THREADS, v[k]);
-      }
-      for (; i < n16; i += THREADS) __stwt(d + i, __ldcs(s + i));
-    } else {
-      const uint4 *s = (const uint4 *)host;
-      uint4 *d = (uint4 *)dev;
-      for (; i + (UNROLL - 1) * THREADS < n16; i += UNROLL * THREADS) {
-        uint4 v[UNROLL];
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++) v[k] = __ldcv(s + i + k * THREADS);
-#pragma unroll
-        for (int k = 0; k < UNROLL; k++) __stcs(d + i + k * THREADS, v[k]);
-      }
-      for (; i < n16; i += THREADS) __stcs(d + i, __ldcv(s + i));
-    }
+    if (to_host) copy16<true>((const uint4 *)dev, (uint4 *)host, n >> 4);
+    else copy16<false>((const uint4 *)host, (uint4 *)dev, n >> 4);
     return;
   }
   /* Unaligned ranges (odd sizes): byte by byte. */
