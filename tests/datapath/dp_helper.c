@@ -7,6 +7,8 @@
  *                                  "exported", then wait to be killed
  *   dp_helper gpu-export POOL RANK export K/V regions of one cuda:0
  *                                  allocation, print "exported", wait
+ *   dp_helper gpu-store POOL RANK  store 16 blocks from cuda:0 through the
+ *                                  copy kernel, print "stored ...", exit
  *   dp_helper gpu-bad-copy POOL RANK MODE  store from freed device memory
  *                                  with copy mode MODE (umbp_dp_cuda_copy),
  *                                  print "status S present P: MESSAGE"
@@ -89,6 +91,51 @@ int main(int argc, char **argv) {
     printf("exported\n");
     fflush(stdout);
     for (;;) pause();
+  }
+  if (!strcmp(argv[1], "gpu-store")) {
+    /* Store blocks 0..15 of 4 layers x K,V (16 KiB each) from cuda:0 through
+     * the copy kernel under keys (ns "dp-gpu-mp", seed 55), then exit. */
+    uint64_t bytes[8];
+    for (int i = 0; i < 8; i++) bytes[i] = 16384;
+    static struct kvc h;
+    kvc_init(&h, 8, NB, bytes, 0, 1);
+    umbp_kv_region reg[8];
+    for (unsigned b = 0; b < NB; b++) kvc_fill(&h, b, 55, b);
+    for (int r = 0; r < 8; r++) {
+      void *dv;
+      if (cudaMalloc(&dv, NB * 16384) != cudaSuccess) return fail("cudaMalloc", -ENOMEM);
+      if (cudaMemcpy(dv, h.mem[r], NB * 16384, cudaMemcpyHostToDevice) != cudaSuccess) return fail("H2D", -EIO);
+      reg[r] = h.reg[r];
+      reg[r].base = dv;
+      reg[r].device = UMBP_DP_CUDA;
+      reg[r].device_id = 0;
+    }
+    uint32_t ns;
+    if ((rc = umbp_ns_register(pool, "dp-gpu-mp", &ns))) return fail("ns", rc);
+    umbp_kv_layout *lay;
+    umbp_dp_engine *e;
+    if ((rc = umbp_kv_layout_create(pool, reg, 8, &lay))) return fail("layout", rc);
+    umbp_dp_opts o;
+    umbp_dp_opts_init(&o);
+    o.cuda_copy = UMBP_DP_CUDA_COPY_KERNEL;
+    if ((rc = umbp_dp_engine_create(pool, &o, &e))) return fail("engine", rc);
+    while ((rc = umbp_dp_cuda_registration(e, NULL, NULL)) == -EINPROGRESS) usleep(1000);
+    if (rc) return fail("registration", rc);
+    uint32_t ids[NB];
+    umbp_key k[NB];
+    for (unsigned i = 0; i < NB; i++) ids[i] = i, k[i] = dp_key(ns, 55, i);
+    umbp_dp_job *j;
+    if ((rc = umbp_dp_store(e, lay, 0, -1, NB, ids, k, 0, &j))) return fail("store", rc);
+    if ((rc = umbp_dp_job_wait(j, 20000)) || (rc = umbp_dp_job_status(j))) return fail("store job", rc);
+    umbp_dp_job_release(j);
+    uint64_t nb, nr, nk;
+    dp_cuda_copy_calls(&nb, &nr, &nk);
+    printf("stored %d blocks with %llu kernel launches\n", NB, (unsigned long long)nk);
+    fflush(stdout);
+    umbp_dp_engine_destroy(e);
+    umbp_kv_layout_free(lay);
+    umbp_pool_detach(pool);
+    return 0;
   }
   if (!strcmp(argv[1], "gpu-bad-copy")) {
     /* Store from device memory that was freed after the layout was made:

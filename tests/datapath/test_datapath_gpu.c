@@ -265,6 +265,69 @@ static void test_kernel_slot_reuse(void **st) {
 #endif
 }
 
+/* Rank 1 (an exec'd helper) stores blocks from its GPU memory through the
+ * copy kernel and exits; this process (another rank, its own mapping of the
+ * pool) loads them through the kernel into its own GPU memory: the bytes
+ * must match (replicated KV: stored once, loaded by every other rank). */
+static void test_mp_gpu_store_load(void **st) {
+  (void)st;
+  if (!need_gpu()) skip();
+#if UMBP_HAVE_CUDA
+  struct gfx f;
+  gfx_open_mode(&f, "gpump", UMBP_DP_CUDA_COPY_KERNEL);
+  char *argv[] = {(char *)getenv("UMBP_DP_HELPER"), "gpu-store", f.name, "1", NULL};
+  assert_non_null(argv[0]);
+  int fd;
+  pid_t pid = tu_spawn(argv, &fd);
+  char line[256];
+  int n = tu_readline(fd, line, sizeof line);
+  printf("# helper: %s\n", n > 0 ? line : "(no output)");
+  assert_int_equal(tu_wait(pid), 0);
+  close(fd);
+  assert_non_null(strstr(line, "stored 16 blocks with"));
+  assert_null(strstr(line, "with 0 kernel"));
+  uint32_t ns;
+  assert_int_equal(umbp_ns_register(f.pool, "dp-gpu-mp", &ns), 0);
+  assert_int_equal(wait_registered(f.e), 0);
+  uint64_t bytes[8];
+  for (int i = 0; i < 8; i++) bytes[i] = 16384;
+  static struct kvc h;
+  kvc_init(&h, 8, 32, bytes, 0, 1);
+  umbp_kv_region reg[8];
+  void *dev[8];
+  for (int r = 0; r < 8; r++) {
+    assert_int_equal(cudaMalloc(&dev[r], 32 * 16384), cudaSuccess);
+    assert_int_equal(cudaMemset(dev[r], 0, 32 * 16384), cudaSuccess);
+    reg[r] = h.reg[r];
+    reg[r].base = dev[r];
+    reg[r].device = UMBP_DP_CUDA;
+    reg[r].device_id = 0;
+  }
+  umbp_kv_layout *lay;
+  assert_int_equal(umbp_kv_layout_create(f.pool, reg, 8, &lay), 0);
+  uint32_t dst[16];
+  umbp_key k[16];
+  for (unsigned i = 0; i < 16; i++) dst[i] = 31 - i, k[i] = dp_key(ns, 55, i);
+  uint64_t b0, r0, k0, b1, r1, k1;
+  dp_cuda_copy_calls(&b0, &r0, &k0);
+  umbp_dp_job *j;
+  assert_int_equal(umbp_dp_load(f.e, lay, 0, 16, k, dst, &j), 0);
+  assert_int_equal(umbp_dp_job_wait(j, 20000), 0);
+  if (umbp_dp_job_status(j)) printf("# load: %s\n", umbp_dp_job_message(j, 0));
+  assert_int_equal(umbp_dp_job_status(j), 0);
+  umbp_dp_job_release(j);
+  dp_cuda_copy_calls(&b1, &r1, &k1);
+  assert_true(k1 > k0);
+  for (int r = 0; r < 8; r++)
+    assert_int_equal(cudaMemcpy(h.mem[r], dev[r], 32 * 16384, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (unsigned i = 0; i < 16; i++) assert_true(kvc_check(&h, dst[i], 55, i));
+  umbp_kv_layout_free(lay);
+  for (int r = 0; r < 8; r++) cudaFree(dev[r]);
+  kvc_free(&h);
+  gfx_close(&f);
+#endif
+}
+
 /* The helper (another process) exports its cuda:0 KV regions as rank 3 (K
  * and V inside one allocation, at +4 KiB and after K); this process pulls
  * blocks device to device and checks them: a pull that ignored the regions'
@@ -390,6 +453,7 @@ int main(void) {
       cmocka_unit_test(test_d2h_h2d_auto),
       cmocka_unit_test(test_d2h_h2d_kernel_odd),
       cmocka_unit_test(test_kernel_slot_reuse),
+      cmocka_unit_test(test_mp_gpu_store_load),
       cmocka_unit_test(test_ipc_pull),
       cmocka_unit_test(test_copy_error),
       cmocka_unit_test(test_bench_cuda),
