@@ -151,29 +151,31 @@ typedef struct umbp_dp_opts {
                               Fewer leave more of the GPU to the model's kernels. */
 } umbp_dp_opts;
 
-/* How the CUDA backend moves store/load bytes between device memory and pool
- * slots (IPC pulls always use the copy engines). */
+/* How the CUDA backend moves bytes between device memory and pool slots, and
+ * between ranks (IPC pulls). */
 enum umbp_dp_cuda_copy {
-  /* Loads (a request waits for them) through the copy kernel when their
-   * ranges (one per block and region) average under UMBP_DP_KERNEL_AUTO_MAX
-   * bytes; stores (nobody waits) and larger ranges through the copy engines,
-   * which leave the SMs to the model. On an H200 the kernel's device->host
-   * writes slowed a concurrent HBM-streaming kernel 2.4-3.1x, its
-   * host->device reads 1.4-1.5x, the copy engines 1.0-1.07x. */
+  /* Loads and pulls (a request waits for them) through the copy kernel when
+   * their ranges (one per block and region) average under
+   * UMBP_DP_KERNEL_AUTO_MAX bytes; stores (nobody waits) and larger ranges
+   * through the copy engines, which leave the SMs to the model. On an H200
+   * the kernel's device->host writes slowed a concurrent HBM-streaming kernel
+   * 2.5-3.2x, its host->device reads 1.4-1.55x, the copy engines 1.0-1.08x. */
   UMBP_DP_CUDA_COPY_AUTO = 0,
   /* Copy engines only: cudaMemcpyBatchAsync (one call per stream chunk), or
    * one cudaMemcpyAsync per range. Uses no SM time. */
   UMBP_DP_CUDA_COPY_DMA = 1,
-  /* The copy kernel for every store and load: cuda_kernel_ctas CTAs per
+  /* The copy kernel for every store, load and pull: cuda_kernel_ctas CTAs per
    * launch stride over the (block, region) ranges, moving 16-byte words
-   * between device memory and the pool's registered mapping. Uses that many
-   * CTAs' share of the SMs while it runs (the model's kernels share them). */
+   * between device memory and the pool's registered mapping (or the other
+   * rank's memory). Uses that many CTAs' share of the SMs while it runs (the
+   * model's kernels share them). */
   UMBP_DP_CUDA_COPY_KERNEL = 2,
 };
-/* In every mode the kernel is used only once the pool's registration is done
- * (umbp_dp_cuda_registration() == 0), on a device that can address
+/* In every mode the kernel is used only on a device that can address
  * registered host memory at its host address, in a build that has the kernel
- * (nvcc at build time) for that device; otherwise the copy engines run. */
+ * (nvcc at build time) for that device, and for stores and loads only once
+ * the pool's registration is done (umbp_dp_cuda_registration() == 0);
+ * otherwise the copy engines run. */
 #define UMBP_DP_KERNEL_AUTO_MAX (256u << 10)
 
 UMBP_API void umbp_dp_opts_init(umbp_dp_opts *o);

@@ -74,7 +74,7 @@ _CONFIG_KEYS = {
     "load_timeout_ms": 60000,     # a load not done by then is reported as failed
     "load_async": False,          # loads overlap other requests' steps (WAITING_FOR_REMOTE_KVS)
     "no_prefault": False,         # embedded: skip pre-faulting (tests)
-    "cuda_copy": "auto",          # CUDA tensors: auto (kernel loads, copy-engine stores) | kernel | dma
+    "cuda_copy": "auto",          # CUDA tensors: auto (kernel loads/pulls, copy-engine stores) | kernel | dma
 }
 _CUDA_COPY = {"auto": 0, "dma": 1, "kernel": 2}  # enum umbp_dp_cuda_copy
 

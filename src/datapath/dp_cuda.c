@@ -16,10 +16,10 @@
  *
  * Copies. A job's keys are split into one contiguous chunk per stream of the
  * group's device (streams are created per device on first use, non-blocking,
- * shared by the engine's jobs round-robin). A store or load chunk goes to the
- * copy kernel (dp_kernel.cu) when the engine's mode picks it (auto: loads
+ * shared by the engine's jobs round-robin). A chunk goes to the copy kernel
+ * (dp_kernel.cu) when the engine's mode picks it (auto: loads and IPC pulls
  * whose ranges average under UMBP_DP_KERNEL_AUTO_MAX) and the kernel can run:
- * the pool's
+ * for a store or load, the pool's
  * registration finished (the kernel reads and writes slots through the
  * mapping, which must be registered for the whole time the kernel may touch
  * it: the engine holds the registration until its streams are idle), the
@@ -44,9 +44,11 @@
  * allocation (cuMemGetAddressRange, reached through the runtime's
  * cudaGetDriverEntryPointByVersion, so the library does not link libcuda):
  * a KV tensor is usually a slice of a larger allocation (the framework's
- * caching allocator, K and V halves of one tensor). A pull finds the source rank's live
- * entries, opens them through the per-engine cache (cudaIpcOpenMemHandle with
- * lazy peer access) and copies device to device with cudaMemcpyDefault.
+ * caching allocator, K and V halves of one tensor). A pull finds the source
+ * rank's live entries, opens them through the per-engine cache
+ * (cudaIpcOpenMemHandle with lazy peer access) and copies device to device,
+ * through the copy kernel or the copy engines (cudaMemcpyDefault) as for a
+ * load.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -318,22 +320,27 @@ void dp_cuda_copy_calls(uint64_t *ret_batches, uint64_t *ret_ranges, uint64_t *r
   *ret_kernels = atomic_load_explicit(&n_kernels, memory_order_relaxed);
 }
 
-/* Launch the copy kernel over keys [i0, i1) of a store or load job. */
+/* Launch the copy kernel over keys [i0, i1) of a job. Pulls read the
+ * exporter's regions at src[r] + source block * sstride[r]. */
 static cudaError_t copy_kernel(struct umbp_dp_job *job, unsigned i0, unsigned i1, struct dp_kc_params *p,
-                               unsigned ctas, cudaStream_t s) {
+                               unsigned ctas, char *const *src, const uint64_t *sstride, cudaStream_t s) {
   const struct dp_group *g = job->grp;
   const struct dp_region *R = &job->lay->r[g->first];
-  p->to_host = job->op == DP_OP_STORE;
+  const bool pull = job->op == DP_OP_PULL;
+  p->dir = pull ? DP_KC_PULL : job->op == DP_OP_STORE ? DP_KC_STORE : DP_KC_LOAD;
   for (unsigned r0 = 0; r0 < g->count; r0 += DP_KC_MAX_REG) {
     p->nreg = g->count - r0 < DP_KC_MAX_REG ? g->count - r0 : DP_KC_MAX_REG;
     for (unsigned k = 0; k < p->nreg; k++)
-      p->reg[k] = (struct dp_kc_reg){.dev = (uint64_t)(uintptr_t)R[r0 + k].base, .stride = R[r0 + k].stride,
-                                     .obj_off = R[r0 + k].obj_off, .bytes = R[r0 + k].block_bytes};
+      p->reg[k] = (struct dp_kc_reg){
+          .dev = (uint64_t)(uintptr_t)R[r0 + k].base, .stride = R[r0 + k].stride,
+          .obj_off = pull ? (uint64_t)(uintptr_t)src[r0 + k] : R[r0 + k].obj_off,
+          .bytes = R[r0 + k].block_bytes, .ostride = pull ? sstride[r0 + k] : 0};
     p->nblk = 0;
     for (unsigned i = i0; i < i1; i++) {
-      if (job->rc[i] != 0 || job->slots[i] == UMBP_NO_SLOT) continue;
+      if (job->rc[i] != 0 || (!pull && job->slots[i] == UMBP_NO_SLOT)) continue;
       p->blk[p->nblk] = job->blocks[i];
-      p->host[p->nblk] = (uint64_t)(uintptr_t)umbp_slot_ptr(job->eng->pool, job->slots[i]);
+      p->oblk[p->nblk] = pull ? job->src_blocks[i] : 0;
+      p->host[p->nblk] = pull ? 0 : (uint64_t)(uintptr_t)umbp_slot_ptr(job->eng->pool, job->slots[i]);
       if (++p->nblk == DP_KC_MAX_BLK) {
         cudaError_t e = dp_kc_launch(p, ctas, s);
         if (e != cudaSuccess) return e;
@@ -450,10 +457,13 @@ int dp_cuda_submit(struct umbp_dp_job *job) {
   }
   unsigned ns = c->nstreams < job->n ? c->nstreams : job->n;
   /* The kernel or the copy engines, for the whole job. */
-  bool kern = job->op != DP_OP_PULL && c->copy_mode != UMBP_DP_CUDA_COPY_DMA && c->kern_ok[g->device_id] &&
-              c->reg && atomic_load_explicit(&c->reg->state, memory_order_acquire) == 0 &&
+  /* Slots are reached through the registered mapping: store and load need
+   * the registration finished; a pull touches device memory only. */
+  bool host_ok = job->op == DP_OP_PULL ||
+                 (c->reg && atomic_load_explicit(&c->reg->state, memory_order_acquire) == 0);
+  bool kern = c->copy_mode != UMBP_DP_CUDA_COPY_DMA && c->kern_ok[g->device_id] && host_ok &&
               (c->copy_mode == UMBP_DP_CUDA_COPY_KERNEL ||
-               (job->op == DP_OP_LOAD && g->obj_bytes < (uint64_t)UMBP_DP_KERNEL_AUTO_MAX * g->count));
+               (job->op != DP_OP_STORE && g->obj_bytes < (uint64_t)UMBP_DP_KERNEL_AUTO_MAX * g->count));
   struct dp_kc_params *kp = kern ? malloc(sizeof *kp) : NULL;
   if (kern && !kp) kern = false;
   cj->ch = calloc(ns, sizeof *cj->ch);
@@ -503,7 +513,7 @@ int dp_cuda_submit(struct umbp_dp_job *job) {
       continue;
     }
     cudaStream_t s = streams[atomic_fetch_add_explicit(&c->rr, 1, memory_order_relaxed) % c->nstreams];
-    cudaError_t e = kern ? copy_kernel(job, ch->i0, ch->i1, kp, c->kctas, s) : copy_batch(dsts, srcs, sizes, cnt, s);
+    cudaError_t e = kern ? copy_kernel(job, ch->i0, ch->i1, kp, c->kctas, src, sstride, s) : copy_batch(dsts, srcs, sizes, cnt, s);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ch->ev, cudaEventDisableTiming);
     if (e == cudaSuccess) {
       ch->has_ev = true;

@@ -181,8 +181,8 @@ static void test_d2h_h2d_auto(void **st) {
 #endif
 }
 
-/* The kernel's split and byte paths: 100 regions (3 launches of at most 48
- * regions), 200 blocks (2 launches of at most 160 blocks), odd sizes and
+/* The kernel's split and byte paths: 100 regions (3 launches of at most 40
+ * regions), 200 blocks (2 launches of at most 128 blocks), odd sizes and
  * padding (unaligned ranges, object offsets not multiples of 16). */
 static void test_d2h_h2d_kernel_odd(void **st) {
   (void)st;
@@ -333,8 +333,9 @@ static void test_mp_gpu_store_load(void **st) {
 
 /* The helper (another process) exports its cuda:0 KV regions as rank 3 (K
  * and V inside one allocation, at +4 KiB and after K); this process pulls
- * blocks device to device and checks them: a pull that ignored the regions'
- * offsets inside the allocation would read the 0xee bytes before K. */
+ * blocks device to device, through the copy kernel and through the copy
+ * engines, and checks them: a pull that ignored the regions' offsets inside
+ * the allocation would read the 0xee bytes before K. */
 static void test_ipc_pull(void **st) {
   (void)st;
   if (!need_gpu()) skip();
@@ -363,18 +364,37 @@ static void test_ipc_pull(void **st) {
   }
   umbp_kv_layout *lay;
   assert_int_equal(umbp_kv_layout_create(f.pool, reg, 2, &lay), 0);
-  uint32_t src[4] = {0, 1, 2, 3}, dst[4] = {7, 6, 5, 4};
-  umbp_dp_job *j;
-  int rc = umbp_dp_ipc_pull(f.e, lay, 0, 3, 4, src, dst, &j);
-  if (rc) printf("# %s\n", umbp_last_error());
-  assert_int_equal(rc, 0);
-  assert_int_equal(umbp_dp_job_wait(j, 20000), 0);
-  if (umbp_dp_job_status(j)) printf("# %s\n", umbp_dp_job_message(j, 0));
-  assert_int_equal(umbp_dp_job_status(j), 0);
-  umbp_dp_job_release(j);
-  for (int r = 0; r < 2; r++)
-    assert_int_equal(cudaMemcpy(h.mem[r], dev[r], 8 * 65536, cudaMemcpyDeviceToHost), cudaSuccess);
-  for (unsigned i = 0; i < 4; i++) assert_true(kvc_check(&h, dst[i], 77, src[i]));
+  /* Pull with this engine (auto: 64 KiB ranges go to the copy kernel), then
+   * with a second engine in copy-engine mode, each into other blocks. */
+  umbp_dp_engine *e2;
+  umbp_dp_opts o;
+  umbp_dp_opts_init(&o);
+  o.cuda_copy = UMBP_DP_CUDA_COPY_DMA;
+  assert_int_equal(umbp_dp_engine_create(f.pool, &o, &e2), 0);
+  umbp_dp_engine *engs[2] = {f.e, e2};
+  for (int pass = 0; pass < 2; pass++) {
+    uint32_t src[4] = {0, 1, 2, 3}, dst[4] = {7, 6, 5, 4};
+    if (pass) src[0] = 5, src[1] = 7, dst[0] = 0, dst[1] = 1, dst[2] = 2, dst[3] = 3;
+    for (int r = 0; r < 2; r++) assert_int_equal(cudaMemset(dev[r], 0, 8 * 65536), cudaSuccess);
+    uint64_t b0, r0, k0, b1, r1, k1;
+    dp_cuda_copy_calls(&b0, &r0, &k0);
+    umbp_dp_job *j;
+    int rc = umbp_dp_ipc_pull(engs[pass], lay, 0, 3, 4, src, dst, &j);
+    if (rc) printf("# %s\n", umbp_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(umbp_dp_job_wait(j, 20000), 0);
+    if (umbp_dp_job_status(j)) printf("# %s\n", umbp_dp_job_message(j, 0));
+    assert_int_equal(umbp_dp_job_status(j), 0);
+    umbp_dp_job_release(j);
+    dp_cuda_copy_calls(&b1, &r1, &k1);
+    printf("# pull %s: %llu kernel launches, %llu copy-engine issues\n", pass ? "dma" : "auto",
+           (unsigned long long)(k1 - k0), (unsigned long long)(b1 - b0 + r1 - r0));
+    assert_true(pass ? k1 == k0 && b1 + r1 > b0 + r0 : k1 > k0 && b1 + r1 == b0 + r0);
+    for (int r = 0; r < 2; r++)
+      assert_int_equal(cudaMemcpy(h.mem[r], dev[r], 8 * 65536, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (unsigned i = 0; i < 4; i++) assert_true(kvc_check(&h, dst[i], 77, src[i]));
+  }
+  umbp_dp_engine_destroy(e2);
   kill(pid, SIGKILL);
   tu_wait(pid);
   close(fd);

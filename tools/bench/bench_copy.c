@@ -22,6 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -41,8 +44,11 @@ static const char *const copy_names[] = {"auto", "dma", "kernel"};
 static int cuda_copy = UMBP_DP_CUDA_COPY_AUTO; /* --cuda-copy */
 static unsigned cuda_ctas;                     /* --cuda-ctas (0: the library's default) */
 static bool victim_on;                         /* --victim */
+static bool pull_on;                           /* --pull */
 
 static double median(double *v, unsigned n);
+struct bcase;
+static int parse_case(const char *s, struct bcase *c);
 
 #if UMBP_HAVE_BENCH_VICTIM
 /* The victim: VICTIM_LAUNCHES launches of a kernel that streams a 1 GiB
@@ -109,7 +115,8 @@ static int victim_open(struct victim *v) {
 
 static const char *copy_usage =
     "Usage: umbp bench copy [--threads N] [--cpus LIST] [--cases LIST] [--reps N]\n"
-    "                       [--bytes SIZE] [--cuda [--cuda-copy MODE] [--cuda-ctas N] [--victim]]\n"
+    "                       [--bytes SIZE] [--cuda [--cuda-copy MODE] [--cuda-ctas N] [--victim]\n"
+    "                       [--pull]]\n"
     "                       [--json]\n"
     "\n"
     "Measure the data path's store (KV regions -> pool slots, then publish) and load\n"
@@ -134,8 +141,9 @@ static const char *copy_usage =
     "  --cuda          regions on cuda:0 through the CUDA backend, reference\n"
     "                  cudaMemcpy of pinned buffers (needs a GPU and a CUDA build).\n"
     "  --cuda-copy MODE  how the CUDA backend copies (umbp_dp_opts.cuda_copy):\n"
-    "                  auto (default: the copy kernel for ranges averaging under\n"
-    "                  256 KiB, else the copy engines), dma (copy engines only:\n"
+    "                  auto (default: loads and pulls by the copy kernel when\n"
+    "                  ranges average under 256 KiB, stores and larger ranges by\n"
+    "                  the copy engines), dma (copy engines only:\n"
     "                  cudaMemcpyBatchAsync), kernel (the copy kernel always).\n"
     "  --cuda-ctas N   CTAs per copy-kernel launch (umbp_dp_opts.cuda_kernel_ctas,\n"
     "                  1..1024; default 16).\n"
@@ -143,6 +151,11 @@ static const char *copy_usage =
     "                  decode step streams weights) on its own stream, alone and\n"
     "                  while each store and load job copies; print its slowdown\n"
     "                  (time beside the copies / time alone, median).\n"
+    "  --pull          also measure CUDA IPC pulls: a second process (this program)\n"
+    "                  exports the same KV layout on cuda:0 as rank 1, and every\n"
+    "                  block is pulled device to device (umbp_dp_ipc_pull) beside\n"
+    "                  one cudaMemcpy device-to-device of the same bytes; the\n"
+    "                  pulled bytes are checked.\n"
     "  --json          one JSON object instead of the table.\n"
     "  -h, --help      this text.\n"
     "\n"
@@ -153,7 +166,8 @@ static const char *copy_usage =
     "\"store_ratio\", \"load_gbps\", \"load_ref_gbps\", \"load_ratio\"}]}; with --cuda also\n"
     "\"cuda_copy\", \"cuda_kernel_ctas\" and the process's copy issues: \"cuda_kernel_launches\",\n"
     "\"cuda_batch_calls\" (cudaMemcpyBatchAsync) and \"cuda_range_calls\" (cudaMemcpyAsync);\n"
-    "with --victim per case \"victim_alone_ms\", \"store_victim_slowdown\", \"load_victim_slowdown\".\n"
+    "with --victim per case \"victim_alone_ms\", \"store_victim_slowdown\", \"load_victim_slowdown\";\n"
+    "with --pull \"pull_gbps\", \"pull_ref_gbps\", \"pull_ratio\" (and \"pull_victim_slowdown\").\n"
     "\n"
     "Exit status: 0 measured; 1 a runtime failure (pool, CUDA, a failed job); 2 usage.\n"
     "\n"
@@ -260,6 +274,7 @@ static void ref_stop(struct ref *r) {
 struct result {
   double store, store_ref, load, load_ref; /* GB/s */
   double store_vx, load_vx, victim_ms;     /* --victim: victim time with the copies / alone */
+  double pull, pull_ref, pull_vx;          /* --pull: GB/s, D2D cudaMemcpy GB/s, victim slowdown */
   unsigned blocks;
 };
 
@@ -270,6 +285,159 @@ static int run_job(umbp_dp_job *j, const char *what) {
   umbp_dp_job_release(j);
   return rc;
 }
+
+/* Bytes per block of region r of case c: OBJ split evenly (64-byte
+ * multiples), the remainder in the last region. */
+static uint64_t region_bytes(const struct bcase *c, unsigned r) {
+  uint64_t per = (c->obj / c->nreg) & ~63ull;
+  if (per == 0) per = c->obj / c->nreg;
+  return r + 1 < c->nreg ? per : c->obj - per * (c->nreg - 1);
+}
+
+#if UMBP_HAVE_CUDA
+/* The other rank of --pull, run as `umbp bench copy --pull-exporter POOL
+ * OBJxR BLOCKS`: attach as rank 1, fill KV regions of the case on cuda:0
+ * (region r's bytes all r & 0xff), export them, print "exported", and keep
+ * them alive until stdin closes. */
+static int pull_exporter(int argc, char **argv) {
+  struct bcase c;
+  if (argc != 5 || parse_case(argv[3], &c)) return CLI_USAGE;
+  unsigned nb = (unsigned)atoi(argv[4]);
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  ao.role = UMBP_ROLE_WORKER;
+  ao.rank = 1;
+  umbp_pool *pool = NULL;
+  umbp_kv_layout *lay = NULL;
+  umbp_dp_engine *e = NULL;
+  umbp_kv_region *reg = calloc(c.nreg, sizeof *reg);
+  int rc = reg ? umbp_pool_attach(argv[2], &ao, &pool) : -ENOMEM;
+  for (unsigned r = 0; !rc && r < c.nreg; r++) {
+    uint64_t bb = region_bytes(&c, r);
+    reg[r] = (umbp_kv_region){.block_bytes = bb, .stride = bb, .block_count = nb, .group = 0, .layer = r / 2,
+                              .kind = (int)(r % 2), .device = UMBP_DP_CUDA, .device_id = 0};
+    if (cudaMalloc(&reg[r].base, bb * nb) != cudaSuccess || cudaMemset(reg[r].base, (int)(r & 0xff), bb * nb))
+      rc = -ENOMEM;
+  }
+  umbp_dp_opts o;
+  umbp_dp_opts_init(&o);
+  o.cuda_register = false;
+  if (!rc) rc = umbp_kv_layout_create(pool, reg, c.nreg, &lay);
+  if (!rc) rc = umbp_dp_engine_create(pool, &o, &e);
+  if (!rc) rc = umbp_dp_ipc_export(e, lay, 1);
+  if (rc) {
+    fprintf(stderr, "umbp bench copy --pull-exporter: %s\n", umbp_last_error());
+  } else {
+    printf("exported\n");
+    fflush(stdout);
+    char b;
+    while (read(0, &b, 1) > 0) {
+    }
+  }
+  umbp_dp_engine_destroy(e);
+  umbp_kv_layout_free(lay);
+  for (unsigned r = 0; reg && r < c.nreg; r++)
+    if (reg[r].base) cudaFree(reg[r].base);
+  free(reg);
+  if (pool) umbp_pool_detach(pool);
+  return rc ? CLI_RUNTIME : CLI_OK;
+}
+
+/* --pull: another process (this binary as --pull-exporter) exports the same
+ * KV layout as rank 1; time umbp_dp_ipc_pull of every block into this
+ * process's layout beside one cudaMemcpy device-to-device of the same bytes,
+ * and check the bytes of the last pull. */
+static int run_pull(const struct bcase *c, const char *pool_name, umbp_dp_engine *e, const umbp_kv_layout *lay,
+                    const umbp_kv_region *reg, unsigned nb, unsigned reps, struct result *res, void *vic) {
+  int in[2], out[2];
+  if (pipe(in) || pipe(out)) {
+    cli_error("bench copy --pull: pipe: %s", strerror(errno));
+    return -errno;
+  }
+  char nbs[16];
+  snprintf(nbs, sizeof nbs, "%u", nb);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    close(in[0]), close(in[1]), close(out[0]), close(out[1]);
+    execl("/proc/self/exe", "umbp", "bench", "copy", "--pull-exporter", pool_name, c->name, nbs, (char *)NULL);
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  int rc = pid < 0 ? -errno : 0;
+  char line[64] = "";
+  size_t n = 0;
+  struct pollfd pf = {.fd = out[0], .events = POLLIN};
+  while (!rc && n + 1 < sizeof line && poll(&pf, 1, 60000) > 0) {
+    if (read(out[0], line + n, 1) != 1) break;
+    if (line[n] == '\n') break;
+    n++;
+  }
+  line[n] = 0;
+  if (!rc && strcmp(line, "exported")) {
+    cli_error("bench copy --pull: the exporter process did not export (see its message above)");
+    rc = -EIO;
+  }
+  uint32_t *src = malloc(nb * sizeof *src), *dst = malloc(nb * sizeof *dst);
+  double *t = calloc(reps, sizeof *t), *tr = calloc(reps, sizeof *tr), *tv = calloc(reps, sizeof *tv);
+  char *d1 = NULL, *d2 = NULL;
+  if (!rc && (!src || !dst || !t || !tr || !tv || cudaMalloc((void **)&d1, c->obj * nb) != cudaSuccess ||
+              cudaMalloc((void **)&d2, c->obj * nb) != cudaSuccess)) {
+    cli_error("bench copy --pull: out of memory");
+    rc = -ENOMEM;
+  }
+  for (unsigned i = 0; !rc && i < nb; i++) src[i] = nb - 1 - i, dst[i] = i;
+  double gb = (double)c->obj * nb / 1e9;
+  for (unsigned rep = 0; rep <= reps && !rc; rep++) { /* rep 0: warm-up (opens the handles) */
+    umbp_dp_job *j;
+    double t0 = now_s();
+    if ((rc = umbp_dp_ipc_pull(e, lay, 0, 1, nb, src, dst, &j))) {
+      cli_error("bench copy --pull: %s", umbp_last_error());
+      break;
+    }
+#if UMBP_HAVE_BENCH_VICTIM
+    if (victim_on) victim_start(vic);
+#else
+    (void)vic;
+#endif
+    if ((rc = run_job(j, "pull"))) break;
+    double tp = now_s() - t0;
+#if UMBP_HAVE_BENCH_VICTIM
+    if (victim_on && rep) tv[rep - 1] = victim_ms(vic) / ((struct victim *)vic)->alone_ms;
+#endif
+    t0 = now_s();
+    cudaMemcpy(d2, d1, c->obj * nb, cudaMemcpyDeviceToDevice);
+    cudaDeviceSynchronize();
+    double trr = now_s() - t0;
+    if (rep) t[rep - 1] = gb / tp, tr[rep - 1] = gb / trr;
+  }
+  /* Block 0 of every region now holds the exporter's bytes (r & 0xff). */
+  for (unsigned r = 0; !rc && r < c->nreg; r++) {
+    unsigned char buf[256];
+    uint64_t len = reg[r].block_bytes < sizeof buf ? reg[r].block_bytes : sizeof buf;
+    if (cudaMemcpy(buf, reg[r].base, len, cudaMemcpyDeviceToHost) != cudaSuccess) rc = -EIO;
+    for (uint64_t i = 0; !rc && i < len; i++)
+      if (buf[i] != (r & 0xff)) {
+        cli_error("bench copy --pull: region %u of block 0 does not hold the exporter's bytes", r);
+        rc = -EIO;
+      }
+  }
+  if (!rc) {
+    res->pull = median(t, reps);
+    res->pull_ref = median(tr, reps);
+    res->pull_vx = victim_on ? median(tv, reps) : 0;
+  }
+  close(in[1]); /* the exporter exits at EOF */
+  close(out[0]);
+  if (pid > 0) waitpid(pid, NULL, 0);
+  if (d1) cudaFree(d1);
+  if (d2) cudaFree(d2);
+  free(src), free(dst), free(t), free(tr), free(tv);
+  return rc;
+}
+#endif
 
 static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpus, unsigned ncpus, unsigned reps,
                     uint64_t bytes, bool cuda, struct result *res) {
@@ -295,8 +463,6 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
   uint32_t ns = 0;
   umbp_ns_register(pool, "bench-copy", &ns);
   umbp_kv_region *reg = calloc(c->nreg, sizeof *reg);
-  uint64_t per = (c->obj / c->nreg) & ~63ull;
-  if (per == 0) per = c->obj / c->nreg;
   uint32_t *ids = malloc(nb * sizeof *ids), *pins = malloc(nb * sizeof *pins);
   umbp_key *keys = calloc(nb, sizeof *keys);
   char **slotp = calloc(nb, sizeof *slotp);
@@ -309,7 +475,7 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
   struct victim vic = {0};
 #endif
   for (unsigned r = 0; r < c->nreg; r++) {
-    uint64_t bb = r + 1 < c->nreg ? per : c->obj - per * (c->nreg - 1);
+    uint64_t bb = region_bytes(c, r);
     reg[r] = (umbp_kv_region){.block_bytes = bb, .stride = bb, .block_count = nb, .group = 0, .layer = r / 2,
                               .kind = (int)(r % 2), .device = cuda ? UMBP_DP_CUDA : UMBP_DP_CPU};
 #if UMBP_HAVE_CUDA
@@ -464,6 +630,14 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
     res->store_vx = victim_on ? median(v[4], reps) : 0;
     res->load_vx = victim_on ? median(v[5], reps) : 0;
   }
+#if UMBP_HAVE_CUDA
+#if UMBP_HAVE_BENCH_VICTIM
+  void *vp = &vic;
+#else
+  void *vp = NULL;
+#endif
+  if (!rc && pull_on) rc = run_pull(c, name, e, lay, reg, nb, reps, res, vp);
+#endif
 #if UMBP_HAVE_BENCH_VICTIM
   victim_close(&vic);
 #endif
@@ -472,6 +646,9 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
 #endif
 out:
   umbp_dp_engine_destroy(e);
+#if UMBP_HAVE_CUDA
+  if (pull_on) umbp_dp_ipc_unlink(name); /* the exporter's table; absent when it never exported */
+#endif
   umbp_kv_layout_free(lay);
   for (unsigned r = 0; r < c->nreg; r++) {
 #if UMBP_HAVE_CUDA
@@ -517,6 +694,7 @@ int bench_copy_main(int argc, char **argv) {
                                      {"cuda-copy", required_argument, 0, 'm'},
                                      {"cuda-ctas", required_argument, 0, 'k'},
                                      {"victim", no_argument, 0, 'v'},
+                                     {"pull", no_argument, 0, 'p'},
                                      {0, 0, 0, 0}};
   unsigned threads = 2, reps = 5;
   uint64_t bytes = 256ull << 20;
@@ -524,6 +702,10 @@ int bench_copy_main(int argc, char **argv) {
   cuda_copy = UMBP_DP_CUDA_COPY_AUTO;
   cuda_ctas = 0;
   victim_on = false;
+  pull_on = false;
+#if UMBP_HAVE_CUDA
+  if (argc >= 2 && !strcmp(argv[1], "--pull-exporter")) return pull_exporter(argc, argv);
+#endif
   int cpus_i[256];
   unsigned cpus[256], ncpus = 0;
   const char *cases_s = "64KiBx2,256KiBx16,1MiBx80,4MiBx160";
@@ -560,6 +742,10 @@ int bench_copy_main(int argc, char **argv) {
 #else
       return cli_usage_error("bench copy", "--victim: this build has no victim kernel (it needs nvcc at build time)");
 #endif
+    case 'p':
+      pull_on = true;
+      copy_given = true;
+      break;
     case 'j': json = true; break;
     case 'b':
       if (cli_parse_size(optarg, &bytes) || bytes == 0 || bytes > (2ull << 30))
@@ -577,7 +763,8 @@ int bench_copy_main(int argc, char **argv) {
     }
   }
   if (optind < argc) return cli_usage_error("bench copy", "unexpected argument '%s'", argv[optind]);
-  if (copy_given && !cuda) return cli_usage_error("bench copy", "--cuda-copy, --cuda-ctas and --victim need --cuda");
+  if (copy_given && !cuda)
+    return cli_usage_error("bench copy", "--cuda-copy, --cuda-ctas, --victim and --pull need --cuda");
   if (threads < 1 || threads > 64) return cli_usage_error("bench copy", "--threads: 1..64");
   if (reps < 1 || reps > 1000) return cli_usage_error("bench copy", "--reps: 1..1000");
   struct bcase cases[32];
@@ -631,6 +818,12 @@ int bench_copy_main(int argc, char **argv) {
       json_dbl(&j, "load_gbps", res[i].load);
       json_dbl(&j, "load_ref_gbps", res[i].load_ref);
       json_dbl(&j, "load_ratio", res[i].load / res[i].load_ref);
+      if (pull_on) {
+        json_dbl(&j, "pull_gbps", res[i].pull);
+        json_dbl(&j, "pull_ref_gbps", res[i].pull_ref);
+        json_dbl(&j, "pull_ratio", res[i].pull / res[i].pull_ref);
+        if (victim_on) json_dbl(&j, "pull_victim_slowdown", res[i].pull_vx);
+      }
       if (victim_on) {
         json_dbl(&j, "victim_alone_ms", res[i].victim_ms);
         json_dbl(&j, "store_victim_slowdown", res[i].store_vx);
@@ -647,12 +840,20 @@ int bench_copy_main(int argc, char **argv) {
          cuda ? "CUDA" : "host", threads, threads > 1 ? "s" : "", reps, (unsigned long long)(bytes >> 20), refname);
   printf("%-12s %7s %6s | %10s %10s %6s | %10s %10s %6s%s\n", "case", "regions", "blocks", "store GB/s", "ref GB/s",
          "ratio", "load GB/s", "ref GB/s", "ratio", victim_on ? " | victim ms  store x   load x" : "");
+  if (pull_on)
+    printf("%-12s pull: IPC pull GB/s, reference cudaMemcpy device-to-device GB/s%s\n", "",
+           victim_on ? ", victim slowdown" : "");
   for (unsigned i = 0; i < nc; i++) {
     printf("%-12s %7u %6u | %10.2f %10.2f %6.2f | %10.2f %10.2f %6.2f", cases[i].name, cases[i].nreg,
            res[i].blocks, res[i].store, res[i].store_ref, res[i].store / res[i].store_ref, res[i].load,
            res[i].load_ref, res[i].load / res[i].load_ref);
     if (victim_on) printf(" | %9.3f %8.2f %8.2f", res[i].victim_ms, res[i].store_vx, res[i].load_vx);
     printf("\n");
+    if (pull_on) {
+      printf("%-12s pull %10.2f %10.2f %6.2f", "", res[i].pull, res[i].pull_ref, res[i].pull / res[i].pull_ref);
+      if (victim_on) printf(" | victim x %.2f", res[i].pull_vx);
+      printf("\n");
+    }
   }
   if (cuda)
     printf("CUDA copy mode %s: %llu copy-kernel launches, %llu chunks as one cudaMemcpyBatchAsync each, %llu ranges "
