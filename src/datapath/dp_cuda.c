@@ -94,6 +94,47 @@ int dp_cuda_probe(char *why, size_t n) {
   return probe_rc;
 }
 
+/* ---- driver entry points ----------------------------------------------------
+ * Reached through cudaGetDriverEntryPointByVersion so that libumbp does not
+ * link libcuda. */
+static PFN_cuMemGetAddressRange_v3020 get_range_fn;
+static PFN_cuCtxGetCurrent_v4000 ctx_get_fn;
+static PFN_cuCtxSetCurrent_v4000 ctx_set_fn;
+static cudaError_t get_range_err;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+
+static void *drv_sym(const char *name, unsigned version, cudaError_t *ret_err) {
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  void *fn = NULL;
+  cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &q);
+  if (e == cudaSuccess && (q != cudaDriverEntryPointSuccess || !fn)) e = cudaErrorSymbolNotFound;
+  if (ret_err) *ret_err = e;
+  return e == cudaSuccess ? fn : NULL;
+}
+
+static void drv_init(void) {
+  get_range_fn = (PFN_cuMemGetAddressRange_v3020)drv_sym("cuMemGetAddressRange", 3020, &get_range_err);
+  ctx_get_fn = (PFN_cuCtxGetCurrent_v4000)drv_sym("cuCtxGetCurrent", 4000, NULL);
+  ctx_set_fn = (PFN_cuCtxSetCurrent_v4000)drv_sym("cuCtxSetCurrent", 4000, NULL);
+}
+
+/* The calling thread's current context (NULL: none), saved around calls
+ * that select a layout's device, and put back afterwards: a caller (a
+ * framework that selected its rank's GPU) keeps its device, and a thread that
+ * had no context is not left with one. cudaSetDevice back to the old ordinal
+ * would instead create a context on device 0 in threads that never used
+ * CUDA (CUDA >= 12 initialises the primary context in cudaSetDevice). */
+static void *ctx_save(void) {
+  pthread_once(&drv_once, drv_init);
+  CUcontext ctx = NULL;
+  if (!ctx_get_fn || ctx_get_fn(&ctx) != CUDA_SUCCESS) return NULL;
+  return ctx;
+}
+
+static void ctx_restore(void *ctx) {
+  if (ctx_set_fn) ctx_set_fn((CUcontext)ctx);
+}
+
 /* ---- registration ---------------------------------------------------------- */
 struct reg {
   struct reg *next;
@@ -105,6 +146,7 @@ struct reg {
   _Atomic uint64_t done;  /* bytes registered; release after each chunk */
   _Atomic int state;      /* 1 running, 0 done, < 0 error */
   unsigned chunks_ok;
+  int dev; /* the creating thread's device: registering creates no context elsewhere */
   char err[256];
   umbp_progress_fn progress;
   void *progress_arg;
@@ -114,7 +156,7 @@ static struct reg *regs;
 
 static void *reg_thread(void *arg) {
   struct reg *r = arg;
-  cudaSetDevice(0);
+  cudaSetDevice(r->dev);
   for (uint64_t off = 0; off < r->size; off += REG_CHUNK) {
     uint64_t len = r->size - off < REG_CHUNK ? r->size - off : REG_CHUNK;
     cudaError_t e =
@@ -134,7 +176,7 @@ static void *reg_thread(void *arg) {
   return NULL;
 }
 
-static struct reg *reg_get(umbp_pool *pool, const umbp_dp_opts *opts) {
+static struct reg *reg_get(umbp_pool *pool, const umbp_dp_opts *opts, int dev) {
   pthread_mutex_lock(&reg_mu);
   struct reg *r = regs;
   while (r && r->base != pool->base) r = r->next;
@@ -151,6 +193,7 @@ static struct reg *reg_get(umbp_pool *pool, const umbp_dp_opts *opts) {
   r->base = pool->base;
   r->size = pool->size;
   r->refs = 1;
+  r->dev = dev;
   r->progress = opts->progress;
   r->progress_arg = opts->progress_arg;
   atomic_init(&r->state, 1);
@@ -230,7 +273,12 @@ int dp_cuda_engine_init(umbp_dp_engine *eng, const umbp_dp_opts *opts) {
     free(c);
     return rc;
   }
-  if (opts->cuda_register) c->reg = reg_get(eng->pool, opts);
+  /* The pool is registered from the creating thread's current device (a
+   * vLLM worker has selected its rank's GPU by then); cudaHostRegisterPortable
+   * makes the registration count for every device. */
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  if (opts->cuda_register) c->reg = reg_get(eng->pool, opts, dev);
   eng->cuda = c;
   return 0;
 }
@@ -238,6 +286,7 @@ int dp_cuda_engine_init(umbp_dp_engine *eng, const umbp_dp_opts *opts) {
 void dp_cuda_engine_fini(umbp_dp_engine *eng) {
   struct cuda_eng *c = eng->cuda;
   if (!c) return;
+  void *ctx = ctx_save();
   for (int d = 0; d < MAX_DEV; d++) {
     if (!c->streams[d]) continue;
     cudaSetDevice(d);
@@ -247,6 +296,7 @@ void dp_cuda_engine_fini(umbp_dp_engine *eng) {
     }
     free(c->streams[d]);
   }
+  ctx_restore(ctx);
   dp_ipc_cache_free(c->cache);
   reg_put(c->reg);
   pthread_mutex_destroy(&c->mu);
@@ -421,7 +471,7 @@ static int resolve_pull(struct umbp_dp_job *job, struct cuda_eng *c, char **src,
   return rc;
 }
 
-int dp_cuda_submit(struct umbp_dp_job *job) {
+static int submit(struct umbp_dp_job *job) {
   struct cuda_eng *c = job->eng->cuda;
   const struct dp_group *g = job->grp;
   const struct dp_region *R = &job->lay->r[g->first];
@@ -532,9 +582,17 @@ int dp_cuda_submit(struct umbp_dp_job *job) {
   return 0;
 }
 
+int dp_cuda_submit(struct umbp_dp_job *job) {
+  void *ctx = ctx_save();
+  int rc = submit(job);
+  ctx_restore(ctx);
+  return rc;
+}
+
 int dp_cuda_progress(struct umbp_dp_job *job) {
   struct cuda_job *cj = job->cuda;
   if (!cj) return 1;
+  void *ctx = ctx_save(); /* an event query in a thread without a context would create one */
   pthread_mutex_lock(&cj->mu);
   bool all = true;
   for (unsigned k = 0; k < cj->nchunks; k++) {
@@ -552,14 +610,17 @@ int dp_cuda_progress(struct umbp_dp_job *job) {
     ch->done = true;
   }
   pthread_mutex_unlock(&cj->mu);
+  ctx_restore(ctx);
   return all;
 }
 
 void dp_cuda_job_free(struct umbp_dp_job *job) {
   struct cuda_job *cj = job->cuda;
   if (!cj) return;
+  void *ctx = ctx_save();
   for (unsigned k = 0; k < cj->nchunks; k++)
     if (cj->ch[k].has_ev) cudaEventDestroy(cj->ch[k].ev);
+  ctx_restore(ctx);
   pthread_mutex_destroy(&cj->mu);
   free(cj->ch);
   free(cj);
@@ -567,22 +628,9 @@ void dp_cuda_job_free(struct umbp_dp_job *job) {
 }
 
 /* ---- IPC export ------------------------------------------------------------ */
-static PFN_cuMemGetAddressRange_v3020 get_range_fn;
-static cudaError_t get_range_err;
-static pthread_once_t get_range_once = PTHREAD_ONCE_INIT;
-
-static void get_range_init(void) {
-  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  void *fn = NULL;
-  get_range_err = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 3020, cudaEnableDefault, &q);
-  if (get_range_err == cudaSuccess && (q != cudaDriverEntryPointSuccess || !fn))
-    get_range_err = cudaErrorSymbolNotFound;
-  get_range_fn = get_range_err == cudaSuccess ? (PFN_cuMemGetAddressRange_v3020)fn : NULL;
-}
-
 /* Offset of device pointer p from the base of the allocation holding it. */
 static cudaError_t alloc_offset(const void *p, uint64_t *ret) {
-  pthread_once(&get_range_once, get_range_init);
+  pthread_once(&drv_once, drv_init);
   if (!get_range_fn) return get_range_err;
   CUdeviceptr base = 0;
   size_t size = 0;
@@ -591,7 +639,7 @@ static cudaError_t alloc_offset(const void *p, uint64_t *ret) {
   return cudaSuccess;
 }
 
-int dp_cuda_ipc_export(umbp_dp_engine *eng, const umbp_kv_layout *lay, unsigned rank) {
+static int ipc_export(umbp_dp_engine *eng, const umbp_kv_layout *lay, unsigned rank) {
   if (!eng->cuda) {
     char why[256];
     int r = dp_cuda_probe(why, sizeof why);
@@ -640,5 +688,12 @@ int dp_cuda_ipc_export(umbp_dp_engine *eng, const umbp_kv_layout *lay, unsigned 
   int rc = n ? dp_ipc_publish(eng->pool, rank, d, n)
              : umbp_fail(-EINVAL, "dp ipc export: the layout has no CUDA region");
   free(d);
+  return rc;
+}
+
+int dp_cuda_ipc_export(umbp_dp_engine *eng, const umbp_kv_layout *lay, unsigned rank) {
+  void *ctx = ctx_save();
+  int rc = ipc_export(eng, lay, rank);
+  ctx_restore(ctx);
   return rc;
 }

@@ -10,6 +10,7 @@
 
 #if UMBP_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>
 #endif
 
 static int need_gpu(void) {
@@ -331,6 +332,73 @@ static void test_mp_gpu_store_load(void **st) {
 #endif
 }
 
+/* A thread that never used CUDA stores, waits for and releases a job on a
+ * cuda:0 layout: afterwards it still has no current context (the library
+ * selects the layout's device only for its own calls and puts the caller's
+ * context back; leaving one would also create a context on GPU 0 in every
+ * rank's process on a multi-GPU host). */
+#if UMBP_HAVE_CUDA
+struct ctx_arg {
+  struct gfx *f;
+  umbp_kv_layout *lay;
+  PFN_cuCtxGetCurrent_v4000 get;
+  CUcontext before, after;
+  int rc;
+};
+
+static void *ctx_thread(void *p) {
+  struct ctx_arg *a = p;
+  a->get(&a->before);
+  uint32_t ids[4] = {0, 1, 2, 3};
+  umbp_key k[4];
+  for (unsigned i = 0; i < 4; i++) k[i] = dp_key(a->f->ns, 9, i);
+  umbp_dp_job *j = NULL;
+  a->rc = umbp_dp_store(a->f->e, a->lay, 0, -1, 4, ids, k, 0, &j);
+  if (!a->rc) a->rc = umbp_dp_job_wait(j, 20000);
+  if (!a->rc) a->rc = umbp_dp_job_status(j);
+  umbp_dp_job_release(j);
+  a->get(&a->after);
+  return NULL;
+}
+#endif
+
+static void test_caller_context(void **st) {
+  (void)st;
+  if (!need_gpu()) skip();
+#if UMBP_HAVE_CUDA
+  struct gfx f;
+  gfx_open(&f, "gpuctx");
+  assert_int_equal(wait_registered(f.e), 0);
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult q;
+  assert_int_equal(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 4000, cudaEnableDefault, &q), cudaSuccess);
+  assert_non_null(fn);
+  uint64_t bytes[2] = {16384, 16384};
+  static struct kvc h;
+  kvc_init(&h, 2, 4, bytes, 0, 1);
+  umbp_kv_region reg[2];
+  for (int r = 0; r < 2; r++) {
+    reg[r] = h.reg[r];
+    assert_int_equal(cudaMalloc(&reg[r].base, 4 * 16384), cudaSuccess);
+    reg[r].device = UMBP_DP_CUDA;
+    reg[r].device_id = 0;
+  }
+  struct ctx_arg a = {.f = &f, .get = (PFN_cuCtxGetCurrent_v4000)fn, .before = (CUcontext)1, .after = (CUcontext)1};
+  assert_int_equal(umbp_kv_layout_create(f.pool, reg, 2, &a.lay), 0);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, ctx_thread, &a), 0);
+  pthread_join(th, NULL);
+  printf("# fresh thread: context before %p, after %p, rc %d\n", (void *)a.before, (void *)a.after, a.rc);
+  assert_int_equal(a.rc, 0);
+  assert_null(a.before);
+  assert_null(a.after);
+  umbp_kv_layout_free(a.lay);
+  for (int r = 0; r < 2; r++) cudaFree(reg[r].base);
+  kvc_free(&h);
+  gfx_close(&f);
+#endif
+}
+
 /* The helper (another process) exports its cuda:0 KV regions as rank 3 (K
  * and V inside one allocation, at +4 KiB and after K); this process pulls
  * blocks device to device, through the copy kernel and through the copy
@@ -478,6 +546,7 @@ int main(void) {
       cmocka_unit_test(test_kernel_slot_reuse),
       cmocka_unit_test(test_mp_gpu_store_load),
       cmocka_unit_test(test_ipc_pull),
+      cmocka_unit_test(test_caller_context),
       cmocka_unit_test(test_copy_error),
       cmocka_unit_test(test_bench_cuda),
   };
