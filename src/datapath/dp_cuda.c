@@ -517,12 +517,14 @@ static int submit(struct umbp_dp_job *job) {
   struct dp_kc_params *kp = kern ? malloc(sizeof *kp) : NULL;
   if (kern && !kp) kern = false;
   cj->ch = calloc(ns, sizeof *cj->ch);
-  size_t cap = (size_t)job->n * g->count;
-  void **dsts = malloc(cap * sizeof *dsts), **srcs = malloc(cap * sizeof *srcs);
-  size_t *sizes = malloc(cap * sizeof *sizes);
-  if (!cj->ch || !dsts || !srcs || !sizes) {
+  /* The copy engines take (dst, src, size) triples; the kernel computes its
+   * addresses from the layout and needs none. */
+  size_t cap = kern ? 0 : (size_t)job->n * g->count;
+  void **dsts = kern ? NULL : malloc(cap * sizeof *dsts), **srcs = kern ? NULL : malloc(cap * sizeof *srcs);
+  size_t *sizes = kern ? NULL : malloc(cap * sizeof *sizes);
+  if (!cj->ch || (!kern && (!dsts || !srcs || !sizes))) {
     fail_range(job, 0, job->n, -ENOMEM, "dp cuda", "out of memory");
-    free(dsts), free(srcs), free(sizes), free(src), free(sstride), free(scount);
+    free(dsts), free(srcs), free(sizes), free(src), free(sstride), free(scount), free(kp);
     return -ENOMEM;
   }
   cudaSetDevice(g->device_id);
@@ -542,6 +544,10 @@ static int submit(struct umbp_dp_job *job) {
           dp_job_fail_key(job, i, -EINVAL, "dp pull: source block id out of the exporter's range");
           continue;
         }
+        if (kern) {
+          cnt += g->count;
+          continue;
+        }
         for (unsigned r = 0; r < g->count; r++) {
           dsts[cnt] = R[r].base + b * R[r].stride;
           srcs[cnt] = src[r] + (uint64_t)job->src_blocks[i] * sstride[r];
@@ -550,6 +556,10 @@ static int submit(struct umbp_dp_job *job) {
         continue;
       }
       if (job->slots[i] == UMBP_NO_SLOT) continue;
+      if (kern) {
+        cnt += g->count;
+        continue;
+      }
       char *slot = umbp_slot_ptr(job->eng->pool, job->slots[i]);
       for (unsigned r = 0; r < g->count; r++) {
         char *dev = R[r].base + b * R[r].stride, *host = slot + R[r].obj_off;

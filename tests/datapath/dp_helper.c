@@ -34,6 +34,22 @@ static int fail(const char *what, int rc) {
   return 1;
 }
 
+#if UMBP_HAVE_CUDA
+/* Layout of reg[0..n) and an engine in copy mode `mode` whose registration
+ * of the pool finished; on failure a line says why and the result is != 0. */
+static int gpu_engine(umbp_pool *pool, const umbp_kv_region *reg, unsigned n, int mode, umbp_kv_layout **ret_lay,
+                      umbp_dp_engine **ret_e) {
+  int rc = umbp_kv_layout_create(pool, reg, n, ret_lay);
+  if (rc) return fail("layout", rc);
+  umbp_dp_opts o;
+  umbp_dp_opts_init(&o);
+  o.cuda_copy = mode;
+  if ((rc = umbp_dp_engine_create(pool, &o, ret_e))) return fail("engine", rc);
+  while ((rc = umbp_dp_cuda_registration(*ret_e, NULL, NULL)) == -EINPROGRESS) usleep(1000);
+  return rc ? fail("registration", rc) : 0;
+}
+#endif
+
 int main(int argc, char **argv) {
   if (argc < 4) return 2;
   umbp_attach_opts ao;
@@ -101,26 +117,12 @@ int main(int argc, char **argv) {
     kvc_init(&h, 8, NB, bytes, 0, 1);
     umbp_kv_region reg[8];
     for (unsigned b = 0; b < NB; b++) kvc_fill(&h, b, 55, b);
-    for (int r = 0; r < 8; r++) {
-      void *dv;
-      if (cudaMalloc(&dv, NB * 16384) != cudaSuccess) return fail("cudaMalloc", -ENOMEM);
-      if (cudaMemcpy(dv, h.mem[r], NB * 16384, cudaMemcpyHostToDevice) != cudaSuccess) return fail("H2D", -EIO);
-      reg[r] = h.reg[r];
-      reg[r].base = dv;
-      reg[r].device = UMBP_DP_CUDA;
-      reg[r].device_id = 0;
-    }
+    if (kvc_to_cuda(&h, reg) != cudaSuccess) return fail("cudaMalloc/H2D", -ENOMEM);
     uint32_t ns;
     if ((rc = umbp_ns_register(pool, "dp-gpu-mp", &ns))) return fail("ns", rc);
     umbp_kv_layout *lay;
     umbp_dp_engine *e;
-    if ((rc = umbp_kv_layout_create(pool, reg, 8, &lay))) return fail("layout", rc);
-    umbp_dp_opts o;
-    umbp_dp_opts_init(&o);
-    o.cuda_copy = UMBP_DP_CUDA_COPY_KERNEL;
-    if ((rc = umbp_dp_engine_create(pool, &o, &e))) return fail("engine", rc);
-    while ((rc = umbp_dp_cuda_registration(e, NULL, NULL)) == -EINPROGRESS) usleep(1000);
-    if (rc) return fail("registration", rc);
+    if ((rc = gpu_engine(pool, reg, 8, UMBP_DP_CUDA_COPY_KERNEL, &lay, &e))) return 1;
     uint32_t ids[NB];
     umbp_key k[NB];
     for (unsigned i = 0; i < NB; i++) ids[i] = i, k[i] = dp_key(ns, 55, i);
@@ -164,13 +166,7 @@ int main(int argc, char **argv) {
     if ((rc = umbp_ns_register(pool, "dp-bad", &ns))) return fail("ns", rc);
     umbp_kv_layout *lay;
     umbp_dp_engine *e;
-    if ((rc = umbp_kv_layout_create(pool, reg, 2, &lay))) return fail("layout", rc);
-    umbp_dp_opts o;
-    umbp_dp_opts_init(&o);
-    o.cuda_copy = mode;
-    if ((rc = umbp_dp_engine_create(pool, &o, &e))) return fail("engine", rc);
-    while ((rc = umbp_dp_cuda_registration(e, NULL, NULL)) == -EINPROGRESS) usleep(1000);
-    if (rc) return fail("registration", rc);
+    if ((rc = gpu_engine(pool, reg, 2, mode, &lay, &e))) return 1;
     for (int r = 0; r < 2; r++) cudaFree(reg[r].base);
     uint32_t ids[4] = {0, 1, 2, 3};
     umbp_key k[4];

@@ -8,6 +8,10 @@
 #include <string.h>
 
 #include "umbp/datapath.h"
+#include "umbp_config.h"
+#if UMBP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 /* A host KV cache: nreg regions of nblocks blocks, region r's blocks of
  * bytes[r] bytes at stride bytes[r] + pad. */
@@ -72,6 +76,28 @@ static inline int kvc_is_zero(const struct kvc *c, unsigned b) {
 static inline void kvc_zero(struct kvc *c) {
   for (unsigned r = 0; r < c->nreg; r++) memset(c->mem[r], 0, (size_t)c->nblocks * c->reg[r].stride);
 }
+
+#if UMBP_HAVE_CUDA
+/* Device twins of c's regions on cuda:0: reg[r] is c->reg[r] with its base in
+ * a new device buffer holding a copy of c's host bytes (zeros unless filled).
+ * Returns cudaSuccess or the first CUDA error. Free with kvc_cuda_free. */
+static inline cudaError_t kvc_to_cuda(const struct kvc *c, umbp_kv_region *reg) {
+  for (unsigned r = 0; r < c->nreg; r++) {
+    uint64_t len = (uint64_t)c->nblocks * c->reg[r].stride;
+    reg[r] = c->reg[r];
+    reg[r].device = UMBP_DP_CUDA;
+    reg[r].device_id = 0;
+    cudaError_t e = cudaMalloc(&reg[r].base, len);
+    if (e == cudaSuccess) e = cudaMemcpy(reg[r].base, c->mem[r], len, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+static inline void kvc_cuda_free(umbp_kv_region *reg, unsigned nreg) {
+  for (unsigned r = 0; r < nreg; r++) cudaFree(reg[r].base);
+}
+#endif
 
 static inline umbp_key dp_key(uint32_t ns, uint32_t seed, unsigned i) {
   umbp_key k;

@@ -93,19 +93,9 @@ static void roundtrip(int mode, unsigned nreg, unsigned n, const uint64_t *bytes
   static struct kvc h;
   kvc_init(&h, nreg, 2 * n, bytes, pad, 1);
   umbp_kv_region *reg = calloc(nreg, sizeof *reg);
-  void **dev = calloc(nreg, sizeof *dev);
   assert_non_null(reg);
-  assert_non_null(dev);
   for (unsigned b = 0; b < n; b++) kvc_fill(&h, b, 11, b);
-  for (unsigned r = 0; r < nreg; r++) {
-    uint64_t len = (uint64_t)2 * n * h.reg[r].stride;
-    assert_int_equal(cudaMalloc(&dev[r], len), cudaSuccess);
-    assert_int_equal(cudaMemcpy(dev[r], h.mem[r], len, cudaMemcpyHostToDevice), cudaSuccess);
-    reg[r] = h.reg[r];
-    reg[r].base = dev[r];
-    reg[r].device = UMBP_DP_CUDA;
-    reg[r].device_id = 0;
-  }
+  assert_int_equal(kvc_to_cuda(&h, reg), cudaSuccess);
   umbp_kv_layout *lay;
   assert_int_equal(umbp_kv_layout_create(f.pool, reg, nreg, &lay), 0);
   uint32_t *ids = calloc(n, sizeof *ids), *dst = calloc(n, sizeof *dst);
@@ -122,7 +112,7 @@ static void roundtrip(int mode, unsigned nreg, unsigned n, const uint64_t *bytes
   for (unsigned i = 0; i < n; i++) assert_true(umbp_contains(f.pool, &k[i]));
   dp_cuda_copy_calls(&b1, &r1, &k1);
   for (unsigned r = 0; r < nreg; r++)
-    assert_int_equal(cudaMemset(dev[r], 0, (uint64_t)2 * n * h.reg[r].stride), cudaSuccess);
+    assert_int_equal(cudaMemset(reg[r].base, 0, (uint64_t)2 * n * h.reg[r].stride), cudaSuccess);
   assert_int_equal(umbp_dp_load(f.e, lay, 0, n, k, dst, &j), 0);
   assert_int_equal(umbp_dp_job_wait(j, 20000), 0);
   if (umbp_dp_job_status(j)) printf("# load: %s\n", umbp_dp_job_message(j, 0));
@@ -133,16 +123,16 @@ static void roundtrip(int mode, unsigned nreg, unsigned n, const uint64_t *bytes
   ret_kern[1] = k2 - k1, ret_dma[1] = (b2 - b1) + (r2 - r1);
   kvc_zero(&h);
   for (unsigned r = 0; r < nreg; r++)
-    assert_int_equal(cudaMemcpy(h.mem[r], dev[r], (uint64_t)2 * n * h.reg[r].stride, cudaMemcpyDeviceToHost),
+    assert_int_equal(cudaMemcpy(h.mem[r], reg[r].base, (uint64_t)2 * n * h.reg[r].stride, cudaMemcpyDeviceToHost),
                      cudaSuccess);
   for (unsigned i = 0; i < n; i++) {
     assert_true(kvc_check(&h, dst[i], 11, i));
     assert_true(kvc_is_zero(&h, ids[i]));
   }
   umbp_kv_layout_free(lay);
-  for (unsigned r = 0; r < nreg; r++) cudaFree(dev[r]);
+  kvc_cuda_free(reg, nreg);
   for (unsigned r = 0; r < nreg; r++) free(h.mem[r]);
-  free(reg), free(dev), free(ids), free(dst), free(k);
+  free(reg), free(ids), free(dst), free(k);
   gfx_close(&f);
 }
 
@@ -218,14 +208,7 @@ static void test_kernel_slot_reuse(void **st) {
   kvc_init(&hc, NREG, NB, bytes, 0, 1);
   kvc_init(&hm, NREG, NB, bytes, 0, 1);
   umbp_kv_region reg[NREG];
-  void *dev[NREG];
-  for (int r = 0; r < NREG; r++) {
-    assert_int_equal(cudaMalloc(&dev[r], NB * BB), cudaSuccess);
-    reg[r] = hc.reg[r];
-    reg[r].base = dev[r];
-    reg[r].device = UMBP_DP_CUDA;
-    reg[r].device_id = 0;
-  }
+  assert_int_equal(kvc_to_cuda(&hc, reg), cudaSuccess);
   umbp_kv_layout *lc, *lg;
   assert_int_equal(umbp_kv_layout_create(f.pool, hc.reg, NREG, &lc), 0);
   assert_int_equal(umbp_kv_layout_create(f.pool, reg, NREG, &lg), 0);
@@ -245,7 +228,7 @@ static void test_kernel_slot_reuse(void **st) {
     assert_int_equal(umbp_dp_job_status(j), 0);
     umbp_dp_job_release(j);
     for (int r = 0; r < NREG; r++)
-      assert_int_equal(cudaMemcpy(hm.mem[r], dev[r], NB * BB, cudaMemcpyDeviceToHost), cudaSuccess);
+      assert_int_equal(cudaMemcpy(hm.mem[r], reg[r].base, NB * BB, cudaMemcpyDeviceToHost), cudaSuccess);
     for (unsigned i = 0; i < NB; i++) assert_true(kvc_check(&hm, i, 100 + round, i));
     /* Free every slot for the next round's keys. */
     assert_true(umbp_clear_ns(f.pool, f.ns) >= 0);
@@ -262,7 +245,7 @@ static void test_kernel_slot_reuse(void **st) {
   assert_true(k1 - k0 >= 6);
   umbp_kv_layout_free(lc);
   umbp_kv_layout_free(lg);
-  for (int r = 0; r < NREG; r++) cudaFree(dev[r]);
+  kvc_cuda_free(reg, NREG);
   kvc_free(&hc);
   kvc_free(&hm);
   gfx_close(&f);
@@ -298,15 +281,7 @@ static void test_mp_gpu_store_load(void **st) {
   static struct kvc h;
   kvc_init(&h, 8, 32, bytes, 0, 1);
   umbp_kv_region reg[8];
-  void *dev[8];
-  for (int r = 0; r < 8; r++) {
-    assert_int_equal(cudaMalloc(&dev[r], 32 * 16384), cudaSuccess);
-    assert_int_equal(cudaMemset(dev[r], 0, 32 * 16384), cudaSuccess);
-    reg[r] = h.reg[r];
-    reg[r].base = dev[r];
-    reg[r].device = UMBP_DP_CUDA;
-    reg[r].device_id = 0;
-  }
+  assert_int_equal(kvc_to_cuda(&h, reg), cudaSuccess); /* zeros */
   umbp_kv_layout *lay;
   assert_int_equal(umbp_kv_layout_create(f.pool, reg, 8, &lay), 0);
   uint32_t dst[16];
@@ -323,10 +298,10 @@ static void test_mp_gpu_store_load(void **st) {
   dp_cuda_copy_calls(&b1, &r1, &k1);
   assert_true(k1 > k0);
   for (int r = 0; r < 8; r++)
-    assert_int_equal(cudaMemcpy(h.mem[r], dev[r], 32 * 16384, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(h.mem[r], reg[r].base, 32 * 16384, cudaMemcpyDeviceToHost), cudaSuccess);
   for (unsigned i = 0; i < 16; i++) assert_true(kvc_check(&h, dst[i], 55, i));
   umbp_kv_layout_free(lay);
-  for (int r = 0; r < 8; r++) cudaFree(dev[r]);
+  kvc_cuda_free(reg, 8);
   kvc_free(&h);
   gfx_close(&f);
 #endif
@@ -377,12 +352,7 @@ static void test_caller_context(void **st) {
   static struct kvc h;
   kvc_init(&h, 2, 4, bytes, 0, 1);
   umbp_kv_region reg[2];
-  for (int r = 0; r < 2; r++) {
-    reg[r] = h.reg[r];
-    assert_int_equal(cudaMalloc(&reg[r].base, 4 * 16384), cudaSuccess);
-    reg[r].device = UMBP_DP_CUDA;
-    reg[r].device_id = 0;
-  }
+  assert_int_equal(kvc_to_cuda(&h, reg), cudaSuccess);
   struct ctx_arg a = {.f = &f, .get = (PFN_cuCtxGetCurrent_v4000)fn, .before = (CUcontext)1, .after = (CUcontext)1};
   assert_int_equal(umbp_kv_layout_create(f.pool, reg, 2, &a.lay), 0);
   pthread_t th;
@@ -393,7 +363,7 @@ static void test_caller_context(void **st) {
   assert_null(a.before);
   assert_null(a.after);
   umbp_kv_layout_free(a.lay);
-  for (int r = 0; r < 2; r++) cudaFree(reg[r].base);
+  kvc_cuda_free(reg, 2);
   kvc_free(&h);
   gfx_close(&f);
 #endif
@@ -421,15 +391,7 @@ static void test_ipc_pull(void **st) {
   static struct kvc h;
   kvc_init(&h, 2, 8, bytes, 0, 1);
   umbp_kv_region reg[2];
-  void *dev[2];
-  for (int r = 0; r < 2; r++) {
-    assert_int_equal(cudaMalloc(&dev[r], 8 * 65536), cudaSuccess);
-    assert_int_equal(cudaMemset(dev[r], 0, 8 * 65536), cudaSuccess);
-    reg[r] = h.reg[r];
-    reg[r].base = dev[r];
-    reg[r].device = UMBP_DP_CUDA;
-    reg[r].device_id = 0;
-  }
+  assert_int_equal(kvc_to_cuda(&h, reg), cudaSuccess); /* zeros */
   umbp_kv_layout *lay;
   assert_int_equal(umbp_kv_layout_create(f.pool, reg, 2, &lay), 0);
   /* Pull with this engine (auto: 64 KiB ranges go to the copy kernel), then
@@ -443,7 +405,7 @@ static void test_ipc_pull(void **st) {
   for (int pass = 0; pass < 2; pass++) {
     uint32_t src[4] = {0, 1, 2, 3}, dst[4] = {7, 6, 5, 4};
     if (pass) src[0] = 5, src[1] = 7, dst[0] = 0, dst[1] = 1, dst[2] = 2, dst[3] = 3;
-    for (int r = 0; r < 2; r++) assert_int_equal(cudaMemset(dev[r], 0, 8 * 65536), cudaSuccess);
+    for (int r = 0; r < 2; r++) assert_int_equal(cudaMemset(reg[r].base, 0, 8 * 65536), cudaSuccess);
     uint64_t b0, r0, k0, b1, r1, k1;
     dp_cuda_copy_calls(&b0, &r0, &k0);
     umbp_dp_job *j;
@@ -459,7 +421,7 @@ static void test_ipc_pull(void **st) {
            (unsigned long long)(k1 - k0), (unsigned long long)(b1 - b0 + r1 - r0));
     assert_true(pass ? k1 == k0 && b1 + r1 > b0 + r0 : k1 > k0 && b1 + r1 == b0 + r0);
     for (int r = 0; r < 2; r++)
-      assert_int_equal(cudaMemcpy(h.mem[r], dev[r], 8 * 65536, cudaMemcpyDeviceToHost), cudaSuccess);
+      assert_int_equal(cudaMemcpy(h.mem[r], reg[r].base, 8 * 65536, cudaMemcpyDeviceToHost), cudaSuccess);
     for (unsigned i = 0; i < 4; i++) assert_true(kvc_check(&h, dst[i], 77, src[i]));
   }
   umbp_dp_engine_destroy(e2);
@@ -467,7 +429,7 @@ static void test_ipc_pull(void **st) {
   tu_wait(pid);
   close(fd);
   umbp_kv_layout_free(lay);
-  for (int r = 0; r < 2; r++) cudaFree(dev[r]);
+  kvc_cuda_free(reg, 2);
   kvc_free(&h);
   gfx_close(&f);
 #endif
