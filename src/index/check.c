@@ -33,8 +33,10 @@
  *  - a slot leaves a free ring only through a consumer claim (the cell turns
  *    READING, still holding it) followed by FREE -> RESERVED; a stable FREE
  *    slot outside every ledger is therefore in exactly one full cell;
- *  - namespace used_slots is updated just after the state store in publish and
- *    try_remove, so it may lag by one per thread that is between the two: the
+ *  - namespace used_slots moves with a slot's counted flag, both under the
+ *    namespace's count lock (one store after the other; a holder that died
+ *    between them leaves a journal that the next holder or its reaper redoes),
+ *    so it may lag by one per thread that is between the two: the
  *    comparison allows one per registered thread of a claimed registry slot,
  *    plus the slots in flux, and is exact on a quiescent pool.
  */
@@ -298,7 +300,8 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
     default: break;
     }
     /* the namespace count holds exactly the slots flagged counted (publish
-     * sets the flag with its increment; removal clears it with its decrement) */
+     * sets the flag with its increment, removal clears it with its decrement,
+     * under the namespace's count lock) */
     if (cflag[s] && meta[s].key.ns < UMBP_MAX_NAMESPACES) nsc[meta[s].key.ns]++;
     if (ways_to[s] > 1) viol(r, "slot %u is reachable from %u ways: one block is indexed twice", s, ways_to[s]);
     if (st != UMBP_SLOT_FREE && on_ring[s] && !inflight[s])

@@ -48,9 +48,9 @@ struct umbp_slot_meta {
   struct umbp_key_shm key; /* valid from publish until reuse */
   _Atomic uint32_t retire_epoch; /* for RETIRED: low 32 bits of the grace-period token */
   _Atomic uint8_t ref;     /* CLOCK reference bit */
-  /* 1 while the slot is counted in its namespace's used_slots: whoever takes
-   * it out of the count exchanges it to 0 first, so a reaper repeating a dead
-   * process's step never counts twice */
+  /* 1 while the slot is counted in its namespace's used_slots: changed only
+   * together with that count, under the namespace's count lock (ns_count_set()
+   * in index.c), so a reaper repeating a dead process's step never counts twice */
   _Atomic uint8_t counted;
   uint8_t pad[2];
 };
@@ -105,11 +105,25 @@ struct umbp_ns_shm {
   uint32_t name_len;
   uint32_t reserved;
   _Atomic uint64_t quota_bytes; /* 0: none */
-  _Atomic uint64_t used_slots;
+  uint64_t reserved2;
   char name[136];
-  uint8_t pad[256 - 168];
+  uint8_t pad[192 - 168];
+  /* The block count and its journal, one line (layout 5.0; before, the count
+   * was a bare fetch-add counter, and a process killed between a slot's
+   * counted flag and that add left it off by one for good). used_slots and
+   * the counted flags of the namespace's slots change only under cnt_lock
+   * (owner id, 0 free), and only after the journal (cnt_old, cnt_flag, then
+   * cnt_slot = slot + 1; 0: none, as a new segment's zeroes) names the change: whoever takes the lock
+   * next from a dead holder redoes it (ns_count_set() in index.c). */
+  _Atomic uint64_t used_slots;
+  _Atomic uint64_t cnt_old;  /* used_slots before the journaled change */
+  _Atomic uint32_t cnt_lock;
+  _Atomic uint32_t cnt_slot; /* 1 + the slot whose counted flag is changing; 0 none */
+  _Atomic uint8_t cnt_flag;  /* the flag it is set to: 1 counted in, 0 out */
+  uint8_t pad2[256 - 217];
 };
 _Static_assert(sizeof(struct umbp_ns_shm) == 256, "namespace frozen");
+_Static_assert(offsetof(struct umbp_ns_shm, used_slots) % 64 == 0, "the count and its journal share a line");
 
 enum umbp_counter_id {
   UMBP_CTR_LOOKUPS = 0,

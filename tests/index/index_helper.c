@@ -113,6 +113,24 @@ static void die(void) {
   raise(SIGKILL);
 }
 
+/* The first steps of ns_count_set() (index.c): take namespace ns's count
+ * lock, write the journal (count before, new flag, slot + 1), set slot s's
+ * counted flag to f and, if `stored`, the count too; the caller then dies
+ * holding the lock. */
+static void count_change(umbp_pool *p, uint32_t ns, uint32_t s, uint8_t f, bool stored) {
+  struct umbp_index *ix = p->index;
+  struct umbp_ns_shm *n = &ix->ns[ns];
+  uint32_t z = 0;
+  while (!atomic_compare_exchange_weak(&n->cnt_lock, &z, p->owner_id)) z = 0;
+  uint64_t old = atomic_load(&n->used_slots);
+  atomic_store(&n->cnt_old, old);
+  atomic_store(&n->cnt_flag, f);
+  atomic_store(&n->cnt_slot, s + 1);
+  atomic_store(&ix->meta[s].counted, f);
+  if (stored) atomic_store(&n->used_slots, f ? old + 1 : old - 1);
+  printf("count %llu -> %s\n", (unsigned long long)old, stored ? "stored" : "not stored");
+}
+
 static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
   struct umbp_index *ix = p->index;
   uint32_t s;
@@ -132,7 +150,13 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
     if (umbp_reserve_bulk(p, -1, ns, 5, ss) != 5) return 4;
     die();
   }
-  if (!strcmp(point, "linked")) {
+  /* counting-in / counted-in: killed inside publish's count change (the
+   * slot linked, the namespace's count lock held, the journal written, the
+   * counted flag set), before the count store / after it.
+   * counting-out: killed inside an eviction's count change (block 0's slot
+   * EVICTING, lock held, journal written, flag cleared, count not yet). */
+  bool counting = !strcmp(point, "counting-in") || !strcmp(point, "counted-in");
+  if (!strcmp(point, "linked") || counting) {
     if (umbp_reserve(p, -1, ns, &s)) return 4;
     struct umbp_key_shm ks;
     memset(&ks, 0, sizeof ks);
@@ -150,6 +174,7 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
       }
     }
     atomic_store(&b->lock, p->owner_id); /* and it held the bucket lock */
+    if (counting) count_change(p, ns, s, 1, !strcmp(point, "counted-in"));
     die();
   }
   if (!strcmp(point, "pinned")) {
@@ -163,7 +188,7 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
     printf("pinned %d\n", n);
     die();
   }
-  if (!strcmp(point, "evicting")) {
+  if (!strcmp(point, "evicting") || !strcmp(point, "counting-out")) {
     umbp_key kk = itu_key(ns, 0, 0);
     uint64_t st = 0;
     struct umbp_key_shm ks;
@@ -177,6 +202,7 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
     st = atomic_load(&ix->meta[s].state);
     if (!atomic_compare_exchange_strong(&ix->meta[s].state, &st, ST_NEXT(st, UMBP_SLOT_EVICTING, p->owner_id)))
       return 4;
+    if (!strcmp(point, "counting-out")) count_change(p, ns, s, 0, false);
     die();
   }
   if (!strcmp(point, "freeing")) {
