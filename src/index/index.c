@@ -56,7 +56,10 @@
  *   RESERVED(X) --abort / duplicate key--> FREE
  * Only X moves RESERVED(X); only Y moves EVICTING(Y) and RETIRED(Y); the
  * reaper of a dead X or Y moves them while holding the dead process's
- * registry lock, acting under the dead process's owner id.
+ * registry lock, acting under the dead process's owner id: RESERVED and
+ * EVICTING -> RETIRED (unlinked; an EVICTING one also gets its removed
+ * event), except EVICTING with pins held and its way still linked ->
+ * PUBLISHED, which is what Y would have done at its pin check.
  *
  * Pins. A pin is a byte in the slot's pin line, one byte per registry slot
  * (struct umbp_pin_row). A process only writes its own byte, so reaping a dead
@@ -1514,6 +1517,21 @@ static bool pins_clear(const struct umbp_pin_row *row) {
  * until this clears it. The signature goes first, then the slot word (seq_cst,
  * ordering the signature store before it): an inserter that then takes the
  * way (its acquire CAS reads our 0) writes its signature after ours. */
+/* If slot s (key hash h) is linked in its neighbourhood, store its way's hint
+ * (which a remover clears before it unlinks) and return true. */
+static bool relink_hint(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h) {
+  uint32_t home = umbp_bucket_home(h, nb);
+  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
+    struct umbp_bucket *b = &buckets[umbp_bucket_at(home, d, nb)];
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
+      if (UMBP_WAY_SLOT(atomic_load_explicit(&b->slot[w], memory_order_acquire)) != s + 1) continue;
+      atomic_store_explicit(&b->sig[w], (uint8_t)umbp_key_sig(h), memory_order_release);
+      return true;
+    }
+  }
+  return false;
+}
+
 static bool unlink_way(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h) {
   uint32_t home = umbp_bucket_home(h, nb);
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
@@ -1551,10 +1569,13 @@ static int try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, 
                         memory_order_relaxed);
   /* out of the namespace count (only this process moves an EVICTING slot of its own) */
   ns_count_set(p, ix->ns, ix->meta, ix->slot_count, k.ns, s, 0);
+  /* the removed event while still EVICTING: a reaper of ours emits it for an
+   * EVICTING slot, so a kill anywhere in here loses no event (one before the
+   * RETIRED store below gets it twice) */
+  emit(ix, UMBP_EV_REMOVED, &k);
   atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_RETIRED, p->owner_id), memory_order_release);
   count_ns(ix, t, k.ns, why, 1);
   count_part(ix, t, slot_part(p, s), why, 1);
-  emit(ix, UMBP_EV_REMOVED, &k);
   limbo_push(ix, s);
   return 0;
 }
@@ -1896,17 +1917,38 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
    * takes them) */
   struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
   ns_count_locks_reap(p, nss, meta, h->slot_count, dead);
-  /* 5. reservations, half-done removals and retired slots of the dead process */
+  /* 5. pins held by the dead process (before step 6 weighs other pins) */
+  for (uint32_t s = 0; s < h->slot_count; s++)
+    if (atomic_load_explicit(&pins[s].by_proc[slot], memory_order_relaxed))
+      atomic_store_explicit(&pins[s].by_proc[slot], 0, memory_order_release);
+  /* 6. reservations, half-done removals and retired slots of the dead process */
   unsigned orphans = 0;
   for (uint32_t s = 0; s < h->slot_count; s++) {
     uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
     if (ST_OWNER(w) != dead) continue;
     unsigned st = ST_STATE(w);
+    if (st == UMBP_SLOT_EVICTING && !pins_clear(&pins[s])) {
+      /* A removal that died before its pin check, or after it with a pinner
+       * now backing off (pin_slot() sees EVICTING and undoes its pin). While
+       * the way is linked the remover had not decided: it would have put a
+       * pinned block back, so do that (its hint too, in case the remover had
+       * cleared it). A pinned block is never evicted, even by a reaper. */
+      struct umbp_key_shm k = meta[s].key;
+      uint64_t kh = umbp_key_hash(&k);
+      if (relink_hint(buckets, h->n_buckets, s, kh)) {
+        atomic_store_explicit(&meta[s].state, ST_NEXT(w, UMBP_SLOT_PUBLISHED, 0), memory_order_seq_cst);
+        continue;
+      }
+    }
     if (st == UMBP_SLOT_RESERVED || st == UMBP_SLOT_EVICTING) {
       /* it may be in the index (died inside publish or remove): unlink, then retire */
       struct umbp_key_shm k = meta[s].key;
       unlink_way(buckets, h->n_buckets, s, umbp_key_hash(&k));
       ns_count_set(p, nss, meta, h->slot_count, k.ns, s, 0);
+      /* an EVICTING slot was published: its removal is announced, as the dead
+       * remover would have (see try_remove()); the event ring was repaired in
+       * step 2 */
+      if (st == UMBP_SLOT_EVICTING && p->index) emit(p->index, UMBP_EV_REMOVED, &k);
       atomic_store_explicit(&meta[s].retire_epoch, (uint32_t)atomic_load(&ih->epoch), memory_order_relaxed);
       atomic_store_explicit(&meta[s].state, ST_NEXT(w, UMBP_SLOT_RETIRED, dead), memory_order_release);
       orphans++;
@@ -1914,10 +1956,6 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
       orphans++;
     }
   }
-  /* 6. pins held by the dead process */
-  for (uint32_t s = 0; s < h->slot_count; s++)
-    if (atomic_load_explicit(&pins[s].by_proc[slot], memory_order_relaxed))
-      atomic_store_explicit(&pins[s].by_proc[slot], 0, memory_order_release);
   /* 7. locks it held */
   for (uint32_t b = 0; b < h->n_buckets; b++) {
     uint16_t cur = dead;

@@ -154,7 +154,8 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
    * slot linked, the namespace's count lock held, the journal written, the
    * counted flag set), before the count store / after it.
    * counting-out: killed inside an eviction's count change (block 0's slot
-   * EVICTING, lock held, journal written, flag cleared, count not yet). */
+   * EVICTING and unlinked, lock held, journal written, flag cleared, count
+   * not yet). */
   bool counting = !strcmp(point, "counting-in") || !strcmp(point, "counted-in");
   if (!strcmp(point, "linked") || counting) {
     if (umbp_reserve(p, -1, ns, &s)) return 4;
@@ -202,7 +203,22 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
     st = atomic_load(&ix->meta[s].state);
     if (!atomic_compare_exchange_strong(&ix->meta[s].state, &st, ST_NEXT(st, UMBP_SLOT_EVICTING, p->owner_id)))
       return 4;
-    if (!strcmp(point, "counting-out")) count_change(p, ns, s, 0, false);
+    if (!strcmp(point, "counting-out")) {
+      /* as try_remove() does once the pins were seen clear: unlink, then count out */
+      uint64_t h = umbp_key_hash(&ks);
+      uint32_t home = umbp_bucket_home(h, ix->nb);
+      for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
+        struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
+        for (int w = 0; w < UMBP_BUCKET_WAYS; w++) {
+          uint32_t v = atomic_load(&b->slot[w]);
+          if (UMBP_WAY_SLOT(v) != s + 1) continue;
+          atomic_store(&b->sig[w], 0);
+          atomic_store(&b->slot[w], 0);
+          if (d) umbp_ovf_sub(&ix->buckets[home].overflow);
+        }
+      }
+      count_change(p, ns, s, 0, false);
+    }
     die();
   }
   if (!strcmp(point, "freeing")) {

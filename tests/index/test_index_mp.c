@@ -116,7 +116,22 @@ static void test_stress(void **state) {
   umbp_pool_destroy(name);
 }
 
-static void exact_point(const char *point) {
+/* Removed events for key k in the event ring (drained). */
+static int removed_events(umbp_pool *p, const umbp_key *k) {
+  umbp_event ev[64];
+  int n = umbp_events_drain(p, ev, 64), hits = 0;
+  assert_true(n >= 0);
+  for (int i = 0; i < n; i++)
+    if (ev[i].type == UMBP_EV_REMOVED && ev[i].key.ns == k->ns && ev[i].key.hash_len == k->hash_len &&
+        !memcmp(ev[i].key.hash, k->hash, k->hash_len))
+      hits++;
+  return hits;
+}
+
+/* Kill a helper at `point` and check the pool after reaping it. pin0: this
+ * process pins block 0 first (a reader loading it), so that a removal killed
+ * at that block must leave it in place. */
+static void exact_point_pin(const char *point, bool pin0) {
   const char *name = tu_name("ixpoint");
   uint32_t ns;
   umbp_pool *p = mk_pool(name, 256, &ns);
@@ -127,6 +142,9 @@ static void exact_point(const char *point) {
     itu_fill(umbp_slot_ptr(p, s), 4096, &k);
     assert_int_equal(umbp_publish(p, s, &k), 0);
   }
+  umbp_key k0 = itu_key(ns, 0, 0);
+  uint32_t s0 = UINT32_MAX;
+  if (pin0) assert_int_equal(umbp_lookup_pin(p, &k0, &s0), 0);
   char nsb[16];
   snprintf(nsb, sizeof nsb, "%u", ns);
   char *argv[] = {(char *)tu_helper("index_helper"), "die-at", (char *)point, (char *)name, nsb, NULL};
@@ -140,7 +158,16 @@ static void exact_point(const char *point) {
   umbp_pool_get_info(p, &info);
   assert_int_equal(info.procs_dead, 1);
   assert_int_equal(umbp_pool_reap(p), 1);
-  fprintf(stderr, "# killed at '%s', reaped\n", point);
+  fprintf(stderr, "# killed at '%s'%s, reaped\n", point, pin0 ? " with block 0 pinned" : "");
+  /* a removal that died is finished by the reaper, removed event included,
+   * unless the block is pinned: then it stays, readable, and no event says otherwise */
+  bool removing = !strcmp(point, "evicting") || !strcmp(point, "counting-out");
+  assert_int_equal(removed_events(p, &k0), removing && !pin0 ? 1 : 0);
+  if (pin0) {
+    assert_int_equal(umbp_contains(p, &k0), 1);
+    assert_true(itu_check(umbp_slot_ptr(p, s0), 4096, &k0));
+    assert_int_equal(umbp_unpin(p, s0), 0);
+  }
   accounting_ok(p, true);
   /* the pool still works: every block present before is readable, new ones can be published */
   for (uint64_t i = 0; i < 64; i++) {
@@ -150,8 +177,8 @@ static void exact_point(const char *point) {
       assert_true(itu_check(umbp_slot_ptr(p, s), 4096, &k));
       umbp_unpin(p, s);
     } else {
-      /* only the block it was evicting may be gone */
-      assert_true(!strcmp(point, "evicting") || !strcmp(point, "counting-out"));
+      /* only the block it was evicting may be gone, and only if nobody pinned it */
+      assert_true(removing && !pin0);
       assert_int_equal(i, 0);
     }
   }
@@ -170,6 +197,8 @@ static void exact_point(const char *point) {
   umbp_pool_destroy(name);
 }
 
+static void exact_point(const char *point) { exact_point_pin(point, false); }
+
 static void test_die_ring_claimed(void **s) { (void)s; exact_point("ring-claimed"); }
 static void test_die_reserved(void **s) { (void)s; exact_point("reserved"); }
 static void test_die_linked(void **s) { (void)s; exact_point("linked"); }
@@ -181,6 +210,8 @@ static void test_die_reading(void **s) { (void)s; exact_point("reading"); }
 static void test_die_counting_in(void **s) { (void)s; exact_point("counting-in"); }
 static void test_die_counted_in(void **s) { (void)s; exact_point("counted-in"); }
 static void test_die_counting_out(void **s) { (void)s; exact_point("counting-out"); }
+/* killed while evicting a block that another process holds pinned: it stays */
+static void test_die_evicting_pinned(void **s) { (void)s; exact_point_pin("evicting", true); }
 
 static void test_kill_rounds(void **state) {
   (void)state;
@@ -256,6 +287,7 @@ int main(void) {
       cmocka_unit_test(test_die_evicting),     cmocka_unit_test(test_die_freeing),
       cmocka_unit_test(test_die_reading),      cmocka_unit_test(test_die_counting_in),
       cmocka_unit_test(test_die_counted_in),   cmocka_unit_test(test_die_counting_out),
+      cmocka_unit_test(test_die_evicting_pinned),
   };
   const struct CMUnitTest stress[] = {
       cmocka_unit_test(test_stress),
