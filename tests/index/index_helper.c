@@ -37,13 +37,24 @@ struct wctx {
   unsigned long ops, torn;
 };
 
+static void unpin_checked(struct wctx *w, uint32_t s, const umbp_key *k, uint64_t slot_size) {
+  if (!itu_check(umbp_slot_ptr(w->p, s), slot_size, k)) {
+    w->torn++;
+    if (w->seconds < 0) _exit(99);
+  }
+  umbp_unpin(w->p, s);
+}
+
 static void *work(void *arg) {
   struct wctx *w = arg;
   umbp_pool *p = w->p;
   uint64_t rng = w->seed;
   uint64_t slot_size = umbp_slot_size(p);
   uint64_t end = w->seconds < 0 ? UINT64_MAX : umbp_now_ns() + (uint64_t)(w->seconds * 1e9);
+  /* pins kept a while; their bytes are checked again at unpin: a pinned
+   * block must not be evicted or reused under its reader */
   uint32_t held[8];
+  umbp_key heldk[8];
   unsigned nheld = 0;
   while (umbp_now_ns() < end) {
     rng = itu_mix(rng);
@@ -62,8 +73,12 @@ static void *work(void *arg) {
           w->torn++;
           if (w->seconds < 0) _exit(99);
         }
-        if (nheld < 8 && (rng >> 50) % 4 == 0) held[nheld++] = s; /* keep some pins a while */
-        else umbp_unpin(p, s);
+        if (nheld < 8 && (rng >> 50) % 4 == 0) { /* keep some pins a while */
+          heldk[nheld] = k;
+          held[nheld++] = s;
+        } else {
+          umbp_unpin(p, s);
+        }
       }
     } else if (op < 14) {
       umbp_key ks[8];
@@ -81,10 +96,16 @@ static void *work(void *arg) {
     } else {
       umbp_remove(p, &k);
     }
-    if (nheld && (rng >> 33) % 3 == 0) umbp_unpin(p, held[--nheld]);
+    if (nheld && (rng >> 33) % 3 == 0) {
+      nheld--;
+      unpin_checked(w, held[nheld], &heldk[nheld], slot_size);
+    }
     w->ops++;
   }
-  while (nheld) umbp_unpin(p, held[--nheld]);
+  while (nheld) {
+    nheld--;
+    unpin_checked(w, held[nheld], &heldk[nheld], slot_size);
+  }
   umbp_counters_flush(p);
   return NULL;
 }
