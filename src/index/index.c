@@ -1511,12 +1511,6 @@ static bool pins_clear(const struct umbp_pin_row *row) {
   return true;
 }
 
-/* Clear the way that points at slot s (key hash h); returns true if found.
- * Only the process that moved s to EVICTING (or RESERVED), or its reaper,
- * unlinks s, and inserters only take empty ways, so the way found stays s's
- * until this clears it. The signature goes first, then the slot word (seq_cst,
- * ordering the signature store before it): an inserter that then takes the
- * way (its acquire CAS reads our 0) writes its signature after ours. */
 /* If slot s (key hash h) is linked in its neighbourhood, store its way's hint
  * (which a remover clears before it unlinks) and return true. */
 static bool relink_hint(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h) {
@@ -1532,6 +1526,12 @@ static bool relink_hint(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, ui
   return false;
 }
 
+/* Clear the way that points at slot s (key hash h); returns true if found.
+ * Only the process that moved s to EVICTING (or RESERVED), or its reaper,
+ * unlinks s, and inserters only take empty ways, so the way found stays s's
+ * until this clears it. The signature goes first, then the slot word (seq_cst,
+ * ordering the signature store before it): an inserter that then takes the
+ * way (its acquire CAS reads our 0) writes its signature after ours. */
 static bool unlink_way(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h) {
   uint32_t home = umbp_bucket_home(h, nb);
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
@@ -1908,7 +1908,7 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
     union ring_elem v = {.v = s};
     if (part >= 0 && (ST_STATE(w) == UMBP_SLOT_FREE || (ST_STATE(w) == UMBP_SLOT_RETIRED && ST_OWNER(w) == dead)) &&
         !umbp_ring_contains(part_ring(p, (unsigned)part), &v)) {
-      /* a RETIRED one is left for step 5 */
+      /* a RETIRED one is left for step 6 */
       if (ST_STATE(w) == UMBP_SLOT_FREE) free_slot(p, ps, 0, s, dead);
     }
     atomic_store_explicit(&ps->inflight_slot[t], UINT32_MAX, memory_order_relaxed);
