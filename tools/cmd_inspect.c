@@ -150,13 +150,14 @@ static void take(umbp_pool *p, struct snap *s, unsigned nevents) {
   umbp_index_stats(p, &s->entries, s->hist, UMBP_MAX_PROBE);
   s->nprocs = umbp_pool_list_procs(p, s->procs, UMBP_MAX_PROCS);
   if (s->nprocs < 0) s->nprocs = 0;
-  const struct umbp_pin_row *pins = umbp_pool_region(p, UMBP_REG_PINS);
-  for (uint32_t k = 0; k < p->hdr->slot_count; k++) {
-    const _Atomic uint64_t *row = (const _Atomic uint64_t *)&pins[k];
-    for (unsigned q = 0; q < sizeof pins[k] / 8; q++) {
-      if (!atomic_load_explicit(&row[q], memory_order_relaxed)) continue;
-      for (unsigned j = 0; j < 8; j++)
-        s->pins_by[q * 8 + j] += atomic_load_explicit(&pins[k].by_proc[q * 8 + j], memory_order_relaxed);
+  const _Atomic uint8_t *pins = umbp_pool_region(p, UMBP_REG_PINS);
+  uint64_t stride = umbp_pin_stride(p->hdr->slot_count);
+  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+    const _Atomic uint8_t *row = pins + (uint64_t)i * stride;
+    const _Atomic uint64_t *w = (const _Atomic uint64_t *)(const void *)row;
+    for (uint64_t q = 0; q < stride / 8; q++) {
+      if (!atomic_load_explicit(&w[q], memory_order_relaxed)) continue;
+      for (unsigned j = 0; j < 8; j++) s->pins_by[i] += atomic_load_explicit(&row[q * 8 + j], memory_order_relaxed);
     }
   }
   umbp_counters_ns(p, UINT32_MAX, &s->total);

@@ -153,7 +153,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   const uint32_t n = h->slot_count, nb = h->n_buckets;
   const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
   const struct umbp_bucket *bk = umbp_pool_region(p, UMBP_REG_BUCKETS);
-  const struct umbp_pin_row *pins = umbp_pool_region(p, UMBP_REG_PINS);
+  const _Atomic uint8_t *pins = umbp_pool_region(p, UMBP_REG_PINS);
   const struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
 
   umbp_check_report *r = calloc(1, sizeof *r);
@@ -320,20 +320,23 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   }
 
   /* ---- pins ---- */
-  for (uint32_t s = 0; s < n; s++) {
-    const _Atomic uint64_t *row = (const _Atomic uint64_t *)&pins[s];
-    for (unsigned q = 0; q < sizeof pins[s] / 8; q++) {
-      if (!atomic_load_explicit(&row[q], memory_order_relaxed)) continue;
-      for (unsigned j = 0; j < 8; j++) {
-        unsigned i = q * 8 + j;
-        uint8_t c = atomic_load_explicit(&pins[s].by_proc[i], memory_order_relaxed);
-        if (!c) continue;
-        if (!claimed[i])
-          viol(r, "slot %u holds %u pin(s) of registry slot %u, which no process holds: the block can never be "
-                  "evicted",
-               s, c, i);
-        else if (dead[i])
-          r->dead_leftovers++;
+  {
+    uint64_t stride = umbp_pin_stride(n);
+    for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+      const _Atomic uint8_t *row = pins + (uint64_t)i * stride;
+      const _Atomic uint64_t *w = (const _Atomic uint64_t *)(const void *)row;
+      for (uint64_t q = 0; q < (n + 7) / 8; q++) {
+        if (!atomic_load_explicit(&w[q], memory_order_relaxed)) continue;
+        for (uint32_t s = (uint32_t)(q * 8); s < n && s < q * 8 + 8; s++) {
+          uint8_t c = atomic_load_explicit(&row[s], memory_order_relaxed);
+          if (!c) continue;
+          if (!claimed[i])
+            viol(r, "slot %u holds %u pin(s) of registry slot %u, which no process holds: the block can never be "
+                    "evicted",
+                 s, c, i);
+          else if (dead[i])
+            r->dead_leftovers++;
+        }
       }
     }
   }

@@ -26,7 +26,8 @@
  * buckets and keys in a flat store the same way). For 1M slots the bucket
  * array is 8 MiB, as rte_hash's is for 1M entries. Lines touched: a miss
  * reads its home bucket (one line; more only when the home overflowed); a
- * hit reads the bucket, the slot's metadata line and, to pin, its pin line.
+ * hit reads the bucket, the slot's metadata line and, to pin, a line of this
+ * process's pin array.
  *
  * Readers never wait and write nothing shared. The slot word is the
  * authority, the signature only a hint: a lookup compares hints, then loads
@@ -61,13 +62,19 @@
  * event), except EVICTING with pins held and its way still linked ->
  * PUBLISHED, which is what Y would have done at its pin check.
  *
- * Pins. A pin is a byte in the slot's pin line, one byte per registry slot
- * (struct umbp_pin_row). A process only writes its own byte, so reaping a dead
- * process zeroes exactly its pins. Pinning races with eviction in Dekker
- * style: the pinner increments its byte then re-reads the state word; the
- * evictor CASes the state to EVICTING then reads the pin line; all four are
- * seq_cst, so at least one sees the other: either the pinner sees EVICTING and
- * backs off (a miss), or the evictor sees the pin and restores PUBLISHED.
+ * Pins. A pin is a count byte per (registry slot, slot), laid out
+ * process-major: each registry slot's bytes are one dense array (1 MiB for 1M
+ * slots; pin_at()), so a pin writes a line of its own process's array, in a
+ * region that stays in cache and TLB, rather than a per-slot line of a region
+ * the size of the metadata. A process only writes its own bytes, so reaping a
+ * dead process (or detaching) zeroes exactly its pins. Pinning races with
+ * eviction in Dekker style: the pinner increments its byte then re-reads the
+ * state word; the evictor CASes the state to EVICTING then reads the pin bytes
+ * of every process in the header's pin_procs mask; all are seq_cst, so at
+ * least one sees the other: either the pinner sees EVICTING and backs off (a
+ * miss), or the evictor sees the pin and restores PUBLISHED. A process sets
+ * its mask bit (seq_cst) before its first pin, so an evictor whose mask load
+ * misses the bit comes before that pin's state load and is seen by it.
  *
  * Grace periods (who may reuse a removed slot, and when). Reader state lives in
  * the segment: one cache line per (process, thread), holding 0 (outside a read
@@ -128,6 +135,30 @@
 #include "shm/ring_claim.h"
 
 #define THREAD_NONE UINT32_MAX
+
+/* Registry slot q's pin byte of slot s (struct umbp_index_hdr.pin_procs and
+ * umbp_pin_stride() in index_shm.h). */
+static inline _Atomic uint8_t *pin_at(_Atomic uint8_t *pins, uint64_t stride, unsigned q, uint32_t s) {
+  return pins + (uint64_t)q * stride + s;
+}
+
+/* Whether no process pins slot s (seq_cst loads: the remover's side of the
+ * Dekker pair with pin_slot()). */
+static bool pins_clear(_Atomic uint8_t *pins, uint64_t stride, struct umbp_index_hdr *ih, uint32_t s) {
+  uint64_t m = atomic_load_explicit(&ih->pin_procs, memory_order_seq_cst);
+  for (; m; m &= m - 1)
+    if (atomic_load_explicit(pin_at(pins, stride, (unsigned)__builtin_ctzll(m), s), memory_order_seq_cst)) return false;
+  return true;
+}
+
+/* Zero registry slot q's pins (its process detached or died), then its bit. */
+static void pins_drop_proc(_Atomic uint8_t *pins, uint64_t stride, struct umbp_index_hdr *ih, uint32_t slots,
+                           unsigned q) {
+  _Atomic uint64_t *w = (_Atomic uint64_t *)(void *)pin_at(pins, stride, q, 0);
+  for (uint64_t i = 0; i < (slots + 7) / 8; i++)
+    if (atomic_load_explicit(&w[i], memory_order_relaxed)) atomic_store_explicit(&w[i], 0, memory_order_release);
+  atomic_fetch_and_explicit(&ih->pin_procs, ~(1ull << q), memory_order_seq_cst);
+}
 
 /* A ring payload buffer as large as any ring element (free rings carry 8 bytes). */
 union ring_elem {
@@ -530,6 +561,7 @@ int umbp_index_attach_hook(umbp_pool *p) {
   ix->nb = h->n_buckets;
   ix->meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
   ix->pins = umbp_pool_region(p, UMBP_REG_PINS);
+  ix->pin_stride = umbp_pin_stride(h->slot_count);
   ix->ns = umbp_pool_region(p, UMBP_REG_NAMESPACES);
   ix->slot_count = h->slot_count;
   ix->slot_size = h->slot_size;
@@ -598,6 +630,11 @@ void umbp_index_detach_hook(umbp_pool *p) {
    * process that claims our registry slot or for a reaper's orphan sweep */
   reclaim_wait(p, 50000000);
   if (ix->nlimbo && p->proc_slot >= 0) atomic_store(&p->procs[p->proc_slot].orphans, 1);
+  /* pins still held protect reads that cannot go on once the mapping is gone:
+   * release them, or their blocks would stay unevictable, and be inherited
+   * by the next process in our registry slot */
+  if (p->proc_slot >= 0)
+    pins_drop_proc(ix->pins, ix->pin_stride, ix->ih, ix->slot_count, (unsigned)p->proc_slot);
   pthread_mutex_lock(&inst_mu);
   for (unsigned i = 0; i < 64; i++)
     if (instances[i] == ix) instances[i] = NULL;
@@ -990,7 +1027,7 @@ static inline __attribute__((always_inline)) uint32_t match_ways(struct umbp_ind
     unsigned w = (unsigned)__builtin_ctz(mask);
     mask &= mask - 1;
     uint32_t x = way_x(bucket_slot(b, w), sig);
-    if (pin && x - 1 < ix->slot_count) prefetch_w(&ix->pins[x - 1]);
+    if (pin && x - 1 < ix->slot_count) prefetch_w((const void *)pin_at(ix->pins, ix->pin_stride, ix->p->proc_slot, x - 1));
     uint32_t s = way_check(ix, x, k, ret_st);
     if (s != UMBP_NO_SLOT) return s;
   }
@@ -1057,8 +1094,17 @@ static inline __attribute__((always_inline)) int ix_get(umbp_pool *p, struct umb
   return UMBP_LIKELY(*t != NULL) ? 0 : -EUSERS;
 }
 
+/* Our bit in pin_procs, before our first pin: a remover that reads the mask
+ * after its state CAS (seq_cst) and misses the bit cannot miss a pin that
+ * pin_slot() then completes (the OR precedes the pin's seq_cst RMW). */
+static __attribute__((noinline, cold)) void pin_bit_set(struct umbp_index *ix) {
+  atomic_fetch_or_explicit(&ix->ih->pin_procs, 1ull << ix->p->proc_slot, memory_order_seq_cst);
+  atomic_store_explicit(&ix->pin_bit, true, memory_order_relaxed);
+}
+
 static inline int pin_slot(struct umbp_index *ix, uint32_t s, uint64_t st) {
-  _Atomic uint8_t *pb = &ix->pins[s].by_proc[ix->p->proc_slot];
+  if (UMBP_UNLIKELY(!atomic_load_explicit(&ix->pin_bit, memory_order_relaxed))) pin_bit_set(ix);
+  _Atomic uint8_t *pb = pin_at(ix->pins, ix->pin_stride, ix->p->proc_slot, s);
   uint8_t old = atomic_fetch_add_explicit(pb, 1, memory_order_seq_cst);
   if (UMBP_UNLIKELY(old == 255)) {
     atomic_fetch_sub_explicit(pb, 1, memory_order_seq_cst);
@@ -1156,7 +1202,7 @@ static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_ind
       s = way_x(bucket_slot(b, (unsigned)__builtin_ctz(mask)), sig) - 1;
       if (s < ix->slot_count) {
         __builtin_prefetch(&ix->meta[s]);
-        if (pin) prefetch_w(&ix->pins[s]);
+        if (pin) prefetch_w((const void *)pin_at(ix->pins, ix->pin_stride, ix->p->proc_slot, s));
       } else {
         /* the hint matched by chance (or the way emptied since): a miss
          * unless other ways or later buckets may hold the key */
@@ -1236,7 +1282,7 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
 UMBP_API int umbp_unpin(umbp_pool *p, uint32_t slot) {
   if (!p || !p->index) return -EINVAL;
   if (slot >= p->hdr->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
-  _Atomic uint8_t *pb = &p->index->pins[slot].by_proc[p->proc_slot];
+  _Atomic uint8_t *pb = pin_at(p->index->pins, p->index->pin_stride, p->proc_slot, slot);
   /* only this process writes its pin byte, but its threads race: a byte that
    * is 0 now cannot be ours to drop; one that is not stays >= 1 until we drop it
    * unless another of our threads unpins the same pin twice (a caller bug) */
@@ -1504,12 +1550,6 @@ static int reclaim_wait(umbp_pool *p, uint64_t budget_ns) {
 }
 
 /* ---- remove one published slot ----------------------------------------------- */
-static bool pins_clear(const struct umbp_pin_row *row) {
-  const _Atomic uint64_t *w = (const _Atomic uint64_t *)row;
-  for (unsigned i = 0; i < sizeof *row / 8; i++)
-    if (atomic_load_explicit(&w[i], memory_order_seq_cst)) return false;
-  return true;
-}
 
 /* If slot s (key hash h) is linked in its neighbourhood, store its way's hint
  * (which a remover clears before it unlinks) and return true. */
@@ -1558,7 +1598,7 @@ static int try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, 
   if (!atomic_compare_exchange_strong_explicit(&m->state, &st, ev, memory_order_seq_cst, memory_order_relaxed))
     return -EBUSY;
   /* Dekker with pin_slot(): state store above, pin loads below (seq_cst) */
-  if (!pins_clear(&ix->pins[s])) {
+  if (!pins_clear(ix->pins, ix->pin_stride, ix->ih, s)) {
     atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_PUBLISHED, 0), memory_order_seq_cst);
     return -EBUSY;
   }
@@ -1593,7 +1633,6 @@ UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
   uint32_t s = probe(ix, &k, h, &st);
   rd_unlock(r);
   if (s == UMBP_NO_SLOT) return -ENOENT;
-  prefetch_w(&ix->pins[s]); /* read by try_remove() right after its state CAS */
   rc = try_remove(p, t, s, st, UMBP_CTR_REMOVES);
   if (rc == -EBUSY) return umbp_fail(-EBUSY, "the block is pinned by a reader: retry after it is unpinned");
   /* reclaim in batches: each grace period costs one membarrier */
@@ -1884,7 +1923,8 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
   struct umbp_proc_slot *ps = &p->procs[slot];
   uint16_t dead = (uint16_t)(slot + 1);
   struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
-  struct umbp_pin_row *pins = umbp_pool_region(p, UMBP_REG_PINS);
+  _Atomic uint8_t *pins = umbp_pool_region(p, UMBP_REG_PINS);
+  uint64_t pstride = umbp_pin_stride(h->slot_count);
   struct umbp_bucket *buckets = umbp_pool_region(p, UMBP_REG_BUCKETS);
   struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
   struct umbp_reader_shm *rd = (struct umbp_reader_shm *)umbp_pool_region(p, UMBP_REG_READERS) +
@@ -1918,16 +1958,14 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
   struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
   ns_count_locks_reap(p, nss, meta, h->slot_count, dead);
   /* 5. pins held by the dead process (before step 6 weighs other pins) */
-  for (uint32_t s = 0; s < h->slot_count; s++)
-    if (atomic_load_explicit(&pins[s].by_proc[slot], memory_order_relaxed))
-      atomic_store_explicit(&pins[s].by_proc[slot], 0, memory_order_release);
+  pins_drop_proc(pins, pstride, ih, h->slot_count, slot);
   /* 6. reservations, half-done removals and retired slots of the dead process */
   unsigned orphans = 0;
   for (uint32_t s = 0; s < h->slot_count; s++) {
     uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
     if (ST_OWNER(w) != dead) continue;
     unsigned st = ST_STATE(w);
-    if (st == UMBP_SLOT_EVICTING && !pins_clear(&pins[s])) {
+    if (st == UMBP_SLOT_EVICTING && !pins_clear(pins, pstride, ih, s)) {
       /* A removal that died before its pin check, or after it with a pinner
        * now backing off (pin_slot() sees EVICTING and undoes its pin). While
        * the way is linked the remover had not decided: it would have put a
@@ -2061,7 +2099,9 @@ UMBP_API int umbp_census(umbp_pool *p, umbp_slot_census *ret) {
   umbp_slot_census c;
   memset(&c, 0, sizeof c);
   const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
-  const struct umbp_pin_row *pins = umbp_pool_region(p, UMBP_REG_PINS);
+  _Atomic uint8_t *pins = umbp_pool_region(p, UMBP_REG_PINS);
+  struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+  uint64_t pstride = umbp_pin_stride(p->hdr->slot_count);
   c.total = p->hdr->slot_count;
   for (uint32_t s = 0; s < p->hdr->slot_count; s++) {
     uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
@@ -2070,7 +2110,7 @@ UMBP_API int umbp_census(umbp_pool *p, umbp_slot_census *ret) {
     case UMBP_SLOT_RESERVED: c.reserved++; break;
     case UMBP_SLOT_PUBLISHED:
       c.published++;
-      if (!pins_clear(&pins[s])) c.pinned++;
+      if (!pins_clear(pins, pstride, ih, s)) c.pinned++;
       break;
     case UMBP_SLOT_EVICTING: c.evicting++; break;
     case UMBP_SLOT_RETIRED: c.retired++; break;

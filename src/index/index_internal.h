@@ -28,7 +28,9 @@ struct umbp_index {
   struct umbp_bucket *buckets;
   uint32_t nb; /* buckets (hdr->n_buckets) */
   struct umbp_slot_meta *meta;
-  struct umbp_pin_row *pins;
+  _Atomic uint8_t *pins; /* process-major pin bytes (umbp_pin_stride()) */
+  uint64_t pin_stride;
+  _Atomic bool pin_bit; /* our bit in ih->pin_procs is set */
   struct umbp_reader_shm *readers; /* this process's row of UMBP_MAX_THREADS */
   struct umbp_ns_shm *ns;
   struct umbp_counter_row *ctr;    /* this process's row */

@@ -81,11 +81,15 @@ struct umbp_bucket {
 _Static_assert(sizeof(struct umbp_bucket) == 64, "bucket is one cache line");
 _Static_assert(offsetof(struct umbp_bucket, slot) == 16, "bucket frozen");
 
-/* Pins: one byte per (slot, process); a slot is pinned iff any byte is non-zero. */
-struct umbp_pin_row {
-  _Atomic uint8_t by_proc[UMBP_MAX_PROCS];
-};
-_Static_assert(sizeof(struct umbp_pin_row) == 64, "pin row is one cache line");
+/* Pins: one byte per (process, slot), a slot is pinned iff any is non-zero.
+ * Process-major (layout 5.0): registry slot q's bytes are one dense array of
+ * umbp_pin_stride(slots) bytes at q * stride, 1 MiB for 1M slots, so a pin
+ * touches a line of its own process's array (64 slots a line, written by that
+ * process only) in a region that caches and TLBs hold, instead of a line per
+ * slot in a 64 MiB region shared by all processes. Removers read the bytes of
+ * the processes in the index header's pin_procs mask. */
+static inline uint64_t umbp_pin_stride(uint64_t slots) { return (slots + 63) & ~(uint64_t)63; }
+static inline uint64_t umbp_pin_region_bytes(uint64_t slots) { return (uint64_t)UMBP_MAX_PROCS * umbp_pin_stride(slots); }
 
 /* Reader state for grace periods: one cache line per (process, thread). */
 struct umbp_reader_shm {
@@ -161,6 +165,9 @@ struct umbp_index_hdr {
   _Atomic uint64_t retired_count __attribute__((aligned(64))); /* unused (a census counts retired slots) */
   _Atomic uint64_t low_watermark_pct;  /* eviction starts below this % free */
   _Atomic uint64_t high_watermark_pct; /* and stops at this % free */
+  /* bit q: registry slot q may hold pins (set before its first pin, cleared
+   * once its bytes are zeroed at detach or reap) */
+  _Atomic uint64_t pin_procs __attribute__((aligned(64)));
 };
 
 #endif

@@ -98,7 +98,7 @@ uint64_t umbp_abi_fingerprint(void) {
       sizeof(struct umbp_region_desc), sizeof(struct umbp_partition_desc),
       sizeof(struct umbp_proc_slot), _Alignof(struct umbp_proc_slot),
       sizeof(struct umbp_slot_meta), _Alignof(struct umbp_slot_meta),
-      sizeof(struct umbp_bucket), sizeof(struct umbp_pin_row),
+      sizeof(struct umbp_bucket), (size_t)umbp_pin_stride(1),
       sizeof(struct umbp_reader_shm), sizeof(struct umbp_ns_shm),
       sizeof(struct umbp_counter_row), sizeof(struct umbp_event_shm),
       sizeof(struct umbp_index_hdr), _Alignof(struct umbp_index_hdr),
@@ -167,7 +167,7 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
   sizes[UMBP_REG_INDEXHDR] = align_up(sizeof(struct umbp_index_hdr), 64);
   sizes[UMBP_REG_BUCKETS] = sizeof(struct umbp_bucket) * (uint64_t)h->n_buckets;
   sizes[UMBP_REG_SLOTMETA] = align_up(sizeof(struct umbp_slot_meta) * slots, 64);
-  sizes[UMBP_REG_PINS] = sizeof(struct umbp_pin_row) * slots;
+  sizes[UMBP_REG_PINS] = umbp_pin_region_bytes(slots);
   sizes[UMBP_REG_EVENTS] = umbp_ring_bytes(h->event_capacity, sizeof(struct umbp_event_shm));
   sizes[UMBP_REG_COUNTERS] = align_up(sizeof(struct umbp_counter_row) * (UMBP_MAX_PROCS + 1), 64);
 
@@ -274,7 +274,7 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
       {UMBP_REG_INDEXHDR, sizeof(struct umbp_index_hdr)},
       {UMBP_REG_BUCKETS, sizeof(struct umbp_bucket) * (uint64_t)h->n_buckets},
       {UMBP_REG_SLOTMETA, sizeof(struct umbp_slot_meta) * (uint64_t)h->slot_count},
-      {UMBP_REG_PINS, sizeof(struct umbp_pin_row) * (uint64_t)h->slot_count},
+      {UMBP_REG_PINS, umbp_pin_region_bytes(h->slot_count)},
       {UMBP_REG_EVENTS, umbp_ring_bytes(h->event_capacity, sizeof(struct umbp_event_shm))},
       {UMBP_REG_COUNTERS, sizeof(struct umbp_counter_row) * (uint64_t)(UMBP_MAX_PROCS + 1)},
   };

@@ -443,10 +443,10 @@ static void test_check_corrupted(void **st) {
   assert_int_equal(check_cli(name), 0);
 
   /* 4. a pin byte of a registry slot that no process holds */
-  atomic_store(&ix->pins[s0].by_proc[63], 1);
+  atomic_store(&ix->pins[(uint64_t)63 * ix->pin_stride + s0], 1);
   snprintf(want, sizeof want, "slot %u holds 1 pin(s) of registry slot 63", s0);
   expect_violation(name, want);
-  atomic_store(&ix->pins[s0].by_proc[63], 0);
+  atomic_store(&ix->pins[(uint64_t)63 * ix->pin_stride + s0], 0);
 
   /* 5. a namespace count that disagrees */
   atomic_fetch_add(&ix->ns[ns].used_slots, 5);
@@ -506,11 +506,11 @@ static void test_check_corrupted(void **st) {
   verify_set(p, ns, 30);
 
   /* the JSON form lists the violation too */
-  atomic_store(&ix->pins[s0].by_proc[62], 2);
+  atomic_store(&ix->pins[(uint64_t)62 * ix->pin_stride + s0], 2);
   assert_int_equal(DTU_RUN(out, "inspect", name, "--check", "--json"), 1);
   assert_non_null(strstr(out, "\"clean\":false"));
   assert_non_null(strstr(out, "pin(s) of registry slot 62"));
-  atomic_store(&ix->pins[s0].by_proc[62], 0);
+  atomic_store(&ix->pins[(uint64_t)62 * ix->pin_stride + s0], 0);
   assert_int_equal(umbp_pool_check(p, r), 0);
   assert_int_equal(r->n_violations, 0);
   free(r);

@@ -512,6 +512,41 @@ static void test_eviction_clock_and_pins(void **state) {
   census_ok(f->p);
 }
 
+/* A detaching process's pins are released (its reads cannot go on without
+ * the mapping): before, its pin bytes stayed, the blocks were never evictable
+ * again and the next process in its registry slot inherited them. Pins of
+ * another process on the same block still hold. */
+static void test_detach_releases_pins(void **state) {
+  struct fx *f = *state;
+  umbp_key a = itu_key(f->ns, 1, 0), b = itu_key(f->ns, 2, 0), c = itu_key(f->ns, 3, 0);
+  put(f->p, &a);
+  put(f->p, &b);
+  put(f->p, &c);
+  umbp_pool *q;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
+  uint32_t s;
+  assert_int_equal(umbp_lookup_pin(q, &a, &s), 0);
+  assert_int_equal(umbp_lookup_pin(q, &a, &s), 0); /* twice: a count, not a flag */
+  assert_int_equal(umbp_lookup_pin(q, &b, &s), 0);
+  uint32_t sb_mine;
+  assert_int_equal(umbp_lookup_pin(f->p, &b, &sb_mine), 0); /* b is pinned by both processes */
+  assert_int_equal(umbp_remove(f->p, &a), -EBUSY);
+  umbp_pool_detach(q);
+  umbp_slot_census cs;
+  assert_int_equal(umbp_census(f->p, &cs), 0);
+  assert_int_equal(cs.pinned, 1); /* b, by this process */
+  assert_int_equal(umbp_remove(f->p, &a), 0);
+  assert_int_equal(umbp_remove(f->p, &b), -EBUSY);
+  assert_int_equal(umbp_unpin(f->p, sb_mine), 0);
+  assert_int_equal(umbp_remove(f->p, &b), 0);
+  /* the next process in that registry slot starts with no pins */
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
+  assert_int_equal(umbp_unpin(q, s), -EINVAL);
+  umbp_pool_detach(q);
+  assert_int_equal(umbp_remove(f->p, &c), 0);
+  census_ok(f->p);
+}
+
 /* A full pool under long churn never runs out of index ways. At 32767 slots a
  * power-of-two bucket count with 1.25 ways a slot (the sizing before layout
  * 2.0) gives 80% of the ways used at full load: there, linear probing pushes
@@ -906,6 +941,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_namespaces, setup, teardown),
       cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_detach_releases_pins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_signature_split, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bucket_all_ways, setup, teardown),
