@@ -321,6 +321,13 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
 
   /* ---- pins ---- */
   {
+    /* A remover reads only the pin bytes of the processes in pin_procs. A
+     * process sets its bit before its first pin and clears it only after
+     * zeroing its bytes, so a byte seen set while the bit is clear both before
+     * and after the scan is a pin that removers would not see. */
+    struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+    uint64_t pm_a = atomic_load_explicit(&ih->pin_procs, memory_order_seq_cst);
+    bool has_pins[UMBP_MAX_PROCS] = {false};
     uint64_t stride = umbp_pin_stride(n);
     for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
       const _Atomic uint8_t *row = pins + (uint64_t)i * stride;
@@ -330,6 +337,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
         for (uint32_t s = (uint32_t)(q * 8); s < n && s < q * 8 + 8; s++) {
           uint8_t c = atomic_load_explicit(&row[s], memory_order_relaxed);
           if (!c) continue;
+          has_pins[i] = true;
           if (!claimed[i])
             viol(r, "slot %u holds %u pin(s) of registry slot %u, which no process holds: the block can never be "
                     "evicted",
@@ -339,6 +347,12 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
         }
       }
     }
+    uint64_t pm_b = atomic_load_explicit(&ih->pin_procs, memory_order_seq_cst);
+    for (unsigned i = 0; i < UMBP_MAX_PROCS; i++)
+      if (has_pins[i] && claimed[i] && !((pm_a | pm_b) >> i & 1))
+        viol(r, "registry slot %u holds pins but is not in the index's pin mask: removers would not see its pins "
+                "and could evict the blocks under its readers",
+             i);
   }
 
   /* ---- namespaces ---- */

@@ -448,6 +448,15 @@ static void test_check_corrupted(void **st) {
   expect_violation(name, want);
   atomic_store(&ix->pins[(uint64_t)63 * ix->pin_stride + s0], 0);
 
+  /* 4b. a pin of a live process whose bit is missing from the pin mask */
+  uint64_t me = 1ull << p->proc_slot;
+  uint64_t had = atomic_fetch_and(&ix->ih->pin_procs, ~me) & me;
+  atomic_store(&ix->pins[(uint64_t)p->proc_slot * ix->pin_stride + s0], 1);
+  snprintf(want, sizeof want, "registry slot %d holds pins but is not in the index's pin mask", p->proc_slot);
+  expect_violation(name, want);
+  atomic_store(&ix->pins[(uint64_t)p->proc_slot * ix->pin_stride + s0], 0);
+  atomic_fetch_or(&ix->ih->pin_procs, had);
+
   /* 5. a namespace count that disagrees */
   atomic_fetch_add(&ix->ns[ns].used_slots, 5);
   expect_violation(name, "namespace 0 ('chat') counts 35 used slots but 30 slots hold its blocks");
