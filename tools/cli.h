@@ -34,6 +34,11 @@ int cli_parse_size(const char *s, uint64_t *ret);
 const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n);
 /* Parse a comma-separated list of non-negative ints ("0,1,3"); returns count or -EINVAL. */
 int cli_parse_int_list(const char *s, int *out, int max);
+/* --index-pages try|huge|small -> enum umbp_index_pages: 0 or -EINVAL. */
+int cli_parse_index_pages(const char *s, int *out);
+/* "2 MiB pages, 72 MiB in /dev/hugepages/umbp-index.NAME" or "4 KiB pages"
+ * for a pool's index (umbp_pool_info); buf returned. */
+const char *cli_fmt_index_pages(const void *pool_info, char *buf, size_t n);
 
 /* Print "umbp: <msg>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

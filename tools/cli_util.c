@@ -10,6 +10,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "umbp/pool.h"
+
 int cli_parse_size(const char *s, uint64_t *ret) {
   if (!s || !*s) return -EINVAL;
   errno = 0;
@@ -47,6 +49,25 @@ const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n) {
   if (i == 0) snprintf(buf, n, "%llu B", (unsigned long long)bytes);
   else if (v == floor(v)) snprintf(buf, n, "%.0f %s", v, u[i]);
   else snprintf(buf, n, "%.2f %s", v, u[i]);
+  return buf;
+}
+
+int cli_parse_index_pages(const char *s, int *out) {
+  if (!strcmp(s, "try")) *out = UMBP_INDEX_PAGES_TRY;
+  else if (!strcmp(s, "huge")) *out = UMBP_INDEX_PAGES_HUGE;
+  else if (!strcmp(s, "small")) *out = UMBP_INDEX_PAGES_SMALL;
+  else return -EINVAL;
+  return 0;
+}
+
+const char *cli_fmt_index_pages(const void *pool_info, char *buf, size_t n) {
+  const umbp_pool_info *i = pool_info;
+  char a[32];
+  if (i->hugepages) snprintf(buf, n, "2 MiB pages (a hugepage pool)");
+  else if (i->index_hugepages)
+    snprintf(buf, n, "2 MiB pages (bucket array and slot metadata, %s, in umbp-index.%s on the hugetlbfs mount)",
+             cli_fmt_size(i->index_huge_bytes, a, sizeof a), i->name);
+  else snprintf(buf, n, "4 KiB pages");
   return buf;
 }
 

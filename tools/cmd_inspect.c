@@ -181,6 +181,8 @@ static void print_text(umbp_pool *p, const struct snap *s, const umbp_check_repo
   printf("  created %s by pid %d (uid %u), run generation %llu, file uid %u mode %04o%s\n", t, i->creator_pid,
          i->creator_uid, (unsigned long long)i->run_generation, (unsigned)s->st.st_uid,
          (unsigned)(s->st.st_mode & 07777), i->hugepages ? ", huge pages" : "");
+  char ib[256];
+  printf("  index on %s\n", cli_fmt_index_pages(i, ib, sizeof ib));
   if (s->daemon_running == 1)
     printf("daemon: running, pid %d\n", s->daemon_pid);
   else if (s->daemon_last_pid > 0)
@@ -294,6 +296,8 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
   json_u64(&j, "creator_uid", i->creator_uid);
   json_u64(&j, "run_generation", i->run_generation);
   json_bool(&j, "hugepages", i->hugepages);
+  json_bool(&j, "index_hugepages", i->index_hugepages);
+  json_u64(&j, "index_huge_bytes", i->index_huge_bytes);
   json_u64(&j, "file_uid", s->st.st_uid);
   json_u64(&j, "file_gid", s->st.st_gid);
   json_u64(&j, "file_mode", s->st.st_mode & 07777);

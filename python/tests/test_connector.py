@@ -74,6 +74,20 @@ def test_config_errors(pool_name):
         sched(pool_name, cuda_copy="fast")
 
 
+def _index_files(pool_name):
+    with open("/proc/mounts") as f:
+        dirs = [ln.split()[1] for ln in f if ln.split()[2] == "hugetlbfs"]
+    return [d for d in dirs if os.path.exists(f"{d}/umbp-index.{pool_name}")]
+
+
+def test_index_pages(pool_name):
+    with pytest.raises(ValueError, match="index_pages='big'.*'try'"):
+        sched(pool_name, index_pages="big")
+    c = sched(pool_name, index_pages="small")  # the embedded pool: its index on 4 KiB pages
+    assert os.path.exists(f"/dev/shm/umbp.{pool_name}") and not _index_files(pool_name)
+    c.shutdown()
+
+
 def test_events_semantics(pool_name):
     s1 = BlockStored(block_hashes=[b"a" * 32], parent_block_hash=None, token_ids=[1] * BLOCK,
                      block_size=BLOCK, lora_id=None, medium="CPU", lora_name=None)

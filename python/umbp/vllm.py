@@ -75,8 +75,10 @@ _CONFIG_KEYS = {
     "load_async": False,          # loads overlap other requests' steps (WAITING_FOR_REMOTE_KVS)
     "no_prefault": False,         # embedded: skip pre-faulting (tests)
     "cuda_copy": "auto",          # CUDA tensors: auto (kernel loads/pulls, copy-engine stores) | kernel | dma
+    "index_pages": "try",         # embedded: index on 2 MiB pages: try | huge | small
 }
 _CUDA_COPY = {"auto": 0, "dma": 1, "kernel": 2}  # enum umbp_dp_cuda_copy
+_INDEX_PAGES = {"try": 0, "huge": 1, "small": 2}  # enum umbp_index_pages
 
 
 def _parse_size(v: Any, key: str) -> int:
@@ -108,6 +110,7 @@ class UMBPConfig:
     no_prefault: bool
     load_async: bool = False
     cuda_copy: str = "auto"
+    index_pages: str = "try"
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> UMBPConfig:
@@ -123,6 +126,9 @@ class UMBPConfig:
         if c["cuda_copy"] not in _CUDA_COPY:
             raise ValueError(f"kv_connector_extra_config.cuda_copy={c['cuda_copy']!r}: use 'auto' (loads by "
                              "the copy kernel, stores by the copy engines), 'kernel' or 'dma' (copy engines only)")
+        if c["index_pages"] not in _INDEX_PAGES:
+            raise ValueError(f"kv_connector_extra_config.index_pages={c['index_pages']!r}: use 'try' (2 MiB "
+                             "pages when enough are free, else 4 KiB), 'huge' (2 MiB or fail) or 'small'")
         cap = c["capacity_bytes"] if c["capacity_bytes"] is not None else c["total_capacity_bytes"]
         return cls(mode=c["mode"], pool=str(c["pool"]),
                    capacity=_parse_size(cap, "capacity_bytes") if cap is not None else None,
@@ -133,7 +139,8 @@ class UMBPConfig:
                    copy_cpus=list(c["copy_cpus"]) if c["copy_cpus"] else None,
                    numa_nodes=list(c["numa_nodes"]) if c["numa_nodes"] else None,
                    load_timeout_ms=int(c["load_timeout_ms"]), no_prefault=bool(c["no_prefault"]),
-                   load_async=bool(c["load_async"]), cuda_copy=c["cuda_copy"])
+                   load_async=bool(c["load_async"]), cuda_copy=c["cuda_copy"],
+                   index_pages=c["index_pages"])
 
 
 # ---- pool handling -----------------------------------------------------------
@@ -169,6 +176,7 @@ class _Pool:
             p.capacity = cfg.capacity
             p.slot_size = slot_size
             p.no_prefault = cfg.no_prefault
+            p.index_pages = _INDEX_PAGES[cfg.index_pages]
             nodes = cfg.numa_nodes if cfg.numa_nodes else numa_nodes
             if nodes:
                 for i, n in enumerate(nodes):

@@ -12,6 +12,11 @@
  *   [slot meta][pins][free rings][event ring][counters] ... [arena: partitions,
  *   each 2 MiB-aligned, slot_count_p * slot_size bytes]
  *
+ * With UMBP_FEAT_INCOMPAT_INDEX_HUGE, [buckets][slot meta] start on a 2 MiB
+ * boundary and end padded to one (umbp_index_huge_range()); that range of
+ * the /dev/shm file is a hole never touched, and every process maps the
+ * hugetlbfs file umbp-index.NAME over it (segment.c).
+ *
  * The header is immutable after creation except for its trailing "mutable"
  * cache line (run generation, owner). The immutable part carries a checksum,
  * so a corrupted header is refused instead of followed. The magic is stored
@@ -42,7 +47,12 @@
 
 /* incompat feature bits (an attacher refuses unknown ones) */
 #define UMBP_FEAT_INCOMPAT_HUGEPAGES (1ull << 0)
-#define UMBP_FEAT_INCOMPAT_KNOWN (UMBP_FEAT_INCOMPAT_HUGEPAGES)
+/* The bucket array and slot metadata live in a second file on a hugetlbfs
+ * mount (umbp-index.NAME), mapped at [regions[BUCKETS].offset, + its size):
+ * umbp_index_huge_range(). An attacher that does not map it would read the
+ * /dev/shm file's hole there, so a build without this bit must refuse. */
+#define UMBP_FEAT_INCOMPAT_INDEX_HUGE (1ull << 1)
+#define UMBP_FEAT_INCOMPAT_KNOWN (UMBP_FEAT_INCOMPAT_HUGEPAGES | UMBP_FEAT_INCOMPAT_INDEX_HUGE)
 /* compat feature bits (informational) */
 #define UMBP_FEAT_COMPAT_MEMBARRIER (1ull << 0) /* readers rely on membarrier(GLOBAL_EXPEDITED) */
 
@@ -116,6 +126,16 @@ _Static_assert(sizeof(struct umbp_shm_header) <= UMBP_HEADER_BYTES, "header fits
 _Static_assert(offsetof(struct umbp_shm_header, magic) == 0, "magic first");
 _Static_assert(sizeof(struct umbp_partition_desc) == 48, "partition desc frozen");
 _Static_assert(sizeof(struct umbp_region_desc) == 16, "region desc frozen");
+
+/* The range of the pool's address space that UMBP_FEAT_INCOMPAT_INDEX_HUGE
+ * places in umbp-index.NAME: from the bucket array's start (2 MiB-aligned
+ * in such a layout) to the end of the slot metadata, rounded up to 2 MiB. */
+static inline void umbp_index_huge_range(const struct umbp_shm_header *h, uint64_t *off, uint64_t *len) {
+  uint64_t a = UMBP_PART_ALIGN, end = h->regions[UMBP_REG_SLOTMETA].offset + h->regions[UMBP_REG_SLOTMETA].size;
+  *off = h->regions[UMBP_REG_BUCKETS].offset;
+  end = (end + a - 1) / a * a;
+  *len = end > *off ? end - *off : 0;
+}
 
 /* ---- process registry --------------------------------------------------- */
 enum umbp_proc_state { UMBP_PROC_FREE = 0, UMBP_PROC_LIVE = 1 };

@@ -19,6 +19,7 @@ struct umbp_pool {
   size_t size;
   bool read_only;
   bool hugepages;
+  uint64_t index_huge_bytes; /* umbp-index.NAME mapped over the bucket array and slot metadata; 0: none */
   int proc_slot;           /* registry slot, -1 if read-only */
   uint16_t owner_id;       /* proc_slot + 1: the id this process writes into shared words */
   char name[UMBP_NAME_MAX + 1];

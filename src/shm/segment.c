@@ -20,6 +20,18 @@
  *    size against the file's real size, every region and partition inside the
  *    file. A segment that fails any check is refused with a message naming
  *    what differs; nothing past the header is read before that.
+ *  - The index on huge pages (UMBP_FEAT_INCOMPAT_INDEX_HUGE, layout.h): the
+ *    pool is mapped at a 2 MiB-aligned address (map_aligned()) and the
+ *    hugetlbfs file umbp-index.NAME is mapped over the bucket array and slot
+ *    metadata with MAP_FIXED, so every offset means the same as in a pool
+ *    without it and the index code does not know the difference. The creator
+ *    makes that file after the main file's O_EXCL creation (which makes the
+ *    name its own, so an index file already there is a leftover and is
+ *    replaced); MAP_SHARED reserves its huge pages at mmap, so too few fails
+ *    creation, not a later lookup. "try" (the default) that cannot place the
+ *    index there keeps it on the pool's own pages (pool_create_once()). An
+ *    attacher opens the index file named by the pool name, checks its size
+ *    against the header, and refuses a missing one naming it.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -158,6 +170,10 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
   if (h->n_buckets < UMBP_MAX_PROBE) h->n_buckets = UMBP_MAX_PROBE;
   h->event_capacity = pow2_at_least(pp->event_capacity ? pp->event_capacity : 65536);
   if (pp->hugepages) h->incompat_features |= UMBP_FEAT_INCOMPAT_HUGEPAGES;
+  /* umbp_pool_create() resolves UMBP_INDEX_PAGES_TRY to one of the others
+   * before it lays the pool out */
+  bool index_huge = pp->index_pages == UMBP_INDEX_PAGES_HUGE && !pp->hugepages;
+  if (index_huge) h->incompat_features |= UMBP_FEAT_INCOMPAT_INDEX_HUGE;
 
   uint64_t off = UMBP_HEADER_BYTES;
   uint64_t sizes[UMBP_REG_COUNT] = {0};
@@ -189,9 +205,12 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
   sizes[UMBP_REG_FREERINGS] = ring_total;
 
   for (int r = 0; r < UMBP_REG_ARENA; r++) {
+    /* a huge index: buckets and slot metadata fill whole 2 MiB pages of
+     * their own (umbp_index_huge_range()) */
+    if (index_huge && r == UMBP_REG_BUCKETS) off = align_up(off, UMBP_PART_ALIGN);
     h->regions[r].offset = off;
     h->regions[r].size = sizes[r];
-    off = align_up(off + sizes[r], 4096);
+    off = align_up(off + sizes[r], index_huge && r == UMBP_REG_SLOTMETA ? UMBP_PART_ALIGN : 4096);
   }
   uint64_t roff = h->regions[UMBP_REG_FREERINGS].offset;
   for (unsigned i = 0; i < n_nodes; i++) {
@@ -257,6 +276,15 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
       return umbp_fail(-EBADMSG, "pool region %u [%llu, +%llu) lies outside the %llu-byte segment", r,
                        (unsigned long long)d->offset, (unsigned long long)d->size,
                        (unsigned long long)file_size);
+  }
+  if (h->incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE) {
+    uint64_t ioff, ilen;
+    umbp_index_huge_range(h, &ioff, &ilen);
+    if ((h->incompat_features & UMBP_FEAT_INCOMPAT_HUGEPAGES) || ioff % UMBP_PART_ALIGN || ilen == 0 ||
+        h->regions[UMBP_REG_SLOTMETA].offset < ioff || ioff + ilen > h->regions[UMBP_REG_PINS].offset)
+      return umbp_fail(-EBADMSG, "pool header places its index on huge pages at [%llu, +%llu), which is not "
+                                 "2 MiB-aligned between the segment's other regions: header corrupted",
+                       (unsigned long long)ioff, (unsigned long long)ilen);
   }
   if (h->slot_size < 4096 || h->slot_size % 64 || h->slot_count == 0 || h->slot_count > UMBP_MAX_SLOTS ||
       h->n_partitions == 0 || h->n_partitions > UMBP_MAX_PARTITIONS || h->max_procs != UMBP_MAX_PROCS ||
@@ -416,6 +444,70 @@ static int check_fits(const umbp_pool_params *pp, const struct umbp_shm_header *
       }
     }
   }
+  return 0;
+}
+
+/* ---- the index on huge pages (UMBP_FEAT_INCOMPAT_INDEX_HUGE) ------------------ */
+/* umbp-index.NAME: not "umbp." + a name, so `umbp pool ls` never lists it as a pool */
+static void index_file_path(const char *dir, const char *name, char *out, size_t n) {
+  snprintf(out, n, "%s/umbp-index.%s", dir, name);
+}
+
+/* Map `size` bytes of fd at a 2 MiB-aligned address, so that a hugetlbfs
+ * file can later be mapped over a 2 MiB-aligned offset of it (MAP_FIXED). */
+static void *map_aligned(int fd, uint64_t size, int prot) {
+  uint64_t a = UMBP_PART_ALIGN;
+  char *r = mmap(NULL, size + a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) return MAP_FAILED;
+  char *b = (char *)align_up((uint64_t)(uintptr_t)r, a);
+  if (b > r) munmap(r, (size_t)(b - r));
+  if (r + size + a > b + size) munmap(b + size, (size_t)(r + size + a - (b + size)));
+  void *m = mmap(b, size, prot, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (m == MAP_FAILED) {
+    int e = errno;
+    munmap(b, size);
+    errno = e;
+  }
+  return m;
+}
+
+/* Free 2 MiB pages of hugetlbfs mount dir (0 when it has other pages). */
+static uint64_t huge_free_bytes(const char *dir) {
+  struct statvfs sv;
+  if (statvfs(dir, &sv) != 0 || sv.f_bsize != UMBP_PART_ALIGN) return 0;
+  if (sv.f_blocks) return (uint64_t)sv.f_bavail * sv.f_bsize; /* a mount with size= */
+  if (meminfo_kb("Hugepagesize") * 1024 != UMBP_PART_ALIGN) return 0; /* the free count is of other pages */
+  uint64_t f = meminfo_kb("HugePages_Free"), r = meminfo_kb("HugePages_Rsvd");
+  return f > r ? (f - r) * UMBP_PART_ALIGN : 0;
+}
+
+/* Can an index of `len` bytes go on huge pages? 0 with *dir set, or a
+ * negative errno with a message naming the cause and the fix. */
+static int index_huge_where(uint64_t len, char *dir, size_t n) {
+  if (hugetlbfs_mount(dir, n) < 0)
+    return umbp_fail(-ENOENT, "the index on huge pages needs a hugetlbfs mount and none is in /proc/mounts: mount "
+                              "one (mount -t hugetlbfs none /dev/hugepages) and reserve pages (sysctl "
+                              "vm.nr_hugepages=N), or use --index-pages small");
+  struct statvfs sv;
+  if (statvfs(dir, &sv) != 0 || sv.f_bsize != UMBP_PART_ALIGN)
+    return umbp_fail(-EINVAL, "hugetlbfs mount %s does not have 2 MiB pages: the index needs them; mount one "
+                              "with -o pagesize=2M, or use --index-pages small", dir);
+  uint64_t avail = huge_free_bytes(dir);
+  if (len > avail)
+    return umbp_fail(-ENOSPC, "the index needs %llu huge pages of 2 MiB (%llu MiB: bucket array and slot "
+                              "metadata) but %s has %llu free: reserve more (sysctl vm.nr_hugepages=N, %llu "
+                              "more than now) or use --index-pages small",
+                     (unsigned long long)(len / UMBP_PART_ALIGN), (unsigned long long)(len >> 20), dir,
+                     (unsigned long long)(avail / UMBP_PART_ALIGN),
+                     (unsigned long long)((len - avail) / UMBP_PART_ALIGN));
+  return 0;
+}
+
+/* Map the index file ifd over [base + ioff, + ilen) of a pool mapping. */
+static int map_index(struct umbp_pool *p, int ifd, uint64_t ioff, uint64_t ilen, int prot) {
+  void *m = mmap((char *)p->base + ioff, ilen, prot, MAP_SHARED | MAP_FIXED, ifd, 0);
+  if (m == MAP_FAILED) return -errno;
+  p->index_huge_bytes = ilen;
   return 0;
 }
 
@@ -624,10 +716,19 @@ static void pool_free(struct umbp_pool *p) {
   free(p);
 }
 
-UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *pp, umbp_pool **ret_pool) {
-  int rc = umbp_pool_name_valid(name);
-  if (rc) return rc;
-  if (!pp || !ret_pool) return umbp_fail(-EINVAL, "umbp_pool_create: params and ret_pool are required");
+static void index_fallback_note(const char *name) {
+  umbp_log(UMBP_LOG_INFO, "pool '%s': index on 4 KiB pages: %s", name, umbp_last_error());
+}
+
+/* Create with pp->index_pages resolved to HUGE or SMALL. try: HUGE that
+ * cannot be had falls back to the pool's own pages, with a note: before
+ * anything is made (no mount, too few free pages: the usual case) by laying
+ * the pool out as SMALL; if making or mapping the index file fails after
+ * that check (pages taken meanwhile), by keeping the huge layout without its
+ * feature bit, the range mapped from the main file as every other region
+ * (the same file: an attacher already waiting for it is not left behind). */
+static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_pool **ret_pool, bool fallback) {
+  int rc;
   if (pp->capacity == 0)
     return umbp_fail(-EINVAL, "pool capacity is 0: give a size such as --capacity 8GiB");
   if (pp->mempolicy < UMBP_MPOL_BIND || pp->mempolicy > UMBP_MPOL_NONE)
@@ -654,6 +755,21 @@ UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *pp, umbp
   }
   rc = check_fits(pp, &lay, dir, pp->hugepages);
   if (rc) return rc;
+  bool ihuge = (lay.incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE) != 0;
+  uint64_t ioff = 0, ilen = 0;
+  char idir[160], ipath[256] = "";
+  if (ihuge) {
+    umbp_index_huge_range(&lay, &ioff, &ilen);
+    if ((rc = index_huge_where(ilen, idir, sizeof idir))) {
+      if (!fallback) return rc;
+      index_fallback_note(name);
+      umbp_pool_params q = *pp;
+      q.index_pages = UMBP_INDEX_PAGES_SMALL;
+      if ((rc = umbp_layout_compute(&q, nodes, n_nodes, &lay))) return rc;
+      ihuge = false;
+      ioff = ilen = 0;
+    }
+  }
 
   struct umbp_pool *p = pool_new();
   if (!p) return -ENOMEM;
@@ -686,12 +802,51 @@ UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *pp, umbp
     goto fail_unlink;
   }
   p->size = lay.total_size;
-  p->base = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  p->base = ihuge ? map_aligned(fd, p->size, PROT_READ | PROT_WRITE)
+                  : mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p->base == MAP_FAILED) {
     p->base = NULL;
     rc = umbp_fail(errno == ENOMEM ? -ENOMEM : -errno, "cannot map pool '%s' (%llu bytes): %s", name,
                    (unsigned long long)p->size, strerror(errno));
     goto fail_unlink;
+  }
+  if (ihuge) {
+    /* The main file's O_EXCL creation made the name ours: an index file of
+     * that name is a leftover of a pool whose main file was removed alone. */
+    index_file_path(idir, name, ipath, sizeof ipath);
+    (void)unlink(ipath);
+    int ifd = open(ipath, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (ifd < 0) {
+      rc = umbp_fail(-errno, "cannot create the index file %s: %s", ipath, strerror(errno));
+      ipath[0] = '\0';
+    } else {
+      if (fchmod(ifd, mode) != 0) umbp_log(UMBP_LOG_WARN, "fchmod(%o) of %s failed: %s", mode, ipath, strerror(errno));
+      if (pp->group_access && pp->group != (gid_t)-1 && fchown(ifd, (uid_t)-1, pp->group) != 0)
+        rc = umbp_fail(-errno, "cannot give %s to group %u: %s", ipath, (unsigned)pp->group, strerror(errno));
+      else if (ftruncate(ifd, (off_t)ilen) != 0)
+        rc = umbp_fail(-errno, "cannot size the index file %s to %llu bytes: %s", ipath,
+                       (unsigned long long)ilen, strerror(errno));
+      /* MAP_SHARED of hugetlbfs reserves every page now: too few fails
+       * here (ENOMEM), never later as a SIGBUS inside a lookup */
+      else if ((rc = map_index(p, ifd, ioff, ilen, PROT_READ | PROT_WRITE)) != 0)
+        rc = umbp_fail(rc, "cannot map the index file %s (%llu huge pages of 2 MiB): %s; reserve more "
+                           "(sysctl vm.nr_hugepages=N) or use --index-pages small",
+                       ipath, (unsigned long long)(ilen / UMBP_PART_ALIGN), strerror(-rc));
+      close(ifd);
+    }
+    if (rc && fallback) {
+      index_fallback_note(name);
+      if (ipath[0]) unlink(ipath);
+      ipath[0] = '\0';
+      p->index_huge_bytes = 0;
+      lay.incompat_features &= ~UMBP_FEAT_INCOMPAT_INDEX_HUGE;
+      /* a failed MAP_FIXED leaves the range unmapped: the main file's pages there */
+      rc = mmap((char *)p->base + ioff, ilen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, (off_t)ioff) ==
+                   MAP_FAILED
+               ? umbp_fail(-errno, "cannot map pool '%s': %s", name, strerror(errno))
+               : 0;
+    }
+    if (rc) goto fail_unlink;
   }
   p->hdr = p->base;
   advise_metadata(p->base, lay.regions[UMBP_REG_ARENA].offset);
@@ -732,6 +887,7 @@ UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *pp, umbp
   return 0;
 
 fail_unlink:
+  if (ipath[0]) unlink(ipath);
   if (p->hugepages) unlink(p->path);
   else {
     char shm_name[UMBP_NAME_MAX + 8];
@@ -740,6 +896,19 @@ fail_unlink:
   }
   pool_free(p);
   return rc;
+}
+
+UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *pp, umbp_pool **ret_pool) {
+  int rc = umbp_pool_name_valid(name);
+  if (rc) return rc;
+  if (!pp || !ret_pool) return umbp_fail(-EINVAL, "umbp_pool_create: params and ret_pool are required");
+  if (pp->index_pages < UMBP_INDEX_PAGES_TRY || pp->index_pages > UMBP_INDEX_PAGES_SMALL)
+    return umbp_fail(-EINVAL, "unknown index page placement %d: use try, huge or small", pp->index_pages);
+  umbp_pool_params q = *pp;
+  bool fallback = pp->index_pages == UMBP_INDEX_PAGES_TRY && !pp->hugepages;
+  /* a hugepage pool's index is on huge pages already */
+  q.index_pages = pp->hugepages ? UMBP_INDEX_PAGES_SMALL : fallback ? UMBP_INDEX_PAGES_HUGE : pp->index_pages;
+  return pool_create_once(name, &q, ret_pool, fallback);
 }
 
 static void sleep_ms(unsigned ms) {
@@ -774,6 +943,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
     return umbp_fail(fd, "cannot open pool '%s': %s", name, strerror(-fd));
   }
   p->fd = fd;
+  uint64_t ioff = 0, ilen = 0; /* the index on huge pages, from the validated header */
   unsigned timeout = opts->timeout_ms ? opts->timeout_ms : 10000;
   uint64_t deadline = umbp_now_ns() + (uint64_t)timeout * 1000000ull;
   struct stat st;
@@ -794,6 +964,8 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
       int creator = h0->creator_pid;
       if (magic == UMBP_MAGIC) {
         rc = umbp_header_validate(h0, (uint64_t)st.st_size);
+        if (rc == 0 && (h0->incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE))
+          umbp_index_huge_range(h0, &ioff, &ilen);
         munmap((void *)h0, UMBP_HEADER_BYTES);
         if (rc) goto fail;
         break;
@@ -823,18 +995,70 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
     }
     sleep_ms(2);
   }
+  int prot = opts->read_only ? PROT_READ : PROT_READ | PROT_WRITE;
+  int ifd = -1;
+  if (ilen) {
+    char idir[160], ipath[256];
+    if (hugetlbfs_mount(idir, sizeof idir) < 0) {
+      rc = umbp_fail(-ENOENT, "pool '%s' keeps its index on huge pages (umbp-index.%s on a hugetlbfs mount) "
+                              "but no hugetlbfs mount is in /proc/mounts: mount the one it was created on",
+                     name, name);
+      goto fail;
+    }
+    index_file_path(idir, name, ipath, sizeof ipath);
+    ifd = open(ipath, (opts->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW);
+    struct stat ist = {0};
+    if (ifd < 0) {
+      rc = errno == ENOENT
+               ? umbp_fail(-ENOENT, "pool '%s' keeps its index on huge pages in %s, which is missing (removed, or "
+                                    "another hugetlbfs mount comes first in /proc/mounts): the pool cannot be "
+                                    "used; destroy it ('umbp pool destroy %s') and create it again",
+                           name, ipath, name)
+           : errno == EACCES
+               ? umbp_fail(-EACCES, "pool '%s' exists but you may not open its index file %s %s: give it the pool "
+                                    "file's mode and group (chmod/chgrp both files)",
+                           name, ipath, opts->read_only ? "for reading" : "for writing")
+               : umbp_fail(-errno, "cannot open the index file %s of pool '%s': %s", ipath, name, strerror(errno));
+      goto fail;
+    }
+    if (fstat(ifd, &ist) != 0 || (uint64_t)ist.st_size != ilen) {
+      rc = umbp_fail(-EBADMSG, "the index file %s of pool '%s' is %lld bytes, its header says %llu: destroy the "
+                               "pool and create it again",
+                     ipath, name, (long long)ist.st_size, (unsigned long long)ilen);
+      close(ifd);
+      goto fail;
+    }
+  }
   p->size = (size_t)st.st_size;
-  p->base = mmap(NULL, p->size, opts->read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  p->base = ilen ? map_aligned(fd, p->size, prot) : mmap(NULL, p->size, prot, MAP_SHARED, fd, 0);
   if (p->base == MAP_FAILED) {
     p->base = NULL;
     rc = umbp_fail(-errno, "cannot map pool '%s' (%zu bytes): %s", name, p->size, strerror(errno));
+    if (ifd >= 0) close(ifd);
     goto fail;
+  }
+  if (ifd >= 0) {
+    rc = map_index(p, ifd, ioff, ilen, prot);
+    close(ifd);
+    if (rc) {
+      rc = umbp_fail(rc, "cannot map the index of pool '%s' (%llu bytes of huge pages): %s", name,
+                     (unsigned long long)ilen, strerror(-rc));
+      goto fail;
+    }
   }
   p->hdr = p->base;
   advise_metadata(p->base, p->hdr->regions[UMBP_REG_ARENA].offset < p->size ? p->hdr->regions[UMBP_REG_ARENA].offset : 0);
   /* The file could have been replaced between the check and this mapping: check again. */
   rc = umbp_header_validate(p->hdr, p->size);
   if (rc) goto fail;
+  {
+    uint64_t o2 = 0, l2 = 0;
+    if (p->hdr->incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE) umbp_index_huge_range(p->hdr, &o2, &l2);
+    if (o2 != ioff || l2 != ilen) {
+      rc = umbp_fail(-EBADMSG, "pool '%s' was replaced while this process attached to it: attach again", name);
+      goto fail;
+    }
+  }
   p->hugepages = (p->hdr->incompat_features & UMBP_FEAT_INCOMPAT_HUGEPAGES) != 0;
   p->procs = umbp_pool_region(p, UMBP_REG_REGISTRY);
   if (!opts->read_only) {
@@ -868,14 +1092,20 @@ UMBP_API int umbp_pool_destroy(const char *name) {
   if (rc) return rc;
   char shm_name[UMBP_NAME_MAX + 8];
   snprintf(shm_name, sizeof shm_name, "/umbp.%s", name);
-  if (shm_unlink(shm_name) == 0) return 0;
-  int e = errno;
   char dir[160], path[256];
-  if (e == ENOENT && hugetlbfs_mount(dir, sizeof dir) == 0) {
+  bool hdir = hugetlbfs_mount(dir, sizeof dir) == 0;
+  int e = shm_unlink(shm_name) == 0 ? 0 : errno;
+  if (e == ENOENT && hdir) {
     snprintf(path, sizeof path, "%s/umbp.%s", dir, name);
-    if (unlink(path) == 0) return 0;
-    if (errno != ENOENT) e = errno;
+    e = unlink(path) == 0 ? 0 : errno;
   }
+  /* its index file (where it has one), also one left alone by a removal of
+   * the main file only */
+  if ((e == 0 || e == ENOENT) && hdir) {
+    index_file_path(dir, name, path, sizeof path);
+    if (unlink(path) == 0) e = 0;
+  }
+  if (e == 0) return 0;
   if (e == ENOENT) return umbp_fail(-ENOENT, "no pool named '%s' (see 'umbp pool ls')", name);
   if (e == EACCES || e == EPERM)
     return umbp_fail(-EACCES, "cannot remove pool '%s': it belongs to another user", name);
@@ -912,6 +1142,8 @@ UMBP_API int umbp_pool_get_info(umbp_pool *p, umbp_pool_info *out) {
   i.creator_pid = h->creator_pid;
   i.creator_uid = h->creator_uid;
   i.hugepages = p->hugepages;
+  i.index_hugepages = p->index_huge_bytes != 0;
+  i.index_huge_bytes = p->index_huge_bytes;
   i.max_procs = h->max_procs;
   for (unsigned s = 0; s < UMBP_MAX_PROCS; s++) {
     if (atomic_load_explicit(&p->procs[s].state, memory_order_acquire) == UMBP_PROC_FREE) continue;

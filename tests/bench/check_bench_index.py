@@ -134,11 +134,39 @@ def _():
     assert doc["dpdk_note"], "dpdk is false but dpdk_note is empty"
 
 
+def hugetlbfs_dirs():
+    with open("/proc/mounts") as f:
+        return [ln.split()[1] for ln in f if len(ln.split()) > 2 and ln.split()[2] == "hugetlbfs"]
+
+
 @check("the run leaves no pool behind")
 def _():
     r = json_run()
     left = [f for f in os.listdir("/dev/shm") if f.startswith("umbp.umbp-bench-index-%d-" % r["pid"])]
-    assert not left, "pools left in /dev/shm: %s" % left
+    for d in hugetlbfs_dirs():
+        left += [d + "/" + f for f in os.listdir(d) if f.startswith("umbp-index.umbp-bench-index-%d-" % r["pid"])]
+    assert not left, "pools left behind: %s" % left
+
+
+@check("the run says where our index is (--index-pages: try by default, small on 4 KiB pages)")
+def _():
+    doc = json.loads(json_run()["out"])
+    assert doc["ours_index_pages"] in ("2MiB", "4KiB"), doc["ours_index_pages"]
+    assert "--index-pages try" in doc["ours_note"], doc["ours_note"]
+    assert ("on 2 MiB pages" in doc["ours_note"]) == (doc["ours_index_pages"] == "2MiB"), doc["ours_note"]
+    r = run(["bench", "index", "--keys", "4096", "--seconds", "0.02", "--reps", "1", "--lf", "0.5",
+             "--filter", "hit-single-lf0.5-p1", "--impls", "ours", "--index-pages", "small", "--json"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ours_index_pages"] == "4KiB" and "--index-pages small" in doc["ours_note"], doc
+    r = run(["bench", "index", "--keys", "4096", "--seconds", "0.02", "--reps", "1", "--lf", "0.5",
+             "--filter", "hit-single-lf0.5-p1", "--impls", "ours", "--index-pages", "small"])
+    assert r.returncode == 0 and "ours: index on 4 KiB pages (--index-pages small)" in r.stdout, r
+    r = run(["bench", "index", "--keys", "4096", "--seconds", "0.02", "--reps", "1", "--lf", "0.5",
+             "--filter", "hit-single-lf0.5-p1", "--impls", "cds_lfht", "--json"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ours_index_pages"] is None and doc["ours_note"] is None, doc
 
 
 @check("--no-dpdk gives null rte_hash figures and a reason; the table form has a row per case")
@@ -197,11 +225,12 @@ def _():
     r = run(["bench", "index", "--help"])
     assert r.returncode == 0 and r.stdout.startswith("Usage: umbp bench index"), r
     for opt in ("--keys", "--seconds", "--reps", "--lf", "--filter", "--impls", "--seed", "--no-dpdk",
-                "--json", "Exit status", "Example"):
+                "--json", "--index-pages", "--rte-hugepages", "Exit status", "Example"):
         assert opt in r.stdout, "--help does not mention %s" % opt
     for bad in (["bench", "index", "--keys", "0"], ["bench", "index", "--seconds", "-1"],
                 ["bench", "index", "--lf", "1.5"], ["bench", "index", "--impls", "nope"],
-                ["bench", "index", "--bogus"], ["bench", "nosuch"], ["bench"]):
+                ["bench", "index", "--bogus"], ["bench", "index", "--index-pages", "big"],
+                ["bench", "nosuch"], ["bench"]):
         r = run(bad)
         assert r.returncode == 2, "%s: exit %d (want 2)" % (bad, r.returncode)
     r = run(["bench", "--help"])

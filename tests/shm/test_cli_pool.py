@@ -78,6 +78,36 @@ try:
     check("destroy of a missing pool", rc == 1 and "no pool named" in err, err)
     rc, _, err = umbp("pool", "info", name)
     check("info of a missing pool", rc == 1 and "umbp pool create" in err, err)
+    # where the index goes: --index-pages, shown by create, info and info --json
+    rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--index-pages", "big")
+    check("bad --index-pages is a usage error", rc == 2 and "try, huge or small" in err, err)
+    rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault",
+                        "--index-pages", "small")
+    check("create --index-pages small", rc == 0 and "index on 4 KiB pages" in out, out + err)
+    rc, out, err = umbp("pool", "info", name)
+    check("info names the index pages", rc == 0 and "index pages   4 KiB pages" in out, out + err)
+    rc, out, err = umbp("pool", "info", name, "--json")
+    info = json.loads(out) if rc == 0 else {}
+    check("info --json: index on 4 KiB pages", info.get("index_hugepages") is False and info.get("index_huge_bytes") == 0,
+          out + err)
+    umbp("pool", "destroy", name)
+    with open("/proc/mounts") as f:
+        hdirs = [ln.split()[1] for ln in f if ln.split()[2] == "hugetlbfs"]
+    rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault",
+                        "--index-pages", "huge")
+    if rc == 0:
+        rc2, out2, _ = umbp("pool", "info", name, "--json")
+        info = json.loads(out2) if rc2 == 0 else {}
+        path = f"{hdirs[0]}/umbp-index.{name}" if hdirs else ""
+        check("create --index-pages huge: the index file on the hugetlbfs mount",
+              "index on 2 MiB pages" in out and info.get("index_hugepages") is True
+              and info.get("index_huge_bytes") == 2 << 20 and os.path.getsize(path) == 2 << 20, out + out2)
+        rc, out, err = umbp("pool", "destroy", name)
+        check("destroy removes the index file", rc == 0 and not os.path.exists(path), out + err)
+    else:
+        check("create --index-pages huge without huge pages fails naming the fix",
+              rc == 1 and ("nr_hugepages" in err or "hugetlbfs" in err) and "--index-pages small" in err
+              and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
     rc, _, err = umbp("pool", "frobnicate")
     check("unknown subcommand", rc == 2, err)
 finally:

@@ -32,6 +32,40 @@ static umbp_pool *create_small(const char *name) {
 
 static void shm_path(const char *name, char *buf, size_t n) { snprintf(buf, n, "/dev/shm/umbp.%s", name); }
 
+static bool file_exists(const char *dir, const char *prefix, const char *name) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s%s", dir, prefix, name);
+  return access(path, F_OK) == 0;
+}
+
+/* Publish n keys (hash byte i) with their slot's first byte set to i + 1. */
+static void publish_n(umbp_pool *p, unsigned n) {
+  uint32_t ns;
+  assert_int_equal(umbp_ns_register(p, "seg", &ns), 0);
+  for (unsigned i = 0; i < n; i++) {
+    uint32_t s;
+    assert_int_equal(umbp_reserve(p, -1, ns, &s), 0);
+    ((unsigned char *)umbp_slot_ptr(p, s))[0] = (unsigned char)(i + 1);
+    umbp_key k = {.ns = ns, .hash_len = 1, .hash = {(uint8_t)i}};
+    assert_int_equal(umbp_publish(p, s, &k), 0);
+  }
+}
+
+/* Every key publish_n() wrote is found through handle a, with its bytes. */
+static void check_n(umbp_pool *a, unsigned n) {
+  uint32_t ns;
+  assert_int_equal(umbp_ns_lookup(a, "seg", &ns), 0);
+  for (unsigned i = 0; i < n; i++) {
+    umbp_key k = {.ns = ns, .hash_len = 1, .hash = {(uint8_t)i}};
+    assert_int_equal(umbp_contains(a, &k), 1);
+    uint32_t s;
+    if (umbp_pool_proc_slot(a) < 0) continue; /* read-only: no pins */
+    assert_int_equal(umbp_lookup_pin(a, &k, &s), 0);
+    assert_int_equal(((unsigned char *)umbp_slot_ptr(a, s))[0], i + 1);
+    assert_int_equal(umbp_unpin(a, s), 0);
+  }
+}
+
 static void test_lifecycle(void **state) {
   (void)state;
   const char *name = tu_name("life");
@@ -499,6 +533,7 @@ static void test_metadata_populated(void **state) {
   pp.capacity = 64 << 20;
   pp.slot_size = 4096; /* 16384 slots: 8 MiB of metadata, 64 MiB of slots */
   pp.no_prefault = true;
+  pp.index_pages = UMBP_INDEX_PAGES_SMALL; /* all of it in the one /dev/shm mapping (huge: test_index_huge) */
   umbp_pool *p;
   assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
   uint64_t meta = p->hdr->regions[UMBP_REG_ARENA].offset;
@@ -559,6 +594,168 @@ static void test_hugepages_bad_dir(void **state) {
 
 /* Runs only where a hugetlbfs mount with free pages exists (main() checks). */
 static char huge_dir[256];
+
+static long huge_free_pages(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  char line[128];
+  long fr = 0, rs = 0;
+  while (f && fgets(line, sizeof line, f)) {
+    if (!strncmp(line, "HugePages_Free:", 15)) fr = atol(line + 15);
+    if (!strncmp(line, "HugePages_Rsvd:", 15)) rs = atol(line + 15);
+  }
+  if (f) fclose(f);
+  return fr - rs;
+}
+
+/* The index on 2 MiB pages: in umbp-index.NAME, shared by every mapping,
+ * removed with the pool; what goes wrong names the cause and the fix. */
+static void test_index_huge(void **state) {
+  (void)state;
+  const char *name = tu_name("ihuge");
+  umbp_pool_params pp = small_params();
+  pp.index_pages = UMBP_INDEX_PAGES_HUGE;
+  umbp_pool *p;
+  long free0 = huge_free_pages();
+  int rc = umbp_pool_create(name, &pp, &p);
+  if (rc) fprintf(stderr, "create: %s\n", umbp_last_error());
+  assert_int_equal(rc, 0);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
+  assert_true(info.index_hugepages);
+  assert_false(info.hugepages);
+  uint64_t off, len;
+  umbp_index_huge_range(p->hdr, &off, &len);
+  assert_int_equal(info.index_huge_bytes, len);
+  assert_int_equal(huge_free_pages(), free0 - (long)(len >> 21)); /* the index took them, nothing else */
+  char ipath[512];
+  snprintf(ipath, sizeof ipath, "%s/umbp-index.%s", huge_dir, name);
+  struct stat st;
+  assert_int_equal(stat(ipath, &st), 0);
+  assert_int_equal((uint64_t)st.st_size, len);
+  assert_int_equal(st.st_mode & 0777, 0600);
+  /* allocated at creation: every page of the range resident */
+  unsigned char vec[4096];
+  assert_true(len / 4096 <= sizeof vec);
+  assert_int_equal(mincore((char *)p->base + off, len, vec), 0);
+  for (uint64_t i = 0; i < len / 4096; i++) assert_int_equal(vec[i] & 1, 1);
+  /* the buckets are in the hugetlbfs file: its first bytes are the bucket array's */
+  int fd = open(ipath, O_RDONLY);
+  assert_true(fd >= 0);
+  void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+  assert_true(m != MAP_FAILED);
+  publish_n(p, 50);
+  assert_memory_equal(m, (char *)p->base + off, len);
+  munmap(m, len);
+  close(fd);
+  /* another mapping, read-write and read-only, sees the same index */
+  umbp_pool *a;
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), 0);
+  umbp_pool_get_info(a, &info);
+  assert_true(info.index_hugepages);
+  check_n(a, 50);
+  umbp_pool_detach(a);
+  umbp_attach_opts ro;
+  umbp_attach_opts_init(&ro);
+  ro.read_only = true;
+  assert_int_equal(umbp_pool_attach(name, &ro, &a), 0);
+  check_n(a, 50);
+  umbp_pool_detach(a);
+  umbp_pool_detach(p);
+  /* the index file gone: attach refuses, naming it; destroy still removes the pool */
+  char moved[512];
+  snprintf(moved, sizeof moved, "%s/umbp-test-moved.%s", huge_dir, name);
+  assert_int_equal(rename(ipath, moved), 0);
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), -ENOENT);
+  assert_non_null(strstr(umbp_last_error(), "missing"));
+  assert_non_null(strstr(umbp_last_error(), "umbp pool destroy"));
+  /* a truncated one: refused as well */
+  fd = open(moved, O_RDWR);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, 0), 0);
+  close(fd);
+  assert_int_equal(rename(moved, ipath), 0);
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), -EBADMSG);
+  assert_non_null(strstr(umbp_last_error(), "index file"));
+  assert_int_equal(umbp_pool_destroy(name), 0);
+  assert_false(file_exists(huge_dir, "umbp-index.", name));
+  assert_false(file_exists("/dev/shm", "umbp.", name));
+  assert_int_equal(huge_free_pages(), free0);
+
+  /* an index file left behind by removing only the main file: destroy
+   * removes it, and a new pool of that name replaces it */
+  assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
+  umbp_pool_detach(p);
+  char shm[512];
+  snprintf(shm, sizeof shm, "/dev/shm/umbp.%s", name);
+  assert_int_equal(unlink(shm), 0);
+  assert_true(file_exists(huge_dir, "umbp-index.", name));
+  assert_int_equal(umbp_pool_destroy(name), 0);
+  assert_false(file_exists(huge_dir, "umbp-index.", name));
+  assert_int_equal(umbp_pool_destroy(name), -ENOENT);
+  assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
+  umbp_pool_detach(p);
+  assert_int_equal(unlink(shm), 0);
+  assert_int_equal(umbp_pool_create(name, &pp, &p), 0); /* the leftover is replaced */
+  publish_n(p, 5);
+  check_n(p, 5);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+  assert_int_equal(huge_free_pages(), free0);
+
+  /* more index than free huge pages: "huge" fails before anything is made,
+   * naming nr_hugepages; "try" creates the pool with its index on 4 KiB pages */
+  uint64_t slots = (uint64_t)free0 * 32768 + 65536; /* 64 B of metadata a slot: more than free0 pages */
+  if (slots <= UMBP_MAX_SLOTS) {
+    pp.slot_size = 4096;
+    pp.capacity = slots * 4096;
+    pp.no_prefault = true;
+    assert_int_equal(umbp_pool_create(name, &pp, &p), -ENOSPC);
+    assert_non_null(strstr(umbp_last_error(), "nr_hugepages"));
+    assert_non_null(strstr(umbp_last_error(), "--index-pages small"));
+    assert_false(file_exists(huge_dir, "umbp-index.", name));
+    assert_false(file_exists("/dev/shm", "umbp.", name));
+    pp.index_pages = UMBP_INDEX_PAGES_TRY;
+    assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
+    umbp_pool_get_info(p, &info);
+    assert_false(info.index_hugepages);
+    assert_false(file_exists(huge_dir, "umbp-index.", name));
+    umbp_pool_detach(p);
+    assert_int_equal(umbp_pool_destroy(name), 0);
+  } else {
+    fprintf(stderr, "# %ld free huge pages hold the largest index: the fallback is not checked\n", free0);
+  }
+  /* placing the index fails after the free-page check (here: a directory
+   * where the index file goes): "huge" fails and leaves nothing; "try" makes
+   * the pool with its index on the pool's own pages, usable by every handle */
+  pp = small_params();
+  char dpath[512];
+  snprintf(dpath, sizeof dpath, "%s/umbp-index.%s", huge_dir, name);
+  assert_int_equal(mkdir(dpath, 0700), 0);
+  pp.index_pages = UMBP_INDEX_PAGES_HUGE;
+  assert_true(umbp_pool_create(name, &pp, &p) < 0);
+  assert_non_null(strstr(umbp_last_error(), "index file"));
+  assert_false(file_exists("/dev/shm", "umbp.", name));
+  pp.index_pages = UMBP_INDEX_PAGES_TRY;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
+  umbp_pool_get_info(p, &info);
+  assert_false(info.index_hugepages);
+  assert_int_equal(p->hdr->incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE, 0);
+  publish_n(p, 30);
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), 0);
+  check_n(a, 30);
+  umbp_pool_detach(a);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+  assert_int_equal(rmdir(dpath), 0);
+  assert_int_equal(huge_free_pages(), free0);
+  /* "try" with pages free: on huge pages */
+  pp = small_params();
+  assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
+  umbp_pool_get_info(p, &info);
+  assert_true(info.index_hugepages);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
 static void test_hugepages(void **state) {
   (void)state;
   const char *name = tu_name("huge");
@@ -587,6 +784,77 @@ static void test_hugepages(void **state) {
   pp.slot_size = 1 << 20;
   assert_int_equal(umbp_pool_create(name, &pp, &p), -ENOSPC);
   assert_non_null(strstr(umbp_last_error(), "nr_hugepages"));
+}
+
+static void test_index_pages_small(void **state) {
+  (void)state;
+  const char *name = tu_name("ismall");
+  umbp_pool_params pp = small_params();
+  pp.index_pages = UMBP_INDEX_PAGES_SMALL;
+  umbp_pool *p;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
+  assert_false(info.index_hugepages);
+  assert_int_equal(info.index_huge_bytes, 0);
+  assert_int_equal(p->hdr->incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE, 0);
+  publish_n(p, 20);
+  umbp_pool *a;
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), 0);
+  check_n(a, 20);
+  umbp_pool_detach(a);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+  /* an unknown placement is refused, naming the choices */
+  pp.index_pages = 7;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "try, huge or small"));
+  assert_false(file_exists("/dev/shm", "umbp.", name));
+}
+
+/* The huge-index layout: buckets and slot metadata on whole 2 MiB pages of
+ * their own, between the other regions; a header that says otherwise is refused. */
+static void test_layout_index_huge(void **state) {
+  (void)state;
+  umbp_pool_params pp = small_params();
+  pp.index_pages = UMBP_INDEX_PAGES_HUGE;
+  int nodes[2] = {0, 1};
+  struct umbp_shm_header h;
+  assert_int_equal(umbp_layout_compute(&pp, nodes, 2, &h), 0);
+  assert_true(h.incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE);
+  uint64_t off, len;
+  umbp_index_huge_range(&h, &off, &len);
+  assert_int_equal(off, h.regions[UMBP_REG_BUCKETS].offset);
+  assert_int_equal(off % UMBP_PART_ALIGN, 0);
+  assert_int_equal(len % UMBP_PART_ALIGN, 0);
+  assert_true(off + len >= h.regions[UMBP_REG_SLOTMETA].offset + h.regions[UMBP_REG_SLOTMETA].size);
+  assert_true(off + len <= h.regions[UMBP_REG_PINS].offset);
+  assert_true(off >= h.regions[UMBP_REG_INDEXHDR].offset + h.regions[UMBP_REG_INDEXHDR].size);
+  for (int r = 0; r + 1 < UMBP_REG_COUNT; r++)
+    assert_true(h.regions[r].offset + h.regions[r].size <= h.regions[r + 1].offset);
+  h.header_checksum = umbp_header_checksum(&h);
+  atomic_store(&h.magic, UMBP_MAGIC);
+  assert_int_equal(umbp_header_validate(&h, h.total_size), 0);
+  /* with a whole-hugepage pool's bit too: refused */
+  struct umbp_shm_header g = h;
+  g.incompat_features |= UMBP_FEAT_INCOMPAT_HUGEPAGES;
+  g.header_checksum = umbp_header_checksum(&g);
+  assert_int_equal(umbp_header_validate(&g, g.total_size), -EBADMSG);
+  assert_non_null(strstr(umbp_last_error(), "huge pages"));
+  /* buckets off their 2 MiB boundary: refused */
+  g = h;
+  g.regions[UMBP_REG_BUCKETS].offset += 4096;
+  g.header_checksum = umbp_header_checksum(&g);
+  assert_int_equal(umbp_header_validate(&g, g.total_size), -EBADMSG);
+  /* the range running into the pins: refused */
+  g = h;
+  g.regions[UMBP_REG_PINS].offset = off + len - 4096;
+  g.header_checksum = umbp_header_checksum(&g);
+  assert_int_equal(umbp_header_validate(&g, g.total_size), -EBADMSG);
+  /* a whole-hugepage pool ignores the choice: its index is on huge pages already */
+  pp.hugepages = true;
+  assert_int_equal(umbp_layout_compute(&pp, nodes, 2, &h), 0);
+  assert_int_equal(h.incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE, 0);
 }
 
 static void test_layout_compute(void **state) {
@@ -639,6 +907,8 @@ int main(void) {
       cmocka_unit_test(test_prefault_progress),
       cmocka_unit_test(test_metadata_populated),
       cmocka_unit_test(test_hugepages_bad_dir),
+      cmocka_unit_test(test_index_pages_small),
+      cmocka_unit_test(test_layout_index_huge),
   };
   const struct CMUnitTest mp_tests[] = {
       cmocka_unit_test(test_two_processes_share),
@@ -646,7 +916,7 @@ int main(void) {
       cmocka_unit_test(test_pid_reuse),
   };
   const struct CMUnitTest uid_tests[] = {cmocka_unit_test(test_other_uid_kept_out)};
-  const struct CMUnitTest huge_tests[] = {cmocka_unit_test(test_hugepages)};
+  const struct CMUnitTest huge_tests[] = {cmocka_unit_test(test_hugepages), cmocka_unit_test(test_index_huge)};
   const char *which = getenv("UMBP_TEST_GROUP");
   if (which && !strcmp(which, "mp")) return cmocka_run_group_tests_name("segment-mp", mp_tests, NULL, NULL);
   /* Tests that need something of the machine say so as a TAP skip of the
@@ -659,13 +929,7 @@ int main(void) {
     return cmocka_run_group_tests_name("segment-uid", uid_tests, NULL, NULL);
   }
   if (which && !strcmp(which, "hugepages")) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[128];
-    long free_pages = 0;
-    while (f && fgets(line, sizeof line, f))
-      if (!strncmp(line, "HugePages_Free:", 15)) free_pages = atol(line + 15);
-    if (f) fclose(f);
-    if (hugetlbfs_dir(huge_dir, sizeof huge_dir) != 0 || free_pages < 12) {
+    if (hugetlbfs_dir(huge_dir, sizeof huge_dir) != 0 || huge_free_pages() < 12) {
       printf("1..0 # SKIP needs a hugetlbfs mount and >= 12 free 2 MiB huge pages (CI sets them up as root)\n");
       return 0;
     }

@@ -109,6 +109,8 @@ struct opts {
   const char *filter; /* comma-separated substrings of case names; NULL: all */
   bool impl_on[IMPL_N];
   bool no_dpdk;
+  bool rte_huge;   /* EAL on 2 MiB pages (--in-memory) instead of --no-huge */
+  int index_pages; /* enum umbp_index_pages of our pools */
 };
 
 struct case_res {
@@ -477,6 +479,8 @@ struct bench {
 
 static bool g_dpdk;                 /* EAL is up */
 static char g_dpdk_note[256];       /* why rte_hash is not measured, or its version */
+static char g_ours_note[256];       /* where our pool's index lives */
+static bool g_ours_index_huge;
 static char g_pool_names[MAX_LF][UMBP_NAME_MAX + 1];
 static volatile sig_atomic_t g_child_pid;
 
@@ -838,6 +842,7 @@ static int ours_setup(struct bench *b, unsigned lf_idx) {
   pp.capacity = b->n * 4096;
   pp.slot_size = 4096;
   pp.no_prefault = true;
+  pp.index_pages = b->o->index_pages;
   snprintf(b->pool_name, sizeof b->pool_name, "umbp-bench-index-%d-%u", (int)getpid(), lf_idx);
   int rc = umbp_pool_create(b->pool_name, &pp, &b->pool);
   if (rc) {
@@ -846,6 +851,17 @@ static int ours_setup(struct bench *b, unsigned lf_idx) {
     return rc;
   }
   snprintf(g_pool_names[lf_idx], sizeof g_pool_names[lf_idx], "%s", b->pool_name);
+  umbp_pool_info info;
+  if (umbp_pool_get_info(b->pool, &info) == 0) {
+    static const char *mode[] = {"try", "huge", "small"};
+    g_ours_index_huge = info.index_hugepages;
+    if (info.index_hugepages)
+      snprintf(g_ours_note, sizeof g_ours_note, "index (bucket array, slot metadata: %llu MiB) on 2 MiB pages "
+               "(--index-pages %s)", (unsigned long long)(info.index_huge_bytes >> 20), mode[b->o->index_pages]);
+    else
+      snprintf(g_ours_note, sizeof g_ours_note, "index on 4 KiB pages (--index-pages %s%s)", mode[b->o->index_pages],
+               b->o->index_pages == UMBP_INDEX_PAGES_TRY ? ": too few free 2 MiB huge pages, see README" : "");
+  }
   if ((rc = umbp_ns_register(b->pool, "bench", &b->ns))) {
     cli_error("bench index: %s", umbp_last_error());
     return rc;
@@ -1235,9 +1251,10 @@ static void dpdk_start(const struct opts *o) {
    * one table with its key store, ring and defer queue, plus slack */
   char mem[32];
   snprintf(mem, sizeof mem, "%llu", (unsigned long long)(128 + (o->keys * 320 >> 20)));
-  char *args[] = {"umbp-bench", "--no-huge",   "--no-pci", "--no-shconf", "--no-telemetry",
-                  "-l",         lcores,        "-m",       mem,           "--log-level=lib.eal:error",
-                  NULL};
+  /* --rte-hugepages: the EAL heap (rte_hash's buckets and key store) on
+   * 2 MiB pages, taken with MAP_HUGETLB and no files (--in-memory) */
+  char *args[] = {"umbp-bench", o->rte_huge ? "--in-memory" : "--no-huge", "--no-pci", "--no-shconf",
+                  "--no-telemetry", "-l", lcores, "-m", mem, "--log-level=lib.eal:error", NULL};
   int argc = (int)(sizeof args / sizeof args[0]) - 1;
   rte_openlog_stream(stderr); /* stdout carries the table or the JSON */
   int rc = rte_eal_init(argc, args);
@@ -1249,8 +1266,8 @@ static void dpdk_start(const struct opts *o) {
     return;
   }
   g_dpdk = true;
-  snprintf(g_dpdk_note, sizeof g_dpdk_note, "%s, EAL --no-huge --no-pci --no-shconf -l %s -m %s", rte_version(),
-           lcores, mem);
+  snprintf(g_dpdk_note, sizeof g_dpdk_note, "%s, EAL %s --no-pci --no-shconf -l %s -m %s", rte_version(),
+           o->rte_huge ? "--in-memory (2 MiB pages)" : "--no-huge", lcores, mem);
 #else
   (void)o;
   snprintf(g_dpdk_note, sizeof g_dpdk_note,
@@ -1286,6 +1303,7 @@ static void print_table(const struct opts *o) {
          "pairs for churn-*); ratios: medians of each repetition's ratio\n",
          (unsigned long long)o->keys, o->reps, o->seconds);
   printf("rte_hash: %s\n", g_dpdk_note);
+  if (g_ours_note[0]) printf("ours: %s\n", g_ours_note);
   printf("%-28s %9s %9s %9s %9s %9s\n", "case", "ours", "rte_hash", "cds_lfht", "ours/rte", "ours/lfht");
   /* [0]: the lookup cases the target names (hits and misses, single and
    * bulk); [1]: pin-* and churn-* rows, compared with the references' plain
@@ -1340,6 +1358,13 @@ static void print_json(const struct opts *o) {
   json_dbl(&j, "seconds", o->seconds);
   json_bool(&j, "dpdk", g_dpdk);
   json_str(&j, "dpdk_note", g_dpdk_note);
+  if (g_ours_note[0]) {
+    json_str(&j, "ours_index_pages", g_ours_index_huge ? "2MiB" : "4KiB");
+    json_str(&j, "ours_note", g_ours_note);
+  } else {
+    json_null(&j, "ours_index_pages");
+    json_null(&j, "ours_note");
+  }
   json_arr(&j, "cases");
   for (unsigned i = 0; i < n_cases; i++) {
     const struct case_res *c = &cases[i];
@@ -1373,6 +1398,7 @@ static void print_json(const struct opts *o) {
 static const char *usage_text =
     "Usage: umbp bench index [--keys N] [--seconds S] [--reps R] [--lf LIST]\n"
     "                        [--filter LIST] [--impls LIST] [--seed N] [--no-dpdk] [--json]\n"
+    "                        [--index-pages try|huge|small] [--rte-hugepages]\n"
     "\n"
     "Measure lookup throughput of the block index for hits and misses, one key per\n"
     "call and 32 keys per call, at each load factor, with 1 and 2 processes; and the\n"
@@ -1389,6 +1415,13 @@ static const char *usage_text =
     "loop prefetches that stream 64 keys ahead alike, so keys come from cache, as in\n"
     "a scheduler that has just hashed them (an umbp_key is 48 bytes, a reference key\n"
     "32: read from memory, the stream alone would cost ours more).\n"
+    "\n"
+    "Pages. Our pools are created with the pool default --index-pages try: the\n"
+    "bucket array and slot metadata (72 MiB for N = 1M) go on 2 MiB pages when a\n"
+    "hugetlbfs mount has enough free (sysctl vm.nr_hugepages), else on 4 KiB\n"
+    "pages; the line 'ours:' says which. rte_hash and cds_lfht use 4 KiB pages\n"
+    "(EAL --no-huge; malloc). --index-pages small measures ours on 4 KiB pages,\n"
+    "--rte-hugepages rte_hash on 2 MiB pages.\n"
     "\n"
     "Calls timed. ours: umbp_contains / umbp_contains_bulk (32 keys); pin-* rows:\n"
     "umbp_lookup_pin + umbp_unpin and umbp_lookup_pin_bulk + umbp_unpin_bulk.\n"
@@ -1427,6 +1460,10 @@ static const char *usage_text =
     "                  e.g. --impls ours under a profiler.\n"
     "  --seed N        seed of the keys and of the access order; default 1.\n"
     "  --no-dpdk       do not start DPDK's EAL; rte_hash columns stay empty.\n"
+    "  --index-pages M our pools' index pages: try (default), huge (2 MiB pages or\n"
+    "                  fail), small (4 KiB pages); see Pages.\n"
+    "  --rte-hugepages start DPDK's EAL on 2 MiB pages (--in-memory, -m as below)\n"
+    "                  instead of --no-huge: rte_hash's table on huge pages too.\n"
     "  --json          print one JSON object instead of the table.\n"
     "  -h, --help      this text.\n"
     "\n"
@@ -1444,14 +1481,17 @@ static const char *usage_text =
     "\n"
     "JSON (--json): {\"keys\":N, \"reps\":R, \"seconds\":S, \"dpdk\":true|false,\n"
     "\"dpdk_note\":\"DPDK version and EAL arguments, or why rte_hash was not\n"
-    "measured\", \"cases\":[{\"name\":\"hit-single-lf0.5-p1\", \"unit\":\"Mlookups/s\"|\n"
+    "measured\", \"ours_index_pages\":\"2MiB\"|\"4KiB\", \"ours_note\":\"the 'ours:'\n"
+    "line\" (both null when ours was not measured),\n"
+    "\"cases\":[{\"name\":\"hit-single-lf0.5-p1\", \"unit\":\"Mlookups/s\"|\n"
     "\"Mpairs/s\", \"ours_mops\":x, \"rte_hash_mops\":x, \"cds_lfht_mops\":x,\n"
     "\"ratio_rte_hash\":x, \"ratio_cds_lfht\":x, \"ours_reps\":[x, ...], \"rte_hash_reps\":\n"
     "[...], \"cds_lfht_reps\":[...]}, ...]} (the *_reps: each repetition's figure, in\n"
     "order); a figure not measured is null.\n"
     "\n"
     "rte_hash needs DPDK (Debian's libdpdk-dev) at build time; its EAL is started\n"
-    "with --no-huge --no-pci --no-shconf --no-telemetry on two of this process's\n"
+    "with --no-huge (--in-memory with --rte-hugepages) --no-pci --no-shconf\n"
+    "--no-telemetry on two of this process's\n"
     "CPUs. Without DPDK, or when EAL fails, the benchmark says why (dpdk_note) and\n"
     "still runs ours against cds_lfht.\n"
     "\n"
@@ -1486,13 +1526,14 @@ int bench_index_main(int argc, char **argv) {
   o.n_lf = 2;
   for (int i = 0; i < IMPL_N; i++) o.impl_on[i] = true;
 
-  enum { O_KEYS = 256, O_SECONDS, O_REPS, O_LF, O_FILTER, O_IMPLS, O_SEED, O_NODPDK, O_JSON };
+  enum { O_KEYS = 256, O_SECONDS, O_REPS, O_LF, O_FILTER, O_IMPLS, O_SEED, O_NODPDK, O_JSON, O_IPAGES, O_RTEHUGE };
   static const struct option lo[] = {
       {"keys", required_argument, NULL, O_KEYS},     {"seconds", required_argument, NULL, O_SECONDS},
       {"reps", required_argument, NULL, O_REPS},     {"lf", required_argument, NULL, O_LF},
       {"filter", required_argument, NULL, O_FILTER}, {"impls", required_argument, NULL, O_IMPLS},
       {"seed", required_argument, NULL, O_SEED},     {"no-dpdk", no_argument, NULL, O_NODPDK},
       {"json", no_argument, NULL, O_JSON},           {"help", no_argument, NULL, 'h'},
+      {"index-pages", required_argument, NULL, O_IPAGES}, {"rte-hugepages", no_argument, NULL, O_RTEHUGE},
       {NULL, 0, NULL, 0}};
   optind = 1;
   int c;
@@ -1553,8 +1594,15 @@ int bench_index_main(int argc, char **argv) {
     case O_NODPDK:
       o.no_dpdk = true;
       break;
+    case O_RTEHUGE:
+      o.rte_huge = true;
+      break;
     case O_JSON:
       o.json = true;
+      break;
+    case O_IPAGES:
+      if (cli_parse_index_pages(optarg, &o.index_pages))
+        return cli_usage_error("bench index", "--index-pages '%s': use try, huge or small", optarg);
       break;
     case 'h':
       fputs(usage_text, stdout);
