@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "shm/pool_internal.h" /* umbp_hugetlbfs_mount */
 #include "umbp/index.h"
 #include "umbp/pool.h"
 #include "umbp/topo.h"
@@ -94,8 +95,13 @@ static const char *destroy_usage =
 static const char *ls_usage =
     "Usage: umbp pool ls [--json]\n"
     "\n"
-    "List the pools on this host (/dev/shm/umbp.* and hugetlbfs mounts) with their\n"
-    "size, slots and attached processes.\n"
+    "List the pools on this host (/dev/shm/umbp.*, and umbp.* on the hugetlbfs\n"
+    "mount for --hugepages pools) with their size, slots, where their index is\n"
+    "(INDEX: 2M on 2 MiB pages, 4K on 4 KiB pages) and attached processes; and index\n"
+    "files left without their pool (umbp-index.NAME on the hugetlbfs mount, after\n"
+    "/dev/shm/umbp.NAME was removed alone), which 'umbp pool destroy NAME' removes.\n"
+    "JSON: one object a row: name, slot_count, slot_size, total_bytes, procs_alive,\n"
+    "procs_dead, hugepages, index_hugepages, status (\"ok\" or what is wrong).\n"
     "\n"
     "Exit status: 0; 1 on a runtime error; 2 usage error.\n";
 
@@ -482,6 +488,55 @@ static int pool_info(int argc, char **argv) {
   return CLI_OK;
 }
 
+/* One row of `pool ls` for the pool file umbp.NAME, or for an index file
+ * umbp-index.NAME whose pool is gone (leftover: its path). */
+static void ls_row(const char *name, const char *leftover, bool json, struct json *j) {
+  if (leftover) {
+    char msg[700];
+    snprintf(msg, sizeof msg, "leftover index file %s, no pool: 'umbp pool destroy %s' removes it", leftover, name);
+    if (json) {
+      json_obj(j, NULL);
+      json_str(j, "name", name);
+      json_str(j, "status", msg);
+      json_end_obj(j);
+    } else {
+      printf("%-24s %10s %10s %8s %5s %6s  %s\n", name, "-", "-", "-", "-", "-", msg);
+    }
+    return;
+  }
+  umbp_pool *p;
+  int rc = attach_ro(name, &p);
+  umbp_pool_info info;
+  if (rc == 0) umbp_pool_get_info(p, &info);
+  char a[32], b[32];
+  if (json) {
+    json_obj(j, NULL);
+    json_str(j, "name", name);
+    if (rc == 0) {
+      json_u64(j, "slot_count", info.slot_count);
+      json_u64(j, "slot_size", info.slot_size);
+      json_u64(j, "total_bytes", info.total_size);
+      json_u64(j, "procs_alive", info.procs_live);
+      json_u64(j, "procs_dead", info.procs_dead);
+      json_bool(j, "hugepages", info.hugepages);
+      json_bool(j, "index_hugepages", info.hugepages || info.index_hugepages);
+      json_str(j, "status", "ok");
+    } else {
+      json_str(j, "status", umbp_last_error());
+    }
+    json_end_obj(j);
+  } else if (rc == 0) {
+    char procs[16];
+    snprintf(procs, sizeof procs, "%u", info.procs_live);
+    printf("%-24s %10u %10s %8s %5s %6s  %s\n", name, info.slot_count, cli_fmt_size(info.slot_size, a, sizeof a),
+           cli_fmt_size(info.total_size, b, sizeof b), info.hugepages || info.index_hugepages ? "2M" : "4K", procs,
+           info.procs_dead ? "has dead processes (umbp pool reap)" : "ok");
+  } else {
+    printf("%-24s %10s %10s %8s %5s %6s  %s\n", name, "-", "-", "-", "-", "-", umbp_last_error());
+  }
+  if (rc == 0) umbp_pool_detach(p);
+}
+
 static int pool_ls(int argc, char **argv) {
   if (want_help(argc, argv)) {
     fputs(ls_usage, stdout);
@@ -492,7 +547,11 @@ static int pool_ls(int argc, char **argv) {
     if (!strcmp(argv[i], "--json")) json = true;
     else return cli_usage_error("pool ls", "unexpected argument '%s'", argv[i]);
   }
-  DIR *d = opendir("/dev/shm");
+  /* pools: /dev/shm/umbp.NAME and, made with --hugepages, umbp.NAME on the
+   * hugetlbfs mount, where index files umbp-index.NAME also live */
+  char hdir[256];
+  const char *dirs[2] = {"/dev/shm", umbp_hugetlbfs_mount(hdir, sizeof hdir) == 0 ? hdir : NULL};
+  DIR *d = opendir(dirs[0]);
   if (!d) {
     cli_error("cannot list /dev/shm: %s", strerror(errno));
     return CLI_RUNTIME;
@@ -502,45 +561,30 @@ static int pool_ls(int argc, char **argv) {
     json_begin(&j, stdout);
     json_arr(&j, NULL);
   } else {
-    printf("%-24s %10s %10s %8s %6s  %s\n", "NAME", "SLOTS", "SLOT", "SEGMENT", "PROCS", "STATUS");
+    printf("%-24s %10s %10s %8s %5s %6s  %s\n", "NAME", "SLOTS", "SLOT", "SEGMENT", "INDEX", "PROCS", "STATUS");
   }
-  struct dirent *e;
   int count = 0;
-  while ((e = readdir(d))) {
-    if (strncmp(e->d_name, "umbp.", 5)) continue;
-    const char *name = e->d_name + 5;
-    if (umbp_pool_name_valid(name)) continue;
-    count++;
-    umbp_pool *p;
-    int rc = attach_ro(name, &p);
-    umbp_pool_info info;
-    if (rc == 0) umbp_pool_get_info(p, &info);
-    char a[32], b[32];
-    if (json) {
-      json_obj(&j, NULL);
-      json_str(&j, "name", name);
-      if (rc == 0) {
-        json_u64(&j, "slot_count", info.slot_count);
-        json_u64(&j, "slot_size", info.slot_size);
-        json_u64(&j, "total_bytes", info.total_size);
-        json_u64(&j, "procs_alive", info.procs_live);
-        json_u64(&j, "procs_dead", info.procs_dead);
-        json_str(&j, "status", "ok");
-      } else {
-        json_str(&j, "status", umbp_last_error());
+  for (int di = 0; di < 2; di++) {
+    if (di == 1 && (!dirs[1] || !(d = opendir(dirs[1])))) break;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      const char *name = NULL;
+      char leftover[600] = "";
+      if (!strncmp(e->d_name, "umbp.", 5)) {
+        name = e->d_name + 5;
+      } else if (di == 1 && !strncmp(e->d_name, "umbp-index.", 11)) {
+        name = e->d_name + 11;
+        char main_path[600];
+        snprintf(main_path, sizeof main_path, "/dev/shm/umbp.%s", name);
+        if (access(main_path, F_OK) == 0) continue; /* listed with its pool */
+        snprintf(leftover, sizeof leftover, "%s/%s", dirs[1], e->d_name);
       }
-      json_end_obj(&j);
-    } else if (rc == 0) {
-      char procs[16];
-      snprintf(procs, sizeof procs, "%u", info.procs_live);
-      printf("%-24s %10u %10s %8s %6s  %s\n", name, info.slot_count, cli_fmt_size(info.slot_size, a, sizeof a),
-             cli_fmt_size(info.total_size, b, sizeof b), procs, info.procs_dead ? "has dead processes (umbp pool reap)" : "ok");
-    } else {
-      printf("%-24s %10s %10s %8s %6s  %s\n", name, "-", "-", "-", "-", umbp_last_error());
+      if (!name || umbp_pool_name_valid(name)) continue;
+      count++;
+      ls_row(name, leftover[0] ? leftover : NULL, json, &j);
     }
-    if (rc == 0) umbp_pool_detach(p);
+    closedir(d);
   }
-  closedir(d);
   if (json) {
     json_end_arr(&j);
     json_finish(&j);

@@ -69,6 +69,8 @@ int umbp_layout_compute(const umbp_pool_params *params, const int *nodes, unsign
  * -EBADMSG with a message. Never reads outside [hdr, hdr + UMBP_HEADER_BYTES). */
 int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size);
 uint64_t umbp_abi_fingerprint(void);
+/* The first hugetlbfs mount in /proc/mounts into out: 0, or -ENOENT. */
+int umbp_hugetlbfs_mount(char *out, size_t n);
 uint64_t umbp_header_checksum(const struct umbp_shm_header *h);
 
 #endif

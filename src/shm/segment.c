@@ -333,7 +333,7 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
 }
 
 /* ---- paths ---------------------------------------------------------------- */
-static int hugetlbfs_mount(char *out, size_t n) {
+int umbp_hugetlbfs_mount(char *out, size_t n) {
   FILE *f = fopen("/proc/mounts", "re");
   if (!f) return -ENOENT;
   char dev[256], dir[256], type[64];
@@ -355,7 +355,7 @@ static int open_pool_file(const char *name, int flags, mode_t mode, bool hugepag
   char dir[160];
   if (hugepages) {
     if (hdir) snprintf(dir, sizeof dir, "%s", hdir);
-    else if (hugetlbfs_mount(dir, sizeof dir) < 0)
+    else if (umbp_hugetlbfs_mount(dir, sizeof dir) < 0)
       return umbp_fail(-ENOENT, "--hugepages needs a hugetlbfs mount and none is in /proc/mounts: "
                                 "mount one (mount -t hugetlbfs none /dev/hugepages) and reserve pages "
                                 "(sysctl vm.nr_hugepages=N), or drop --hugepages");
@@ -369,7 +369,7 @@ static int open_pool_file(const char *name, int flags, mode_t mode, bool hugepag
   int fd = shm_open(shm_name, flags | O_NOFOLLOW, mode);
   if (fd >= 0 || errno != ENOENT || (flags & O_CREAT)) return fd < 0 ? -errno : fd;
   /* not in /dev/shm: maybe a hugepage pool */
-  if (hugetlbfs_mount(dir, sizeof dir) == 0) {
+  if (umbp_hugetlbfs_mount(dir, sizeof dir) == 0) {
     char hp[256];
     snprintf(hp, sizeof hp, "%s/umbp.%s", dir, name);
     fd = open(hp, flags | O_CLOEXEC | O_NOFOLLOW, mode);
@@ -484,7 +484,7 @@ static uint64_t huge_free_bytes(const char *dir) {
 /* Can an index of `len` bytes go on huge pages? 0 with *dir set, or a
  * negative errno with a message naming the cause and the fix. */
 static int index_huge_where(uint64_t len, char *dir, size_t n) {
-  if (hugetlbfs_mount(dir, n) < 0)
+  if (umbp_hugetlbfs_mount(dir, n) < 0)
     return umbp_fail(-ENOENT, "the index on huge pages needs a hugetlbfs mount and none is in /proc/mounts: mount "
                               "one (mount -t hugetlbfs none /dev/hugepages) and reserve pages (sysctl "
                               "vm.nr_hugepages=N), or use --index-pages small");
@@ -746,7 +746,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
     if (pp->hugetlbfs_dir && strlen(pp->hugetlbfs_dir) >= sizeof dir)
       return umbp_fail(-EINVAL, "hugetlbfs directory path is longer than %zu bytes", sizeof dir - 1);
     if (pp->hugetlbfs_dir) snprintf(dir, sizeof dir, "%s", pp->hugetlbfs_dir);
-    else if (hugetlbfs_mount(dir, sizeof dir) < 0)
+    else if (umbp_hugetlbfs_mount(dir, sizeof dir) < 0)
       return umbp_fail(-ENOENT, "--hugepages needs a hugetlbfs mount and none is in /proc/mounts: mount "
                                 "one (mount -t hugetlbfs none /dev/hugepages) and reserve pages (sysctl "
                                 "vm.nr_hugepages=N), or drop --hugepages");
@@ -999,7 +999,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
   int ifd = -1;
   if (ilen) {
     char idir[160], ipath[256];
-    if (hugetlbfs_mount(idir, sizeof idir) < 0) {
+    if (umbp_hugetlbfs_mount(idir, sizeof idir) < 0) {
       rc = umbp_fail(-ENOENT, "pool '%s' keeps its index on huge pages (umbp-index.%s on a hugetlbfs mount) "
                               "but no hugetlbfs mount is in /proc/mounts: mount the one it was created on",
                      name, name);
@@ -1093,7 +1093,7 @@ UMBP_API int umbp_pool_destroy(const char *name) {
   char shm_name[UMBP_NAME_MAX + 8];
   snprintf(shm_name, sizeof shm_name, "/umbp.%s", name);
   char dir[160], path[256];
-  bool hdir = hugetlbfs_mount(dir, sizeof dir) == 0;
+  bool hdir = umbp_hugetlbfs_mount(dir, sizeof dir) == 0;
   int e = shm_unlink(shm_name) == 0 ? 0 : errno;
   if (e == ENOENT && hdir) {
     snprintf(path, sizeof path, "%s/umbp.%s", dir, name);

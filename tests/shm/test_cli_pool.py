@@ -90,6 +90,13 @@ try:
     info = json.loads(out) if rc == 0 else {}
     check("info --json: index on 4 KiB pages", info.get("index_hugepages") is False and info.get("index_huge_bytes") == 0,
           out + err)
+    rc, out, err = umbp("pool", "ls")
+    row = [ln for ln in out.splitlines() if ln.split()[:1] == [name]]
+    check("ls: INDEX column says 4K", rc == 0 and "INDEX" in out and len(row) == 1 and row[0].split()[6] == "4K",
+          out + err)
+    rc, out, _ = umbp("pool", "ls", "--json")
+    row = [r for r in json.loads(out) if r["name"] == name] if rc == 0 else []
+    check("ls --json: index_hugepages false", len(row) == 1 and row[0]["index_hugepages"] is False, out)
     umbp("pool", "destroy", name)
     with open("/proc/mounts") as f:
         hdirs = [ln.split()[1] for ln in f if ln.split()[2] == "hugetlbfs"]
@@ -102,8 +109,29 @@ try:
         check("create --index-pages huge: the index file on the hugetlbfs mount",
               "index on 2 MiB pages" in out and info.get("index_hugepages") is True
               and info.get("index_huge_bytes") == 2 << 20 and os.path.getsize(path) == 2 << 20, out + out2)
+        rc, out, err = umbp("pool", "ls")
+        row = [ln for ln in out.splitlines() if ln.split()[:1] == [name]]
+        check("ls: INDEX column says 2M", len(row) == 1 and row[0].split()[6] == "2M", out + err)
         rc, out, err = umbp("pool", "destroy", name)
         check("destroy removes the index file", rc == 0 and not os.path.exists(path), out + err)
+        # the main file removed alone: ls names the leftover index file, destroy removes it
+        umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault",
+             "--index-pages", "huge")
+        os.unlink(f"/dev/shm/umbp.{name}")
+        rc, out, err = umbp("pool", "ls")
+        check("ls names a leftover index file and the fix",
+              rc == 0 and f"leftover index file {path}" in out and f"umbp pool destroy {name}" in out, out + err)
+        rc, out, err = umbp("pool", "destroy", name)
+        rc2, out2, _ = umbp("pool", "ls")
+        check("destroy removes a leftover index file", rc == 0 and not os.path.exists(path) and name not in out2,
+              out + err + out2)
+        # a whole-hugepage pool is listed from the hugetlbfs mount
+        rc, out, err = umbp("pool", "create", name, "--capacity", "4MiB", "--slot-size", "64KiB", "--hugepages", "-q")
+        rc2, out2, _ = umbp("pool", "ls")
+        row = [ln for ln in out2.splitlines() if ln.split()[:1] == [name]]
+        check("ls lists a --hugepages pool", rc == 0 and len(row) == 1 and row[0].split()[6] == "2M"
+              and row[0].endswith("ok"), out + err + out2)
+        umbp("pool", "destroy", name)
     else:
         check("create --index-pages huge without huge pages fails naming the fix",
               rc == 1 and ("nr_hugepages" in err or "hugetlbfs" in err) and "--index-pages small" in err
