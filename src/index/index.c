@@ -551,9 +551,16 @@ uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part) {
   return umbp_ring_count(ring);
 }
 
+_Static_assert(offsetof(struct umbp_index, limbo_mu) % 64 == 0 &&
+                   offsetof(struct umbp_index, memb) / 64 < offsetof(struct umbp_index, limbo_mu) / 64,
+               "the limbo mutex is on a line no lookup reads");
+
 int umbp_index_attach_hook(umbp_pool *p) {
-  struct umbp_index *ix = calloc(1, sizeof *ix);
+  /* 64-byte aligned: the writers' fields have lines of their own (index_internal.h) */
+  size_t ixsz = (sizeof(struct umbp_index) + 63) & ~(size_t)63;
+  struct umbp_index *ix = aligned_alloc(64, ixsz);
   if (!ix) return -ENOMEM;
+  memset(ix, 0, ixsz);
   struct umbp_shm_header *h = p->hdr;
   ix->p = p;
   ix->ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
