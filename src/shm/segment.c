@@ -716,8 +716,20 @@ static void pool_free(struct umbp_pool *p) {
   free(p);
 }
 
+/* "try" fell back: the reason (index_huge_where()'s or the index file's
+ * message) without its "or use --index-pages small", which is what the
+ * pool gets now anyway. */
 static void index_fallback_note(const char *name) {
-  umbp_log(UMBP_LOG_INFO, "pool '%s': index on 4 KiB pages: %s", name, umbp_last_error());
+  char why[512];
+  snprintf(why, sizeof why, "%s", umbp_last_error());
+  static const char *tails[] = {", or use --index-pages small", " or use --index-pages small"};
+  for (size_t i = 0; i < UMBP_ARRAY_SIZE(tails); i++) {
+    size_t wl = strlen(why), tl = strlen(tails[i]);
+    if (wl >= tl && !strcmp(why + wl - tl, tails[i])) why[wl - tl] = '\0';
+  }
+  umbp_log(UMBP_LOG_INFO, "pool '%s': index on 4 KiB pages, lookups slower than on 2 MiB pages (README, \"Index "
+                          "pages\"): %s, then re-create the pool; --index-pages small has no note",
+           name, why);
 }
 
 /* Create with pp->index_pages resolved to HUGE or SMALL. try: HUGE that

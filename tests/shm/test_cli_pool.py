@@ -100,6 +100,16 @@ try:
     umbp("pool", "destroy", name)
     with open("/proc/mounts") as f:
         hdirs = [ln.split()[1] for ln in f if ln.split()[2] == "hugetlbfs"]
+    meminfo = {ln.split(":")[0]: int(ln.split()[1]) for ln in open("/proc/meminfo") if ln.split()[1].isdigit()}
+    free_pages = meminfo.get("HugePages_Free", 0) - meminfo.get("HugePages_Rsvd", 0)
+    slots = free_pages * 2 * 1024 * 1024 // 72 + 65536  # 72 B of index a slot: more than the free pages hold
+    if slots * 4096 < meminfo.get("MemAvailable", 0) * 1024 // 2:
+        rc, out, err = umbp("pool", "create", name, "--capacity", str(slots * 4096), "--slot-size", "4KiB",
+                            "--no-prefault")
+        check("try without enough huge pages: created, index on 4 KiB pages, a note with the fix",
+              rc == 0 and "index on 4 KiB pages" in out and "note:" in err and "re-create the pool" in err
+              and "or use --index-pages small" not in err and (not hdirs or "nr_hugepages" in err), out + err)
+        umbp("pool", "destroy", name)
     rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault",
                         "--index-pages", "huge")
     if rc == 0:
