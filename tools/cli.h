@@ -36,6 +36,8 @@ const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n);
 int cli_parse_int_list(const char *s, int *out, int max);
 /* --index-pages try|huge|small -> enum umbp_index_pages: 0 or -EINVAL. */
 int cli_parse_index_pages(const char *s, int *out);
+/* The option's word for an enum umbp_index_pages value. */
+const char *cli_index_pages_name(int mode);
 /* "2 MiB pages, 72 MiB in /dev/hugepages/umbp-index.NAME" or "4 KiB pages"
  * for a pool's index (umbp_pool_info); buf returned. */
 const char *cli_fmt_index_pages(const void *pool_info, char *buf, size_t n);

@@ -52,12 +52,21 @@ const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n) {
   return buf;
 }
 
+static const char *const index_pages_names[] = {[UMBP_INDEX_PAGES_TRY] = "try", [UMBP_INDEX_PAGES_HUGE] = "huge",
+                                                [UMBP_INDEX_PAGES_SMALL] = "small"};
+
 int cli_parse_index_pages(const char *s, int *out) {
-  if (!strcmp(s, "try")) *out = UMBP_INDEX_PAGES_TRY;
-  else if (!strcmp(s, "huge")) *out = UMBP_INDEX_PAGES_HUGE;
-  else if (!strcmp(s, "small")) *out = UMBP_INDEX_PAGES_SMALL;
-  else return -EINVAL;
-  return 0;
+  for (int m = 0; m < (int)(sizeof index_pages_names / sizeof *index_pages_names); m++)
+    if (!strcmp(s, index_pages_names[m])) {
+      *out = m;
+      return 0;
+    }
+  return -EINVAL;
+}
+
+const char *cli_index_pages_name(int mode) {
+  return mode >= 0 && mode < (int)(sizeof index_pages_names / sizeof *index_pages_names) ? index_pages_names[mode]
+                                                                                          : "?";
 }
 
 const char *cli_fmt_index_pages(const void *pool_info, char *buf, size_t n) {

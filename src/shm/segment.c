@@ -481,25 +481,31 @@ static uint64_t huge_free_bytes(const char *dir) {
   return f > r ? (f - r) * UMBP_PART_ALIGN : 0;
 }
 
+/* How a message about placing the index ends: "huge" names the other
+ * choice; "try" has made the pool on 4 KiB pages (index_fallback_note()). */
+static const char *index_fix_end(bool fallback) {
+  return fallback ? ", then re-create the pool" : ", or use --index-pages small";
+}
+
 /* Can an index of `len` bytes go on huge pages? 0 with *dir set, or a
  * negative errno with a message naming the cause and the fix. */
-static int index_huge_where(uint64_t len, char *dir, size_t n) {
+static int index_huge_where(uint64_t len, char *dir, size_t n, bool fallback) {
   if (umbp_hugetlbfs_mount(dir, n) < 0)
     return umbp_fail(-ENOENT, "the index on huge pages needs a hugetlbfs mount and none is in /proc/mounts: mount "
                               "one (mount -t hugetlbfs none /dev/hugepages) and reserve pages (sysctl "
-                              "vm.nr_hugepages=N), or use --index-pages small");
+                              "vm.nr_hugepages=N)%s", index_fix_end(fallback));
   struct statvfs sv;
   if (statvfs(dir, &sv) != 0 || sv.f_bsize != UMBP_PART_ALIGN)
     return umbp_fail(-EINVAL, "hugetlbfs mount %s does not have 2 MiB pages: the index needs them; mount one "
-                              "with -o pagesize=2M, or use --index-pages small", dir);
+                              "with -o pagesize=2M%s", dir, index_fix_end(fallback));
   uint64_t avail = huge_free_bytes(dir);
   if (len > avail)
     return umbp_fail(-ENOSPC, "the index needs %llu huge pages of 2 MiB (%llu MiB: bucket array and slot "
                               "metadata) but %s has %llu free: reserve more (sysctl vm.nr_hugepages=N, %llu "
-                              "more than now) or use --index-pages small",
+                              "more than now)%s",
                      (unsigned long long)(len / UMBP_PART_ALIGN), (unsigned long long)(len >> 20), dir,
                      (unsigned long long)(avail / UMBP_PART_ALIGN),
-                     (unsigned long long)((len - avail) / UMBP_PART_ALIGN));
+                     (unsigned long long)((len - avail) / UMBP_PART_ALIGN), index_fix_end(fallback));
   return 0;
 }
 
@@ -716,20 +722,12 @@ static void pool_free(struct umbp_pool *p) {
   free(p);
 }
 
-/* "try" fell back: the reason (index_huge_where()'s or the index file's
- * message) without its "or use --index-pages small", which is what the
- * pool gets now anyway. */
+/* "try" fell back: the reason is the last error (index_huge_where()'s or
+ * the index file's, ended by index_fix_end(true)). */
 static void index_fallback_note(const char *name) {
-  char why[512];
-  snprintf(why, sizeof why, "%s", umbp_last_error());
-  static const char *tails[] = {", or use --index-pages small", " or use --index-pages small"};
-  for (size_t i = 0; i < UMBP_ARRAY_SIZE(tails); i++) {
-    size_t wl = strlen(why), tl = strlen(tails[i]);
-    if (wl >= tl && !strcmp(why + wl - tl, tails[i])) why[wl - tl] = '\0';
-  }
   umbp_log(UMBP_LOG_INFO, "pool '%s': index on 4 KiB pages, lookups slower than on 2 MiB pages (README, \"Index "
-                          "pages\"): %s, then re-create the pool; --index-pages small has no note",
-           name, why);
+                          "pages\"): %s; --index-pages small has no note",
+           name, umbp_last_error());
 }
 
 /* Create with pp->index_pages resolved to HUGE or SMALL. try: HUGE that
@@ -772,7 +770,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   char idir[160], ipath[256] = "";
   if (ihuge) {
     umbp_index_huge_range(&lay, &ioff, &ilen);
-    if ((rc = index_huge_where(ilen, idir, sizeof idir))) {
+    if ((rc = index_huge_where(ilen, idir, sizeof idir, fallback))) {
       if (!fallback) return rc;
       index_fallback_note(name);
       umbp_pool_params q = *pp;
@@ -842,8 +840,8 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
        * here (ENOMEM), never later as a SIGBUS inside a lookup */
       else if ((rc = map_index(p, ifd, ioff, ilen, PROT_READ | PROT_WRITE)) != 0)
         rc = umbp_fail(rc, "cannot map the index file %s (%llu huge pages of 2 MiB): %s; reserve more "
-                           "(sysctl vm.nr_hugepages=N) or use --index-pages small",
-                       ipath, (unsigned long long)(ilen / UMBP_PART_ALIGN), strerror(-rc));
+                           "(sysctl vm.nr_hugepages=N)%s",
+                       ipath, (unsigned long long)(ilen / UMBP_PART_ALIGN), strerror(-rc), index_fix_end(fallback));
       close(ifd);
     }
     if (rc && fallback) {

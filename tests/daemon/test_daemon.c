@@ -645,10 +645,8 @@ static void test_inspect_read_only_user(void **st) {
   assert_int_equal(fchmod(p->fd, 0644), 0);
   if (p->index_huge_bytes) {
     /* the index file (index pages "try") keeps 0600: refused, naming it and the fix */
-    char ipath[512], dev[256], dir[256] = "", type[64];
-    FILE *mf = fopen("/proc/mounts", "r");
-    while (mf && fscanf(mf, "%255s %255s %63s %*[^\n]", dev, dir, type) == 3 && strcmp(type, "hugetlbfs")) dir[0] = 0;
-    if (mf) fclose(mf);
+    char ipath[512], dir[256] = "";
+    assert_int_equal(umbp_hugetlbfs_mount(dir, sizeof dir), 0);
     snprintf(ipath, sizeof ipath, "%s/umbp-index.%s", dir, name);
     assert_int_equal(DTU_RUN_AS(NOBODY, out, "inspect", name), 1);
     assert_non_null(strstr(out, "index file"));

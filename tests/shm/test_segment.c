@@ -568,20 +568,6 @@ static void test_metadata_populated(void **state) {
   assert_int_equal(umbp_pool_destroy(name), 0);
 }
 
-static int hugetlbfs_dir(char *out, size_t n) {
-  FILE *f = fopen("/proc/mounts", "r");
-  char dev[256], dir[256], type[64];
-  int rc = -1;
-  while (f && fscanf(f, "%255s %255s %63s %*[^\n]", dev, dir, type) == 3)
-    if (!strcmp(type, "hugetlbfs")) {
-      snprintf(out, n, "%s", dir);
-      rc = 0;
-      break;
-    }
-  if (f) fclose(f);
-  return rc;
-}
-
 static void test_hugepages_bad_dir(void **state) {
   (void)state;
   const char *name = tu_name("huge");
@@ -929,7 +915,7 @@ int main(void) {
     return cmocka_run_group_tests_name("segment-uid", uid_tests, NULL, NULL);
   }
   if (which && !strcmp(which, "hugepages")) {
-    if (hugetlbfs_dir(huge_dir, sizeof huge_dir) != 0 || huge_free_pages() < 12) {
+    if (umbp_hugetlbfs_mount(huge_dir, sizeof huge_dir) != 0 || huge_free_pages() < 12) {
       printf("1..0 # SKIP needs a hugetlbfs mount and >= 12 free 2 MiB huge pages (CI sets them up as root)\n");
       return 0;
     }

@@ -853,13 +853,14 @@ static int ours_setup(struct bench *b, unsigned lf_idx) {
   snprintf(g_pool_names[lf_idx], sizeof g_pool_names[lf_idx], "%s", b->pool_name);
   umbp_pool_info info;
   if (umbp_pool_get_info(b->pool, &info) == 0) {
-    static const char *mode[] = {"try", "huge", "small"};
     g_ours_index_huge = info.index_hugepages;
     if (info.index_hugepages)
       snprintf(g_ours_note, sizeof g_ours_note, "index (bucket array, slot metadata: %llu MiB) on 2 MiB pages "
-               "(--index-pages %s)", (unsigned long long)(info.index_huge_bytes >> 20), mode[b->o->index_pages]);
+               "(--index-pages %s)", (unsigned long long)(info.index_huge_bytes >> 20),
+               cli_index_pages_name(b->o->index_pages));
     else
-      snprintf(g_ours_note, sizeof g_ours_note, "index on 4 KiB pages (--index-pages %s%s)", mode[b->o->index_pages],
+      snprintf(g_ours_note, sizeof g_ours_note, "index on 4 KiB pages (--index-pages %s%s)",
+               cli_index_pages_name(b->o->index_pages),
                b->o->index_pages == UMBP_INDEX_PAGES_TRY ? ": too few free 2 MiB huge pages, see README" : "");
   }
   if ((rc = umbp_ns_register(b->pool, "bench", &b->ns))) {
