@@ -8,6 +8,7 @@ KVConnectorOutput, KVCacheBlocks and KVConnectorFactory, and run the worker
 role in separate exec'd processes (TP=2) holding CPU tensors as KV caches."""
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import subprocess
@@ -38,12 +39,37 @@ def blocks(ids):
     return KVCacheBlocks(([KVCacheBlock(i) for i in ids],))
 
 
+_IDLE: list[subprocess.Popen] = []  # worker processes between tests (vLLM and torch imported)
+
+
+def _close_idle():
+    while _IDLE:
+        p = _IDLE.pop()
+        p.stdin.close()
+        p.wait(timeout=30)
+
+
+atexit.register(_close_idle)
+
+
 class Worker:
+    """A worker-role connector in a process of its own (worker_proc.py). A
+    closed Worker's process serves the next one, so a test pays vLLM's import
+    only when it needs more workers at once than earlier tests did."""
+
     def __init__(self, pool, tp, rank, seed, **extra):
-        here = os.path.dirname(__file__)
-        self.p = subprocess.Popen([sys.executable, os.path.join(here, "worker_proc.py"), pool, str(tp),
-                                   str(rank), str(seed), pickle.dumps(extra).hex()],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        while _IDLE and _IDLE[-1].poll() is not None:
+            _IDLE.pop()
+        if _IDLE:
+            self.p = _IDLE.pop()
+        else:
+            here = os.path.dirname(__file__)
+            self.p = subprocess.Popen([sys.executable, os.path.join(here, "worker_proc.py")],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        r = self.call("init", (pool, tp, rank, seed, extra))
+        if isinstance(r, Exception):
+            _IDLE.append(self.p)
+            raise r
 
     def call(self, cmd, args=None):
         pickle.dump((cmd, args), self.p.stdin)
@@ -52,7 +78,7 @@ class Worker:
 
     def close(self):
         self.call("shutdown")
-        self.p.wait(timeout=30)
+        _IDLE.append(self.p)
 
 
 def test_factory_loads_our_class(pool_name):

@@ -18,14 +18,21 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  #
 from vllm.forward_context import set_forward_context  # noqa: E402
 
 
-def main():
-    pool, tp, rank, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    extra = pickle.loads(bytes.fromhex(sys.argv[5])) if len(sys.argv) > 5 else {}
+def make(pool, tp, rank, seed, extra):
+    """A worker-role connector and its KV caches, as vLLM's worker makes them."""
+    extra = dict(extra)
     layout = extra.pop("test_layout", "one-group")   # a test setting, not a connector key
     cfg = make_vllm_config(pool, tp=tp, rank=rank, **extra)
     conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, make_kv_cache_config(layout))
     caches = make_kv_caches(seed if seed >= 0 else None, layout)
     conn.register_kv_caches(caches)
+    return cfg, conn, caches
+
+
+def main():
+    # One process serves many tests in turn: importing vLLM and torch is most of
+    # a worker's cost. 'init' makes a connector, 'shutdown' ends it; EOF exits.
+    cfg = conn = caches = None
     out = sys.stdout.buffer
     inp = sys.stdin.buffer
     while True:
@@ -33,7 +40,13 @@ def main():
             cmd, args = pickle.load(inp)
         except EOFError:
             break
-        if cmd == "info":
+        if cmd == "init":
+            try:
+                cfg, conn, caches = make(*args)
+                reply = "ok"
+            except Exception as e:  # noqa: BLE001 - the test sees the connector's error
+                reply = e
+        elif cmd == "info":
             reply = {"cls": f"{type(conn).__module__}.{type(conn).__name__}",
                      "handshake": conn.get_handshake_metadata(), "placement": conn.placement}
         elif cmd == "step":
@@ -60,11 +73,10 @@ def main():
             reply = "ok"
         elif cmd == "shutdown":
             conn.shutdown()
+            cfg = conn = caches = None
             reply = "bye"
         pickle.dump(reply, out)
         out.flush()
-        if cmd == "shutdown":
-            break
 
 
 if __name__ == "__main__":
