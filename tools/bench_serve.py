@@ -118,12 +118,19 @@ def peer_kv(peer: str, workdir: Path, model: str, max_tokens_stored: int) -> tup
 
 
 def engine_error(e: Engine) -> str:
-    """The last exception line of an engine's log: why a peer did not run."""
-    lines = [ln for ln in e.log_path.read_text(errors="replace").splitlines() if ln.strip()]
-    for ln in reversed(lines):
+    """Why an engine failed, from its log: the worker's error when vLLM wraps
+    one, else the first exception line that is not vLLM's generic wrapper."""
+    import re
+    text = e.log_path.read_text(errors="replace")
+    m = re.search(r"Worker failed with error '(.+?)', please check", text)
+    if m:
+        return m.group(1)[:300]
+    generic = ("Engine core initialization failed", "EngineDeadError", "Tokenizer not available")
+    for ln in text.splitlines():
         s = ln.split("] ", 1)[-1].strip()
-        if any(w in s for w in ("Error:", "Error(", "Exception:", "error:", "NotImplementedError")):
+        if re.match(r"^[\w.]+(Error|Exception): ", s) and not any(g in s for g in generic):
             return s[:300]
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     return (lines[-1] if lines else "no output")[:300]
 
 
@@ -147,6 +154,34 @@ def times(res: dict, first: int, n: int) -> list[float]:
     for ph in res["phases"][first:first + n]:
         out += [r["seconds"] for r in ph["runs"]]
     return out
+
+
+def alternate(p: list[int], reps: int) -> list[dict]:
+    """reps pairs of runs of p: the first after vLLM's prefix cache was reset
+    (its KV comes from the connector), the second from vLLM's own cache, in the
+    same engine, so the pair's ratio sees the same machine state."""
+    out = []
+    for _ in range(reps):
+        out += [{"prompts": [p], "max_tokens": 1, "logprobs": 0, "reset_prefix_cache": False},
+                {"prompts": [p], "max_tokens": 1, "logprobs": 0, "reset_prefix_cache": True}]
+    return out
+
+
+def record(rows: dict, L: int, case: str, res: dict | str, first: int, reps: int) -> None:
+    """Times of an alternate() block at phase `first`: the connector's hits
+    and the same engine's own-cache hits; an error or a run whose connector
+    gave no hit is recorded as text."""
+    if isinstance(res, str):
+        rows[(L, case)] = res
+        return
+    hit = res["phases"][first:first + 2 * reps:2]
+    own = res["phases"][first + 1:first + 2 * reps:2]
+    cached = [ph["runs"][0]["outputs"][0]["num_cached_tokens"] for ph in hit]
+    if min(cached) < (L - 1) // 32 * 32:
+        rows[(L, case)] = f"ran, but its loads were not full hits: num_cached_tokens {cached}"
+        return
+    rows[(L, case)] = [ph["runs"][0]["seconds"] for ph in hit]
+    rows[(L, case + "/own")] = [ph["runs"][0]["seconds"] for ph in own]
 
 
 def bench_model(model: str, lengths: list[int], reps: int, peers: list[str], workdir: Path) -> list[dict]:
@@ -185,26 +220,22 @@ def bench_model(model: str, lengths: list[int], reps: int, peers: list[str], wor
         kv = kv_config(pool, mode="standalone")
         plan = base(kv)
         for L in lengths:
-            plan["phases"] += [ph(p) for p in P[L]] + [ph(P[L][0], repeat=reps)]
+            plan["phases"] += [ph(p) for p in P[L]] + alternate(P[L][0], reps)
         say(f"[{model}] umbp: store, then hits after reset_prefix_cache")
         res = run(plan, workdir, f"{model}-umbp")
         k = 1
         for L in lengths:
-            rows[(L, "umbp")] = res if isinstance(res, str) else times(res, k + reps, 1)
-            k += reps + 1
+            k += reps
+            record(rows, L, "umbp", res, k, reps)
+            k += 2 * reps
         plan = base(kv)
         plan["phases"][0] = {"prompts": [prompt(998, 256, vocab)], "max_tokens": 1}
         for L in lengths:
-            plan["phases"] += [ph(p) for p in P[L]]
+            plan["phases"] += [x for p in P[L] for x in alternate(p, 1)]
         say(f"[{model}] umbp: a fresh engine loads what the first stored")
         res = run(plan, workdir, f"{model}-umbp-restart")
         for i, L in enumerate(lengths):
-            rows[(L, "umbp-restart")] = res if isinstance(res, str) else times(res, 1 + reps * i, reps)
-            if not isinstance(res, str):
-                cached = [ph_["runs"][0]["outputs"][0]["num_cached_tokens"]
-                          for ph_ in res["phases"][1 + reps * i: 1 + reps * (i + 1)]]
-                if min(cached) < (L - 1) // 32 * 32:
-                    rows[(L, "umbp-restart")] = f"not a full hit: num_cached_tokens {cached}"
+            record(rows, L, "umbp-restart", res, 1 + 2 * reps * i, reps)
 
     for peer in peers:
         extra_env = {}
@@ -213,7 +244,7 @@ def bench_model(model: str, lengths: list[int], reps: int, peers: list[str], wor
             if peer == "mooncake":
                 mc = Mooncake(workdir)
                 kv = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
-                      "kv_connector_extra_config": {"load_async": False}}
+                      "kv_connector_extra_config": {"load_async": True}}
                 extra_env = {"MOONCAKE_CONFIG_PATH": str(mc.config)}
             else:
                 kv, extra_env = peer_kv(peer, workdir, model, reps * sum(lengths))
@@ -223,7 +254,7 @@ def bench_model(model: str, lengths: list[int], reps: int, peers: list[str], wor
             continue
         plan = base(kv)
         for L in lengths:
-            plan["phases"] += [ph(P[L][0]), ph(P[L][0], repeat=reps)]
+            plan["phases"] += [ph(P[L][0])] + alternate(P[L][0], reps)
         say(f"[{model}] peer {peer}")
         try:
             res = run(plan, workdir, f"{model}-{peer}", env=extra_env)
@@ -231,13 +262,7 @@ def bench_model(model: str, lengths: list[int], reps: int, peers: list[str], wor
             if mc:
                 mc.stop()
         for i, L in enumerate(lengths):
-            if isinstance(res, str):
-                rows[(L, peer)] = res
-                continue
-            rows[(L, peer)] = times(res, 2 + 2 * i, 1)
-            cached = [r["outputs"][0]["num_cached_tokens"] for r in res["phases"][2 + 2 * i]["runs"]]
-            if min(cached) < (L - 1) // 32 * 32 // 2:
-                rows[(L, peer)] = f"ran, but its loads were not hits: num_cached_tokens {cached}"
+            record(rows, L, peer, res, 2 + (1 + 2 * reps) * i, reps)
 
     out = []
     for L in lengths:
@@ -250,10 +275,15 @@ def bench_model(model: str, lengths: list[int], reps: int, peers: list[str], wor
             row = {"model": model, "prompt_tokens": L, "case": case}
             if isinstance(v, list):
                 m = statistics.median(v)
+                same = rows.get((L, case + "/own"))
                 row.update({"ttft_s": m, "min_s": min(v), "max_s": max(v), "reps": len(v),
                             "prefill_tok_s": L / m,
                             "speedup_vs_recompute": rec_m / m if rec_m else None,
                             "vs_own_hit": m / own_m if own_m else None})
+                if isinstance(same, list):
+                    # the same engine's own-cache hits, run alternately with this case's
+                    row["own_hit_same_engine_s"] = statistics.median(same)
+                    row["vs_own_hit_same_engine"] = statistics.median(a / b for a, b in zip(v, same))
             else:
                 row["error"] = v
             out.append(row)
@@ -326,15 +356,17 @@ def chat_table(rows: list[dict]) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | prompt | case | TTFT median (min-max) | prefill tok/s | vs recompute | / own hit |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | prompt | case | TTFT median (min-max) | prefill tok/s | vs recompute | / own hit "
+             "| / own hit, same engine |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['prompt_tokens']} | {r['case']} | did not run: {r['error']} | | | |")
+            lines.append(f"| {r['model']} | {r['prompt_tokens']} | {r['case']} | did not run: {r['error']} "
+                         "| | | | |")
             continue
+        same = f"{r['vs_own_hit_same_engine']:.2f}x" if "vs_own_hit_same_engine" in r else ""
         lines.append(f"| {r['model']} | {r['prompt_tokens']} | {r['case']} | {r['ttft_s'] * 1e3:.1f} ms "
                      f"({r['min_s'] * 1e3:.1f}-{r['max_s'] * 1e3:.1f}) | {r['prefill_tok_s']:,.0f} | "
-                     f"{r['speedup_vs_recompute']:.1f}x faster | {r['vs_own_hit']:.2f}x |")
+                     f"{r['speedup_vs_recompute']:.1f}x faster | {r['vs_own_hit']:.2f}x | {same} |")
     return "\n".join(lines)
 
 

@@ -24,6 +24,17 @@ class UMBPError(RuntimeError):
         super().__init__(f"{what}: {detail or os.strerror(-code)} ({os.strerror(-code)})")
 
 
+def _sanitized(path: str) -> bool:
+    """A build linked against ASan or TSan: loading it needs the sanitizer's
+    runtime preloaded, so it is never picked by default."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return True
+    return b"libasan.so" in data or b"libtsan.so" in data
+
+
 def _find_library() -> str:
     env = os.environ.get("UMBP_LIB")
     if env:
@@ -34,7 +45,7 @@ def _find_library() -> str:
     cands = [here / "libumbp.so"]
     root = here.parent.parent  # python/umbp -> repo root
     built = [p for p in glob.glob(str(root / "build*" / "libumbp.so")) if os.path.exists(p)]
-    cands += [Path(p) for p in sorted(built, key=lambda p: -os.path.getmtime(p))]
+    cands += [Path(p) for p in sorted(built, key=lambda p: -os.path.getmtime(p)) if not _sanitized(p)]
     for c in cands:
         if c.exists():
             return str(c)
