@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Segment lifecycle, header validation, registry liveness and reaping. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -454,6 +455,55 @@ static void test_pid_reuse(void **state) {
   assert_int_equal(umbp_pool_destroy(name), 0);
 }
 
+/* Two threads of one process reap the same dead process at once: OFD locks
+ * do not exclude threads sharing the handle's file description, so the
+ * handle's claim must admit one (issue 32, item 6). Each round forges a dead
+ * slot (LIVE, nobody holds its lock) and lets two threads, released
+ * together, reap it: exactly one may report it. */
+struct reaper_race {
+  umbp_pool *p;
+  unsigned slot;
+  _Atomic int go, ready, reaped;
+};
+
+static void *reaper_thread(void *arg) {
+  struct reaper_race *r = arg;
+  atomic_fetch_add(&r->ready, 1);
+  while (!atomic_load(&r->go)) {
+  }
+  atomic_fetch_add(&r->reaped, umbp_registry_reap_slot(r->p, r->slot));
+  return NULL;
+}
+
+static void test_two_reaper_threads(void **state) {
+  (void)state;
+  const char *name = tu_name("reapers");
+  umbp_pool *p = create_small(name);
+  struct reaper_race r = {.p = p, .slot = (unsigned)umbp_pool_proc_slot(p) + 1};
+  unsigned doubled = 0;
+  const unsigned rounds = 400;
+  for (unsigned round = 0; round < rounds; round++) {
+    struct umbp_proc_slot *s = &p->procs[r.slot];
+    s->pid = 999999; /* a process that died: its slot is LIVE, its lock is free */
+    atomic_store(&s->state, UMBP_PROC_LIVE);
+    atomic_store(&r.go, 0);
+    atomic_store(&r.ready, 0);
+    atomic_store(&r.reaped, 0);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&t[i], NULL, reaper_thread, &r), 0);
+    while (atomic_load(&r.ready) < 2) {
+    }
+    atomic_store(&r.go, 1);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    if (atomic_load(&r.reaped) != 1) doubled++;
+    assert_int_equal(atomic_load(&s->state), UMBP_PROC_FREE);
+  }
+  if (doubled) fprintf(stderr, "%u of %u rounds: the dead slot was reaped %s\n", doubled, rounds, "twice (or never)");
+  assert_int_equal(doubled, 0);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
 static void test_registry_full(void **state) {
   (void)state;
   const char *name = tu_name("full");
@@ -903,7 +953,10 @@ int main(void) {
   };
   const struct CMUnitTest uid_tests[] = {cmocka_unit_test(test_other_uid_kept_out)};
   const struct CMUnitTest huge_tests[] = {cmocka_unit_test(test_hugepages), cmocka_unit_test(test_index_huge)};
+  const struct CMUnitTest thread_tests[] = {cmocka_unit_test(test_two_reaper_threads)};
   const char *which = getenv("UMBP_TEST_GROUP");
+  /* threads of one process (also run under TSan) */
+  if (which && !strcmp(which, "threads")) return cmocka_run_group_tests_name("segment-threads", thread_tests, NULL, NULL);
   if (which && !strcmp(which, "mp")) return cmocka_run_group_tests_name("segment-mp", mp_tests, NULL, NULL);
   /* Tests that need something of the machine say so as a TAP skip of the
    * whole program (meson 1.0 counts cmocka's per-test "not ok # SKIP" as a failure). */
