@@ -358,6 +358,9 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
   int rc = umbp_pool_attach(o->pool, &ao, &ro);
   if (rc == -ENOENT && !o->have_cap)
     return fatal("no pool named '%s' and no --capacity to create it: give --capacity SIZE (e.g. 8GiB)", o->pool);
+  if (rc == -EOWNERDEAD && !o->have_cap)
+    return fatal("cannot adopt pool '%s': %s; a daemon given --capacity SIZE replaces it too", o->pool,
+                 umbp_last_error());
   if (rc == -EBADMSG || rc == -EPROTO)
     return fatal("cannot adopt pool '%s': %s (if it is corrupted: 'umbp pool destroy %s', then start the daemon "
                  "again)",

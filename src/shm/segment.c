@@ -14,7 +14,13 @@
  *    without CAP_SYS_NICE) is reported through the log callback and creation
  *    continues with the kernel's default placement.
  *  - The creator fills the header and the regions, claims its registry slot,
- *    and only then stores the magic (release). An attacher maps the file,
+ *    and only then stores the magic (release). From just after the file's
+ *    O_EXCL creation until that store it holds lock byte UMBP_LOCK_CREATE
+ *    (an OFD lock, which the kernel drops when the creator dies), so a file
+ *    without the magic and without that lock is a half-made pool whose
+ *    creator died (half_made()): attachers fail at once (-EOWNERDEAD) instead
+ *    of waiting out their timeout, and the next creator of the name takes
+ *    the file over under that lock (take_over_half_made()). An attacher maps the file,
  *    waits (bounded) for the magic (acquire), then validates everything it
  *    will ever follow: version, feature bits, ABI fingerprint, checksum, total
  *    size against the file's real size, every region and partition inside the
@@ -379,6 +385,122 @@ static int open_pool_file(const char *name, int flags, mode_t mode, bool hugepag
     }
   }
   return -ENOENT;
+}
+
+/* ---- half-made pools -------------------------------------------------------- */
+/* A file of size 0 has no header yet: its creator is between the O_EXCL
+ * open and its lock (microseconds), or died there. Judged dead only when it
+ * is older than this. */
+#define HALF_MADE_GRACE_NS 1000000000ull
+
+static int create_lock(int fd, int type) {
+  struct flock fl = {.l_type = (short)type, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_CREATE, .l_len = 1};
+  return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
+}
+
+/* Is the pool file fd (st: its fstat) half-made, its creator dead? 1 yes,
+ * with *ret_creator the pid its header recorded (0: none yet); 0 no (done,
+ * being created, or not a file umbp leaves half-made). The lock is tested
+ * before the magic is read: a creator stores the magic, then unlocks. */
+static int half_made(int fd, const struct stat *st, int *ret_creator) {
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_CREATE, .l_len = 1};
+  if (fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK) return 0; /* being created (or cannot tell) */
+  *ret_creator = 0;
+  if (st->st_size == 0) {
+    uint64_t mtime = (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec;
+    return umbp_realtime_ns() > mtime + HALF_MADE_GRACE_NS;
+  }
+  if ((uint64_t)st->st_size < UMBP_HEADER_BYTES) return 0; /* a creator sizes the file in one step */
+  uint64_t magic = 1;
+  int32_t pid = 0;
+  if (pread(fd, &magic, sizeof magic, offsetof(struct umbp_shm_header, magic)) != (ssize_t)sizeof magic ||
+      pread(fd, &pid, sizeof pid, offsetof(struct umbp_shm_header, creator_pid)) != (ssize_t)sizeof pid)
+    return 0;
+  *ret_creator = pid;
+  return magic == 0;
+}
+
+static int half_made_fail(const char *name, int creator) {
+  char who[48] = "";
+  if (creator > 0) snprintf(who, sizeof who, " (pid %d)", creator);
+  return umbp_fail(-EOWNERDEAD, "pool '%s' was left half-made: the process that was creating it%s died before "
+                                "finishing it; 'umbp pool create %s' (or a daemon given --capacity) replaces it, or "
+                                "remove it with 'umbp pool destroy %s'",
+                   name, who, name, name);
+}
+
+/* The pool file at path exists (O_EXCL said so). If it is half-made and its
+ * creator dead, take it over: its fd, with the creation lock held and its
+ * size reset to 0, as if just created. -EEXIST: a real pool, or one being
+ * created; -EAGAIN: the file went away meanwhile (try creating again);
+ * another negative errno with a message. */
+static int take_over_half_made(const char *name, const char *path) {
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return errno == ENOENT ? -EAGAIN : -EEXIST;
+  struct stat st, now;
+  int creator = 0;
+  if (fstat(fd, &st) != 0 || half_made(fd, &st, &creator) != 1) {
+    close(fd);
+    return -EEXIST;
+  }
+  if (st.st_uid != geteuid()) {
+    close(fd);
+    return umbp_fail(-EACCES, "pool '%s' was left half-made by a creator that died, and its file %s belongs to uid "
+                              "%u: remove it as that user ('umbp pool destroy %s')",
+                     name, path, (unsigned)st.st_uid, name);
+  }
+  /* Holding the lock, nobody else finishes or takes over this file; a
+   * creator still between its O_EXCL open and its lock finds the lock taken
+   * and gives up (create_pool_file()). */
+  if (create_lock(fd, F_WRLCK) != 0) {
+    close(fd);
+    return -EEXIST;
+  }
+  uint64_t magic = 0;
+  if (fstat(fd, &st) != 0 || stat(path, &now) != 0 || st.st_ino != now.st_ino || st.st_dev != now.st_dev) {
+    close(fd);
+    return -EAGAIN; /* removed or replaced meanwhile */
+  }
+  if ((uint64_t)st.st_size >= UMBP_HEADER_BYTES &&
+      (pread(fd, &magic, sizeof magic, 0) != (ssize_t)sizeof magic || magic != 0)) {
+    close(fd);
+    return -EEXIST; /* finished by a takeover that came first */
+  }
+  if (ftruncate(fd, 0) != 0) {
+    int e = errno;
+    close(fd);
+    return umbp_fail(-e, "cannot reset the half-made pool file %s: %s", path, strerror(e));
+  }
+  char who[48] = "its creator";
+  if (creator > 0) snprintf(who, sizeof who, "its creator (pid %d)", creator);
+  umbp_log(UMBP_LOG_WARN, "pool '%s': %s was left half-made by %s, which died before finishing it; creating the "
+                          "pool anew in its place",
+           name, path, who);
+  return fd;
+}
+
+/* Create the pool file exclusively, with the creation lock held: its fd
+ * (path set), or a negative errno with a message. */
+static int create_pool_file(const char *name, mode_t mode, bool hugepages, const char *hdir, char *path,
+                            size_t pathn) {
+  int fd = -EAGAIN;
+  for (int attempt = 0; attempt < 4 && fd == -EAGAIN; attempt++) {
+    fd = open_pool_file(name, O_RDWR | O_CREAT | O_EXCL, mode, hugepages, hdir, path, pathn);
+    if (fd >= 0 && create_lock(fd, F_WRLCK) != 0) {
+      close(fd); /* taken over in the instant before the lock: the file is the other creator's now */
+      fd = -EEXIST;
+    } else if (fd == -EEXIST) {
+      fd = take_over_half_made(name, path);
+    }
+  }
+  if (fd >= 0) return fd;
+  if (fd == -EEXIST || fd == -EAGAIN)
+    return umbp_fail(-EEXIST, "a pool named '%s' already exists (%s): attach to it, pick another name, "
+                              "or remove it with 'umbp pool destroy %s'",
+                     name, path, name);
+  if (fd == -EACCES && strstr(umbp_last_error(), "half-made")) return fd;
+  if (fd == -EACCES) return umbp_fail(-EACCES, "cannot create %s: permission denied", path);
+  return umbp_fail(fd, "cannot create pool file for '%s': %s", name, strerror(-fd));
 }
 
 /* ---- capacity checks ------------------------------------------------------ */
@@ -784,17 +906,10 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   struct umbp_pool *p = pool_new();
   if (!p) return -ENOMEM;
   mode_t mode = pp->group_access ? 0660 : 0600;
-  int fd = open_pool_file(name, O_RDWR | O_CREAT | O_EXCL, mode, pp->hugepages, pp->hugepages ? dir : NULL,
-                          p->path, sizeof p->path);
+  int fd = create_pool_file(name, mode, pp->hugepages, pp->hugepages ? dir : NULL, p->path, sizeof p->path);
   if (fd < 0) {
     pool_free(p);
-    if (fd == -EEXIST)
-      return umbp_fail(-EEXIST, "a pool named '%s' already exists (%s): attach to it, pick another name, "
-                                "or remove it with 'umbp pool destroy %s'",
-                       name, SHM_DIR, name);
-    if (fd == -EACCES)
-      return umbp_fail(-EACCES, "cannot create %s: permission denied", p->path);
-    return umbp_fail(fd, "cannot create pool file for '%s': %s", name, strerror(-fd));
+    return fd;
   }
   p->fd = fd;
   snprintf(p->name, sizeof p->name, "%s", name);
@@ -893,6 +1008,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   if (rc) goto fail_unlink;
   /* Publish: pairs with the acquire load in wait_magic()/umbp_header_validate(). */
   atomic_store_explicit(&h->magic, UMBP_MAGIC, memory_order_release);
+  create_lock(fd, F_UNLCK); /* after the magic: half_made() reads the lock, then the magic */
   *ret_pool = p;
   return 0;
 
@@ -957,6 +1073,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
   unsigned timeout = opts->timeout_ms ? opts->timeout_ms : 10000;
   uint64_t deadline = umbp_now_ns() + (uint64_t)timeout * 1000000ull;
   struct stat st;
+  int small_creator = 0;
   for (;;) {
     if (fstat(fd, &st) != 0) {
       rc = umbp_fail(-errno, "cannot stat pool '%s': %s", name, strerror(errno));
@@ -981,6 +1098,10 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
         break;
       }
       munmap((void *)h0, UMBP_HEADER_BYTES);
+      if (magic == 0 && half_made(fd, &st, &creator)) {
+        rc = half_made_fail(name, creator);
+        goto fail;
+      }
       if (magic != 0) {
         rc = umbp_fail(-EBADMSG, "'%s' is not a umbp pool (magic 0x%016llx, expected 0x%016llx): remove it "
                                  "with 'umbp pool destroy %s' if it is stale",
@@ -988,15 +1109,16 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
         goto fail;
       }
       if (umbp_now_ns() > deadline) {
-        bool dead = creator > 0 && kill(creator, 0) != 0 && errno == ESRCH;
+        /* its creator holds the creation lock: alive (half_made() said no) */
         rc = umbp_fail(-ETIMEDOUT,
-                       "pool '%s' is still not initialised after %u ms%s: %s", name, timeout,
-                       dead ? " and the process that was creating it has died" : "",
-                       dead ? "it was left half-made; remove it with 'umbp pool destroy' and create it again"
-                            : "its creator may still be pre-faulting a large pool; retry with a longer "
-                              "timeout, or remove it with 'umbp pool destroy' if it is stale");
+                       "pool '%s' is still not initialised after %u ms: its creator (pid %d) is alive and may still "
+                       "be pre-faulting a large pool; retry with a longer timeout",
+                       name, timeout, creator);
         goto fail;
       }
+    } else if (half_made(fd, &st, &small_creator)) {
+      rc = half_made_fail(name, small_creator);
+      goto fail;
     } else if (umbp_now_ns() > deadline) {
       rc = umbp_fail(-ETIMEDOUT, "pool '%s' is %lld bytes, smaller than a pool header, after %u ms: it is "
                                  "truncated or was never finished; remove it with 'umbp pool destroy %s'",

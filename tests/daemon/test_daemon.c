@@ -209,6 +209,52 @@ static void test_daemonise(void **st) {
   unlink(log);
 }
 
+/* A pool whose creator was killed while making it (issue 32, item 7): a
+ * daemon without --capacity fails at once naming the cause; with
+ * --capacity it replaces the pool and logs it (under systemd Restart=always
+ * this used to be a crash loop: 10 s waits, then "already exists"). */
+static void test_half_made_pool(void **st) {
+  (void)st;
+  const char *name = tu_name("dhalf");
+  const char *log = log_path(name);
+  unlink(log);
+  char *argv[] = {(char *)tu_helper("pool_helper"), "create-stall", (char *)name, NULL};
+  int fd;
+  pid_t creator = tu_spawn(argv, &fd);
+  char line[256];
+  assert_true(tu_readline(fd, line, sizeof line) > 0);
+  close(fd);
+  kill(creator, SIGKILL);
+  tu_wait(creator);
+  uint64_t t0 = umbp_now_ns();
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", name, "--foreground"), 1);
+  if (!strstr(out, "died before finishing")) fprintf(stderr, "# got: %s", out);
+  assert_non_null(strstr(out, "died before finishing"));
+  assert_non_null(strstr(out, "--capacity"));
+  assert_true(umbp_now_ns() - t0 < 5000000000ull); /* not after the attach timeout (10 s) */
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", NULL};
+  pid_t d = dtu_daemon_start(name, log, args);
+  if (d < 0) dtu_dump_log(log);
+  assert_true(d > 0);
+  umbp_pool *p = attach_rw(name);
+  assert_int_equal(umbp_slot_count(p), 256);
+  umbp_pool_detach(p);
+  kill(d, SIGTERM);
+  assert_int_equal(tu_wait(d), 0);
+  FILE *f = fopen(log, "r");
+  assert_non_null(f);
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = 0;
+  fclose(f);
+  char want[96];
+  snprintf(want, sizeof want, "left half-made by its creator (pid %d), which died", (int)creator);
+  if (!strstr(out, want)) fprintf(stderr, "# log: %s", out);
+  assert_non_null(strstr(out, want));
+  assert_non_null(strstr(out, "created pool"));
+  umbp_pool_destroy(name);
+  unlink(log);
+}
+
 static uint64_t quota_of(const char *name, const char *ns) {
   umbp_attach_opts o;
   umbp_attach_opts_init(&o);
@@ -679,6 +725,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_inspect_text_json, dtu_kill_daemons),         cmocka_unit_test_teardown(test_check_corrupted, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_bad_input, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_other_uid_refused, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_inspect_read_only_user, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_half_made_pool, dtu_kill_daemons),
   };
   return cmocka_run_group_tests_name("daemon", tests, NULL, NULL);
 }

@@ -148,6 +148,20 @@ try:
               and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
     rc, _, err = umbp("pool", "frobnicate")
     check("unknown subcommand", rc == 2, err)
+    # a creator killed while pre-faulting (issue 32, item 7): info fails at once naming the cause, create replaces it
+    stall = subprocess.Popen([HELPER, "create-stall", name], stdout=subprocess.PIPE, text=True)
+    line = stall.stdout.readline()
+    stall.kill()
+    stall.wait()
+    t0 = time.monotonic()
+    rc, _, err = umbp("pool", "info", name)
+    check("info of a half-made pool fails at once: its creator died",
+          line.strip() == "prefault" and rc == 1 and f"(pid {stall.pid}) died before finishing" in err
+          and time.monotonic() - t0 < 5, err)
+    rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault")
+    check("create replaces a half-made pool, with a warning",
+          rc == 0 and "1024 slots" in out and "warning:" in err and "left half-made" in err, out + err)
+    umbp("pool", "destroy", name)
 finally:
     subprocess.run([TOOL, "pool", "destroy", "--force", name], capture_output=True)
 

@@ -307,11 +307,74 @@ static void test_attach_waits_for_creator(void **state) {
   assert_true(umbp_now_ns() - t0 >= 150000000ull);
   assert_int_equal(ftruncate(fd, 1 << 20), 0);
   struct umbp_shm_header *h = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  h->creator_pid = 999999; /* a pid that does not run */
+  h->creator_pid = 999999;
   munmap(h, 4096);
+  /* a creator at work holds the creation lock (here: this test, through
+   * another open file description): the attacher waits, then times out */
+  int cfd = shm_open(shm, O_RDWR, 0);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_CREATE, .l_len = 1};
+  assert_int_equal(fcntl(cfd, F_OFD_SETLK, &fl), 0);
+  t0 = umbp_now_ns();
   assert_int_equal(umbp_pool_attach(name, &o, &p), -ETIMEDOUT);
+  assert_true(umbp_now_ns() - t0 >= 150000000ull);
+  assert_non_null(strstr(umbp_last_error(), "pid 999999) is alive"));
+  /* its creator gone (the lock dropped), no magic: half-made, known at once */
+  close(cfd);
+  o.timeout_ms = 10000;
+  t0 = umbp_now_ns();
+  assert_int_equal(umbp_pool_attach(name, &o, &p), -EOWNERDEAD);
+  assert_true(umbp_now_ns() - t0 < 1000000000ull);
+  assert_non_null(strstr(umbp_last_error(), "half-made"));
+  assert_non_null(strstr(umbp_last_error(), "(pid 999999) died"));
   assert_non_null(strstr(umbp_last_error(), "umbp pool destroy"));
   close(fd);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
+static char captured_log[1024];
+static void capture_log(void *arg, int level, const char *msg) {
+  (void)arg;
+  if (level == UMBP_LOG_WARN) snprintf(captured_log, sizeof captured_log, "%s", msg);
+}
+
+/* A creator killed while pre-faulting leaves a pool without its magic:
+ * attachers are told at once that its creator died, and the next creator
+ * replaces it, saying so through the log callback (issue 32, item 7). */
+static void test_half_made_pool_replaced(void **state) {
+  (void)state;
+  const char *name = tu_name("halfmade");
+  char *argv[] = {(char *)tu_helper("pool_helper"), "create-stall", (char *)name, NULL};
+  int fd;
+  pid_t pid = tu_spawn(argv, &fd);
+  char line[256];
+  assert_true(tu_readline(fd, line, sizeof line) > 0);
+  close(fd);
+  assert_string_equal(line, "prefault");
+  kill(pid, SIGKILL);
+  tu_wait(pid);
+  umbp_pool *p = NULL;
+  uint64_t t0 = umbp_now_ns();
+  assert_int_equal(umbp_pool_attach(name, NULL, &p), -EOWNERDEAD); /* default timeout: 10 s */
+  assert_true(umbp_now_ns() - t0 < 1000000000ull);
+  char pidtext[32];
+  snprintf(pidtext, sizeof pidtext, "(pid %d) died", (int)pid);
+  assert_non_null(strstr(umbp_last_error(), pidtext));
+  umbp_log_set(capture_log, NULL, UMBP_LOG_INFO);
+  captured_log[0] = 0;
+  umbp_pool_params pp = small_params();
+  int rc = umbp_pool_create(name, &pp, &p);
+  umbp_log_set(NULL, NULL, UMBP_LOG_WARN);
+  if (rc) fprintf(stderr, "create over a half-made pool: %s\n", umbp_last_error());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(captured_log, "half-made"));
+  snprintf(pidtext, sizeof pidtext, "(pid %d), which died", (int)pid);
+  assert_non_null(strstr(captured_log, pidtext));
+  umbp_pool *a;
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), 0);
+  publish_n(p, 3);
+  check_n(a, 3);
+  umbp_pool_detach(a);
+  umbp_pool_detach(p);
   assert_int_equal(umbp_pool_destroy(name), 0);
 }
 
@@ -950,6 +1013,7 @@ int main(void) {
       cmocka_unit_test(test_two_processes_share),
       cmocka_unit_test(test_registry_reaps_killed),
       cmocka_unit_test(test_pid_reuse),
+      cmocka_unit_test(test_half_made_pool_replaced),
   };
   const struct CMUnitTest uid_tests[] = {cmocka_unit_test(test_other_uid_kept_out)};
   const struct CMUnitTest huge_tests[] = {cmocka_unit_test(test_hugepages), cmocka_unit_test(test_index_huge)};
