@@ -275,6 +275,10 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
                      file_size < h->total_size ? "truncated" : "resized");
   if (h->n_regions != UMBP_REG_COUNT)
     return umbp_fail(-EBADMSG, "pool header lists %u regions, expected %u", h->n_regions, UMBP_REG_COUNT);
+  /* Regions lie in the file, in the order of enum umbp_region, disjoint: a
+   * checksum proves only that the header was written whole, not that a
+   * writer laid it out sanely (one region moved onto another passes it). */
+  uint64_t prev_end = UMBP_HEADER_BYTES;
   for (unsigned r = 0; r < UMBP_REG_COUNT; r++) {
     const struct umbp_region_desc *d = &h->regions[r];
     if (d->offset < UMBP_HEADER_BYTES || d->offset % 64 || d->offset > file_size ||
@@ -282,6 +286,12 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
       return umbp_fail(-EBADMSG, "pool region %u [%llu, +%llu) lies outside the %llu-byte segment", r,
                        (unsigned long long)d->offset, (unsigned long long)d->size,
                        (unsigned long long)file_size);
+    if (d->offset < prev_end)
+      return umbp_fail(-EBADMSG, "pool region %u [%llu, +%llu) overlaps %s%.0u, which ends at %llu (regions are "
+                                 "disjoint and in order): header corrupted; destroy the pool and create it again",
+                       r, (unsigned long long)d->offset, (unsigned long long)d->size, r ? "region " : "the header",
+                       r ? r - 1 : 0, (unsigned long long)prev_end);
+    prev_end = d->offset + d->size;
   }
   if (h->incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE) {
     uint64_t ioff, ilen;
@@ -320,9 +330,11 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
   uint64_t slots = 0;
   const struct umbp_region_desc *arena = &h->regions[UMBP_REG_ARENA];
   const struct umbp_region_desc *rings = &h->regions[UMBP_REG_FREERINGS];
+  uint64_t part_end = arena->offset, ring_end = rings->offset; /* partitions and their rings: in order, disjoint */
   for (unsigned i = 0; i < h->n_partitions; i++) {
     const struct umbp_partition_desc *d = &h->partitions[i];
     if (d->first_slot != slots || d->slot_count == 0 || d->bytes != d->slot_count * h->slot_size ||
+        d->offset < part_end || d->ring_offset < ring_end ||
         d->offset < arena->offset || d->offset > arena->offset + arena->size ||
         d->bytes > arena->offset + arena->size - d->offset || d->ring_offset < rings->offset ||
         d->ring_offset > rings->offset + rings->size || d->ring_bytes > rings->offset + rings->size - d->ring_offset ||
@@ -331,6 +343,8 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
                                  "the arena: header corrupted",
                        i, d->first_slot, d->slot_count, (unsigned long long)d->offset);
     slots += d->slot_count;
+    part_end = d->offset + d->bytes;
+    ring_end = d->ring_offset + d->ring_bytes;
   }
   if (slots != h->slot_count)
     return umbp_fail(-EBADMSG, "pool partitions hold %llu slots, header says %u: header corrupted",

@@ -230,6 +230,20 @@ static void patch_region(struct umbp_shm_header *h, int fd) {
   h->regions[UMBP_REG_BUCKETS].offset = h->total_size + 4096;
   h->header_checksum = umbp_header_checksum(h);
 }
+/* the bucket region moved onto the registry, the checksum made valid */
+static void patch_overlap(struct umbp_shm_header *h, int fd) {
+  (void)fd;
+  h->regions[UMBP_REG_BUCKETS].offset = h->regions[UMBP_REG_REGISTRY].offset;
+  h->header_checksum = umbp_header_checksum(h);
+}
+/* two regions swapped: each inside the file, the order broken */
+static void patch_order(struct umbp_shm_header *h, int fd) {
+  (void)fd;
+  struct umbp_region_desc t = h->regions[UMBP_REG_EVENTS];
+  h->regions[UMBP_REG_EVENTS] = h->regions[UMBP_REG_COUNTERS];
+  h->regions[UMBP_REG_COUNTERS] = t;
+  h->header_checksum = umbp_header_checksum(h);
+}
 static void patch_truncate(struct umbp_shm_header *h, int fd) {
   (void)h;
   struct stat st;
@@ -265,6 +279,8 @@ static void test_header_validation(void **state) {
       {patch_fp, -EPROTO, "fingerprint"},
       {patch_slotsize, -EBADMSG, "checksum"},
       {patch_region, -EBADMSG, "outside"},
+      {patch_overlap, -EBADMSG, "overlaps"},
+      {patch_order, -EBADMSG, "overlaps"},
       {patch_truncate, -EBADMSG, "truncated"},
       {patch_incompat, -EPROTO, "feature bits"},
   };
@@ -975,6 +991,15 @@ static void test_layout_compute(void **state) {
   atomic_store(&h.magic, UMBP_MAGIC);
   assert_int_equal(umbp_header_validate(&h, h.total_size), 0);
   assert_int_equal(umbp_header_validate(&h, h.total_size - 1), -EBADMSG);
+  /* partitions (and their free rings) overlapping each other, with a valid checksum */
+  struct umbp_shm_header bad = h;
+  bad.partitions[1].offset = bad.partitions[0].offset;
+  bad.header_checksum = umbp_header_checksum(&bad);
+  assert_int_equal(umbp_header_validate(&bad, bad.total_size), -EBADMSG);
+  bad = h;
+  bad.partitions[1].ring_offset = bad.partitions[0].ring_offset;
+  bad.header_checksum = umbp_header_checksum(&bad);
+  assert_int_equal(umbp_header_validate(&bad, bad.total_size), -EBADMSG);
   /* slot ids fill 24 bits of a bucket's slot word: at most UMBP_MAX_SLOTS */
   pp.slot_size = 4096;
   pp.capacity = (uint64_t)UMBP_MAX_SLOTS * 4096 + 4095;
