@@ -5,6 +5,9 @@
  * Design note (see also layout.h):
  *  - Creation is shm_open(O_CREAT|O_EXCL) + ftruncate + mmap, so a second
  *    creator gets -EEXIST from the kernel, not from a race-prone check.
+ *    One name is one pool across /dev/shm and the hugetlbfs mount: a creator
+ *    checks the other place before and after its O_EXCL creation
+ *    (name_taken_elsewhere()), and --hugetlbfs DIR must be a hugetlbfs mount.
  *    Every size check (the shm file system's free space, MemAvailable, the
  *    chosen NUMA nodes' memory) runs before ftruncate, so a pool that cannot
  *    fit is refused before any large allocation.
@@ -40,6 +43,7 @@
  *    against the header, and refuses a missing one naming it.
  */
 #include <dirent.h>
+#include <linux/magic.h>
 #include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
@@ -52,6 +56,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -517,6 +522,46 @@ static int create_pool_file(const char *name, mode_t mode, bool hugepages, const
   return umbp_fail(fd, "cannot create pool file for '%s': %s", name, strerror(-fd));
 }
 
+/* One name is one pool: a pool file umbp.NAME in /dev/shm or on the first
+ * hugetlbfs mount (where attach looks for it), other than in `dir` (where
+ * the caller creates: its O_EXCL covers that place), makes the name taken:
+ * -EEXIST naming it, else 0. Called before creating (the message comes
+ * before any size check) and again after the O_EXCL creation: of two
+ * creators racing in the two places, the one that checks last sees the
+ * other's file, so at most one of them keeps its pool. */
+static int name_taken_elsewhere(const char *name, const char *dir) {
+  char places[2][160] = {SHM_DIR, ""};
+  if (umbp_hugetlbfs_mount(places[1], sizeof places[1]) < 0) places[1][0] = '\0';
+  for (int i = 0; i < 2; i++) {
+    char path[sizeof places + UMBP_NAME_MAX + 8]; /* gcc bounds places[i] by the whole array */
+    struct stat st;
+    if (!places[i][0] || !strcmp(places[i], dir)) continue;
+    snprintf(path, sizeof path, "%s/umbp.%.64s", places[i], name); /* a valid name has at most 64 */
+    if (lstat(path, &st) == 0)
+      return umbp_fail(-EEXIST, "a pool named '%s' already exists in %s (%s): one name is one pool across /dev/shm "
+                                "and the hugetlbfs mount; attach to it, pick another name, or remove it with 'umbp "
+                                "pool destroy %s'",
+                       name, places[i], path, name);
+  }
+  return 0;
+}
+
+/* --hugetlbfs DIR: 0 when DIR is a hugetlbfs mount, else -EINVAL or
+ * -errno naming it. A pool file elsewhere would sit on ordinary pages where
+ * no other command looks for it. */
+static int check_hugetlbfs_dir(const char *dir) {
+  struct statfs sf;
+  if (statfs(dir, &sf) != 0)
+    return umbp_fail(-errno, "--hugetlbfs %s: %s: give the mount point of a hugetlbfs (grep hugetlbfs /proc/mounts)",
+                     dir, strerror(errno));
+  if ((unsigned long)sf.f_type != (unsigned long)HUGETLBFS_MAGIC)
+    return umbp_fail(-EINVAL, "--hugetlbfs %s is not a hugetlbfs mount (file system magic 0x%lx): a pool there "
+                              "would not be on huge pages and no other umbp command would find it; give a hugetlbfs "
+                              "mount point (grep hugetlbfs /proc/mounts), or leave --hugetlbfs out to use the first",
+                     dir, (unsigned long)sf.f_type);
+  return 0;
+}
+
 /* ---- capacity checks ------------------------------------------------------ */
 static uint64_t meminfo_kb(const char *key) {
   FILE *f = fopen("/proc/meminfo", "re");
@@ -891,14 +936,17 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   if (pp->hugepages) {
     if (pp->hugetlbfs_dir && strlen(pp->hugetlbfs_dir) >= sizeof dir)
       return umbp_fail(-EINVAL, "hugetlbfs directory path is longer than %zu bytes", sizeof dir - 1);
-    if (pp->hugetlbfs_dir) snprintf(dir, sizeof dir, "%s", pp->hugetlbfs_dir);
-    else if (umbp_hugetlbfs_mount(dir, sizeof dir) < 0)
+    if (pp->hugetlbfs_dir) {
+      snprintf(dir, sizeof dir, "%s", pp->hugetlbfs_dir);
+      if ((rc = check_hugetlbfs_dir(dir))) return rc;
+    } else if (umbp_hugetlbfs_mount(dir, sizeof dir) < 0)
       return umbp_fail(-ENOENT, "--hugepages needs a hugetlbfs mount and none is in /proc/mounts: mount "
                                 "one (mount -t hugetlbfs none /dev/hugepages) and reserve pages (sysctl "
                                 "vm.nr_hugepages=N), or drop --hugepages");
     struct statvfs sv;
     if (statvfs(dir, &sv) == 0 && sv.f_bsize > 0) lay.total_size = align_up(lay.total_size, sv.f_bsize);
   }
+  if ((rc = name_taken_elsewhere(name, dir))) return rc;
   rc = check_fits(pp, &lay, dir, pp->hugepages);
   if (rc) return rc;
   bool ihuge = (lay.incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE) != 0;
@@ -928,6 +976,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   p->fd = fd;
   snprintf(p->name, sizeof p->name, "%s", name);
   p->hugepages = pp->hugepages;
+  if ((rc = name_taken_elsewhere(name, dir))) goto fail_unlink; /* created there meanwhile */
   /* shm_open applies the umask: set the mode we promise explicitly */
   if (fchmod(fd, mode) != 0) umbp_log(UMBP_LOG_WARN, "fchmod(%o) of %s failed: %s", mode, p->path, strerror(errno));
   if (pp->group_access && pp->group != (gid_t)-1 && fchown(fd, (uid_t)-1, pp->group) != 0) {

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 TOOL = os.environ["UMBP_TOOL"]
@@ -148,6 +149,15 @@ try:
               and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
     rc, _, err = umbp("pool", "frobnicate")
     check("unknown subcommand", rc == 2, err)
+    # --hugetlbfs DIR that is not a hugetlbfs mount (issue 32, item 9): refused, naming DIR, nothing left there
+    plain = tempfile.mkdtemp(prefix="umbp-plain-")
+    rc, out, err = umbp("pool", "create", name, "--capacity", "4MiB", "--slot-size", "64KiB", "--hugepages",
+                        "--hugetlbfs", plain)
+    check("--hugetlbfs on a plain directory is refused", rc == 1 and f"--hugetlbfs {plain} is not a hugetlbfs mount"
+          in err and not os.listdir(plain), out + err)
+    for f in os.listdir(plain):
+        os.unlink(os.path.join(plain, f))
+    os.rmdir(plain)
     # a creator killed while pre-faulting (issue 32, item 7): info fails at once naming the cause, create replaces it
     stall = subprocess.Popen([HELPER, "create-stall", name], stdout=subprocess.PIPE, text=True)
     line = stall.stdout.readline()
