@@ -82,9 +82,13 @@ static const char *daemon_usage =
     "Signals: SIGTERM, SIGINT stop the daemon cleanly; SIGHUP re-reads --quota-file.\n"
     "Log lines: '2026-12-02T16:00:00Z umbp-daemon[PID]: message' (UTC).\n"
     "\n"
+    "The daemon stops with status 1 when, checked every --reap-interval, its pool\n"
+    "file was removed or replaced (umbp pool destroy --force) or has shrunk.\n"
+    "\n"
     "Exit status: 0 stopped cleanly; 1 the pool cannot be created or adopted (it\n"
     "exists with another layout, belongs to another user, has a daemon already,\n"
-    "...), or a quota file is invalid at start; 2 usage error.\n"
+    "...), a quota file is invalid at start, or the pool was destroyed or\n"
+    "truncated under it; 2 usage error.\n"
     "Example: umbp daemon --pool kv --capacity 64GiB --numa-nodes auto --log /var/log/umbp-kv.log\n";
 
 /* ---- logging ---------------------------------------------------------------- */
@@ -441,6 +445,37 @@ static int open_pool(struct dopts *o, umbp_pool **ret) {
   return adopt(o, ret);
 }
 
+/* ---- the pool file under the daemon ------------------------------------------ */
+/* Is the pool this daemon maps still the pool of that name, whole? NULL when
+ * it is; else why not, in why (for the log). Checked every reap period:
+ * `umbp pool destroy --force` unlinks the file under a running daemon (which
+ * would go on serving a pool nobody can attach to, while a second daemon
+ * starts on a re-created one), and a file truncated under the mapping makes
+ * every process touching the lost part die of SIGBUS. */
+static const char *pool_file_lost(umbp_pool *p, char *why, size_t n) {
+  struct stat mine, named;
+  if (fstat(p->fd, &mine) != 0) {
+    snprintf(why, n, "cannot stat the pool file: %s", strerror(errno));
+    return why;
+  }
+  if (mine.st_nlink == 0 || stat(p->path, &named) != 0 || named.st_ino != mine.st_ino || named.st_dev != mine.st_dev) {
+    snprintf(why, n, "pool '%s' was destroyed while this daemon ran (%s %s): nobody can attach to the pool it serves; "
+                     "start the daemon again to create or adopt the pool of that name",
+             p->name, p->path, stat(p->path, &named) == 0 ? "now names another pool" : "was removed");
+    return why;
+  }
+  if ((uint64_t)mine.st_size < p->size) {
+    char a[32], b[32];
+    snprintf(why, n, "the file of pool '%s' (%s) shrank from %s to %s under the running processes: any of them that "
+                     "touches the lost part dies of SIGBUS; stop them, destroy the pool ('umbp pool destroy %s') and "
+                     "create it again",
+             p->name, p->path, cli_fmt_size(p->size, a, sizeof a), cli_fmt_size((uint64_t)mine.st_size, b, sizeof b),
+             p->name);
+    return why;
+  }
+  return NULL;
+}
+
 /* ---- daemonising ------------------------------------------------------------ */
 /* Returns in the daemon (grandchild); the first parent exits from here with
  * the daemon's verdict. */
@@ -562,7 +597,9 @@ int cmd_daemon(int argc, char **argv) {
   }
 
   int stop_sig = 0;
-  while (!stop_sig) {
+  char lost[700];
+  const char *lost_why = NULL;
+  while (!stop_sig && !(lost_why = pool_file_lost(p, lost, sizeof lost))) {
     struct timespec ts = {o.reap_ms / 1000, (long)(o.reap_ms % 1000) * 1000000L};
     int sig = sigtimedwait(&set, NULL, &ts);
     if (sig == SIGTERM || sig == SIGINT) {
@@ -588,12 +625,15 @@ int cmd_daemon(int argc, char **argv) {
      * until that consumer is reaped; if this thread waited for the evictor's
      * limbo lock meanwhile, no one would reap it and the pool would wedge. */
   }
-  dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (lost_why) dlog("error: %s; stopping", lost_why);
+  else dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
   umbp_evictor_stop(p);
   umbp_daemon_lock_release(p);
   umbp_pool_detach(p);
   free(fileq);
-  if (o.unlink_on_exit) {
+  if (lost_why) {
+    rc = -1; /* not ours to remove or keep any more */
+  } else if (o.unlink_on_exit) {
     rc = umbp_pool_destroy(o.pool);
     if (rc) dlog("error: --unlink-on-exit: %s", umbp_last_error());
     else dlog("pool '%s' destroyed (--unlink-on-exit)", o.pool);

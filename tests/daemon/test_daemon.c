@@ -209,6 +209,25 @@ static void test_daemonise(void **st) {
   unlink(log);
 }
 
+/* Wait up to ms for child pid to exit: its status (tu_wait's), or -1. */
+static int wait_exit(pid_t pid, unsigned ms) {
+  for (unsigned i = 0; i < ms / 10; i++) {
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    dtu_sleep_ms(10);
+  }
+  return -1;
+}
+
+static const char *read_log(const char *log) {
+  FILE *f = fopen(log, "r");
+  assert_non_null(f);
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = 0;
+  fclose(f);
+  return out;
+}
+
 /* A pool whose creator was killed while making it (issue 32, item 7): a
  * daemon without --capacity fails at once naming the cause; with
  * --capacity it replaces the pool and logs it (under systemd Restart=always
@@ -241,11 +260,7 @@ static void test_half_made_pool(void **st) {
   umbp_pool_detach(p);
   kill(d, SIGTERM);
   assert_int_equal(tu_wait(d), 0);
-  FILE *f = fopen(log, "r");
-  assert_non_null(f);
-  size_t n = fread(out, 1, sizeof out - 1, f);
-  out[n] = 0;
-  fclose(f);
+  read_log(log);
   char want[96];
   snprintf(want, sizeof want, "left half-made by its creator (pid %d), which died", (int)creator);
   if (!strstr(out, want)) fprintf(stderr, "# log: %s", out);
@@ -253,6 +268,50 @@ static void test_half_made_pool(void **st) {
   assert_non_null(strstr(out, "created pool"));
   umbp_pool_destroy(name);
   unlink(log);
+}
+
+/* A daemon notices within its reap period that its pool was destroyed
+ * (issue 32, item 8), also when a pool of that name was created again at
+ * once, or that its file was truncated under it (item 12): it logs why and
+ * exits 1, instead of serving a pool nobody can attach to and later saying
+ * "kept for the next daemon". */
+static void test_daemon_notices_pool_gone(void **st) {
+  (void)st;
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--reap-interval", "20", NULL};
+  for (int round = 0; round < 3; round++) {
+    const char *name = tu_name("dgone");
+    const char *log = log_path(name);
+    unlink(log);
+    pid_t d = dtu_daemon_start(name, log, args);
+    assert_true(d > 0);
+    const char *want = "was removed";
+    if (round < 2) {
+      assert_int_equal(DTU_RUN(out, "pool", "destroy", "--force", name), 0);
+      if (round == 1) { /* re-created at once under the same name */
+        umbp_pool_detach(mk_pool(name, 64));
+        want = "now names another pool";
+      }
+    } else {
+      char path[128];
+      snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
+      int fd = open(path, O_RDWR);
+      assert_true(fd >= 0);
+      struct stat sb;
+      assert_int_equal(fstat(fd, &sb), 0);
+      assert_int_equal(ftruncate(fd, sb.st_size - 4096), 0); /* the arena's last page: the daemon never reads it */
+      close(fd);
+      want = "shrank from";
+    }
+    int rc = wait_exit(d, 5000);
+    if (rc != 1) dtu_dump_log(log);
+    assert_int_equal(rc, 1);
+    read_log(log);
+    if (!strstr(out, want)) fprintf(stderr, "# round %d log: %s", round, out);
+    assert_non_null(strstr(out, want));
+    assert_null(strstr(out, "kept for the next daemon"));
+    umbp_pool_destroy(name);
+    unlink(log);
+  }
 }
 
 static uint64_t quota_of(const char *name, const char *ns) {
@@ -726,6 +785,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_bad_input, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_other_uid_refused, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_inspect_read_only_user, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_half_made_pool, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_daemon_notices_pool_gone, dtu_kill_daemons),
   };
   return cmocka_run_group_tests_name("daemon", tests, NULL, NULL);
 }
