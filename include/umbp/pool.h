@@ -92,11 +92,15 @@ typedef struct umbp_pool_params {
   bool hugepages;           /* back the pool by a file on a hugetlbfs mount */
   const char *hugetlbfs_dir;/* NULL: the first hugetlbfs mount in /proc/mounts */
   unsigned prefault_threads;/* 0: min(online CPUs, 8) */
-  bool no_prefault;         /* skip pre-faulting the slot bytes (the metadata is always populated) */
+  bool no_prefault;         /* skip pre-faulting the slot bytes (the metadata is always populated); they
+                             * are still reserved (fallocate), so a later full /dev/shm cannot SIGBUS a
+                             * writer */
   uint32_t event_capacity;  /* events kept in the event ring; 0: 65536 */
   umbp_progress_fn progress;/* pre-fault progress; may be NULL */
   void *progress_arg;
   int index_pages;          /* enum umbp_index_pages; ignored with hugepages (all huge) */
+  bool no_reserve;          /* with no_prefault: do not reserve the slot bytes either (sparse: a later
+                             * full /dev/shm kills a writer with SIGBUS; a warning says so). Tests. */
 } umbp_pool_params;
 
 /* Fill defaults: capacity 0 (must be set), slot_size 256 KiB, all nodes, BIND, 0600. */

@@ -840,6 +840,34 @@ static int prefault(struct umbp_pool *p, const umbp_pool_params *pp) {
   return 0;
 }
 
+static const char *fmt_gib(uint64_t bytes, char *buf, size_t n) {
+  snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
+  return buf;
+}
+
+/* no_prefault: reserve the slot bytes' blocks in /dev/shm without mapping
+ * them (posix_fallocate after place_partitions(), so they follow the NUMA
+ * policy). A page first touched later then never finds /dev/shm full: a
+ * shmem fault that cannot allocate raises SIGBUS in whoever writes the
+ * block, and no one can handle that. Costs the memory at creation, as
+ * pre-faulting does, but not the page-table work of every mapping. */
+static int reserve_arena(struct umbp_pool *p) {
+  const struct umbp_region_desc *a = &p->hdr->regions[UMBP_REG_ARENA];
+  int e = posix_fallocate(p->fd, (off_t)a->offset, (off_t)a->size);
+  if (e == 0) return 0;
+  char b[32];
+  if (e == EOPNOTSUPP || e == EINVAL) {
+    umbp_log(UMBP_LOG_WARN, "pool '%s': the file system of %s cannot reserve the %s of slot bytes (%s): they are "
+                            "taken on first use, and a full file system then kills a writer with SIGBUS",
+             p->name, p->path, fmt_gib(a->size, b, sizeof b), strerror(e));
+    return 0;
+  }
+  return umbp_fail(e == ENOSPC || e == ENOMEM ? -ENOSPC : -e,
+                   "cannot reserve the pool's %s of slot bytes in %s (%s): free space there or choose a smaller "
+                   "--capacity",
+                   fmt_gib(a->size, b, sizeof b), SHM_DIR, strerror(e));
+}
+
 /* Ask for transparent huge pages on the metadata (buckets, slot metadata):
  * lookups touch them at random, and 4 KiB pages make each miss a TLB miss too.
  * Takes effect where the kernel allows huge pages for shared memory
@@ -1062,6 +1090,14 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   if (!pp->no_prefault) {
     rc = prefault(p, pp);
     if (rc) goto fail_unlink;
+  } else if (!pp->no_reserve && !p->hugepages) { /* hugetlbfs: MAP_SHARED reserved the pages at mmap */
+    rc = reserve_arena(p);
+    if (rc) goto fail_unlink;
+  } else if (!p->hugepages) {
+    char a[32];
+    umbp_log(UMBP_LOG_WARN, "pool '%s': its %s of slot bytes are neither pre-faulted nor reserved (no_reserve): if "
+                            "%s fills up later, a process writing a block dies of SIGBUS",
+             name, fmt_gib(p->hdr->regions[UMBP_REG_ARENA].size, a, sizeof a), SHM_DIR);
   }
   rc = umbp_index_init_regions(p);
   if (rc) goto fail_unlink;

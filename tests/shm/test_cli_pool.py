@@ -106,7 +106,7 @@ try:
     slots = free_pages * 2 * 1024 * 1024 // 72 + 65536  # 72 B of index a slot: more than the free pages hold
     if slots * 4096 < meminfo.get("MemAvailable", 0) * 1024 // 2:
         rc, out, err = umbp("pool", "create", name, "--capacity", str(slots * 4096), "--slot-size", "4KiB",
-                            "--no-prefault")
+                            "--no-prefault", "--no-reserve")
         check("try without enough huge pages: created, index on 4 KiB pages, a note with the fix",
               rc == 0 and "index on 4 KiB pages" in out and "note:" in err and "re-create the pool" in err
               and "or use --index-pages small" not in err and (not hdirs or "nr_hugepages" in err), out + err)
@@ -158,6 +158,20 @@ try:
     for f in os.listdir(plain):
         os.unlink(os.path.join(plain, f))
     os.rmdir(plain)
+    # --no-prefault reserves the slot bytes (issue 32, item 12); --no-reserve does not, and warns
+    rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault",
+                        "--index-pages", "small")
+    st = os.stat(f"/dev/shm/umbp.{name}")
+    check("--no-prefault reserves the slot bytes", rc == 0 and st.st_blocks * 512 >= 64 << 20, f"{st.st_blocks} {err}")
+    umbp("pool", "destroy", name)
+    rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault",
+                        "--no-reserve", "--index-pages", "small")
+    st = os.stat(f"/dev/shm/umbp.{name}")
+    check("--no-reserve: sparse, with a SIGBUS warning", rc == 0 and st.st_blocks * 512 < 32 << 20
+          and "SIGBUS" in err, f"{st.st_blocks} {err}")
+    umbp("pool", "destroy", name)
+    rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--no-reserve")
+    check("--no-reserve without --no-prefault is a usage error", rc == 2 and "--no-reserve" in err, err)
     # a creator killed while pre-faulting (issue 32, item 7): info fails at once naming the cause, create replaces it
     stall = subprocess.Popen([HELPER, "create-stall", name], stdout=subprocess.PIPE, text=True)
     line = stall.stdout.readline()

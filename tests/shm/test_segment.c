@@ -664,6 +664,7 @@ static void test_metadata_populated(void **state) {
   pp.capacity = 64 << 20;
   pp.slot_size = 4096; /* 16384 slots: 8 MiB of metadata, 64 MiB of slots */
   pp.no_prefault = true;
+  pp.no_reserve = true; /* mincore() below counts reserved pages too (test_no_prefault_reserves) */
   pp.index_pages = UMBP_INDEX_PAGES_SMALL; /* all of it in the one /dev/shm mapping (huge: test_index_huge) */
   umbp_pool *p;
   assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
@@ -697,6 +698,41 @@ static void test_metadata_populated(void **state) {
   umbp_pool_detach(a);
   umbp_pool_detach(p);
   assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
+/* no_prefault still reserves the slot bytes' blocks in /dev/shm (issue 32,
+ * item 12): a /dev/shm that fills up later cannot make a first write to a
+ * block die of SIGBUS. The blocks are allocated, this mapping has not
+ * faulted them in. no_reserve leaves the file sparse and says so. */
+static void test_no_prefault_reserves(void **state) {
+  (void)state;
+  for (int sparse = 0; sparse < 2; sparse++) {
+    const char *name = tu_name("reserve");
+    umbp_pool_params pp = small_params();
+    pp.capacity = 64 << 20;
+    pp.no_prefault = true;
+    pp.no_reserve = sparse;
+    pp.index_pages = UMBP_INDEX_PAGES_SMALL;
+    umbp_pool *p;
+    umbp_log_set(capture_log, NULL, UMBP_LOG_WARN);
+    captured_log[0] = 0;
+    assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
+    umbp_log_set(NULL, NULL, UMBP_LOG_WARN);
+    struct stat st;
+    assert_int_equal(fstat(p->fd, &st), 0);
+    uint64_t arena = p->hdr->regions[UMBP_REG_ARENA].size, meta = p->hdr->regions[UMBP_REG_ARENA].offset;
+    uint64_t allocated = (uint64_t)st.st_blocks * 512;
+    if (!sparse) {
+      assert_true(allocated >= arena + meta - 4096);
+      assert_true(mapping_rss(p->base) < meta + arena / 8); /* reserved, not faulted in */
+      assert_int_equal(captured_log[0], 0);
+    } else {
+      assert_true(allocated < meta + arena / 8);
+      assert_non_null(strstr(captured_log, "SIGBUS"));
+    }
+    umbp_pool_detach(p);
+    assert_int_equal(umbp_pool_destroy(name), 0);
+  }
 }
 
 static void test_hugepages_bad_dir(void **state) {
@@ -871,6 +907,7 @@ static void test_index_huge(void **state) {
     pp.slot_size = 4096;
     pp.capacity = slots * 4096;
     pp.no_prefault = true;
+    pp.no_reserve = true; /* gigabytes: a sparse file */
     assert_int_equal(umbp_pool_create(name, &pp, &p), -ENOSPC);
     assert_non_null(strstr(umbp_last_error(), "nr_hugepages"));
     assert_non_null(strstr(umbp_last_error(), "--index-pages small"));
@@ -1077,6 +1114,7 @@ int main(void) {
       cmocka_unit_test(test_registry_full),
       cmocka_unit_test(test_prefault_progress),
       cmocka_unit_test(test_metadata_populated),
+      cmocka_unit_test(test_no_prefault_reserves),
       cmocka_unit_test(test_hugepages_bad_dir),
       cmocka_unit_test(test_index_pages_small),
       cmocka_unit_test(test_layout_index_huge),
