@@ -198,6 +198,23 @@ static int apply_quotas(umbp_pool *p, const struct quota *q, unsigned n) {
   return bad;
 }
 
+/* SIGHUP: a namespace whose quota came from the old file and is not in the
+ * new one goes back to its --quota from the command line, or to none; an
+ * emptied file clears every quota it had set. */
+static void drop_removed_quotas(umbp_pool *p, const struct quota *cmdline, unsigned ncmd, const struct quota *old,
+                                unsigned nold, const struct quota *now, unsigned nnow) {
+  for (unsigned i = 0; i < nold; i++) {
+    bool kept = false;
+    for (unsigned j = 0; j < nnow && !kept; j++) kept = !strcmp(old[i].ns, now[j].ns);
+    if (kept) continue;
+    struct quota q = old[i];
+    q.bytes = 0;
+    for (unsigned j = 0; j < ncmd; j++)
+      if (!strcmp(cmdline[j].ns, q.ns)) q.bytes = cmdline[j].bytes;
+    apply_quotas(p, &q, 1);
+  }
+}
+
 /* ---- options ---------------------------------------------------------------- */
 struct dopts {
   const char *pool, *log, *quota_file;
@@ -257,22 +274,10 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       o->have_cap = true;
       break;
     case O_SLOT:
-      if (cli_parse_size(optarg, &v) || v == 0)
-        return cli_usage_error("daemon", "--slot-size '%s' is not a size: use e.g. 256KiB", optarg);
-      o->pp.slot_size = v;
+      if (cli_parse_slot_size("daemon", optarg, &o->pp.slot_size) != CLI_OK) return CLI_USAGE;
       break;
     case O_NODES:
-      if (!strcmp(optarg, "all")) {
-        o->pp.n_numa_nodes = 0;
-      } else if (!strcmp(optarg, "auto")) {
-        o->auto_nodes = true;
-      } else {
-        int n = cli_parse_int_list(optarg, o->pp.numa_nodes, UMBP_MAX_PARTITIONS);
-        if (n <= 0)
-          return cli_usage_error("daemon", "--numa-nodes '%s': use auto, all or a list of node numbers like 0,1",
-                                 optarg);
-        o->pp.n_numa_nodes = (unsigned)n;
-      }
+      if (cli_parse_numa_nodes("daemon", optarg, &o->pp, &o->auto_nodes) != CLI_OK) return CLI_USAGE;
       break;
     case O_GROUP: {
       o->pp.group_access = true;
@@ -537,10 +542,11 @@ int cmd_daemon(int argc, char **argv) {
   if (rc != CLI_OK) return rc;
   /* static: the first parent of daemonise() exits with it allocated, and a
    * pointer held only in a dead register is reported as a leak by LSan */
-  static struct quota *fileq;
-  fileq = calloc(MAX_QUOTAS, sizeof *fileq);
+  static struct quota *fileq; /* the file's quotas in force, then room for a re-read on SIGHUP */
+  fileq = calloc(2 * MAX_QUOTAS, sizeof *fileq);
   if (!fileq) return CLI_RUNTIME;
-  unsigned nfileq = 0;
+  struct quota *newq = fileq + MAX_QUOTAS;
+  unsigned nfileq = 0, nnewq = 0;
   char err[600];
   if (o.quota_file && read_quota_file(o.quota_file, fileq, &nfileq, err, sizeof err)) {
     cli_error("%s", err);
@@ -609,11 +615,14 @@ int cmd_daemon(int argc, char **argv) {
     if (sig == SIGHUP) {
       if (!o.quota_file) {
         dlog("SIGHUP: no --quota-file to re-read; quotas unchanged");
-      } else if (read_quota_file(o.quota_file, fileq, &nfileq, err, sizeof err)) {
+      } else if (read_quota_file(o.quota_file, newq, &nnewq, err, sizeof err)) {
         dlog("error: SIGHUP: %s; quotas unchanged", err);
       } else {
-        dlog("SIGHUP: re-reading quotas from %s (%u entries)", o.quota_file, nfileq);
-        apply_quotas(p, fileq, nfileq);
+        dlog("SIGHUP: re-reading quotas from %s (%u entries)", o.quota_file, nnewq);
+        drop_removed_quotas(p, o.quotas, o.nquotas, fileq, nfileq, newq, nnewq);
+        apply_quotas(p, newq, nnewq);
+        memcpy(fileq, newq, nnewq * sizeof *newq);
+        nfileq = nnewq;
       }
     }
     umbp_pool_heartbeat(p);

@@ -195,22 +195,10 @@ static int pool_create(int argc, char **argv) {
       have_cap = true;
       break;
     case O_SLOT:
-      if (cli_parse_size(optarg, &v) || v == 0)
-        return cli_usage_error("pool create", "--slot-size '%s' is not a size: use e.g. 256KiB", optarg);
-      pp.slot_size = v;
+      if (cli_parse_slot_size("pool create", optarg, &pp.slot_size) != CLI_OK) return CLI_USAGE;
       break;
     case O_NODES:
-      if (!strcmp(optarg, "all")) {
-        pp.n_numa_nodes = 0;
-      } else if (!strcmp(optarg, "auto")) {
-        auto_nodes = true;
-      } else {
-        int n = cli_parse_int_list(optarg, pp.numa_nodes, UMBP_MAX_PARTITIONS);
-        if (n <= 0)
-          return cli_usage_error("pool create", "--numa-nodes '%s' is not a list of node numbers like 0,1 (at most %d)",
-                                 optarg, UMBP_MAX_PARTITIONS);
-        pp.n_numa_nodes = (unsigned)n;
-      }
+      if (cli_parse_numa_nodes("pool create", optarg, &pp, &auto_nodes) != CLI_OK) return CLI_USAGE;
       break;
     case O_POL:
       if (!strcmp(optarg, "bind")) pp.mempolicy = UMBP_MPOL_BIND;

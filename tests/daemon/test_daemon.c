@@ -347,6 +347,9 @@ static void test_sighup_quotas(void **st) {
   assert_int_equal(quota_of(name, "chat"), 1 << 20);
   assert_int_equal(quota_of(name, "batch"), 64 << 10);
   f = fopen(qf, "w");
+  fprintf(f, "chat lots\n"); /* for the start below */
+  fclose(f);
+  f = fopen(qf, "w");
   fprintf(f, "chat 2MiB   # raised\nsearch 128KiB\n");
   fclose(f);
   kill(d, SIGHUP);
@@ -368,6 +371,24 @@ static void test_sighup_quotas(void **st) {
   assert_int_equal(quota_of(name, "chat"), 2 << 20);
   assert_int_equal(DTU_RUN(out, "inspect", name), 0);
   assert_non_null(strstr(out, "search"));
+  /* an emptied file clears the quotas it had set; a --quota of the command
+   * line stays, also for a namespace the file named too (issue 32) */
+  f = fopen(qf, "w");
+  fprintf(f, "chat 2MiB\nbatch 1MiB\n");
+  fclose(f);
+  kill(d, SIGHUP);
+  for (int i = 0; i < 500 && quota_of(name, "batch") != 1 << 20; i++) dtu_sleep_ms(10);
+  assert_int_equal(quota_of(name, "batch"), 1 << 20);
+  f = fopen(qf, "w");
+  fclose(f);
+  kill(d, SIGHUP);
+  for (int i = 0; i < 500 && quota_of(name, "chat") != 0; i++) dtu_sleep_ms(10);
+  assert_int_equal(quota_of(name, "chat"), 0);
+  assert_int_equal(quota_of(name, "search"), 0);
+  assert_int_equal(quota_of(name, "batch"), 64 << 10);
+  f = fopen(qf, "w");
+  fprintf(f, "chat lots\n"); /* for the start below */
+  fclose(f);
   kill(d, SIGTERM);
   assert_int_equal(tu_wait(d), 0);
   f = fopen(log, "r");
@@ -653,6 +674,11 @@ static void test_bad_input(void **st) {
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "lots"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--evict-low", "50", "--evict-high", "40"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--bogus"), 2);
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "1MiB", "--slot-size", "4097"), 2);
+  assert_non_null(strstr(out, "--slot-size '4097'"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "1MiB", "--numa-nodes", "1,1"), 2);
+  assert_non_null(strstr(out, "lists node 1 twice"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "0x100000"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--help"), 0);
   assert_non_null(strstr(out, "Exit status"));
   assert_int_equal(DTU_RUN(out, "inspect", "--help"), 0);

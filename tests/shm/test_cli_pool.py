@@ -45,6 +45,15 @@ try:
     check("bad size is a usage error", rc == 2 and "not a size" in err, err)
     rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--bogus")
     check("unknown option is a usage error", rc == 2 and "--bogus" in err, err)
+    # issue 32, smaller defects: every bad value is a usage error (exit 2) naming the option
+    for args, word in [(["--slot-size", "100"], "--slot-size '100'"), (["--slot-size", "4097"], "--slot-size '4097'"),
+                       (["--slot-size", "0"], "--slot-size '0'"), (["--slot-size", "8GiB"], "--slot-size '8GiB'"),
+                       (["--numa-nodes", "0,0"], "--numa-nodes '0,0' lists node 0 twice"),
+                       (["--capacity", "0x100000"], "--capacity '0x100000'"), (["--capacity", "1e9"], "--capacity '1e9'")]:
+        full = ["--capacity", "64MiB", *args] if args[0] != "--capacity" else args
+        rc, _, err = umbp("pool", "create", name, *full)
+        check(f"{' '.join(args)} is a usage error naming the option",
+              rc == 2 and word in err and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
     rc, _, err = umbp("pool", "create", name, "--capacity", "100TiB")
     check("too big is refused before allocation", rc == 1 and "--capacity" in err and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
     rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault")
