@@ -237,14 +237,9 @@ static void test_half_made_pool(void **st) {
   const char *name = tu_name("dhalf");
   const char *log = log_path(name);
   unlink(log);
-  char *argv[] = {(char *)tu_helper("pool_helper"), "create-stall", (char *)name, NULL};
-  int fd;
-  pid_t creator = tu_spawn(argv, &fd);
   char line[256];
-  assert_true(tu_readline(fd, line, sizeof line) > 0);
-  close(fd);
-  kill(creator, SIGKILL);
-  tu_wait(creator);
+  pid_t creator = tu_half_made_pool(name, line, sizeof line);
+  assert_string_equal(line, "prefault");
   uint64_t t0 = umbp_now_ns();
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", name, "--foreground"), 1);
   if (!strstr(out, "died before finishing")) fprintf(stderr, "# got: %s", out);

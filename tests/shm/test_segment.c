@@ -361,15 +361,9 @@ static void capture_log(void *arg, int level, const char *msg) {
 static void test_half_made_pool_replaced(void **state) {
   (void)state;
   const char *name = tu_name("halfmade");
-  char *argv[] = {(char *)tu_helper("pool_helper"), "create-stall", (char *)name, NULL};
-  int fd;
-  pid_t pid = tu_spawn(argv, &fd);
   char line[256];
-  assert_true(tu_readline(fd, line, sizeof line) > 0);
-  close(fd);
+  pid_t pid = tu_half_made_pool(name, line, sizeof line);
   assert_string_equal(line, "prefault");
-  kill(pid, SIGKILL);
-  tu_wait(pid);
   umbp_pool *p = NULL;
   uint64_t t0 = umbp_now_ns();
   assert_int_equal(umbp_pool_attach(name, NULL, &p), -EOWNERDEAD); /* default timeout: 10 s */
