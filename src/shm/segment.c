@@ -503,6 +503,7 @@ static int take_over_half_made(const char *name, const char *path) {
 static int create_pool_file(const char *name, mode_t mode, bool hugepages, const char *hdir, char *path,
                             size_t pathn) {
   int fd = -EAGAIN;
+  bool told = false; /* take_over_half_made() failed with its own message */
   for (int attempt = 0; attempt < 4 && fd == -EAGAIN; attempt++) {
     fd = open_pool_file(name, O_RDWR | O_CREAT | O_EXCL, mode, hugepages, hdir, path, pathn);
     if (fd >= 0 && create_lock(fd, F_WRLCK) != 0) {
@@ -510,14 +511,14 @@ static int create_pool_file(const char *name, mode_t mode, bool hugepages, const
       fd = -EEXIST;
     } else if (fd == -EEXIST) {
       fd = take_over_half_made(name, path);
+      told = fd < 0 && fd != -EEXIST && fd != -EAGAIN;
     }
   }
-  if (fd >= 0) return fd;
+  if (fd >= 0 || told) return fd;
   if (fd == -EEXIST || fd == -EAGAIN)
     return umbp_fail(-EEXIST, "a pool named '%s' already exists (%s): attach to it, pick another name, "
                               "or remove it with 'umbp pool destroy %s'",
                      name, path, name);
-  if (fd == -EACCES && strstr(umbp_last_error(), "half-made")) return fd;
   if (fd == -EACCES) return umbp_fail(-EACCES, "cannot create %s: permission denied", path);
   return umbp_fail(fd, "cannot create pool file for '%s': %s", name, strerror(-fd));
 }
