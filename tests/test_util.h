@@ -81,4 +81,18 @@ static inline int tu_wait(pid_t pid) {
   return 128 + WTERMSIG(st);
 }
 
+/* A pool `name` left half-made: pool_helper create-stall creates it and is
+ * SIGKILLed while pre-faulting (before the magic). Returns the dead
+ * creator's pid; line: what it printed ("prefault"). */
+static inline pid_t tu_half_made_pool(const char *name, char *line, size_t n) {
+  char *argv[] = {(char *)tu_helper("pool_helper"), "create-stall", (char *)name, NULL};
+  int fd;
+  pid_t pid = tu_spawn(argv, &fd);
+  if (tu_readline(fd, line, n) < 0) line[0] = 0;
+  close(fd);
+  kill(pid, SIGKILL);
+  tu_wait(pid);
+  return pid;
+}
+
 #endif

@@ -27,13 +27,23 @@ int cmd_replay(int argc, char **argv);
 int cmd_daemon(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 
-/* Parse "8GiB", "256KiB", "4096", "1.5GiB", "64MB" (MB = MiB here, said in --help).
- * Returns 0 or -EINVAL. */
+/* Parse "8GiB", "256KiB", "4096", "1.5GiB", "64MB" (MB = MiB here, said in --help):
+ * decimal digits with at most one '.', then a unit; no hex ("0x100000"),
+ * exponent ("1e6"), sign or "inf". Returns 0 or -EINVAL. */
 int cli_parse_size(const char *s, uint64_t *ret);
 /* "1.5 GiB" style formatting into buf. */
 const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n);
 /* Parse a comma-separated list of non-negative ints ("0,1,3"); returns count or -EINVAL. */
 int cli_parse_int_list(const char *s, int *out, int max);
+/* --slot-size of `umbp SUB`: a size, a multiple of 64 from 4KiB to 4GiB (the
+ * pool's own rule, checked here so that a bad value is a usage error, exit 2,
+ * whatever it is). CLI_OK and *out, or CLI_USAGE with the message printed. */
+int cli_parse_slot_size(const char *sub, const char *arg, uint64_t *out);
+struct umbp_pool_params;
+/* --numa-nodes all|auto|LIST of `umbp SUB` into pp (all: n_numa_nodes 0;
+ * auto: *auto_nodes). A list names each node once. CLI_OK, or CLI_USAGE with
+ * the message printed. */
+int cli_parse_numa_nodes(const char *sub, const char *arg, struct umbp_pool_params *pp, bool *auto_nodes);
 /* --index-pages try|huge|small -> enum umbp_index_pages: 0 or -EINVAL. */
 int cli_parse_index_pages(const char *s, int *out);
 /* The option's word for an enum umbp_index_pages value. */

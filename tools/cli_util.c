@@ -18,6 +18,10 @@ int cli_parse_size(const char *s, uint64_t *ret) {
   char *end;
   double v = strtod(s, &end);
   if (errno || end == s || v < 0 || !isfinite(v)) return -EINVAL;
+  /* strtod also reads hex, exponents, signs, spaces and "inf": a size is decimal */
+  int dots = 0;
+  for (const char *q = s; q < end; q++)
+    if (!isdigit((unsigned char)*q) && (*q != '.' || ++dots > 1)) return -EINVAL;
   while (*end == ' ') end++;
   double mult = 1;
   if (*end) {
@@ -50,6 +54,40 @@ const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n) {
   else if (v == floor(v)) snprintf(buf, n, "%.0f %s", v, u[i]);
   else snprintf(buf, n, "%.2f %s", v, u[i]);
   return buf;
+}
+
+int cli_parse_slot_size(const char *sub, const char *arg, uint64_t *out) {
+  uint64_t v;
+  if (cli_parse_size(arg, &v) || v == 0)
+    return cli_usage_error(sub, "--slot-size '%s' is not a size: use e.g. 256KiB", arg);
+  if (v < 4096 || v % 64 || v > (1ull << 32))
+    return cli_usage_error(sub, "--slot-size '%s' (%llu bytes) is not a slot size: use a multiple of 64 bytes from 4KiB "
+                                "to 4GiB (the KV bytes of one block), e.g. 256KiB",
+                           arg, (unsigned long long)v);
+  *out = v;
+  return CLI_OK;
+}
+
+int cli_parse_numa_nodes(const char *sub, const char *arg, struct umbp_pool_params *pp, bool *auto_nodes) {
+  if (!strcmp(arg, "all")) {
+    pp->n_numa_nodes = 0;
+    return CLI_OK;
+  }
+  if (!strcmp(arg, "auto")) {
+    *auto_nodes = true;
+    return CLI_OK;
+  }
+  int n = cli_parse_int_list(arg, pp->numa_nodes, UMBP_MAX_PARTITIONS);
+  if (n <= 0)
+    return cli_usage_error(sub, "--numa-nodes '%s': use auto, all or a list of up to %d node numbers like 0,1", arg,
+                           UMBP_MAX_PARTITIONS);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < i; j++)
+      if (pp->numa_nodes[i] == pp->numa_nodes[j])
+        return cli_usage_error(sub, "--numa-nodes '%s' lists node %d twice: list each node once", arg,
+                               pp->numa_nodes[i]);
+  pp->n_numa_nodes = (unsigned)n;
+  return CLI_OK;
 }
 
 static const char *const index_pages_names[] = {[UMBP_INDEX_PAGES_TRY] = "try", [UMBP_INDEX_PAGES_HUGE] = "huge",

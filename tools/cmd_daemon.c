@@ -61,8 +61,9 @@ static const char *daemon_usage =
     "                        topology plan; or a list such as 0,1.\n"
     "  --group GROUP         create the pool with mode 0660 for GROUP (name or gid);\n"
     "                        default 0600, owner only.\n"
-    "  --no-prefault         do not pre-fault the slot bytes when creating (the\n"
-    "                        index metadata is always allocated at creation).\n"
+    "  --no-prefault         do not pre-fault the slot bytes when creating; their\n"
+    "                        blocks in /dev/shm are still reserved (fallocate), and\n"
+    "                        the index metadata is always allocated at creation.\n"
     "  --index-pages MODE    when creating: try (default), huge or small; where the\n"
     "                        bucket array and slot metadata live (see 'umbp pool\n"
     "                        create --help').\n"
@@ -82,9 +83,13 @@ static const char *daemon_usage =
     "Signals: SIGTERM, SIGINT stop the daemon cleanly; SIGHUP re-reads --quota-file.\n"
     "Log lines: '2026-12-02T16:00:00Z umbp-daemon[PID]: message' (UTC).\n"
     "\n"
+    "The daemon stops with status 1 when, checked every --reap-interval, its pool\n"
+    "file was removed or replaced (umbp pool destroy --force) or has shrunk.\n"
+    "\n"
     "Exit status: 0 stopped cleanly; 1 the pool cannot be created or adopted (it\n"
     "exists with another layout, belongs to another user, has a daemon already,\n"
-    "...), or a quota file is invalid at start; 2 usage error.\n"
+    "...), a quota file is invalid at start, or the pool was destroyed or\n"
+    "truncated under it; 2 usage error.\n"
     "Example: umbp daemon --pool kv --capacity 64GiB --numa-nodes auto --log /var/log/umbp-kv.log\n";
 
 /* ---- logging ---------------------------------------------------------------- */
@@ -194,6 +199,23 @@ static int apply_quotas(umbp_pool *p, const struct quota *q, unsigned n) {
   return bad;
 }
 
+/* SIGHUP: a namespace whose quota came from the old file and is not in the
+ * new one goes back to its --quota from the command line, or to none; an
+ * emptied file clears every quota it had set. */
+static void drop_removed_quotas(umbp_pool *p, const struct quota *cmdline, unsigned ncmd, const struct quota *old,
+                                unsigned nold, const struct quota *now, unsigned nnow) {
+  for (unsigned i = 0; i < nold; i++) {
+    bool kept = false;
+    for (unsigned j = 0; j < nnow && !kept; j++) kept = !strcmp(old[i].ns, now[j].ns);
+    if (kept) continue;
+    struct quota q = old[i];
+    q.bytes = 0;
+    for (unsigned j = 0; j < ncmd; j++)
+      if (!strcmp(cmdline[j].ns, q.ns)) q.bytes = cmdline[j].bytes;
+    apply_quotas(p, &q, 1);
+  }
+}
+
 /* ---- options ---------------------------------------------------------------- */
 struct dopts {
   const char *pool, *log, *quota_file;
@@ -253,22 +275,10 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       o->have_cap = true;
       break;
     case O_SLOT:
-      if (cli_parse_size(optarg, &v) || v == 0)
-        return cli_usage_error("daemon", "--slot-size '%s' is not a size: use e.g. 256KiB", optarg);
-      o->pp.slot_size = v;
+      if (cli_parse_slot_size("daemon", optarg, &o->pp.slot_size) != CLI_OK) return CLI_USAGE;
       break;
     case O_NODES:
-      if (!strcmp(optarg, "all")) {
-        o->pp.n_numa_nodes = 0;
-      } else if (!strcmp(optarg, "auto")) {
-        o->auto_nodes = true;
-      } else {
-        int n = cli_parse_int_list(optarg, o->pp.numa_nodes, UMBP_MAX_PARTITIONS);
-        if (n <= 0)
-          return cli_usage_error("daemon", "--numa-nodes '%s': use auto, all or a list of node numbers like 0,1",
-                                 optarg);
-        o->pp.n_numa_nodes = (unsigned)n;
-      }
+      if (cli_parse_numa_nodes("daemon", optarg, &o->pp, &o->auto_nodes) != CLI_OK) return CLI_USAGE;
       break;
     case O_GROUP: {
       o->pp.group_access = true;
@@ -358,6 +368,9 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
   int rc = umbp_pool_attach(o->pool, &ao, &ro);
   if (rc == -ENOENT && !o->have_cap)
     return fatal("no pool named '%s' and no --capacity to create it: give --capacity SIZE (e.g. 8GiB)", o->pool);
+  if (rc == -EOWNERDEAD && !o->have_cap)
+    return fatal("cannot adopt pool '%s': %s; a daemon given --capacity SIZE replaces it too", o->pool,
+                 umbp_last_error());
   if (rc == -EBADMSG || rc == -EPROTO)
     return fatal("cannot adopt pool '%s': %s (if it is corrupted: 'umbp pool destroy %s', then start the daemon "
                  "again)",
@@ -438,6 +451,37 @@ static int open_pool(struct dopts *o, umbp_pool **ret) {
   return adopt(o, ret);
 }
 
+/* ---- the pool file under the daemon ------------------------------------------ */
+/* Is the pool this daemon maps still the pool of that name, whole? NULL when
+ * it is; else why not, in why (for the log). Checked every reap period:
+ * `umbp pool destroy --force` unlinks the file under a running daemon (which
+ * would go on serving a pool nobody can attach to, while a second daemon
+ * starts on a re-created one), and a file truncated under the mapping makes
+ * every process touching the lost part die of SIGBUS. */
+static const char *pool_file_lost(umbp_pool *p, char *why, size_t n) {
+  struct stat mine, named;
+  if (fstat(p->fd, &mine) != 0) {
+    snprintf(why, n, "cannot stat the pool file: %s", strerror(errno));
+    return why;
+  }
+  if (mine.st_nlink == 0 || stat(p->path, &named) != 0 || named.st_ino != mine.st_ino || named.st_dev != mine.st_dev) {
+    snprintf(why, n, "pool '%s' was destroyed while this daemon ran (%s %s): nobody can attach to the pool it serves; "
+                     "start the daemon again to create or adopt the pool of that name",
+             p->name, p->path, stat(p->path, &named) == 0 ? "now names another pool" : "was removed");
+    return why;
+  }
+  if ((uint64_t)mine.st_size < p->size) {
+    char a[32], b[32];
+    snprintf(why, n, "the file of pool '%s' (%s) shrank from %s to %s under the running processes: any of them that "
+                     "touches the lost part dies of SIGBUS; stop them, destroy the pool ('umbp pool destroy %s') and "
+                     "create it again",
+             p->name, p->path, cli_fmt_size(p->size, a, sizeof a), cli_fmt_size((uint64_t)mine.st_size, b, sizeof b),
+             p->name);
+    return why;
+  }
+  return NULL;
+}
+
 /* ---- daemonising ------------------------------------------------------------ */
 /* Returns in the daemon (grandchild); the first parent exits from here with
  * the daemon's verdict. */
@@ -499,10 +543,11 @@ int cmd_daemon(int argc, char **argv) {
   if (rc != CLI_OK) return rc;
   /* static: the first parent of daemonise() exits with it allocated, and a
    * pointer held only in a dead register is reported as a leak by LSan */
-  static struct quota *fileq;
-  fileq = calloc(MAX_QUOTAS, sizeof *fileq);
+  static struct quota *fileq; /* the file's quotas in force, then room for a re-read on SIGHUP */
+  fileq = calloc(2 * MAX_QUOTAS, sizeof *fileq);
   if (!fileq) return CLI_RUNTIME;
-  unsigned nfileq = 0;
+  struct quota *newq = fileq + MAX_QUOTAS;
+  unsigned nfileq = 0, nnewq = 0;
   char err[600];
   if (o.quota_file && read_quota_file(o.quota_file, fileq, &nfileq, err, sizeof err)) {
     cli_error("%s", err);
@@ -559,7 +604,9 @@ int cmd_daemon(int argc, char **argv) {
   }
 
   int stop_sig = 0;
-  while (!stop_sig) {
+  char lost[700];
+  const char *lost_why = NULL;
+  while (!stop_sig && !(lost_why = pool_file_lost(p, lost, sizeof lost))) {
     struct timespec ts = {o.reap_ms / 1000, (long)(o.reap_ms % 1000) * 1000000L};
     int sig = sigtimedwait(&set, NULL, &ts);
     if (sig == SIGTERM || sig == SIGINT) {
@@ -569,11 +616,14 @@ int cmd_daemon(int argc, char **argv) {
     if (sig == SIGHUP) {
       if (!o.quota_file) {
         dlog("SIGHUP: no --quota-file to re-read; quotas unchanged");
-      } else if (read_quota_file(o.quota_file, fileq, &nfileq, err, sizeof err)) {
+      } else if (read_quota_file(o.quota_file, newq, &nnewq, err, sizeof err)) {
         dlog("error: SIGHUP: %s; quotas unchanged", err);
       } else {
-        dlog("SIGHUP: re-reading quotas from %s (%u entries)", o.quota_file, nfileq);
-        apply_quotas(p, fileq, nfileq);
+        dlog("SIGHUP: re-reading quotas from %s (%u entries)", o.quota_file, nnewq);
+        drop_removed_quotas(p, o.quotas, o.nquotas, fileq, nfileq, newq, nnewq);
+        apply_quotas(p, newq, nnewq);
+        memcpy(fileq, newq, nnewq * sizeof *newq);
+        nfileq = nnewq;
       }
     }
     umbp_pool_heartbeat(p);
@@ -585,12 +635,15 @@ int cmd_daemon(int argc, char **argv) {
      * until that consumer is reaped; if this thread waited for the evictor's
      * limbo lock meanwhile, no one would reap it and the pool would wedge. */
   }
-  dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (lost_why) dlog("error: %s; stopping", lost_why);
+  else dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
   umbp_evictor_stop(p);
   umbp_daemon_lock_release(p);
   umbp_pool_detach(p);
   free(fileq);
-  if (o.unlink_on_exit) {
+  if (lost_why) {
+    rc = -1; /* not ours to remove or keep any more */
+  } else if (o.unlink_on_exit) {
     rc = umbp_pool_destroy(o.pool);
     if (rc) dlog("error: --unlink-on-exit: %s", umbp_last_error());
     else dlog("pool '%s' destroyed (--unlink-on-exit)", o.pool);

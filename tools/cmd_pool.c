@@ -27,7 +27,7 @@ static const char *pool_usage =
     "  create NAME --capacity SIZE [--slot-size SIZE] [--numa-nodes LIST|all]\n"
     "              [--mempolicy bind|preferred|interleave|none] [--group GROUP]\n"
     "              [--hugepages [--hugetlbfs DIR]] [--index-pages try|huge|small]\n"
-    "              [--no-prefault] [--quiet]\n"
+    "              [--no-prefault [--no-reserve]] [--quiet]\n"
     "  destroy NAME [--force]\n"
     "  ls [--json]\n"
     "  info NAME [--json]\n"
@@ -70,10 +70,16 @@ static const char *create_usage =
     "                       fail; small: 4 KiB pages. With --hugepages the whole\n"
     "                       pool is on 2 MiB pages already.\n"
     "  --prefault-threads N threads that fault the memory in (default min(CPUs, 8)).\n"
-    "  --no-prefault        leave the slot bytes to fault in on first use. The\n"
-    "                       index metadata (160 MiB for 1M slots) is allocated\n"
-    "                       at creation either way, and mapped by every read-write\n"
-    "                       attach, so lookups and removes never take a page fault.\n"
+    "  --no-prefault        leave the slot bytes to fault in on first use; their\n"
+    "                       blocks in /dev/shm are still reserved (fallocate), so a\n"
+    "                       /dev/shm that fills up later cannot kill a writer with\n"
+    "                       SIGBUS. The index metadata (160 MiB for 1M slots) is\n"
+    "                       allocated at creation either way, and mapped by every\n"
+    "                       read-write attach, so lookups and removes never take a\n"
+    "                       page fault.\n"
+    "  --no-reserve         with --no-prefault: do not reserve the slot bytes either\n"
+    "                       (a sparse pool, for tests: when /dev/shm fills up, a\n"
+    "                       process writing a block dies of SIGBUS; a warning says so).\n"
     "  --event-capacity N   events kept for subscribers (default 65536).\n"
     "  -q, --quiet          no progress output.\n"
     "\n"
@@ -162,7 +168,7 @@ static int pool_create(int argc, char **argv) {
     fputs(create_usage, stdout);
     return CLI_OK;
   }
-  enum { O_CAP = 256, O_SLOT, O_NODES, O_POL, O_GROUP, O_HUGE, O_HDIR, O_PFT, O_NOPF, O_EVCAP, O_RANKS, O_IPAGES };
+  enum { O_CAP = 256, O_SLOT, O_NODES, O_POL, O_GROUP, O_HUGE, O_HDIR, O_PFT, O_NOPF, O_EVCAP, O_RANKS, O_IPAGES, O_NORES };
   static const struct option opts[] = {
       {"capacity", required_argument, 0, O_CAP},       {"slot-size", required_argument, 0, O_SLOT},
       {"numa-nodes", required_argument, 0, O_NODES},   {"mempolicy", required_argument, 0, O_POL},
@@ -170,7 +176,7 @@ static int pool_create(int argc, char **argv) {
       {"hugetlbfs", required_argument, 0, O_HDIR},     {"prefault-threads", required_argument, 0, O_PFT},
       {"no-prefault", no_argument, 0, O_NOPF},         {"event-capacity", required_argument, 0, O_EVCAP},
       {"ranks", required_argument, 0, O_RANKS},        {"quiet", no_argument, 0, 'q'},
-      {"index-pages", required_argument, 0, O_IPAGES},
+      {"index-pages", required_argument, 0, O_IPAGES}, {"no-reserve", no_argument, 0, O_NORES},
       {0, 0, 0, 0}};
   umbp_pool_params pp;
   umbp_pool_params_init(&pp);
@@ -189,22 +195,10 @@ static int pool_create(int argc, char **argv) {
       have_cap = true;
       break;
     case O_SLOT:
-      if (cli_parse_size(optarg, &v) || v == 0)
-        return cli_usage_error("pool create", "--slot-size '%s' is not a size: use e.g. 256KiB", optarg);
-      pp.slot_size = v;
+      if (cli_parse_slot_size("pool create", optarg, &pp.slot_size) != CLI_OK) return CLI_USAGE;
       break;
     case O_NODES:
-      if (!strcmp(optarg, "all")) {
-        pp.n_numa_nodes = 0;
-      } else if (!strcmp(optarg, "auto")) {
-        auto_nodes = true;
-      } else {
-        int n = cli_parse_int_list(optarg, pp.numa_nodes, UMBP_MAX_PARTITIONS);
-        if (n <= 0)
-          return cli_usage_error("pool create", "--numa-nodes '%s' is not a list of node numbers like 0,1 (at most %d)",
-                                 optarg, UMBP_MAX_PARTITIONS);
-        pp.n_numa_nodes = (unsigned)n;
-      }
+      if (cli_parse_numa_nodes("pool create", optarg, &pp, &auto_nodes) != CLI_OK) return CLI_USAGE;
       break;
     case O_POL:
       if (!strcmp(optarg, "bind")) pp.mempolicy = UMBP_MPOL_BIND;
@@ -240,6 +234,7 @@ static int pool_create(int argc, char **argv) {
       break;
     }
     case O_NOPF: pp.no_prefault = true; break;
+    case O_NORES: pp.no_reserve = true; break;
     case O_EVCAP: {
       char *end;
       long n = strtol(optarg, &end, 10);
@@ -266,6 +261,9 @@ static int pool_create(int argc, char **argv) {
   if (umbp_pool_name_valid(name)) return cli_usage_error("pool create", "%s", umbp_last_error());
   if (!have_cap) return cli_usage_error("pool create", "--capacity is required, e.g. --capacity 8GiB");
   if (ranks && !auto_nodes) return cli_usage_error("pool create", "--ranks only makes sense with --numa-nodes auto");
+  if (pp.no_reserve && !pp.no_prefault)
+    return cli_usage_error("pool create", "--no-reserve only makes sense with --no-prefault (pre-faulting allocates "
+                                          "every block)");
   if (auto_nodes) {
     umbp_topo *topo;
     umbp_topo_plan *plan;

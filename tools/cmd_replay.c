@@ -237,14 +237,16 @@ static int do_write(const char *path, const struct trace *t) {
     cli_error("replay: cannot write '%s': %s", path, strerror(errno));
     return CLI_RUNTIME;
   }
-  int rc = trace_write(f, t);
+  errno = 0;
+  int rc = trace_write(f, t), e = rc ? errno : 0; /* stdio leaves the failed write's errno (ENOSPC, EIO, ...) */
   if (f != stdout) {
-    if (fclose(f)) rc = -EIO;
-  } else if (fflush(f)) {
-    rc = -EIO;
+    if (fclose(f) && !e) e = errno ? errno : EIO;
+  } else if (fflush(f) && !e) {
+    e = errno ? errno : EIO;
   }
-  if (rc) {
-    cli_error("replay: writing '%s' failed: %s", path, strerror(EIO));
+  if (rc || e) {
+    cli_error("replay: cannot write the workload to %s%s%s: %s", f == stdout ? "standard output ('" : "'", path,
+              f == stdout ? "')" : "'", strerror(e ? e : EIO));
     return CLI_RUNTIME;
   }
   if (f != stdout) fprintf(stderr, "umbp: wrote %zu requests to %s\n", t->n, path);
@@ -265,9 +267,17 @@ int cmd_replay(int argc, char **argv) {
 
   optind = 1;
   opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+  int c, li = -1;
+  char opt_name[48];
+  while ((c = getopt_long(argc, argv, "h", long_opts, &li)) != -1) {
+    /* the option itself ("--conversations"), not argv[optind - 1], which is
+     * its value when given as a separate word; for an unknown one: the word */
     const char *name = optind > 1 && optind <= argc ? argv[optind - 1] : "";
+    if (li >= 0 && c != '?') {
+      snprintf(opt_name, sizeof opt_name, "--%s", long_opts[li].name);
+      name = opt_name;
+    }
+    li = -1;
     switch (c) {
       case 'h':
         fputs(replay_usage, stdout);
@@ -377,6 +387,8 @@ int cmd_replay(int argc, char **argv) {
   uint64_t caps[SWEEP_MAX];
   bool unb[SWEEP_MAX];
   unsigned ncap = 0;
+  if (sweep_arg && !*sweep_arg)
+    return cli_usage_error("replay", "--capacity-sweep '' is empty: give a list of sizes, e.g. 256MiB,1GiB,unbounded");
   if (sweep_arg) {
     const char *p = sweep_arg;
     while (*p) {

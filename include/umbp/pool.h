@@ -14,7 +14,11 @@
  * Lifetime rules:
  *  - umbp_pool_create() is exclusive (a second creator gets -EEXIST) and
  *    writes the header's magic last; attachers that arrive earlier wait up to
- *    their timeout for it.
+ *    their timeout for it. The creator holds a lock on the file until then,
+ *    so a pool whose creator died half-way (killed while pre-faulting) is
+ *    known at once: attachers get -EOWNERDEAD without waiting, and the next
+ *    umbp_pool_create() of that name replaces it (with a warning through the
+ *    log callback).
  *  - A pool outlives the processes that use it until umbp_pool_destroy() (or
  *    `umbp pool destroy NAME`) unlinks it; mappings that already exist stay
  *    valid until their owners detach. A reboot removes it (tmpfs).
@@ -88,11 +92,15 @@ typedef struct umbp_pool_params {
   bool hugepages;           /* back the pool by a file on a hugetlbfs mount */
   const char *hugetlbfs_dir;/* NULL: the first hugetlbfs mount in /proc/mounts */
   unsigned prefault_threads;/* 0: min(online CPUs, 8) */
-  bool no_prefault;         /* skip pre-faulting the slot bytes (the metadata is always populated) */
+  bool no_prefault;         /* skip pre-faulting the slot bytes (the metadata is always populated); they
+                             * are still reserved (fallocate), so a later full /dev/shm cannot SIGBUS a
+                             * writer */
   uint32_t event_capacity;  /* events kept in the event ring; 0: 65536 */
   umbp_progress_fn progress;/* pre-fault progress; may be NULL */
   void *progress_arg;
   int index_pages;          /* enum umbp_index_pages; ignored with hugepages (all huge) */
+  bool no_reserve;          /* with no_prefault: do not reserve the slot bytes either (sparse: a later
+                             * full /dev/shm kills a writer with SIGBUS; a warning says so). Tests. */
 } umbp_pool_params;
 
 /* Fill defaults: capacity 0 (must be set), slot_size 256 KiB, all nodes, BIND, 0600. */
@@ -108,15 +116,17 @@ typedef struct umbp_attach_opts {
 UMBP_API void umbp_attach_opts_init(umbp_attach_opts *o);
 
 /* Create pool `name` and attach to it read-write as its first process.
- * Returns 0 and *ret_pool, or: -EINVAL bad name/params; -EEXIST a pool of
- * that name exists; -ENOSPC /dev/shm (or hugetlbfs) too small; -ENOMEM more
+ * A half-made pool of that name whose creator died is replaced (its own
+ * user's only). Returns 0 and *ret_pool, or: -EINVAL bad name/params; -EEXIST
+ * a pool of that name exists or is being created; -ENOSPC /dev/shm (or hugetlbfs) too small; -ENOMEM more
  * than available memory (both refused before any large allocation); -EACCES,
  * -EIO. The detailed reason is in umbp_last_error(). Any thread. */
 UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *params, umbp_pool **ret_pool);
 
 /* Attach to an existing pool. Returns 0 and *ret_pool, or: -ENOENT no such
  * pool; -EACCES no permission; -ETIMEDOUT creator still initialising after
- * timeout_ms; -EPROTO other layout version or ABI; -EBADMSG truncated or
+ * timeout_ms; -EOWNERDEAD the creator died before finishing the pool (at
+ * once, not after the timeout); -EPROTO other layout version or ABI; -EBADMSG truncated or
  * corrupted segment; -EUSERS registry full. Never crashes on a bad segment. */
 UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, umbp_pool **ret_pool);
 

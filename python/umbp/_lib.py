@@ -69,7 +69,7 @@ class PoolParams(C.Structure):
                 ("hugepages", C.c_bool), ("hugetlbfs_dir", C.c_char_p),
                 ("prefault_threads", C.c_uint), ("no_prefault", C.c_bool),
                 ("event_capacity", C.c_uint32), ("progress", PROGRESS_FN),
-                ("progress_arg", C.c_void_p), ("index_pages", C.c_int)]
+                ("progress_arg", C.c_void_p), ("index_pages", C.c_int), ("no_reserve", C.c_bool)]
 
 
 class AttachOpts(C.Structure):

@@ -164,5 +164,6 @@ _Static_assert(sizeof(struct umbp_proc_slot) == 512, "proc slot frozen");
 
 #define UMBP_LOCK_PROC_BASE 0    /* byte i: registry slot i */
 #define UMBP_LOCK_DAEMON 4096    /* byte held by the pool's daemon */
+#define UMBP_LOCK_CREATE 4097    /* byte held by the creator until it has stored the magic */
 
 #endif

@@ -27,7 +27,8 @@ struct umbp_pool {
   struct umbp_shm_header *hdr;
   struct umbp_proc_slot *procs;
   struct umbp_index *index;/* lazily created per-process index state */
-  _Atomic bool reaping[UMBP_MAX_PROCS]; /* registry slots this handle is reaping now */
+  _Atomic bool reaping[UMBP_MAX_PROCS]; /* registry slots a thread of this handle is reaping now: the claim
+                                          * between its threads, taken by compare-and-swap (registry.c) */
 };
 
 /* Checked offset-to-pointer: NULL when [off, off+len) is not inside the mapping. */

@@ -19,7 +19,13 @@
  *  - reap: try-lock byte i of a non-FREE slot; success means its owner is dead
  *    (a live owner holds the lock). Holding the lock, release the state the
  *    dead process left (umbp_index_reap_proc), store state = FREE, unlock.
- *    Two reapers cannot reap the same slot: the lock admits one.
+ *    Two reapers in different processes cannot reap the same slot: the lock
+ *    admits one. Two threads of one process share the handle's open file
+ *    description, and an OFD lock does not exclude its own description: there
+ *    the handle's reaping[slot] flag is the claim, taken by compare-and-swap
+ *    before the lock (claim_reap()), so one thread reaps and the other sees
+ *    the slot as being reaped. The same flag makes a reaper that meets the
+ *    slot it is reaping again (a free-queue wait inside the reap) leave it.
  * A process killed between taking the lock and storing LIVE leaves a FREE
  * slot whose lock the kernel drops: nothing to repair. The pid and start time
  * are recorded for people (inspect), not for decisions.
@@ -55,13 +61,28 @@ bool umbp_registry_alive(const umbp_pool *p, unsigned slot) {
   return fl.l_type != F_UNLCK;
 }
 
+/* Claim registry slot `slot` for reaping by this handle: true when this
+ * thread now owns the claim (release it with unclaim_reap()), false when
+ * another thread of this process (or this thread, further up its stack)
+ * holds it. acq_rel: a thread that claims after another's unclaim sees
+ * everything that reap wrote (the release in unclaim_reap()). */
+static bool claim_reap(struct umbp_pool *p, unsigned slot) {
+  bool expected = false;
+  return atomic_compare_exchange_strong_explicit(&p->reaping[slot], &expected, true, memory_order_acq_rel,
+                                                 memory_order_relaxed);
+}
+
+static void unclaim_reap(struct umbp_pool *p, unsigned slot) {
+  /* pairs with the acquire of the next claim_reap() */
+  atomic_store_explicit(&p->reaping[slot], false, memory_order_release);
+}
+
+/* Reap `slot`: its lock byte and its reaping claim are held by the caller. */
 static void reap_locked(struct umbp_pool *p, unsigned slot) {
   struct umbp_proc_slot *s = &p->procs[slot];
   umbp_log(UMBP_LOG_INFO, "pool %s: reaping registry slot %u of dead pid %d (%s)", p->name, slot, s->pid,
            umbp_role_name((int)s->role));
-  p->reaping[slot] = true;
   umbp_index_reap_proc(p, slot);
-  p->reaping[slot] = false;
   /* pairs with the acquire load in umbp_pool_list_procs / claim */
   atomic_store_explicit(&s->state, UMBP_PROC_FREE, memory_order_release);
 }
@@ -78,7 +99,10 @@ int umbp_registry_claim(struct umbp_pool *p, int role, int rank) {
         lock_byte(p->fd, i, F_UNLCK);
         continue;
       }
+      /* attach: no other thread has this handle yet, so the claim is ours */
+      claim_reap(p, i);
       reap_locked(p, i);
+      unclaim_reap(p, i);
     }
     s->role = (uint32_t)role;
     s->rank = rank;
@@ -116,16 +140,19 @@ int umbp_registry_reap_slot(umbp_pool *p, unsigned slot) {
   if (slot >= UMBP_MAX_PROCS || (int)slot == p->proc_slot || p->read_only) return 0;
   struct umbp_proc_slot *s = &p->procs[slot];
   if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE) return 0;
-  /* Our own handle may be the reaper of this very slot right now (its lock
-   * re-locks for the same open file description): the reaping flags guard that. */
-  if (p->reaping[slot]) return 0;
-  if (lock_byte(p->fd, slot, F_WRLCK) != 0) return 0; /* alive, or being reaped by someone else */
+  /* Another thread of this process, or this thread further up its stack,
+   * may be reaping this very slot (the lock re-locks for the same open file
+   * description): the claim admits one. */
+  if (!claim_reap(p, slot)) return 0;
   int n = 0;
-  if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE) {
-    reap_locked(p, slot);
-    n = 1;
+  if (lock_byte(p->fd, slot, F_WRLCK) == 0) { /* else alive, or being reaped by another process */
+    if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE) {
+      reap_locked(p, slot);
+      n = 1;
+    }
+    lock_byte(p->fd, slot, F_UNLCK);
   }
-  lock_byte(p->fd, slot, F_UNLCK);
+  unclaim_reap(p, slot);
   return n;
 }
 
@@ -139,11 +166,14 @@ UMBP_API int umbp_pool_reap(umbp_pool *p) {
      * readers when it detached): reclaim them now, holding its lock so that
      * no process claims the slot meanwhile */
     struct umbp_proc_slot *s = &p->procs[i];
-    if ((int)i != p->proc_slot && !p->reaping[i] && atomic_load_explicit(&s->orphans, memory_order_acquire) &&
-        atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE && lock_byte(p->fd, i, F_WRLCK) == 0) {
+    if ((int)i == p->proc_slot || !atomic_load_explicit(&s->orphans, memory_order_acquire) ||
+        atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE || !claim_reap(p, i))
+      continue;
+    if (lock_byte(p->fd, i, F_WRLCK) == 0) {
       if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE) umbp_index_sweep_orphans(p, i);
       lock_byte(p->fd, i, F_UNLCK);
     }
+    unclaim_reap(p, i);
   }
   return n;
 }

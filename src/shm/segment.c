@@ -5,6 +5,9 @@
  * Design note (see also layout.h):
  *  - Creation is shm_open(O_CREAT|O_EXCL) + ftruncate + mmap, so a second
  *    creator gets -EEXIST from the kernel, not from a race-prone check.
+ *    One name is one pool across /dev/shm and the hugetlbfs mount: a creator
+ *    checks the other place before and after its O_EXCL creation
+ *    (name_taken_elsewhere()), and --hugetlbfs DIR must be a hugetlbfs mount.
  *    Every size check (the shm file system's free space, MemAvailable, the
  *    chosen NUMA nodes' memory) runs before ftruncate, so a pool that cannot
  *    fit is refused before any large allocation.
@@ -14,7 +17,13 @@
  *    without CAP_SYS_NICE) is reported through the log callback and creation
  *    continues with the kernel's default placement.
  *  - The creator fills the header and the regions, claims its registry slot,
- *    and only then stores the magic (release). An attacher maps the file,
+ *    and only then stores the magic (release). From just after the file's
+ *    O_EXCL creation until that store it holds lock byte UMBP_LOCK_CREATE
+ *    (an OFD lock, which the kernel drops when the creator dies), so a file
+ *    without the magic and without that lock is a half-made pool whose
+ *    creator died (half_made()): attachers fail at once (-EOWNERDEAD) instead
+ *    of waiting out their timeout, and the next creator of the name takes
+ *    the file over under that lock (take_over_half_made()). An attacher maps the file,
  *    waits (bounded) for the magic (acquire), then validates everything it
  *    will ever follow: version, feature bits, ABI fingerprint, checksum, total
  *    size against the file's real size, every region and partition inside the
@@ -34,6 +43,7 @@
  *    against the header, and refuses a missing one naming it.
  */
 #include <dirent.h>
+#include <linux/magic.h>
 #include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
@@ -46,6 +56,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -269,6 +280,10 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
                      file_size < h->total_size ? "truncated" : "resized");
   if (h->n_regions != UMBP_REG_COUNT)
     return umbp_fail(-EBADMSG, "pool header lists %u regions, expected %u", h->n_regions, UMBP_REG_COUNT);
+  /* Regions lie in the file, in the order of enum umbp_region, disjoint: a
+   * checksum proves only that the header was written whole, not that a
+   * writer laid it out sanely (one region moved onto another passes it). */
+  uint64_t prev_end = UMBP_HEADER_BYTES;
   for (unsigned r = 0; r < UMBP_REG_COUNT; r++) {
     const struct umbp_region_desc *d = &h->regions[r];
     if (d->offset < UMBP_HEADER_BYTES || d->offset % 64 || d->offset > file_size ||
@@ -276,6 +291,12 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
       return umbp_fail(-EBADMSG, "pool region %u [%llu, +%llu) lies outside the %llu-byte segment", r,
                        (unsigned long long)d->offset, (unsigned long long)d->size,
                        (unsigned long long)file_size);
+    if (d->offset < prev_end)
+      return umbp_fail(-EBADMSG, "pool region %u [%llu, +%llu) overlaps %s%.0u, which ends at %llu (regions are "
+                                 "disjoint and in order): header corrupted; destroy the pool and create it again",
+                       r, (unsigned long long)d->offset, (unsigned long long)d->size, r ? "region " : "the header",
+                       r ? r - 1 : 0, (unsigned long long)prev_end);
+    prev_end = d->offset + d->size;
   }
   if (h->incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE) {
     uint64_t ioff, ilen;
@@ -314,9 +335,11 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
   uint64_t slots = 0;
   const struct umbp_region_desc *arena = &h->regions[UMBP_REG_ARENA];
   const struct umbp_region_desc *rings = &h->regions[UMBP_REG_FREERINGS];
+  uint64_t part_end = arena->offset, ring_end = rings->offset; /* partitions and their rings: in order, disjoint */
   for (unsigned i = 0; i < h->n_partitions; i++) {
     const struct umbp_partition_desc *d = &h->partitions[i];
     if (d->first_slot != slots || d->slot_count == 0 || d->bytes != d->slot_count * h->slot_size ||
+        d->offset < part_end || d->ring_offset < ring_end ||
         d->offset < arena->offset || d->offset > arena->offset + arena->size ||
         d->bytes > arena->offset + arena->size - d->offset || d->ring_offset < rings->offset ||
         d->ring_offset > rings->offset + rings->size || d->ring_bytes > rings->offset + rings->size - d->ring_offset ||
@@ -325,6 +348,8 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
                                  "the arena: header corrupted",
                        i, d->first_slot, d->slot_count, (unsigned long long)d->offset);
     slots += d->slot_count;
+    part_end = d->offset + d->bytes;
+    ring_end = d->ring_offset + d->ring_bytes;
   }
   if (slots != h->slot_count)
     return umbp_fail(-EBADMSG, "pool partitions hold %llu slots, header says %u: header corrupted",
@@ -379,6 +404,163 @@ static int open_pool_file(const char *name, int flags, mode_t mode, bool hugepag
     }
   }
   return -ENOENT;
+}
+
+/* ---- half-made pools -------------------------------------------------------- */
+/* A file of size 0 has no header yet: its creator is between the O_EXCL
+ * open and its lock (microseconds), or died there. Judged dead only when it
+ * is older than this. */
+#define HALF_MADE_GRACE_NS 1000000000ull
+
+static int create_lock(int fd, int type) {
+  struct flock fl = {.l_type = (short)type, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_CREATE, .l_len = 1};
+  return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
+}
+
+/* Is the pool file fd (st: its fstat) half-made, its creator dead? 1 yes,
+ * with *ret_creator the pid its header recorded (0: none yet); 0 no (done,
+ * being created, or not a file umbp leaves half-made). The lock is tested
+ * before the magic is read: a creator stores the magic, then unlocks. */
+static int half_made(int fd, const struct stat *st, int *ret_creator) {
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_CREATE, .l_len = 1};
+  if (fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK) return 0; /* being created (or cannot tell) */
+  *ret_creator = 0;
+  if (st->st_size == 0) {
+    uint64_t mtime = (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec;
+    return umbp_realtime_ns() > mtime + HALF_MADE_GRACE_NS;
+  }
+  if ((uint64_t)st->st_size < UMBP_HEADER_BYTES) return 0; /* a creator sizes the file in one step */
+  uint64_t magic = 1;
+  int32_t pid = 0;
+  if (pread(fd, &magic, sizeof magic, offsetof(struct umbp_shm_header, magic)) != (ssize_t)sizeof magic ||
+      pread(fd, &pid, sizeof pid, offsetof(struct umbp_shm_header, creator_pid)) != (ssize_t)sizeof pid)
+    return 0;
+  *ret_creator = pid;
+  return magic == 0;
+}
+
+static int half_made_fail(const char *name, int creator) {
+  char who[48] = "";
+  if (creator > 0) snprintf(who, sizeof who, " (pid %d)", creator);
+  return umbp_fail(-EOWNERDEAD, "pool '%s' was left half-made: the process that was creating it%s died before "
+                                "finishing it; 'umbp pool create %s' (or a daemon given --capacity) replaces it, or "
+                                "remove it with 'umbp pool destroy %s'",
+                   name, who, name, name);
+}
+
+/* The pool file at path exists (O_EXCL said so). If it is half-made and its
+ * creator dead, take it over: its fd, with the creation lock held and its
+ * size reset to 0, as if just created. -EEXIST: a real pool, or one being
+ * created; -EAGAIN: the file went away meanwhile (try creating again);
+ * another negative errno with a message. */
+static int take_over_half_made(const char *name, const char *path) {
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return errno == ENOENT ? -EAGAIN : -EEXIST;
+  struct stat st, now;
+  int creator = 0;
+  if (fstat(fd, &st) != 0 || half_made(fd, &st, &creator) != 1) {
+    close(fd);
+    return -EEXIST;
+  }
+  if (st.st_uid != geteuid()) {
+    close(fd);
+    return umbp_fail(-EACCES, "pool '%s' was left half-made by a creator that died, and its file %s belongs to uid "
+                              "%u: remove it as that user ('umbp pool destroy %s')",
+                     name, path, (unsigned)st.st_uid, name);
+  }
+  /* Holding the lock, nobody else finishes or takes over this file; a
+   * creator still between its O_EXCL open and its lock finds the lock taken
+   * and gives up (create_pool_file()). */
+  if (create_lock(fd, F_WRLCK) != 0) {
+    close(fd);
+    return -EEXIST;
+  }
+  uint64_t magic = 0;
+  if (fstat(fd, &st) != 0 || stat(path, &now) != 0 || st.st_ino != now.st_ino || st.st_dev != now.st_dev) {
+    close(fd);
+    return -EAGAIN; /* removed or replaced meanwhile */
+  }
+  if ((uint64_t)st.st_size >= UMBP_HEADER_BYTES &&
+      (pread(fd, &magic, sizeof magic, 0) != (ssize_t)sizeof magic || magic != 0)) {
+    close(fd);
+    return -EEXIST; /* finished by a takeover that came first */
+  }
+  if (ftruncate(fd, 0) != 0) {
+    int e = errno;
+    close(fd);
+    return umbp_fail(-e, "cannot reset the half-made pool file %s: %s", path, strerror(e));
+  }
+  char who[48] = "its creator";
+  if (creator > 0) snprintf(who, sizeof who, "its creator (pid %d)", creator);
+  umbp_log(UMBP_LOG_WARN, "pool '%s': %s was left half-made by %s, which died before finishing it; creating the "
+                          "pool anew in its place",
+           name, path, who);
+  return fd;
+}
+
+/* Create the pool file exclusively, with the creation lock held: its fd
+ * (path set), or a negative errno with a message. */
+static int create_pool_file(const char *name, mode_t mode, bool hugepages, const char *hdir, char *path,
+                            size_t pathn) {
+  int fd = -EAGAIN;
+  bool told = false; /* take_over_half_made() failed with its own message */
+  for (int attempt = 0; attempt < 4 && fd == -EAGAIN; attempt++) {
+    fd = open_pool_file(name, O_RDWR | O_CREAT | O_EXCL, mode, hugepages, hdir, path, pathn);
+    if (fd >= 0 && create_lock(fd, F_WRLCK) != 0) {
+      close(fd); /* taken over in the instant before the lock: the file is the other creator's now */
+      fd = -EEXIST;
+    } else if (fd == -EEXIST) {
+      fd = take_over_half_made(name, path);
+      told = fd < 0 && fd != -EEXIST && fd != -EAGAIN;
+    }
+  }
+  if (fd >= 0 || told) return fd;
+  if (fd == -EEXIST || fd == -EAGAIN)
+    return umbp_fail(-EEXIST, "a pool named '%s' already exists (%s): attach to it, pick another name, "
+                              "or remove it with 'umbp pool destroy %s'",
+                     name, path, name);
+  if (fd == -EACCES) return umbp_fail(-EACCES, "cannot create %s: permission denied", path);
+  return umbp_fail(fd, "cannot create pool file for '%s': %s", name, strerror(-fd));
+}
+
+/* One name is one pool: a pool file umbp.NAME in /dev/shm or on the first
+ * hugetlbfs mount (where attach looks for it), other than in `dir` (where
+ * the caller creates: its O_EXCL covers that place), makes the name taken:
+ * -EEXIST naming it, else 0. Called before creating (the message comes
+ * before any size check) and again after the O_EXCL creation: of two
+ * creators racing in the two places, the one that checks last sees the
+ * other's file, so at most one of them keeps its pool. */
+static int name_taken_elsewhere(const char *name, const char *dir) {
+  char places[2][160] = {SHM_DIR, ""};
+  if (umbp_hugetlbfs_mount(places[1], sizeof places[1]) < 0) places[1][0] = '\0';
+  for (int i = 0; i < 2; i++) {
+    char path[sizeof places + UMBP_NAME_MAX + 8]; /* gcc bounds places[i] by the whole array */
+    struct stat st;
+    if (!places[i][0] || !strcmp(places[i], dir)) continue;
+    snprintf(path, sizeof path, "%s/umbp.%.64s", places[i], name); /* a valid name has at most 64 */
+    if (lstat(path, &st) == 0)
+      return umbp_fail(-EEXIST, "a pool named '%s' already exists in %s (%s): one name is one pool across /dev/shm "
+                                "and the hugetlbfs mount; attach to it, pick another name, or remove it with 'umbp "
+                                "pool destroy %s'",
+                       name, places[i], path, name);
+  }
+  return 0;
+}
+
+/* --hugetlbfs DIR: 0 when DIR is a hugetlbfs mount, else -EINVAL or
+ * -errno naming it. A pool file elsewhere would sit on ordinary pages where
+ * no other command looks for it. */
+static int check_hugetlbfs_dir(const char *dir) {
+  struct statfs sf;
+  if (statfs(dir, &sf) != 0)
+    return umbp_fail(-errno, "--hugetlbfs %s: %s: give the mount point of a hugetlbfs (grep hugetlbfs /proc/mounts)",
+                     dir, strerror(errno));
+  if ((unsigned long)sf.f_type != (unsigned long)HUGETLBFS_MAGIC)
+    return umbp_fail(-EINVAL, "--hugetlbfs %s is not a hugetlbfs mount (file system magic 0x%lx): a pool there "
+                              "would not be on huge pages and no other umbp command would find it; give a hugetlbfs "
+                              "mount point (grep hugetlbfs /proc/mounts), or leave --hugetlbfs out to use the first",
+                     dir, (unsigned long)sf.f_type);
+  return 0;
 }
 
 /* ---- capacity checks ------------------------------------------------------ */
@@ -659,6 +841,34 @@ static int prefault(struct umbp_pool *p, const umbp_pool_params *pp) {
   return 0;
 }
 
+static const char *fmt_gib(uint64_t bytes, char *buf, size_t n) {
+  snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
+  return buf;
+}
+
+/* no_prefault: reserve the slot bytes' blocks in /dev/shm without mapping
+ * them (posix_fallocate after place_partitions(), so they follow the NUMA
+ * policy). A page first touched later then never finds /dev/shm full: a
+ * shmem fault that cannot allocate raises SIGBUS in whoever writes the
+ * block, and no one can handle that. Costs the memory at creation, as
+ * pre-faulting does, but not the page-table work of every mapping. */
+static int reserve_arena(struct umbp_pool *p) {
+  const struct umbp_region_desc *a = &p->hdr->regions[UMBP_REG_ARENA];
+  int e = posix_fallocate(p->fd, (off_t)a->offset, (off_t)a->size);
+  if (e == 0) return 0;
+  char b[32];
+  if (e == EOPNOTSUPP || e == EINVAL) {
+    umbp_log(UMBP_LOG_WARN, "pool '%s': the file system of %s cannot reserve the %s of slot bytes (%s): they are "
+                            "taken on first use, and a full file system then kills a writer with SIGBUS",
+             p->name, p->path, fmt_gib(a->size, b, sizeof b), strerror(e));
+    return 0;
+  }
+  return umbp_fail(e == ENOSPC || e == ENOMEM ? -ENOSPC : -e,
+                   "cannot reserve the pool's %s of slot bytes in %s (%s): free space there or choose a smaller "
+                   "--capacity",
+                   fmt_gib(a->size, b, sizeof b), SHM_DIR, strerror(e));
+}
+
 /* Ask for transparent huge pages on the metadata (buckets, slot metadata):
  * lookups touch them at random, and 4 KiB pages make each miss a TLB miss too.
  * Takes effect where the kernel allows huge pages for shared memory
@@ -755,14 +965,17 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   if (pp->hugepages) {
     if (pp->hugetlbfs_dir && strlen(pp->hugetlbfs_dir) >= sizeof dir)
       return umbp_fail(-EINVAL, "hugetlbfs directory path is longer than %zu bytes", sizeof dir - 1);
-    if (pp->hugetlbfs_dir) snprintf(dir, sizeof dir, "%s", pp->hugetlbfs_dir);
-    else if (umbp_hugetlbfs_mount(dir, sizeof dir) < 0)
+    if (pp->hugetlbfs_dir) {
+      snprintf(dir, sizeof dir, "%s", pp->hugetlbfs_dir);
+      if ((rc = check_hugetlbfs_dir(dir))) return rc;
+    } else if (umbp_hugetlbfs_mount(dir, sizeof dir) < 0)
       return umbp_fail(-ENOENT, "--hugepages needs a hugetlbfs mount and none is in /proc/mounts: mount "
                                 "one (mount -t hugetlbfs none /dev/hugepages) and reserve pages (sysctl "
                                 "vm.nr_hugepages=N), or drop --hugepages");
     struct statvfs sv;
     if (statvfs(dir, &sv) == 0 && sv.f_bsize > 0) lay.total_size = align_up(lay.total_size, sv.f_bsize);
   }
+  if ((rc = name_taken_elsewhere(name, dir))) return rc;
   rc = check_fits(pp, &lay, dir, pp->hugepages);
   if (rc) return rc;
   bool ihuge = (lay.incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE) != 0;
@@ -784,21 +997,15 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   struct umbp_pool *p = pool_new();
   if (!p) return -ENOMEM;
   mode_t mode = pp->group_access ? 0660 : 0600;
-  int fd = open_pool_file(name, O_RDWR | O_CREAT | O_EXCL, mode, pp->hugepages, pp->hugepages ? dir : NULL,
-                          p->path, sizeof p->path);
+  int fd = create_pool_file(name, mode, pp->hugepages, pp->hugepages ? dir : NULL, p->path, sizeof p->path);
   if (fd < 0) {
     pool_free(p);
-    if (fd == -EEXIST)
-      return umbp_fail(-EEXIST, "a pool named '%s' already exists (%s): attach to it, pick another name, "
-                                "or remove it with 'umbp pool destroy %s'",
-                       name, SHM_DIR, name);
-    if (fd == -EACCES)
-      return umbp_fail(-EACCES, "cannot create %s: permission denied", p->path);
-    return umbp_fail(fd, "cannot create pool file for '%s': %s", name, strerror(-fd));
+    return fd;
   }
   p->fd = fd;
   snprintf(p->name, sizeof p->name, "%s", name);
   p->hugepages = pp->hugepages;
+  if ((rc = name_taken_elsewhere(name, dir))) goto fail_unlink; /* created there meanwhile */
   /* shm_open applies the umask: set the mode we promise explicitly */
   if (fchmod(fd, mode) != 0) umbp_log(UMBP_LOG_WARN, "fchmod(%o) of %s failed: %s", mode, p->path, strerror(errno));
   if (pp->group_access && pp->group != (gid_t)-1 && fchown(fd, (uid_t)-1, pp->group) != 0) {
@@ -884,6 +1091,14 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   if (!pp->no_prefault) {
     rc = prefault(p, pp);
     if (rc) goto fail_unlink;
+  } else if (!pp->no_reserve && !p->hugepages) { /* hugetlbfs: MAP_SHARED reserved the pages at mmap */
+    rc = reserve_arena(p);
+    if (rc) goto fail_unlink;
+  } else if (!p->hugepages) {
+    char a[32];
+    umbp_log(UMBP_LOG_WARN, "pool '%s': its %s of slot bytes are neither pre-faulted nor reserved (no_reserve): if "
+                            "%s fills up later, a process writing a block dies of SIGBUS",
+             name, fmt_gib(p->hdr->regions[UMBP_REG_ARENA].size, a, sizeof a), SHM_DIR);
   }
   rc = umbp_index_init_regions(p);
   if (rc) goto fail_unlink;
@@ -893,6 +1108,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   if (rc) goto fail_unlink;
   /* Publish: pairs with the acquire load in wait_magic()/umbp_header_validate(). */
   atomic_store_explicit(&h->magic, UMBP_MAGIC, memory_order_release);
+  create_lock(fd, F_UNLCK); /* after the magic: half_made() reads the lock, then the magic */
   *ret_pool = p;
   return 0;
 
@@ -957,6 +1173,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
   unsigned timeout = opts->timeout_ms ? opts->timeout_ms : 10000;
   uint64_t deadline = umbp_now_ns() + (uint64_t)timeout * 1000000ull;
   struct stat st;
+  int small_creator = 0;
   for (;;) {
     if (fstat(fd, &st) != 0) {
       rc = umbp_fail(-errno, "cannot stat pool '%s': %s", name, strerror(errno));
@@ -981,6 +1198,10 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
         break;
       }
       munmap((void *)h0, UMBP_HEADER_BYTES);
+      if (magic == 0 && half_made(fd, &st, &creator)) {
+        rc = half_made_fail(name, creator);
+        goto fail;
+      }
       if (magic != 0) {
         rc = umbp_fail(-EBADMSG, "'%s' is not a umbp pool (magic 0x%016llx, expected 0x%016llx): remove it "
                                  "with 'umbp pool destroy %s' if it is stale",
@@ -988,15 +1209,16 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
         goto fail;
       }
       if (umbp_now_ns() > deadline) {
-        bool dead = creator > 0 && kill(creator, 0) != 0 && errno == ESRCH;
+        /* its creator holds the creation lock: alive (half_made() said no) */
         rc = umbp_fail(-ETIMEDOUT,
-                       "pool '%s' is still not initialised after %u ms%s: %s", name, timeout,
-                       dead ? " and the process that was creating it has died" : "",
-                       dead ? "it was left half-made; remove it with 'umbp pool destroy' and create it again"
-                            : "its creator may still be pre-faulting a large pool; retry with a longer "
-                              "timeout, or remove it with 'umbp pool destroy' if it is stale");
+                       "pool '%s' is still not initialised after %u ms: its creator (pid %d) is alive and may still "
+                       "be pre-faulting a large pool; retry with a longer timeout",
+                       name, timeout, creator);
         goto fail;
       }
+    } else if (half_made(fd, &st, &small_creator)) {
+      rc = half_made_fail(name, small_creator);
+      goto fail;
     } else if (umbp_now_ns() > deadline) {
       rc = umbp_fail(-ETIMEDOUT, "pool '%s' is %lld bytes, smaller than a pool header, after %u ms: it is "
                                  "truncated or was never finished; remove it with 'umbp pool destroy %s'",

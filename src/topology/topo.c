@@ -225,6 +225,47 @@ static int cmp_node(const void *a, const void *b) {
   return (x->os > y->os) - (x->os < y->os);
 }
 
+/* Bounds on the OS indexes of a topology. Linux numbers CPUs below NR_CPUS
+ * (8192 at most in its configurations) and NUMA nodes below MAX_NUMNODES
+ * (1024); this module indexes hwloc bitmaps by them, so a file claiming
+ * os_index 4294967295 made each bitmap 512 MiB (1 GB of RSS for 8 PUs,
+ * 21.9 GB and the OOM killer with --ranks 64). Checked before anything is
+ * allocated, together with duplicates (two NUMA nodes of one index would be
+ * two partitions bound to the same memory). */
+#define TOPO_MAX_PU_OS 65535u
+#define TOPO_MAX_NODE_OS 1023u
+
+static int check_os_indexes(const umbp_topo *t) {
+  hwloc_topology_t hw = t->hw;
+  static const struct {
+    hwloc_obj_type_t type;
+    unsigned max;
+    const char *what, *limit;
+  } kinds[] = {
+      {HWLOC_OBJ_PU, TOPO_MAX_PU_OS, "PU", "Linux numbers CPUs below 8192"},
+      {HWLOC_OBJ_NUMANODE, TOPO_MAX_NODE_OS, "NUMA node", "Linux numbers NUMA nodes below 1024"},
+  };
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    uint64_t seen[(TOPO_MAX_PU_OS + 1) / 64] = {0};
+    int n = hwloc_get_nbobjs_by_type(hw, kinds[k].type);
+    for (int i = 0; i < n; i++) {
+      hwloc_obj_t o = hwloc_get_obj_by_type(hw, kinds[k].type, (unsigned)i);
+      unsigned os = o->os_index;
+      if (os > kinds[k].max)
+        return umbp_fail(-EBADMSG, "topology of %s gives %s L#%d the OS index %u, beyond %u (%s): the file is "
+                                   "corrupted or was not made by hwloc; re-export it with 'lstopo-no-graphics --of "
+                                   "xml FILE'",
+                         t->source, kinds[k].what, i, os, kinds[k].max, kinds[k].limit);
+      if (seen[os / 64] & (1ull << (os % 64)))
+        return umbp_fail(-EBADMSG, "topology of %s gives OS index %u to two %ss: the file is corrupted or was not "
+                                   "made by hwloc; re-export it with 'lstopo-no-graphics --of xml FILE'",
+                         t->source, os, kinds[k].what);
+      seen[os / 64] |= 1ull << (os % 64);
+    }
+  }
+  return 0;
+}
+
 static int build_cpus(umbp_topo *t) {
   hwloc_topology_t hw = t->hw;
   t->npackages = hwloc_get_nbobjs_by_type(hw, HWLOC_OBJ_PACKAGE);
@@ -662,7 +703,7 @@ UMBP_API int umbp_topo_load(const char *xml_path, unsigned flags, umbp_topo **re
                      strerror(e ? e : EIO));
     goto fail;
   }
-  if ((rc = build_cpus(t)) < 0 || (rc = build_nodes(t)) < 0 || (rc = build_gpus(t, flags)) < 0)
+  if ((rc = check_os_indexes(t)) < 0 || (rc = build_cpus(t)) < 0 || (rc = build_nodes(t)) < 0 || (rc = build_gpus(t, flags)) < 0)
     goto fail;
   if (t->oom) {
     rc = -ENOMEM;

@@ -209,6 +209,111 @@ static void test_daemonise(void **st) {
   unlink(log);
 }
 
+/* Wait up to ms for child pid to exit: its status (tu_wait's), or -1. */
+static int wait_exit(pid_t pid, unsigned ms) {
+  for (unsigned i = 0; i < ms / 10; i++) {
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    dtu_sleep_ms(10);
+  }
+  return -1;
+}
+
+static const char *read_log(const char *log) {
+  FILE *f = fopen(log, "r");
+  assert_non_null(f);
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = 0;
+  fclose(f);
+  return out;
+}
+
+/* A pool whose creator was killed while making it (issue 32, item 7): a
+ * daemon without --capacity fails at once naming the cause; with
+ * --capacity it replaces the pool and logs it (under systemd Restart=always
+ * this used to be a crash loop: 10 s waits, then "already exists"). */
+static void test_half_made_pool(void **st) {
+  (void)st;
+  const char *name = tu_name("dhalf");
+  const char *log = log_path(name);
+  unlink(log);
+  char line[256];
+  pid_t creator = tu_half_made_pool(name, line, sizeof line);
+  assert_string_equal(line, "prefault");
+  uint64_t t0 = umbp_now_ns();
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", name, "--foreground"), 1);
+  if (!strstr(out, "died before finishing")) fprintf(stderr, "# got: %s", out);
+  assert_non_null(strstr(out, "died before finishing"));
+  assert_non_null(strstr(out, "--capacity"));
+  assert_true(umbp_now_ns() - t0 < 5000000000ull); /* not after the attach timeout (10 s) */
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", NULL};
+  pid_t d = dtu_daemon_start(name, log, args);
+  if (d < 0) dtu_dump_log(log);
+  assert_true(d > 0);
+  umbp_pool *p = attach_rw(name);
+  assert_int_equal(umbp_slot_count(p), 256);
+  umbp_pool_detach(p);
+  kill(d, SIGTERM);
+  assert_int_equal(tu_wait(d), 0);
+  read_log(log);
+  char want[96];
+  snprintf(want, sizeof want, "left half-made by its creator (pid %d), which died", (int)creator);
+  if (!strstr(out, want)) fprintf(stderr, "# log: %s", out);
+  assert_non_null(strstr(out, want));
+  assert_non_null(strstr(out, "created pool"));
+  umbp_pool_destroy(name);
+  unlink(log);
+}
+
+/* A daemon notices within its reap period that its pool was destroyed
+ * (issue 32, item 8), also when a pool of that name was created again at
+ * once, or that its file was truncated under it (item 12): it logs why and
+ * exits 1, instead of serving a pool nobody can attach to and later saying
+ * "kept for the next daemon". */
+static void test_daemon_notices_pool_gone(void **st) {
+  (void)st;
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--reap-interval", "20", NULL};
+  for (int round = 0; round < 3; round++) {
+    const char *name = tu_name("dgone");
+    const char *log = log_path(name);
+    unlink(log);
+    pid_t d = dtu_daemon_start(name, log, args);
+    assert_true(d > 0);
+    const char *want = "was removed";
+    const char *other = tu_name("dgone-new");
+    if (round == 0) {
+      assert_int_equal(DTU_RUN(out, "pool", "destroy", "--force", name), 0);
+    } else if (round == 1) { /* replaced in one step: another pool renamed over its file */
+      umbp_pool_detach(mk_pool(other, 64));
+      char from[128], to[128];
+      snprintf(from, sizeof from, "/dev/shm/umbp.%s", other);
+      snprintf(to, sizeof to, "/dev/shm/umbp.%s", name);
+      assert_int_equal(rename(from, to), 0);
+      want = "now names another pool";
+    } else {
+      char path[128];
+      snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
+      int fd = open(path, O_RDWR);
+      assert_true(fd >= 0);
+      struct stat sb;
+      assert_int_equal(fstat(fd, &sb), 0);
+      assert_int_equal(ftruncate(fd, sb.st_size - 4096), 0); /* the arena's last page: the daemon never reads it */
+      close(fd);
+      want = "shrank from";
+    }
+    int rc = wait_exit(d, 5000);
+    if (rc != 1) dtu_dump_log(log);
+    assert_int_equal(rc, 1);
+    read_log(log);
+    if (!strstr(out, want)) fprintf(stderr, "# round %d log: %s", round, out);
+    assert_non_null(strstr(out, want));
+    assert_null(strstr(out, "kept for the next daemon"));
+    umbp_pool_destroy(name);
+    umbp_pool_destroy(other); /* round 1: its index file, where it has one */
+    unlink(log);
+  }
+}
+
 static uint64_t quota_of(const char *name, const char *ns) {
   umbp_attach_opts o;
   umbp_attach_opts_init(&o);
@@ -242,6 +347,9 @@ static void test_sighup_quotas(void **st) {
   assert_int_equal(quota_of(name, "chat"), 1 << 20);
   assert_int_equal(quota_of(name, "batch"), 64 << 10);
   f = fopen(qf, "w");
+  fprintf(f, "chat lots\n"); /* for the start below */
+  fclose(f);
+  f = fopen(qf, "w");
   fprintf(f, "chat 2MiB   # raised\nsearch 128KiB\n");
   fclose(f);
   kill(d, SIGHUP);
@@ -263,6 +371,24 @@ static void test_sighup_quotas(void **st) {
   assert_int_equal(quota_of(name, "chat"), 2 << 20);
   assert_int_equal(DTU_RUN(out, "inspect", name), 0);
   assert_non_null(strstr(out, "search"));
+  /* an emptied file clears the quotas it had set; a --quota of the command
+   * line stays, also for a namespace the file named too (issue 32) */
+  f = fopen(qf, "w");
+  fprintf(f, "chat 2MiB\nbatch 1MiB\n");
+  fclose(f);
+  kill(d, SIGHUP);
+  for (int i = 0; i < 500 && quota_of(name, "batch") != 1 << 20; i++) dtu_sleep_ms(10);
+  assert_int_equal(quota_of(name, "batch"), 1 << 20);
+  f = fopen(qf, "w");
+  fclose(f);
+  kill(d, SIGHUP);
+  for (int i = 0; i < 500 && quota_of(name, "chat") != 0; i++) dtu_sleep_ms(10);
+  assert_int_equal(quota_of(name, "chat"), 0);
+  assert_int_equal(quota_of(name, "search"), 0);
+  assert_int_equal(quota_of(name, "batch"), 64 << 10);
+  f = fopen(qf, "w");
+  fprintf(f, "chat lots\n"); /* for the start below */
+  fclose(f);
   kill(d, SIGTERM);
   assert_int_equal(tu_wait(d), 0);
   f = fopen(log, "r");
@@ -548,6 +674,11 @@ static void test_bad_input(void **st) {
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "lots"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--evict-low", "50", "--evict-high", "40"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--bogus"), 2);
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "1MiB", "--slot-size", "4097"), 2);
+  assert_non_null(strstr(out, "--slot-size '4097'"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "1MiB", "--numa-nodes", "1,1"), 2);
+  assert_non_null(strstr(out, "lists node 1 twice"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "0x100000"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--help"), 0);
   assert_non_null(strstr(out, "Exit status"));
   assert_int_equal(DTU_RUN(out, "inspect", "--help"), 0);
@@ -679,6 +810,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_inspect_text_json, dtu_kill_daemons),         cmocka_unit_test_teardown(test_check_corrupted, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_bad_input, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_other_uid_refused, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_inspect_read_only_user, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_half_made_pool, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_daemon_notices_pool_gone, dtu_kill_daemons),
   };
   return cmocka_run_group_tests_name("daemon", tests, NULL, NULL);
 }

@@ -299,6 +299,11 @@ BAD_ARGS = [
     (["--generate", "poems"], "'chat'"),
     (["--frobnicate"], "unknown option"),
     ([], "no workload"),
+    # issue 32, smaller defects: the option is named (not its value), an empty sweep is refused, sizes are decimal
+    (["--generate", "chat", "--conversations", "-1"], "--conversations '-1' is out of range"),
+    (["--generate", "chat", "--turns=0"], "--turns '0' is out of range"),
+    (["--capacity-sweep", ""], "--capacity-sweep '' is empty"),
+    (["--capacity", "0x40000000"], "--capacity '0x40000000'"),
 ]
 
 
@@ -312,6 +317,9 @@ def _():
         assert expect in err and "Try 'umbp replay --help'" in err, f"{args}: {err!r}"
     rc, out, err = run(small, "--generate", "chat")
     assert rc == 2 and "not both" in err
+    # a write that fails names the file and the cause
+    rc, out, err = run("--generate", "chat", "--conversations", "3", "--output", "/dev/full")
+    assert rc == 1 and "'/dev/full'" in err and "No space left" in err, (rc, err)
 
 
 @check("--help documents the options and the generator")

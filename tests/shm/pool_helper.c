@@ -4,6 +4,8 @@
  *   pool_helper hold NAME        attach, print "ready", sleep until killed
  *   pool_helper attach-as UID NAME  drop to UID, try to attach, print the return code
  *   pool_helper sleep            print our pid and sleep (pid-reuse test)
+ *   pool_helper create-stall NAME  create a 16 MiB pool and stop while pre-faulting it
+ *                                (before the magic): print "prefaulting", sleep until killed
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +15,27 @@
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
+static void stall_progress(void *arg, const char *what, uint64_t done, uint64_t total) {
+  (void)arg;
+  (void)done;
+  (void)total;
+  printf("%s\n", what);
+  fflush(stdout);
+  for (;;) pause();
+}
+
 int main(int argc, char **argv) {
+  if (argc >= 3 && !strcmp(argv[1], "create-stall")) {
+    umbp_pool_params pp;
+    umbp_pool_params_init(&pp);
+    pp.capacity = 16 << 20;
+    pp.slot_size = 64 << 10;
+    pp.progress = stall_progress;
+    umbp_pool *p;
+    int rc = umbp_pool_create(argv[2], &pp, &p);
+    printf("create %d %s\n", rc, umbp_last_error()); /* not reached when it stalls */
+    return 1;
+  }
   if (argc >= 3 && !strcmp(argv[1], "rw")) {
     umbp_pool *p;
     int rc = umbp_pool_attach(argv[2], NULL, &p);

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 TOOL = os.environ["UMBP_TOOL"]
@@ -44,6 +45,15 @@ try:
     check("bad size is a usage error", rc == 2 and "not a size" in err, err)
     rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--bogus")
     check("unknown option is a usage error", rc == 2 and "--bogus" in err, err)
+    # issue 32, smaller defects: every bad value is a usage error (exit 2) naming the option
+    for args, word in [(["--slot-size", "100"], "--slot-size '100'"), (["--slot-size", "4097"], "--slot-size '4097'"),
+                       (["--slot-size", "0"], "--slot-size '0'"), (["--slot-size", "8GiB"], "--slot-size '8GiB'"),
+                       (["--numa-nodes", "0,0"], "--numa-nodes '0,0' lists node 0 twice"),
+                       (["--capacity", "0x100000"], "--capacity '0x100000'"), (["--capacity", "1e9"], "--capacity '1e9'")]:
+        full = ["--capacity", "64MiB", *args] if args[0] != "--capacity" else args
+        rc, _, err = umbp("pool", "create", name, *full)
+        check(f"{' '.join(args)} is a usage error naming the option",
+              rc == 2 and word in err and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
     rc, _, err = umbp("pool", "create", name, "--capacity", "100TiB")
     check("too big is refused before allocation", rc == 1 and "--capacity" in err and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
     rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault")
@@ -105,7 +115,7 @@ try:
     slots = free_pages * 2 * 1024 * 1024 // 72 + 65536  # 72 B of index a slot: more than the free pages hold
     if slots * 4096 < meminfo.get("MemAvailable", 0) * 1024 // 2:
         rc, out, err = umbp("pool", "create", name, "--capacity", str(slots * 4096), "--slot-size", "4KiB",
-                            "--no-prefault")
+                            "--no-prefault", "--no-reserve")
         check("try without enough huge pages: created, index on 4 KiB pages, a note with the fix",
               rc == 0 and "index on 4 KiB pages" in out and "note:" in err and "re-create the pool" in err
               and "or use --index-pages small" not in err and (not hdirs or "nr_hugepages" in err), out + err)
@@ -148,6 +158,43 @@ try:
               and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
     rc, _, err = umbp("pool", "frobnicate")
     check("unknown subcommand", rc == 2, err)
+    # --hugetlbfs DIR that is not a hugetlbfs mount (issue 32, item 9): refused, naming DIR, nothing left there
+    plain = tempfile.mkdtemp(prefix="umbp-plain-")
+    rc, out, err = umbp("pool", "create", name, "--capacity", "4MiB", "--slot-size", "64KiB", "--hugepages",
+                        "--hugetlbfs", plain)
+    check("--hugetlbfs on a plain directory is refused", rc == 1 and f"--hugetlbfs {plain} is not a hugetlbfs mount"
+          in err and not os.listdir(plain), out + err)
+    for f in os.listdir(plain):
+        os.unlink(os.path.join(plain, f))
+    os.rmdir(plain)
+    # --no-prefault reserves the slot bytes (issue 32, item 12); --no-reserve does not, and warns
+    rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault",
+                        "--index-pages", "small")
+    st = os.stat(f"/dev/shm/umbp.{name}")
+    check("--no-prefault reserves the slot bytes", rc == 0 and st.st_blocks * 512 >= 64 << 20, f"{st.st_blocks} {err}")
+    umbp("pool", "destroy", name)
+    rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault",
+                        "--no-reserve", "--index-pages", "small")
+    st = os.stat(f"/dev/shm/umbp.{name}")
+    check("--no-reserve: sparse, with a SIGBUS warning", rc == 0 and st.st_blocks * 512 < 32 << 20
+          and "SIGBUS" in err, f"{st.st_blocks} {err}")
+    umbp("pool", "destroy", name)
+    rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--no-reserve")
+    check("--no-reserve without --no-prefault is a usage error", rc == 2 and "--no-reserve" in err, err)
+    # a creator killed while pre-faulting (issue 32, item 7): info fails at once naming the cause, create replaces it
+    stall = subprocess.Popen([HELPER, "create-stall", name], stdout=subprocess.PIPE, text=True)
+    line = stall.stdout.readline()
+    stall.kill()
+    stall.wait()
+    t0 = time.monotonic()
+    rc, _, err = umbp("pool", "info", name)
+    check("info of a half-made pool fails at once: its creator died",
+          line.strip() == "prefault" and rc == 1 and f"(pid {stall.pid}) died before finishing" in err
+          and time.monotonic() - t0 < 5, err)
+    rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault")
+    check("create replaces a half-made pool, with a warning",
+          rc == 0 and "1024 slots" in out and "warning:" in err and "left half-made" in err, out + err)
+    umbp("pool", "destroy", name)
 finally:
     subprocess.run([TOOL, "pool", "destroy", "--force", name], capture_output=True)
 

@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Segment lifecycle, header validation, registry liveness and reaping. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <pwd.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -229,6 +232,20 @@ static void patch_region(struct umbp_shm_header *h, int fd) {
   h->regions[UMBP_REG_BUCKETS].offset = h->total_size + 4096;
   h->header_checksum = umbp_header_checksum(h);
 }
+/* the bucket region moved onto the registry, the checksum made valid */
+static void patch_overlap(struct umbp_shm_header *h, int fd) {
+  (void)fd;
+  h->regions[UMBP_REG_BUCKETS].offset = h->regions[UMBP_REG_REGISTRY].offset;
+  h->header_checksum = umbp_header_checksum(h);
+}
+/* two regions swapped: each inside the file, the order broken */
+static void patch_order(struct umbp_shm_header *h, int fd) {
+  (void)fd;
+  struct umbp_region_desc t = h->regions[UMBP_REG_EVENTS];
+  h->regions[UMBP_REG_EVENTS] = h->regions[UMBP_REG_COUNTERS];
+  h->regions[UMBP_REG_COUNTERS] = t;
+  h->header_checksum = umbp_header_checksum(h);
+}
 static void patch_truncate(struct umbp_shm_header *h, int fd) {
   (void)h;
   struct stat st;
@@ -264,6 +281,8 @@ static void test_header_validation(void **state) {
       {patch_fp, -EPROTO, "fingerprint"},
       {patch_slotsize, -EBADMSG, "checksum"},
       {patch_region, -EBADMSG, "outside"},
+      {patch_overlap, -EBADMSG, "overlaps"},
+      {patch_order, -EBADMSG, "overlaps"},
       {patch_truncate, -EBADMSG, "truncated"},
       {patch_incompat, -EPROTO, "feature bits"},
   };
@@ -306,11 +325,68 @@ static void test_attach_waits_for_creator(void **state) {
   assert_true(umbp_now_ns() - t0 >= 150000000ull);
   assert_int_equal(ftruncate(fd, 1 << 20), 0);
   struct umbp_shm_header *h = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  h->creator_pid = 999999; /* a pid that does not run */
+  h->creator_pid = 999999;
   munmap(h, 4096);
+  /* a creator at work holds the creation lock (here: this test, through
+   * another open file description): the attacher waits, then times out */
+  int cfd = shm_open(shm, O_RDWR, 0);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_CREATE, .l_len = 1};
+  assert_int_equal(fcntl(cfd, F_OFD_SETLK, &fl), 0);
+  t0 = umbp_now_ns();
   assert_int_equal(umbp_pool_attach(name, &o, &p), -ETIMEDOUT);
+  assert_true(umbp_now_ns() - t0 >= 150000000ull);
+  assert_non_null(strstr(umbp_last_error(), "pid 999999) is alive"));
+  /* its creator gone (the lock dropped), no magic: half-made, known at once */
+  close(cfd);
+  o.timeout_ms = 10000;
+  t0 = umbp_now_ns();
+  assert_int_equal(umbp_pool_attach(name, &o, &p), -EOWNERDEAD);
+  assert_true(umbp_now_ns() - t0 < 1000000000ull);
+  assert_non_null(strstr(umbp_last_error(), "half-made"));
+  assert_non_null(strstr(umbp_last_error(), "(pid 999999) died"));
   assert_non_null(strstr(umbp_last_error(), "umbp pool destroy"));
   close(fd);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
+static char captured_log[1024];
+static void capture_log(void *arg, int level, const char *msg) {
+  (void)arg;
+  if (level == UMBP_LOG_WARN) snprintf(captured_log, sizeof captured_log, "%s", msg);
+}
+
+/* A creator killed while pre-faulting leaves a pool without its magic:
+ * attachers are told at once that its creator died, and the next creator
+ * replaces it, saying so through the log callback (issue 32, item 7). */
+static void test_half_made_pool_replaced(void **state) {
+  (void)state;
+  const char *name = tu_name("halfmade");
+  char line[256];
+  pid_t pid = tu_half_made_pool(name, line, sizeof line);
+  assert_string_equal(line, "prefault");
+  umbp_pool *p = NULL;
+  uint64_t t0 = umbp_now_ns();
+  assert_int_equal(umbp_pool_attach(name, NULL, &p), -EOWNERDEAD); /* default timeout: 10 s */
+  assert_true(umbp_now_ns() - t0 < 1000000000ull);
+  char pidtext[32];
+  snprintf(pidtext, sizeof pidtext, "(pid %d) died", (int)pid);
+  assert_non_null(strstr(umbp_last_error(), pidtext));
+  umbp_log_set(capture_log, NULL, UMBP_LOG_INFO);
+  captured_log[0] = 0;
+  umbp_pool_params pp = small_params();
+  int rc = umbp_pool_create(name, &pp, &p);
+  umbp_log_set(NULL, NULL, UMBP_LOG_WARN);
+  if (rc) fprintf(stderr, "create over a half-made pool: %s\n", umbp_last_error());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(captured_log, "half-made"));
+  snprintf(pidtext, sizeof pidtext, "(pid %d), which died", (int)pid);
+  assert_non_null(strstr(captured_log, pidtext));
+  umbp_pool *a;
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), 0);
+  publish_n(p, 3);
+  check_n(a, 3);
+  umbp_pool_detach(a);
+  umbp_pool_detach(p);
   assert_int_equal(umbp_pool_destroy(name), 0);
 }
 
@@ -454,6 +530,55 @@ static void test_pid_reuse(void **state) {
   assert_int_equal(umbp_pool_destroy(name), 0);
 }
 
+/* Two threads of one process reap the same dead process at once: OFD locks
+ * do not exclude threads sharing the handle's file description, so the
+ * handle's claim must admit one (issue 32, item 6). Each round forges a dead
+ * slot (LIVE, nobody holds its lock) and lets two threads, released
+ * together, reap it: exactly one may report it. */
+struct reaper_race {
+  umbp_pool *p;
+  unsigned slot;
+  _Atomic int go, ready, reaped;
+};
+
+static void *reaper_thread(void *arg) {
+  struct reaper_race *r = arg;
+  atomic_fetch_add(&r->ready, 1);
+  while (!atomic_load(&r->go)) {
+  }
+  atomic_fetch_add(&r->reaped, umbp_registry_reap_slot(r->p, r->slot));
+  return NULL;
+}
+
+static void test_two_reaper_threads(void **state) {
+  (void)state;
+  const char *name = tu_name("reapers");
+  umbp_pool *p = create_small(name);
+  struct reaper_race r = {.p = p, .slot = (unsigned)umbp_pool_proc_slot(p) + 1};
+  unsigned doubled = 0;
+  const unsigned rounds = 400;
+  for (unsigned round = 0; round < rounds; round++) {
+    struct umbp_proc_slot *s = &p->procs[r.slot];
+    s->pid = 999999; /* a process that died: its slot is LIVE, its lock is free */
+    atomic_store(&s->state, UMBP_PROC_LIVE);
+    atomic_store(&r.go, 0);
+    atomic_store(&r.ready, 0);
+    atomic_store(&r.reaped, 0);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&t[i], NULL, reaper_thread, &r), 0);
+    while (atomic_load(&r.ready) < 2) {
+    }
+    atomic_store(&r.go, 1);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    if (atomic_load(&r.reaped) != 1) doubled++;
+    assert_int_equal(atomic_load(&s->state), UMBP_PROC_FREE);
+  }
+  if (doubled) fprintf(stderr, "%u of %u rounds: the dead slot was reaped %s\n", doubled, rounds, "twice (or never)");
+  assert_int_equal(doubled, 0);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
 static void test_registry_full(void **state) {
   (void)state;
   const char *name = tu_name("full");
@@ -533,6 +658,7 @@ static void test_metadata_populated(void **state) {
   pp.capacity = 64 << 20;
   pp.slot_size = 4096; /* 16384 slots: 8 MiB of metadata, 64 MiB of slots */
   pp.no_prefault = true;
+  pp.no_reserve = true; /* mincore() below counts reserved pages too (test_no_prefault_reserves) */
   pp.index_pages = UMBP_INDEX_PAGES_SMALL; /* all of it in the one /dev/shm mapping (huge: test_index_huge) */
   umbp_pool *p;
   assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
@@ -568,6 +694,41 @@ static void test_metadata_populated(void **state) {
   assert_int_equal(umbp_pool_destroy(name), 0);
 }
 
+/* no_prefault still reserves the slot bytes' blocks in /dev/shm (issue 32,
+ * item 12): a /dev/shm that fills up later cannot make a first write to a
+ * block die of SIGBUS. The blocks are allocated, this mapping has not
+ * faulted them in. no_reserve leaves the file sparse and says so. */
+static void test_no_prefault_reserves(void **state) {
+  (void)state;
+  for (int sparse = 0; sparse < 2; sparse++) {
+    const char *name = tu_name("reserve");
+    umbp_pool_params pp = small_params();
+    pp.capacity = 64 << 20;
+    pp.no_prefault = true;
+    pp.no_reserve = sparse;
+    pp.index_pages = UMBP_INDEX_PAGES_SMALL;
+    umbp_pool *p;
+    umbp_log_set(capture_log, NULL, UMBP_LOG_WARN);
+    captured_log[0] = 0;
+    assert_int_equal(umbp_pool_create(name, &pp, &p), 0);
+    umbp_log_set(NULL, NULL, UMBP_LOG_WARN);
+    struct stat st;
+    assert_int_equal(fstat(p->fd, &st), 0);
+    uint64_t arena = p->hdr->regions[UMBP_REG_ARENA].size, meta = p->hdr->regions[UMBP_REG_ARENA].offset;
+    uint64_t allocated = (uint64_t)st.st_blocks * 512;
+    if (!sparse) {
+      assert_true(allocated >= arena + meta - 4096);
+      assert_true(mapping_rss(p->base) < meta + arena / 8); /* reserved, not faulted in */
+      assert_int_equal(captured_log[0], 0);
+    } else {
+      assert_true(allocated < meta + arena / 8);
+      assert_non_null(strstr(captured_log, "SIGBUS"));
+    }
+    umbp_pool_detach(p);
+    assert_int_equal(umbp_pool_destroy(name), 0);
+  }
+}
+
 static void test_hugepages_bad_dir(void **state) {
   (void)state;
   const char *name = tu_name("huge");
@@ -576,6 +737,51 @@ static void test_hugepages_bad_dir(void **state) {
   pp.hugetlbfs_dir = "/nonexistent-hugetlbfs";
   umbp_pool *p;
   assert_true(umbp_pool_create(name, &pp, &p) < 0);
+  /* a directory that is there but not hugetlbfs: refused, nothing made in it
+   * (the file would be on ordinary pages where no command looks for it) */
+  char dir[] = "/tmp/umbp-not-hugetlbfs-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  pp.hugetlbfs_dir = dir;
+  int rc = umbp_pool_create(name, &pp, &p);
+  if (rc == 0) umbp_pool_detach(p);
+  bool left = file_exists(dir, "umbp.", name);
+  char path[128];
+  snprintf(path, sizeof path, "%s/umbp.%s", dir, name);
+  unlink(path);
+  rmdir(dir);
+  assert_int_equal(rc, -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "is not a hugetlbfs mount"));
+  assert_non_null(strstr(umbp_last_error(), dir));
+  assert_false(left);
+}
+
+/* One name is one pool across /dev/shm and the hugetlbfs mount (issue 32,
+ * item 9): a name taken in one place cannot be created in the other. Needs
+ * a hugetlbfs mount, not huge pages (main() mounts a private one as root). */
+static void test_one_name_one_pool(void **state) {
+  (void)state;
+  char hdir[256];
+  assert_int_equal(umbp_hugetlbfs_mount(hdir, sizeof hdir), 0);
+  const char *name = tu_name("onename");
+  char hpath[512];
+  snprintf(hpath, sizeof hpath, "%s/umbp.%s", hdir, name);
+  int fd = open(hpath, O_RDWR | O_CREAT | O_EXCL, 0600); /* a --hugepages pool's file */
+  assert_true(fd >= 0);
+  close(fd);
+  umbp_pool_params pp = small_params();
+  umbp_pool *p;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), -EEXIST);
+  assert_non_null(strstr(umbp_last_error(), "one name is one pool"));
+  assert_non_null(strstr(umbp_last_error(), hpath));
+  assert_false(file_exists("/dev/shm", "umbp.", name));
+  unlink(hpath);
+  /* and the other way: a /dev/shm pool keeps the name from the hugetlbfs mount */
+  umbp_pool_detach(create_small(name));
+  pp.hugepages = true;
+  assert_int_equal(umbp_pool_create(name, &pp, &p), -EEXIST);
+  assert_non_null(strstr(umbp_last_error(), "/dev/shm/umbp."));
+  assert_false(file_exists(hdir, "umbp.", name));
+  assert_int_equal(umbp_pool_destroy(name), 0);
 }
 
 /* Runs only where a hugetlbfs mount with free pages exists (main() checks). */
@@ -695,6 +901,7 @@ static void test_index_huge(void **state) {
     pp.slot_size = 4096;
     pp.capacity = slots * 4096;
     pp.no_prefault = true;
+    pp.no_reserve = true; /* gigabytes: a sparse file */
     assert_int_equal(umbp_pool_create(name, &pp, &p), -ENOSPC);
     assert_non_null(strstr(umbp_last_error(), "nr_hugepages"));
     assert_non_null(strstr(umbp_last_error(), "--index-pages small"));
@@ -862,6 +1069,15 @@ static void test_layout_compute(void **state) {
   atomic_store(&h.magic, UMBP_MAGIC);
   assert_int_equal(umbp_header_validate(&h, h.total_size), 0);
   assert_int_equal(umbp_header_validate(&h, h.total_size - 1), -EBADMSG);
+  /* partitions (and their free rings) overlapping each other, with a valid checksum */
+  struct umbp_shm_header bad = h;
+  bad.partitions[1].offset = bad.partitions[0].offset;
+  bad.header_checksum = umbp_header_checksum(&bad);
+  assert_int_equal(umbp_header_validate(&bad, bad.total_size), -EBADMSG);
+  bad = h;
+  bad.partitions[1].ring_offset = bad.partitions[0].ring_offset;
+  bad.header_checksum = umbp_header_checksum(&bad);
+  assert_int_equal(umbp_header_validate(&bad, bad.total_size), -EBADMSG);
   /* slot ids fill 24 bits of a bucket's slot word: at most UMBP_MAX_SLOTS */
   pp.slot_size = 4096;
   pp.capacity = (uint64_t)UMBP_MAX_SLOTS * 4096 + 4095;
@@ -892,6 +1108,7 @@ int main(void) {
       cmocka_unit_test(test_registry_full),
       cmocka_unit_test(test_prefault_progress),
       cmocka_unit_test(test_metadata_populated),
+      cmocka_unit_test(test_no_prefault_reserves),
       cmocka_unit_test(test_hugepages_bad_dir),
       cmocka_unit_test(test_index_pages_small),
       cmocka_unit_test(test_layout_index_huge),
@@ -900,10 +1117,15 @@ int main(void) {
       cmocka_unit_test(test_two_processes_share),
       cmocka_unit_test(test_registry_reaps_killed),
       cmocka_unit_test(test_pid_reuse),
+      cmocka_unit_test(test_half_made_pool_replaced),
   };
   const struct CMUnitTest uid_tests[] = {cmocka_unit_test(test_other_uid_kept_out)};
   const struct CMUnitTest huge_tests[] = {cmocka_unit_test(test_hugepages), cmocka_unit_test(test_index_huge)};
+  const struct CMUnitTest hugetlbfs_tests[] = {cmocka_unit_test(test_one_name_one_pool)};
+  const struct CMUnitTest thread_tests[] = {cmocka_unit_test(test_two_reaper_threads)};
   const char *which = getenv("UMBP_TEST_GROUP");
+  /* threads of one process (also run under TSan) */
+  if (which && !strcmp(which, "threads")) return cmocka_run_group_tests_name("segment-threads", thread_tests, NULL, NULL);
   if (which && !strcmp(which, "mp")) return cmocka_run_group_tests_name("segment-mp", mp_tests, NULL, NULL);
   /* Tests that need something of the machine say so as a TAP skip of the
    * whole program (meson 1.0 counts cmocka's per-test "not ok # SKIP" as a failure). */
@@ -913,6 +1135,25 @@ int main(void) {
       return 0;
     }
     return cmocka_run_group_tests_name("segment-uid", uid_tests, NULL, NULL);
+  }
+  if (which && !strcmp(which, "hugetlbfs")) {
+    /* root without a mount: a private one in a mount namespace of our own */
+    char dir[] = "/tmp/umbp-hugetlbfs-XXXXXX";
+    bool own = false;
+    if (umbp_hugetlbfs_mount(huge_dir, sizeof huge_dir) != 0 && geteuid() == 0 && unshare(CLONE_NEWNS) == 0 &&
+        mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 && mkdtemp(dir))
+      own = mount("none", dir, "hugetlbfs", 0, NULL) == 0;
+    if (umbp_hugetlbfs_mount(huge_dir, sizeof huge_dir) != 0) {
+      if (dir[strlen(dir) - 1] != 'X') rmdir(dir);
+      printf("1..0 # SKIP needs a hugetlbfs mount (or root, to mount a private one)\n");
+      return 0;
+    }
+    int rc = cmocka_run_group_tests_name("segment-hugetlbfs", hugetlbfs_tests, NULL, NULL);
+    if (own) {
+      umount(dir);
+      rmdir(dir);
+    }
+    return rc;
   }
   if (which && !strcmp(which, "hugepages")) {
     if (umbp_hugetlbfs_mount(huge_dir, sizeof huge_dir) != 0 || huge_free_pages() < 12) {

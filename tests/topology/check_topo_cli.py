@@ -8,6 +8,7 @@ UMBP_SHARED_DATA = ../shared/data (real hwloc XML topologies). Prints TAP.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -250,6 +251,22 @@ def _():
     finally:
         os.unlink(bad)
 
+
+
+@check("a crafted XML (every os_index 4294967295) is refused at once, before allocating")
+def _():
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "unplaced-gpu.xml")) as f:
+        body = re.sub(r'os_index="[0-9]+"', 'os_index="4294967295"', f.read())
+    bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-crafted-{os.getpid()}.xml")
+    with open(bad, "w") as f:
+        f.write(body)
+    try:
+        # (no ulimit -v here: ASan builds reserve terabytes of address space)
+        rc, out, err = run("--xml", bad, "--ranks", "64")
+        assert rc == 1 and "OS index 4294967295" in err and bad in err and out == "", (rc, err[-400:])
+    finally:
+        os.unlink(bad)
 
 def main():
     if not TOOL or not os.access(TOOL, os.X_OK):

@@ -263,6 +263,66 @@ static void test_bad_files(void **state) {
   }
 }
 
+/* The fixture with every `from` replaced by `to` (from may end in a prefix
+ * of digits: "os_index=\"" replaces the number after it), into a temp file. */
+static void write_variant(char *path, const char *from, const char *to, bool number) {
+  char src[512];
+  snprintf(src, sizeof src, "%s/unplaced-gpu.xml", TOPO_FIXTURE_DIR);
+  FILE *in = fopen(src, "r");
+  assert_non_null(in);
+  static char buf[1 << 16], outb[1 << 17];
+  size_t n = fread(buf, 1, sizeof buf - 1, in);
+  fclose(in);
+  buf[n] = 0;
+  size_t o = 0, fl = strlen(from), tl = strlen(to);
+  for (const char *p = buf; *p;) {
+    if (!strncmp(p, from, fl)) {
+      memcpy(outb + o, to, tl);
+      o += tl;
+      p += fl;
+      if (number)
+        while (*p >= '0' && *p <= '9') p++;
+    } else {
+      outb[o++] = *p++;
+    }
+    assert_true(o + 64 < sizeof outb);
+  }
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, outb, o), (ssize_t)o);
+  close(fd);
+}
+
+/* A crafted file (issue 32, item 13): every os_index 4294967295 took 1 GB
+ * of RSS for 8 PUs (the OOM killer with --ranks 64); duplicate NUMA indexes
+ * made two partitions of one node. Refused, naming the file and the index. */
+static void test_crafted_os_indexes(void **state) {
+  (void)state;
+  struct {
+    const char *from, *to;
+    bool number;
+    const char *word;
+  } cases[] = {
+      {"os_index=\"", "os_index=\"4294967295", true, "the OS index 4294967295, beyond"},
+      {"NUMANode\" os_index=\"1\"", "NUMANode\" os_index=\"0\"", false, "gives OS index 0 to two NUMA nodes"},
+      {"PU\" os_index=\"7\"", "PU\" os_index=\"70000\"", false, "PU L#7 the OS index 70000, beyond 65535"},
+      {"NUMANode\" os_index=\"1\"", "NUMANode\" os_index=\"1024\"", false, "NUMA node L#1 the OS index 1024"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char path[] = "/tmp/umbp-topo-crafted-XXXXXX";
+    write_variant(path, cases[i].from, cases[i].to, cases[i].number);
+    umbp_topo *t = NULL;
+    int rc = umbp_topo_load(path, 0, &t);
+    if (rc != -EBADMSG || !strstr(umbp_last_error(), cases[i].word))
+      print_message("case %zu: rc %d (%s)\n", i, rc, umbp_last_error());
+    if (rc == 0) umbp_topo_free(t);
+    assert_int_equal(rc, -EBADMSG);
+    assert_non_null(strstr(umbp_last_error(), cases[i].word));
+    assert_non_null(strstr(umbp_last_error(), path));
+    unlink(path);
+  }
+}
+
 static void test_null_and_ranges(void **state) {
   (void)state;
   umbp_topo_free(NULL);
@@ -423,6 +483,7 @@ int main(void) {
       cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_null_and_ranges),
       cmocka_unit_test(test_apply_refuses_xml),
+      cmocka_unit_test(test_crafted_os_indexes),
       cmocka_unit_test(test_apply_live),
   };
   return cmocka_run_group_tests_name("topo", tests, NULL, NULL);
