@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BLOCK, LAYERS, NUM_BLOCKS, make_kv_cache_config
+from conftest import BLOCK, HEAD, HEADS, LAYERS, NUM_BLOCKS, make_kv_cache_config
 from test_connector import Worker
 
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
@@ -214,6 +214,87 @@ def test_real_scheduler_tp2(tmp_path, pool_name):
         assert e.s.requests["D"].num_computed_tokens <= BLOCK
         so, _ = e.step()
         assert so.num_scheduled_tokens["D"] >= len(tokens[:4 * BLOCK]) - BLOCK
+    finally:
+        e.close()
+
+
+def _scrape(families=None):
+    """vLLM's Prometheus registry as a scrape would see it, parsed strictly."""
+    from prometheus_client import REGISTRY, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+        for smp in fam.samples:
+            if smp.name.startswith("vllm:umbp_"):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(smp.labels.items())
+                                  if k not in ("model_name", "engine"))
+                out[f"{smp.name}{{{labels}}}"] = smp.value
+    return out
+
+
+def test_prometheus_metrics_after_real_steps(tmp_path, pool_name):
+    """The connector's metrics in vLLM's own Prometheus registry (vLLM's
+    PrometheusStatLogger fed each step's SchedulerStats, as the engine's
+    output processor does), scraped and parsed: values, not only names."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+    e = Engine(tmp_path, pool_name)
+    prom = PrometheusStatLogger(e.s.vllm_config)
+    steps = []
+
+    def step(**kw):
+        so, eco = e.step(**kw)
+        for o in eco.values():
+            prom.record(scheduler_stats=o.scheduler_stats, iteration_stats=None)
+        steps.append(so)
+        return so, eco
+
+    def drain():
+        while e.s.has_requests():
+            step()
+    try:
+        a = list(range(100, 100 + 4 * BLOCK + 5))           # 4 whole blocks + 5 tokens
+        e.s.add_request(req("A", a))
+        step()
+        drain()
+        m = _scrape()
+        assert m["vllm:umbp_lookups_total{}"] == 1
+        assert m["vllm:umbp_lookup_tokens_total{}"] == len(a)
+        assert m["vllm:umbp_matched_tokens_total{}"] == 0
+        assert m["vllm:umbp_transfer_completed_total{operation=store}"] == 4 * TP   # blocks, every rank
+        assert m["vllm:umbp_transfer_bytes_total{operation=store}"] == 4 * TP * 2 * HEADS * HEAD * BLOCK * 2 * 2
+        assert m["vllm:umbp_store_backlog_blocks{}"] == 0
+        assert m.get("vllm:umbp_load_latency_seconds_count{}", 0) == 0
+
+        assert e.s.reset_prefix_cache()
+        b = a[:4 * BLOCK] + [1, 2, 3]
+        e.s.add_request(req("B", b))
+        step()
+        drain()
+        m = _scrape()
+        assert m["vllm:umbp_lookups_total{}"] == 2
+        assert m["vllm:umbp_lookup_tokens_total{}"] == len(a) + len(b)
+        assert m["vllm:umbp_matched_tokens_total{}"] == 4 * BLOCK, "B's 4 blocks came from the pool"
+        assert m["vllm:umbp_transfer_completed_total{operation=load}"] == 4 * TP
+        assert m["vllm:umbp_load_latency_seconds_count{}"] == TP, "one load job per rank"
+        assert 0 < m["vllm:umbp_load_latency_seconds_sum{}"] < 60
+        assert not any("failures_total" in k for k in m if m[k]), m
+
+        # a block removed on rank 0 after the scheduler counted it: one block
+        # fails to load there, cause "missing"
+        assert e.s.reset_prefix_cache()
+        conn = e.s.connector
+        hashes = req("A", a).block_hashes
+        e.s.add_request(req("D", a[:4 * BLOCK] + [9]))
+
+        def drop(so):
+            assert so.num_scheduled_tokens == {"D": 1}
+            assert L.lib().umbp_remove(conn.pool.h, U._keys(conn._tmpl(0, 0), [hashes[1]])) == 0
+        step(before_workers=drop)
+        drain()
+        m = _scrape()
+        assert m["vllm:umbp_transfer_failures_total{cause=missing,operation=load}"] == 1
+        assert m["vllm:umbp_transfer_failed_total{operation=load}"] == 1
+        assert m["vllm:umbp_matched_tokens_total{}"] >= 4 * BLOCK + 4 * BLOCK
     finally:
         e.close()
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes as C
+import errno
 import itertools
 import logging
 import os
@@ -418,54 +419,133 @@ class UMBPStoreKVEvents(KVConnectorKVEvents):
 
 _STAT_FIELDS = ("submitted", "completed", "failed", "bytes")
 _OPS = ("load", "store")
+# Scheduler-side counters: requests scheduled with a pool lookup, their prompt
+# tokens, and the tokens the pool gave them (hit ratio = matched / lookup_tokens).
+_SCHED_FIELDS = ("lookups", "lookup_tokens", "matched_tokens")
+# Why a block's load or store failed, from its per-key result (errno).
+_CAUSES = {errno.ENOENT: "missing", errno.ECANCELED: "cancelled", errno.EIO: "io",
+           errno.ENOSPC: "pool_full", errno.ETIMEDOUT: "timeout", errno.EEXIST: "duplicate"}
+# Load latency histogram buckets (seconds), submit to end of a load job.
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def _cause(rc: int) -> str:
+    return _CAUSES.get(-rc, "submit" if rc == 1 else "other")
 
 
 @dataclass
 class UMBPKVConnectorStats(KVConnectorStats):
-    """Blocks submitted/completed/failed and bytes, per operation (load, store)."""
+    """What the connector did since the last report: blocks
+    submitted/completed/failed and bytes per operation (load, store), failed
+    blocks by cause, load job latencies (workers); lookups, their prompt and
+    matched tokens and the store backlog (scheduler)."""
 
     def __post_init__(self):
         for op in _OPS:
             for f in _STAT_FIELDS:
                 self.data.setdefault(f"{op}_{f}", 0)
+        for f in _SCHED_FIELDS:
+            self.data.setdefault(f, 0)
+        self.data.setdefault("failed_by_cause", {})   # "load:missing" -> blocks
+        self.data.setdefault("load_latency_s", [])    # one per load job
 
     def reset(self):
-        for k in self.data:
-            self.data[k] = 0
+        for k, v in self.data.items():
+            self.data[k] = {} if isinstance(v, dict) else [] if isinstance(v, list) else 0
+        self.data.pop("store_backlog_blocks", None)
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for k, v in other.data.items():
-            self.data[k] = self.data.get(k, 0) + v
+            if k == "store_backlog_blocks":       # a gauge, reported by the scheduler only
+                self.data[k] = v
+            elif isinstance(v, dict):
+                d = self.data.setdefault(k, {})
+                for c, n in v.items():
+                    d[c] = d.get(c, 0) + n
+            elif isinstance(v, list):
+                self.data.setdefault(k, []).extend(v)
+            else:
+                self.data[k] = self.data.get(k, 0) + v
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        return dict(self.data)
+        out = {k: v for k, v in self.data.items() if isinstance(v, (int, float))}
+        for c, n in self.data.get("failed_by_cause", {}).items():
+            out[f"failed_{c.replace(':', '_')}"] = n
+        lat = sorted(self.data.get("load_latency_s", []))
+        if lat:
+            out["load_jobs"] = len(lat)
+            out["load_latency_p50_ms"] = round(lat[len(lat) // 2] * 1e3, 3)
+        return out
 
     def is_empty(self) -> bool:
-        return not any(self.data.values())
+        return not any(self.data.values()) and "store_backlog_blocks" not in self.data
 
 
 class UMBPPromMetrics(KVConnectorPromMetrics):
-    """Counters vllm:umbp_transfer_{submitted,completed,failed,bytes}_total by operation."""
+    """vLLM's Prometheus metrics of the connector, per engine (vLLM's labels
+    model_name and engine, plus operation and cause where they apply):
+
+    vllm:umbp_transfer_{submitted,completed,failed}_total{operation}  blocks
+    vllm:umbp_transfer_bytes_total{operation}                          bytes
+    vllm:umbp_transfer_failures_total{operation,cause}                 blocks
+    vllm:umbp_lookups_total            requests scheduled after a pool lookup
+    vllm:umbp_lookup_tokens_total      their prompt tokens
+    vllm:umbp_matched_tokens_total     tokens loaded from the pool instead of computed
+    vllm:umbp_load_latency_seconds     histogram: submit to end of a load job
+    vllm:umbp_store_backlog_blocks     gauge: stored blocks not yet reported by every worker"""
 
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self.counters = {}
+        eng = per_engine_labelvalues.items()
         names = list(labelnames) + ["operation"]
         for f in _STAT_FIELDS:
             unit = "bytes" if f == "bytes" else "blocks"
             c = self._counter_cls(name=f"vllm:umbp_transfer_{f}_total",
                                   documentation=f"UMBP pool transfers: {f} ({unit}), by operation",
                                   labelnames=names)
-            self.counters[f] = {(e, op): c.labels(*(list(v) + [op]))
-                                for e, v in per_engine_labelvalues.items() for op in _OPS}
+            self.counters[f] = {(e, op): c.labels(*(list(v) + [op])) for e, v in eng for op in _OPS}
+        self._failures = self._counter_cls(
+            name="vllm:umbp_transfer_failures_total",
+            documentation="UMBP pool blocks whose load or store failed, by operation and cause "
+                          "(missing: evicted after the lookup; pool_full; cancelled; io; timeout; submit)",
+            labelnames=names + ["cause"])
+        self._labels = dict(per_engine_labelvalues)
+        docs = {"lookups": "requests scheduled after a UMBP pool lookup",
+                "lookup_tokens": "prompt tokens of requests looked up in the UMBP pool",
+                "matched_tokens": "prompt tokens loaded from the UMBP pool instead of computed"}
+        self.sched = {}
+        for f in _SCHED_FIELDS:
+            c = self._counter_cls(name=f"vllm:umbp_{f}_total", documentation=docs[f],
+                                  labelnames=list(labelnames))
+            self.sched[f] = {e: c.labels(*v) for e, v in eng}
+        h = self._histogram_cls(name="vllm:umbp_load_latency_seconds",
+                                documentation="UMBP pool load jobs: submit to end (seconds)",
+                                labelnames=list(labelnames), buckets=list(_LATENCY_BUCKETS))
+        self.latency = {e: h.labels(*v) for e, v in eng}
+        g = self._gauge_cls(name="vllm:umbp_store_backlog_blocks",
+                            documentation="UMBP blocks stored by workers but not yet reported by all of them",
+                            labelnames=list(labelnames), multiprocess_mode="mostrecent")
+        self.backlog = {e: g.labels(*v) for e, v in eng}
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0):
+        d = transfer_stats_data
         for f in _STAT_FIELDS:
             for op in _OPS:
-                v = transfer_stats_data.get(f"{op}_{f}", 0)
+                v = d.get(f"{op}_{f}", 0)
                 if v:
                     self.counters[f][(engine_idx, op)].inc(v)
+        for key, n in (d.get("failed_by_cause") or {}).items():
+            op, cause = key.split(":", 1)
+            self._failures.labels(*(list(self._labels[engine_idx]) + [op, cause])).inc(n)
+        for f in _SCHED_FIELDS:
+            if d.get(f):
+                self.sched[f][engine_idx].inc(d[f])
+        for t in d.get("load_latency_s") or ():
+            self.latency[engine_idx].observe(t)
+        if "store_backlog_blocks" in d:
+            self.backlog[engine_idx].set(d["store_backlog_blocks"])
 
 
 # ---- metadata ----------------------------------------------------------------
@@ -651,6 +731,9 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._next_event = itertools.count(1)
         self._delayed: list[str] = []
         self._cancelled: list[str] = []
+        self._is_scheduler = sched
+        self._sched_stats = dict.fromkeys(_SCHED_FIELDS, 0)
+        self._backlog_reported: int | None = None
         # worker state
         self._stats = None
         self._engine = None
@@ -661,6 +744,9 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._async_started: dict[str, float] = {}
         self._async_cancelled: set[str] = set()
         self._load_errors: set[int] = set()
+        self._failed_by_cause: dict[str, int] = {}
+        self._job_start: dict[int, float] = {}   # load job handle -> submit time
+        self._load_latency: list[float] = []
         self._worker_meta = UMBPConnectorWorkerMetadata()
         self._worker_events: list[KVCacheEvent] = []
         self._awaiting_free: dict[str, bool] = {}
@@ -710,6 +796,11 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
             st = self._reqs[request.request_id] = _ReqState(request, [[] for _ in self.groups])
         ids = blocks.get_block_ids()
         st.block_ids = [list(x) for x in ids]
+        if self.kv_role != "kv_producer" and self.ns_id is not None:
+            # counted when the request is scheduled (a resumed preempted one again)
+            self._sched_stats["lookups"] += 1
+            self._sched_stats["lookup_tokens"] += request.num_prompt_tokens
+            self._sched_stats["matched_tokens"] += max(0, num_external_tokens)
         if num_external_tokens <= 0:
             return
         first = st.local_computed // self.block_size
@@ -967,9 +1058,11 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
             if rc < 0:
                 self._load_errors.update(ls.block_ids)
                 self.lib.umbp_conn_stats_add(self._stats, 0, len(ls.block_ids), 0, len(ls.block_ids), 0)
+                self._count_failures("load", [1] * len(ls.block_ids))
                 if ls.asynchronous:
                     self._async_loads.setdefault(ls.req_id, [])
                 continue
+            self._job_start[job.value] = time.monotonic()
             if ls.asynchronous:
                 self._async_loads.setdefault(ls.req_id, []).append((job, len(ls.block_ids), ls.group))
                 self._async_started.setdefault(ls.req_id, time.monotonic())
@@ -987,6 +1080,13 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         obj = self.lib.umbp_kv_layout_object_bytes(self._layout, group) if self._layout else 0
         failed = (C.c_uint32 * max(1, n))()
         nf = max(0, self.lib.umbp_dp_job_failed_blocks(job, failed, n))
+        t0 = self._job_start.pop(job.value, None)
+        if t0 is not None:
+            self._load_latency.append(time.monotonic() - t0)
+        if nf:
+            rc = (C.c_int * max(1, n))()
+            self.lib.umbp_dp_job_results(job, rc, n)
+            self._count_failures("load", rc[:n])
         if report:
             self._load_errors.update(failed[:nf])
         self.lib.umbp_conn_stats_add(self._stats, 0, n, n - nf, nf, (n - nf) * obj)
@@ -1044,6 +1144,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 for p in plans:
                     self._worker_meta.store_events[p.event_id] = [1, 0]
                 self.lib.umbp_conn_stats_add(self._stats, 1, len(ids), 0, len(ids), 0)
+                self._count_failures("store", [1] * len(ids))
                 continue
             self._store_jobs.append((job, plans, ids))
         self._poll_stores(wait=True)
@@ -1059,6 +1160,8 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 continue
             rc = (C.c_int * len(ids))()
             nfail = self.lib.umbp_dp_job_results(job, rc, len(ids))
+            if nfail > 0:
+                self._count_failures("store", rc[:len(ids)])
             off = 0
             for p in plans:  # per plan (a request's blocks), not per block
                 res = rc[off:off + len(p.block_ids)]
@@ -1092,15 +1195,32 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         out, self._load_errors = self._load_errors, set()
         return out
 
+    def _count_failures(self, op: str, rcs) -> None:
+        """Failed blocks by cause; rc 1 marks a job that could not be submitted."""
+        for rc in rcs:
+            if rc:
+                k = f"{op}:{_cause(rc)}"
+                self._failed_by_cause[k] = self._failed_by_cause.get(k, 0) + 1
+
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        if self._stats is None:
+        st = UMBPKVConnectorStats()
+        if self._is_scheduler:  # lookups and the store backlog
+            st.data.update(self._sched_stats)
+            self._sched_stats = dict.fromkeys(_SCHED_FIELDS, 0)
+            backlog = sum(len(plan.hashes) for plan, _ in self._event_plans.values())
+            if backlog != self._backlog_reported:
+                st.data["store_backlog_blocks"] = backlog
+                self._backlog_reported = backlog
+            return None if st.is_empty() else st
+        if self._stats is None:  # a worker after shutdown
             return None
         s = L.StatsSnapshot()
         self.lib.umbp_conn_stats_read(self._stats, True, C.byref(s))
-        st = UMBPKVConnectorStats()
         for i, op in enumerate(_OPS):
             for f in _STAT_FIELDS:
                 st.data[f"{op}_{f}"] = getattr(s, f)[i]
+        st.data["failed_by_cause"], self._failed_by_cause = self._failed_by_cause, {}
+        st.data["load_latency_s"], self._load_latency = self._load_latency, []
         return None if st.is_empty() else st
 
     @classmethod

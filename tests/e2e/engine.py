@@ -42,6 +42,10 @@ def _metrics(llm) -> dict[str, float]:
     out: dict[str, float] = {}
     for m in llm.get_metrics():
         if not hasattr(m, "value"):
+            if hasattr(m, "count"):  # a histogram: its observation count
+                labels = ",".join(f"{k}={v}" for k, v in sorted(m.labels.items())
+                                  if k not in ("model_name", "engine"))
+                out[f"{m.name}{{{labels}}}"] = out.get(f"{m.name}{{{labels}}}", 0) + m.count
             continue
         labels = ",".join(f"{k}={v}" for k, v in sorted(m.labels.items())
                           if k not in ("model_name", "engine"))

@@ -106,6 +106,12 @@ def test_embedded_store_then_hit(tiny, workdir, ref, load_async):
     assert umbp_metric(res, "completed", "load") == blocks(1984) + blocks(992)
     assert umbp_metric(res, "failed", "load") == 0 and umbp_metric(res, "failed", "store") == 0
     assert res["metrics"]["vllm:external_prefix_cache_hits{}"] == 1984 + 992
+    # the connector's own metrics in vLLM's registry: requests looked up, their
+    # prompt tokens, the tokens the pool gave, one load job per hit
+    assert res["metrics"]["vllm:umbp_lookups{}"] == 3
+    assert res["metrics"]["vllm:umbp_lookup_tokens{}"] == 2000 + 2000 + 1500
+    assert res["metrics"]["vllm:umbp_matched_tokens{}"] == 1984 + 992
+    assert res["metrics"]["vllm:umbp_load_latency_seconds{}"] == 2, "count of the latency histogram"
     assert not os.path.exists(f"/dev/shm/umbp.{pool}"), "the embedded pool outlived its engine"
 
 
