@@ -22,9 +22,11 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import taplib  # noqa: E402  (tests/taplib.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -306,27 +308,19 @@ def t_stat():
 
 
 def main():
-    print(f"1..{len(results)}")
-    failed = 0
-    for i, (name, fn, needs_parser) in enumerate(results, 1):
-        if needs_parser and not PARSER:
-            print(f"ok {i} - {name} # SKIP prometheus_client is not importable (pip install prometheus_client, "
-                  f"or set UMBP_PYTHON to a python that has it)")
-            continue
-        if not TOOL or not HELPER:
-            print(f"ok {i} - {name} # SKIP UMBP_TOOL / UMBP_METRICS_HELPER not set (run through meson test)")
-            continue
-        try:
-            fn()
-            print(f"ok {i} - {name}")
-        except Exception:
-            failed += 1
-            print(f"not ok {i} - {name}")
-            for l in traceback.format_exc().splitlines():
-                print(f"# {l}")
-        finally:
-            subprocess.run([TOOL, "pool", "destroy", "--force", POOL], capture_output=True)
-    sys.exit(1 if failed else 0)
+    def guarded(fn, needs_parser):
+        def run():
+            if needs_parser and not PARSER:
+                return ("SKIP prometheus_client is not importable (pip install prometheus_client, or set UMBP_PYTHON "
+                        "to a python that has it)")
+            if not TOOL or not HELPER:
+                return "SKIP UMBP_TOOL / UMBP_METRICS_HELPER not set (run through meson test)"
+            return fn()
+        return run
 
+    def cleanup():
+        subprocess.run([TOOL, "pool", "destroy", "--force", POOL], capture_output=True)
+
+    sys.exit(taplib.run([(name, guarded(fn, np)) for name, fn, np in results], after_each=cleanup if TOOL else None))
 
 main()

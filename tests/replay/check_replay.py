@@ -19,7 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import taplib  # noqa: E402  (tests/taplib.py)
 
 TOOL = os.environ.get("UMBP_TOOL", "")
 DATA = os.environ.get("UMBP_SHARED_DATA", "")
@@ -447,22 +449,7 @@ def main():
         todo = [r for r in results if r[1] is synthetic]
     else:
         todo = [r for r in results if r[1] is not synthetic]
-    print(f"1..{len(todo)}")
-    failed = 0
-    for i, (name, fn) in enumerate(todo, 1):
-        try:
-            r = fn()
-            if isinstance(r, str) and r.startswith("SKIP"):
-                print(f"ok {i} - {name} # {r}")
-            else:
-                print(f"ok {i} - {name}")
-        except Exception:
-            failed += 1
-            print(f"not ok {i} - {name}")
-            for line in traceback.format_exc().splitlines():
-                print(f"# {line}")
-        sys.stdout.flush()
-    return 1 if failed else 0
+    return taplib.run(todo)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ static double xpos(const struct xscale *x, uint64_t cap) {
   if (x->hi <= x->lo) t = 0.5;
   else if (x->log) t = (log(v) - log(x->lo)) / (log(x->hi) - log(x->lo));
   else t = (v - x->lo) / (x->hi - x->lo);
-  return L + t * (W - L - R);
+  return L + (0.04 + 0.92 * t) * (W - L - R); /* points stay clear of the axes */
 }
 
 static double ypos(double ratio) { return T + (1.0 - ratio) * (H - T - B); }
