@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "metrics_http.h"
 #include "shm/daemon.h"
 #include "shm/pool_internal.h"
 #include "umbp/index.h"
@@ -79,6 +80,19 @@ static const char *daemon_usage =
     "  --reap-interval MS    how often dead processes are reaped (default 1000).\n"
     "  --evict-low PCT       start evicting below PCT%% free slots (default 5).\n"
     "  --evict-high PCT      evict until PCT%% are free (default 10); low < high <= 100.\n"
+    "  --metrics ADDRESS:PORT\n"
+    "                        serve Prometheus metrics at http://ADDRESS:PORT/metrics\n"
+    "                        (off by default): slots by state per partition,\n"
+    "                        bytes, per-namespace blocks, quota, lookups, hits,\n"
+    "                        misses, inserts, evictions, processes alive and dead,\n"
+    "                        event-ring drops, readers; the list is in\n"
+    "                        docs/operations.md. ADDRESS is numeric: 127.0.0.1\n"
+    "                        (this host only), 0.0.0.0 (every interface) or [::1].\n"
+    "                        Scrapes read the pool through a read-only attach and\n"
+    "                        never change it. Needs an umbp built with\n"
+    "                        libmicrohttpd%s.\n"
+    "                        Example: --metrics 127.0.0.1:9478, then\n"
+    "                        curl -s http://127.0.0.1:9478/metrics | grep umbp_slots\n"
     "\n"
     "Signals: SIGTERM, SIGINT stop the daemon cleanly; SIGHUP re-reads --quota-file.\n"
     "Log lines: '2026-12-02T16:00:00Z umbp-daemon[PID]: message' (UTC).\n"
@@ -89,7 +103,8 @@ static const char *daemon_usage =
     "Exit status: 0 stopped cleanly; 1 the pool cannot be created or adopted (it\n"
     "exists with another layout, belongs to another user, has a daemon already,\n"
     "...), a quota file is invalid at start, or the pool was destroyed or\n"
-    "truncated under it; 2 usage error.\n"
+    "truncated under it, or --metrics cannot listen on its address (the port is\n"
+    "taken, no interface has the address); 2 usage error.\n"
     "Example: umbp daemon --pool kv --capacity 64GiB --numa-nodes auto --log /var/log/umbp-kv.log\n";
 
 /* ---- logging ---------------------------------------------------------------- */
@@ -224,6 +239,9 @@ struct dopts {
   unsigned reap_ms, low, high;
   struct quota quotas[MAX_QUOTAS];
   unsigned nquotas;
+  const char *metrics; /* --metrics ADDRESS:PORT, NULL: off */
+  struct sockaddr_storage maddr;
+  socklen_t mlen;
 };
 
 static bool want_help(int argc, char **argv) {
@@ -242,7 +260,7 @@ static int parse_uint(const char *s, unsigned lo, unsigned hi, unsigned *out) {
 }
 
 static int parse_opts(int argc, char **argv, struct dopts *o) {
-  enum { O_POOL = 256, O_CAP, O_SLOT, O_NODES, O_GROUP, O_NOPF, O_FG, O_LOG, O_UNLINK, O_QUOTA, O_QFILE, O_REAP, O_LOW, O_HIGH, O_IPAGES };
+  enum { O_POOL = 256, O_CAP, O_SLOT, O_NODES, O_GROUP, O_NOPF, O_FG, O_LOG, O_UNLINK, O_QUOTA, O_QFILE, O_REAP, O_LOW, O_HIGH, O_IPAGES, O_METRICS };
   static const struct option opts[] = {
       {"pool", required_argument, 0, O_POOL},         {"capacity", required_argument, 0, O_CAP},
       {"slot-size", required_argument, 0, O_SLOT},    {"numa-nodes", required_argument, 0, O_NODES},
@@ -251,7 +269,7 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       {"unlink-on-exit", no_argument, 0, O_UNLINK},   {"quota", required_argument, 0, O_QUOTA},
       {"quota-file", required_argument, 0, O_QFILE},  {"reap-interval", required_argument, 0, O_REAP},
       {"evict-low", required_argument, 0, O_LOW},     {"evict-high", required_argument, 0, O_HIGH},
-      {"index-pages", required_argument, 0, O_IPAGES},
+      {"index-pages", required_argument, 0, O_IPAGES}, {"metrics", required_argument, 0, O_METRICS},
       {0, 0, 0, 0}};
   umbp_pool_params_init(&o->pp);
   o->reap_ms = 1000;
@@ -307,6 +325,13 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       break;
     }
     case O_QFILE: o->quota_file = optarg; break;
+    case O_METRICS: {
+      char why[300];
+      if (metrics_parse_addr(optarg, &o->maddr, &o->mlen, why, sizeof why))
+        return cli_usage_error("daemon", "--metrics '%s': %s", optarg, why);
+      o->metrics = optarg;
+      break;
+    }
     case O_REAP:
       if (parse_uint(optarg, 1, 3600000, &o->reap_ms))
         return cli_usage_error("daemon", "--reap-interval '%s': use 1 to 3600000 milliseconds", optarg);
@@ -534,7 +559,7 @@ static void daemonise(const char *pool, int log_fd) {
 /* ---- main ------------------------------------------------------------------- */
 int cmd_daemon(int argc, char **argv) {
   if (want_help(argc, argv)) {
-    fputs(daemon_usage, stdout);
+    printf(daemon_usage, metrics_http_available() ? " (this one is)" : " (this one is NOT: install libmicrohttpd-dev and rebuild)");
     return CLI_OK;
   }
   static struct dopts o; /* quotas table: keep it off the stack */
@@ -576,8 +601,29 @@ int cmd_daemon(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   umbp_log_set(lib_log, NULL, UMBP_LOG_INFO);
 
+  /* The metrics socket is bound before the pool is created, so a port that
+   * is taken leaves no new pool behind. */
+  int mfd = -1;
+  if (o.metrics) {
+    if (!metrics_http_available()) {
+      free(fileq);
+      return fatal("--metrics %s: this umbp was built without libmicrohttpd: install libmicrohttpd-dev "
+                   "(scripts/setup.sh) and rebuild, or use 'umbp inspect %s --prometheus'", o.metrics, o.pool);
+    }
+    mfd = metrics_listen(&o.maddr, o.mlen);
+    if (mfd < 0) {
+      free(fileq);
+      return fatal("--metrics %s: cannot listen: %s%s", o.metrics, strerror(-mfd),
+                   mfd == -EADDRINUSE      ? " (another process has this port: pick another one)"
+                   : mfd == -EADDRNOTAVAIL ? " (no interface of this host has that address: use 127.0.0.1 or 0.0.0.0)"
+                   : mfd == -EACCES        ? " (ports below 1024 need root or CAP_NET_BIND_SERVICE: use a higher one)"
+                                           : "");
+    }
+  }
+
   umbp_pool *p = NULL;
   if (open_pool(&o, &p) != CLI_OK) {
+    if (mfd >= 0) close(mfd);
     free(fileq);
     return CLI_RUNTIME;
   }
@@ -589,6 +635,19 @@ int cmd_daemon(int argc, char **argv) {
     umbp_pool_detach(p);
     free(fileq);
     return fatal("cannot start the evictor: %s", umbp_last_error());
+  }
+  struct metrics_server *msrv = NULL;
+  if (mfd >= 0) {
+    char why[400];
+    rc = metrics_serve(mfd, o.pool, &msrv, why, sizeof why);
+    if (rc) {
+      umbp_evictor_stop(p);
+      umbp_daemon_lock_release(p);
+      umbp_pool_detach(p);
+      free(fileq);
+      return fatal("--metrics %s: %s", o.metrics, why);
+    }
+    dlog("serving metrics at http://%s/metrics", o.metrics);
   }
   int n = umbp_pool_reap(p);
   if (n > 0) dlog("reaped %d dead process%s left from before", n, n == 1 ? "" : "es");
@@ -637,6 +696,7 @@ int cmd_daemon(int argc, char **argv) {
   }
   if (lost_why) dlog("error: %s; stopping", lost_why);
   else dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  metrics_stop(msrv);
   umbp_evictor_stop(p);
   umbp_daemon_lock_release(p);
   umbp_pool_detach(p);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "snapshot.h"
 #include "index/index_internal.h"
 #include "shm/daemon.h"
 #include "shm/ring.h"
@@ -28,6 +29,8 @@
 
 static const char *inspect_usage =
     "Usage: umbp inspect NAME [--json] [--watch SECONDS] [--check] [--events N]\n"
+    "       umbp inspect NAME --stat [SECONDS]\n"
+    "       umbp inspect NAME --prometheus\n"
     "\n"
     "Show what pool NAME holds. The pool is attached read-only and never changed,\n"
     "so read permission on its file (/dev/shm/umbp.NAME) is enough.\n"
@@ -38,13 +41,16 @@ static const char *inspect_usage =
     "ways, probe-length histogram: entries found d buckets from their home),\n"
     "slots by state, processes (registry slot, pid, role, rank, alive or dead,\n"
     "pins held, heartbeat age), namespaces (id, name, blocks, bytes, quota, hit\n"
-    "rate = hits / lookups), recent events (peeked, not consumed), counters summed\n"
+    "rate = hits / lookups, per lookup since the pool was created), recent events\n"
+    "(peeked, not consumed; 'no consumer attached' when nothing ever drained the\n"
+    "ring, which then fills and drops by design), counters summed\n"
     "over every process, live and reaped (a live process's figures lag by up to\n"
     "64 operations per thread).\n"
     "\n"
     "Options:\n"
     "  --json            one JSON object instead of text (schema: docs/operations.md).\n"
-    "  --watch SECONDS   redraw every SECONDS (decimals allowed) until Ctrl-C.\n"
+    "  --watch SECONDS   redraw every SECONDS (decimals allowed) until Ctrl-C, with\n"
+    "                    a timestamp and per-second rates beside the totals.\n"
     "  --check           verify every invariant of the pool (ways point at valid\n"
     "                    published slots in their key's neighbourhood, no slot\n"
     "                    reachable twice, pins only of claimed registry slots and\n"
@@ -54,6 +60,20 @@ static const char *inspect_usage =
     "                    processes that the daemon has not reaped yet are\n"
     "                    reported, not violations.\n"
     "  --events N        show the N most recent events (default 10, 0: none).\n"
+    "                    With --watch they are counted by type and namespace.\n"
+    "  --stat [SECONDS]  one line per interval (default 1 s), like redis-cli --stat:\n"
+    "                    time, used % (slots not free), lookups/s, hit % over the\n"
+    "                    interval ('-': no lookup in it), inserts/s, evictions/s,\n"
+    "                    pinned blocks, live processes. Rates come from the\n"
+    "                    difference of the cumulative counters between two lines;\n"
+    "                    the first line has none. The header repeats every 20\n"
+    "                    lines. Until Ctrl-C.\n"
+    "                    Example: umbp inspect kv --stat 5\n"
+    "  --prometheus      print the metrics of 'umbp daemon --metrics' once, in the\n"
+    "                    Prometheus text format (for node_exporter's textfile\n"
+    "                    collector when no daemon serves them).\n"
+    "                    Example: umbp inspect kv --prometheus > /var/lib/node_exporter/umbp.prom.$$ &&\n"
+    "                             mv /var/lib/node_exporter/umbp.prom.$$ /var/lib/node_exporter/umbp.prom\n"
     "\n"
     "Exit status: 0 shown (with --check: no violation); 1 the pool cannot be\n"
     "opened (missing, corrupted, no permission) or --check found violations;\n"
@@ -72,105 +92,62 @@ static bool want_help(int argc, char **argv) {
   return false;
 }
 
-struct ev_peek {
-  int type;
-  uint64_t pos;
-  struct umbp_key_shm key;
-};
-
-/* Read up to max of the newest events from the ring's cells (loads only). */
-static unsigned peek_events(umbp_pool *p, struct ev_peek *out, unsigned max, uint64_t *ret_pending,
-                            uint64_t *ret_dropped, uint64_t *ret_cap) {
-  void *ring = umbp_pool_region(p, UMBP_REG_EVENTS);
-  *ret_pending = *ret_dropped = *ret_cap = 0;
-  if (umbp_ring_check_header(ring, p->hdr->regions[UMBP_REG_EVENTS].size)) return 0;
-  struct umbp_ring_hdr *h = ring;
-  *ret_cap = h->capacity;
-  *ret_pending = umbp_ring_count(ring);
-  *ret_dropped = umbp_ring_dropped(ring);
-  uint64_t enq = atomic_load_explicit(&h->enq_pos, memory_order_acquire);
-  uint64_t deq = atomic_load_explicit(&h->deq_pos, memory_order_acquire);
-  uint64_t first = enq - deq > h->capacity ? enq - h->capacity : deq;
-  if (enq - first > max) first = enq - max;
-  unsigned n = 0;
-  for (uint64_t pos = first; pos != enq && n < max; pos++) {
-    struct umbp_ring_cell *c = umbp_ring__cell(h, pos);
-    uint64_t w = atomic_load_explicit(&c->word, memory_order_acquire);
-    unsigned kind = umbp_ring__wkind(w);
-    if (umbp_ring__seqdiff(umbp_ring__wseq(w), pos + 1) != 0 || (kind != UMBP_RING_STABLE && kind != UMBP_RING_READING))
-      continue;
-    struct umbp_event_shm ev;
-    memcpy(&ev, c->payload, sizeof ev);
-    atomic_thread_fence(memory_order_acquire);
-    if (atomic_load_explicit(&c->word, memory_order_relaxed) != w) continue;
-    out[n].type = ev.type;
-    out[n].pos = pos;
-    out[n].key = ev.key;
-    n++;
-  }
-  return n;
+/* Per-second rate of a cumulative counter between two snapshots. */
+static double rate(uint64_t now, uint64_t before, const struct snap *s, const struct snap *prev) {
+  double dt = (double)(s->mono_ns - prev->mono_ns) / 1e9;
+  return dt > 0 && now >= before ? (double)(now - before) / dt : 0.0;
 }
 
-static const char *ev_name(int t) { return t == 1 ? "stored" : t == 2 ? "removed" : t == 3 ? "cleared" : "?"; }
-
-static void hash_hex(const struct umbp_key_shm *k, char *buf, size_t n) {
-  size_t l = k->hash_len < 8 ? k->hash_len : 8, o = 0;
-  for (size_t i = 0; i < l && o + 3 < n; i++) o += (size_t)snprintf(buf + o, n - o, "%02x", k->hash[i]);
-  buf[o] = 0;
+/* The event ring's state in words: with no consumer, a full ring that drops
+ * is the expected state, not an error. */
+static void print_event_state(const struct snap *s) {
+  if (!s->ev_drained)
+    printf("events: no consumer attached (nothing has drained the ring: %llu of %llu cells hold events, %llu more "
+           "dropped; expected without a subscriber)\n",
+           (unsigned long long)s->ev_pending, (unsigned long long)s->ev_cap, (unsigned long long)s->ev_dropped);
+  else
+    printf("events: %llu pending of %llu, %llu drained, %llu dropped%s\n", (unsigned long long)s->ev_pending,
+           (unsigned long long)s->ev_cap, (unsigned long long)s->ev_drained, (unsigned long long)s->ev_dropped,
+           s->ev_pending == s->ev_cap ? " (ring full: the consumer is behind)" : "");
 }
 
-static void fmt_time(uint64_t ns, char *buf, size_t n) {
-  time_t t = (time_t)(ns / 1000000000ull);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
-}
-
-struct snap {
-  umbp_pool_info info;
-  struct stat st;
-  int daemon_running, daemon_pid, daemon_last_pid;
-  umbp_slot_census census;
-  uint64_t entries, hist[UMBP_MAX_PROBE];
-  umbp_proc_info procs[UMBP_MAX_PROCS];
-  int nprocs;
-  uint64_t pins_by[UMBP_MAX_PROCS];
-  umbp_counters total;
-  struct ev_peek ev[64];
-  unsigned nev;
-  uint64_t ev_pending, ev_dropped, ev_cap;
-};
-
-static void take(umbp_pool *p, struct snap *s, unsigned nevents) {
-  memset(s, 0, sizeof *s);
-  umbp_pool_get_info(p, &s->info);
-  fstat(p->fd, &s->st);
-  s->daemon_pid = s->daemon_last_pid = -1;
-  s->daemon_running = umbp_daemon_query(p, &s->daemon_pid, &s->daemon_last_pid);
-  umbp_census(p, &s->census);
-  umbp_index_stats(p, &s->entries, s->hist, UMBP_MAX_PROBE);
-  s->nprocs = umbp_pool_list_procs(p, s->procs, UMBP_MAX_PROCS);
-  if (s->nprocs < 0) s->nprocs = 0;
-  const _Atomic uint8_t *pins = umbp_pool_region(p, UMBP_REG_PINS);
-  uint64_t stride = umbp_pin_stride(p->hdr->slot_count);
-  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
-    const _Atomic uint8_t *row = pins + (uint64_t)i * stride;
-    const _Atomic uint64_t *w = (const _Atomic uint64_t *)(const void *)row;
-    for (uint64_t q = 0; q < stride / 8; q++) {
-      if (!atomic_load_explicit(&w[q], memory_order_relaxed)) continue;
-      for (unsigned j = 0; j < 8; j++) s->pins_by[i] += atomic_load_explicit(&row[q * 8 + j], memory_order_relaxed);
+/* The peeked events counted by type and namespace. */
+static void print_event_summary(umbp_pool *p, const struct snap *s) {
+  if (!s->nev) return;
+  printf("  newest %u: ", s->nev);
+  bool first = true;
+  for (int type = 1; type <= 3; type++) {
+    unsigned n = 0;
+    for (unsigned k = 0; k < s->nev; k++) n += s->ev[k].type == type;
+    if (!n) continue;
+    printf("%s%s %u (", first ? "" : "; ", snap_event_name(type), n);
+    first = false;
+    bool firstns = true;
+    for (unsigned k = 0; k < s->nev; k++) {
+      if (s->ev[k].type != type) continue;
+      bool seen = false; /* count each namespace once, at its first event */
+      for (unsigned q = 0; q < k && !seen; q++) seen = s->ev[q].type == type && s->ev[q].key.ns == s->ev[k].key.ns;
+      if (seen) continue;
+      unsigned m = 0;
+      for (unsigned q = k; q < s->nev; q++) m += s->ev[q].type == type && s->ev[q].key.ns == s->ev[k].key.ns;
+      char name[136] = "";
+      if (umbp_ns_name(p, s->ev[k].key.ns, name, sizeof name) != 0) snprintf(name, sizeof name, "ns %u", s->ev[k].key.ns);
+      printf("%s%s %u", firstns ? "" : ", ", name, m);
+      firstns = false;
     }
+    printf(")");
   }
-  umbp_counters_ns(p, UINT32_MAX, &s->total);
-  s->nev = peek_events(p, s->ev, nevents > 64 ? 64 : nevents, &s->ev_pending, &s->ev_dropped, &s->ev_cap);
+  printf("\n");
 }
 
-static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
-
-static void print_text(umbp_pool *p, const struct snap *s, const umbp_check_report *ck) {
+static void print_text(umbp_pool *p, const struct snap *s, const struct snap *prev, const umbp_check_report *ck) {
   const umbp_pool_info *i = &s->info;
   char a[32], b[32], c[32], t[32];
-  fmt_time(i->created_ns, t, sizeof t);
+  if (prev) {
+    snap_fmt_time(s->wall_ns, t, sizeof t);
+    printf("at %s; rates per second over the last %.1f s\n", t, (double)(s->mono_ns - prev->mono_ns) / 1e9);
+  }
+  snap_fmt_time(i->created_ns, t, sizeof t);
   printf("pool %s (%s)\n", i->name, i->path);
   printf("  layout %u.%u  abi 0x%016llx  features compat 0x%llx incompat 0x%llx\n", i->layout_major, i->layout_minor,
          (unsigned long long)i->abi_fingerprint, (unsigned long long)i->compat_features,
@@ -199,7 +176,7 @@ static void print_text(umbp_pool *p, const struct snap *s, const umbp_check_repo
   }
   uint64_t ways = (uint64_t)p->hdr->n_buckets * UMBP_BUCKET_WAYS;
   printf("index: %llu entries, load factor %.3f (of %llu ways)\n  probe length:", (unsigned long long)s->entries,
-         ratio(s->entries, ways), (unsigned long long)ways);
+         snap_ratio(s->entries, ways), (unsigned long long)ways);
   unsigned last = 0;
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++)
     if (s->hist[d]) last = d;
@@ -221,37 +198,60 @@ static void print_text(umbp_pool *p, const struct snap *s, const umbp_check_repo
     printf("  %-4u %-8d %-9s %-5d %-5s %6llu %10s  %s\n", q->slot, q->pid, umbp_role_name(q->role), q->rank,
            q->alive ? "alive" : "dead", (unsigned long long)s->pins_by[q->slot], hb, q->comm);
   }
-  const struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
   printf("namespaces:\n");
   int shown = 0;
-  for (unsigned k = 0; k < UMBP_MAX_NAMESPACES; k++) {
-    if (atomic_load_explicit(&nss[k].state, memory_order_acquire) != 1) continue;
-    if (!shown++) printf("  %-4s %-20s %8s %12s %12s %8s %10s\n", "id", "name", "blocks", "bytes", "quota", "hit rate", "lookups");
-    char name[136] = "";
-    umbp_ns_name(p, k, name, sizeof name);
-    uint64_t used = atomic_load_explicit(&nss[k].used_slots, memory_order_relaxed);
-    uint64_t quota = atomic_load_explicit(&nss[k].quota_bytes, memory_order_relaxed);
-    umbp_counters cn;
-    umbp_counters_ns(p, k, &cn);
-    printf("  %-4u %-20.20s %8llu %12s %12s %7.1f%% %10llu\n", k, name, (unsigned long long)used,
-           cli_fmt_size(used * i->slot_size, a, sizeof a), quota ? cli_fmt_size(quota, b, sizeof b) : "none",
-           100.0 * ratio(cn.hits, cn.lookups), (unsigned long long)cn.lookups);
+  for (unsigned k = 0; k < s->nns; k++) {
+    const struct snap_ns *n = &s->ns[k];
+    if (!shown++)
+      printf("  %-4s %-20s %8s %12s %12s %8s %10s%s   (hit rate: hits / lookups since the pool was created)\n", "id",
+             "name", "blocks", "bytes", "quota", "hit rate", "lookups", prev ? "   lookups/s" : "");
+    printf("  %-4u %-20.20s %8llu %12s %12s %7.1f%% %10llu", n->id, n->name, (unsigned long long)n->blocks,
+           cli_fmt_size(n->blocks * i->slot_size, a, sizeof a), n->quota_bytes ? cli_fmt_size(n->quota_bytes, b, sizeof b) : "none",
+           100.0 * snap_ratio(n->c.hits, n->c.lookups), (unsigned long long)n->c.lookups);
+    const struct snap_ns *pn = NULL;
+    for (unsigned q = 0; prev && q < prev->nns && !pn; q++)
+      if (prev->ns[q].id == n->id) pn = &prev->ns[q];
+    if (prev) printf(" %12.1f", pn ? rate(n->c.lookups, pn->c.lookups, s, prev) : 0.0);
+    printf("\n");
   }
   if (!shown) printf("  (none registered)\n");
-  printf("events: %llu pending of %llu, %llu dropped\n", (unsigned long long)s->ev_pending,
-         (unsigned long long)s->ev_cap, (unsigned long long)s->ev_dropped);
-  for (unsigned k = 0; k < s->nev; k++) {
-    char hx[20];
-    hash_hex(&s->ev[k].key, hx, sizeof hx);
-    printf("  #%-8llu %-8s ns %u tp %u hash %s...\n", (unsigned long long)s->ev[k].pos, ev_name(s->ev[k].type),
-           s->ev[k].key.ns, s->ev[k].key.tp, hx);
+  print_event_state(s);
+  if (prev) {
+    print_event_summary(p, s);
+  } else {
+    for (unsigned k = 0; k < s->nev; k++) {
+      char hx[20];
+      snap_hash_hex(&s->ev[k].key, hx, sizeof hx);
+      printf("  #%-8llu %-8s ns %u tp %u hash %s...\n", (unsigned long long)s->ev[k].pos, snap_event_name(s->ev[k].type),
+             s->ev[k].key.ns, s->ev[k].key.tp, hx);
+    }
   }
   const umbp_counters *ct = &s->total;
-  printf("counters: lookups %llu hits %llu misses %llu (hit rate %.1f%%) inserts %llu duplicates %llu evictions %llu "
-         "removes %llu pins %llu\n",
-         (unsigned long long)ct->lookups, (unsigned long long)ct->hits, (unsigned long long)ct->misses,
-         100.0 * ratio(ct->hits, ct->lookups), (unsigned long long)ct->inserts, (unsigned long long)ct->duplicates,
-         (unsigned long long)ct->evictions, (unsigned long long)ct->removes, (unsigned long long)ct->pins);
+  if (!prev) {
+    printf("counters: lookups %llu hits %llu misses %llu (hit rate %.1f%% per lookup since the pool was created) "
+           "inserts %llu duplicates %llu evictions %llu removes %llu pins %llu\n",
+           (unsigned long long)ct->lookups, (unsigned long long)ct->hits, (unsigned long long)ct->misses,
+           100.0 * snap_ratio(ct->hits, ct->lookups), (unsigned long long)ct->inserts,
+           (unsigned long long)ct->duplicates, (unsigned long long)ct->evictions, (unsigned long long)ct->removes,
+           (unsigned long long)ct->pins);
+  } else {
+    const umbp_counters *pc = &prev->total;
+    uint64_t dl = ct->lookups - pc->lookups, dh = ct->hits - pc->hits;
+    printf("counters (total, /s):\n");
+    printf("  lookups   %14llu %12.1f/s   hit rate %5.1f%% since creation, %s over the interval\n",
+           (unsigned long long)ct->lookups, rate(ct->lookups, pc->lookups, s, prev),
+           100.0 * snap_ratio(ct->hits, ct->lookups), dl ? (snprintf(c, sizeof c, "%.1f%%", 100.0 * snap_ratio(dh, dl)), c) : "-");
+    const struct {
+      const char *name;
+      uint64_t now, before;
+    } rows[] = {{"hits", ct->hits, pc->hits},       {"misses", ct->misses, pc->misses},
+                {"inserts", ct->inserts, pc->inserts}, {"duplicates", ct->duplicates, pc->duplicates},
+                {"evictions", ct->evictions, pc->evictions}, {"removes", ct->removes, pc->removes},
+                {"pins", ct->pins, pc->pins}};
+    for (unsigned k = 0; k < sizeof rows / sizeof rows[0]; k++)
+      printf("  %-10s%14llu %12.1f/s\n", rows[k].name, (unsigned long long)rows[k].now,
+             rate(rows[k].now, rows[k].before, s, prev));
+  }
   (void)c;
   if (ck) {
     if (!ck->n_violations)
@@ -289,7 +289,7 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
   json_u64(&j, "slot_count", i->slot_count);
   json_u64(&j, "buckets", p->hdr->n_buckets);
   json_u64(&j, "event_capacity", p->hdr->event_capacity);
-  fmt_time(i->created_ns, t, sizeof t);
+  snap_fmt_time(i->created_ns, t, sizeof t);
   json_str(&j, "created", t);
   json_u64(&j, "created_unix", i->created_ns / 1000000000ull);
   json_i64(&j, "creator_pid", i->creator_pid);
@@ -326,7 +326,7 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
   json_obj(&j, "index");
   json_u64(&j, "entries", s->entries);
   json_u64(&j, "ways", ways);
-  json_dbl(&j, "load_factor", ratio(s->entries, ways));
+  json_dbl(&j, "load_factor", snap_ratio(s->entries, ways));
   json_arr(&j, "probe_histogram");
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) json_u64(&j, NULL, s->hist[d]);
   json_end_arr(&j);
@@ -360,26 +360,20 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
   }
   json_end_arr(&j);
   json_arr(&j, "namespaces");
-  const struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
-  for (unsigned k = 0; k < UMBP_MAX_NAMESPACES; k++) {
-    if (atomic_load_explicit(&nss[k].state, memory_order_acquire) != 1) continue;
-    char name[136] = "";
-    umbp_ns_name(p, k, name, sizeof name);
-    uint64_t used = atomic_load_explicit(&nss[k].used_slots, memory_order_relaxed);
-    umbp_counters cn;
-    umbp_counters_ns(p, k, &cn);
+  for (unsigned k = 0; k < s->nns; k++) {
+    const struct snap_ns *n = &s->ns[k];
     json_obj(&j, NULL);
-    json_u64(&j, "id", k);
-    json_str(&j, "name", name);
-    json_u64(&j, "blocks", used);
-    json_u64(&j, "bytes", used * i->slot_size);
-    json_u64(&j, "quota_bytes", atomic_load_explicit(&nss[k].quota_bytes, memory_order_relaxed));
-    json_u64(&j, "lookups", cn.lookups);
-    json_u64(&j, "hits", cn.hits);
-    json_dbl(&j, "hit_rate", ratio(cn.hits, cn.lookups));
-    json_u64(&j, "inserts", cn.inserts);
-    json_u64(&j, "evictions", cn.evictions);
-    json_u64(&j, "removes", cn.removes);
+    json_u64(&j, "id", n->id);
+    json_str(&j, "name", n->name);
+    json_u64(&j, "blocks", n->blocks);
+    json_u64(&j, "bytes", n->blocks * i->slot_size);
+    json_u64(&j, "quota_bytes", n->quota_bytes);
+    json_u64(&j, "lookups", n->c.lookups);
+    json_u64(&j, "hits", n->c.hits);
+    json_dbl(&j, "hit_rate", snap_ratio(n->c.hits, n->c.lookups));
+    json_u64(&j, "inserts", n->c.inserts);
+    json_u64(&j, "evictions", n->c.evictions);
+    json_u64(&j, "removes", n->c.removes);
     json_end_obj(&j);
   }
   json_end_arr(&j);
@@ -390,10 +384,10 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
   json_arr(&j, "recent");
   for (unsigned k = 0; k < s->nev; k++) {
     char hx[20];
-    hash_hex(&s->ev[k].key, hx, sizeof hx);
+    snap_hash_hex(&s->ev[k].key, hx, sizeof hx);
     json_obj(&j, NULL);
     json_u64(&j, "position", s->ev[k].pos);
-    json_str(&j, "type", ev_name(s->ev[k].type));
+    json_str(&j, "type", snap_event_name(s->ev[k].type));
     json_u64(&j, "ns", s->ev[k].key.ns);
     json_u64(&j, "tp_rank", s->ev[k].key.tp);
     json_str(&j, "hash_prefix", hx);
@@ -430,19 +424,50 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
   json_finish(&j);
 }
 
+/* One --stat line: rates over [prev, s]; prev NULL for the first line. */
+static void print_stat_line(const struct snap *s, const struct snap *prev, unsigned *lines) {
+  if (*lines % 20 == 0)
+    printf("%-8s %6s %11s %6s %10s %10s %7s %6s\n", "time", "used", "lookups/s", "hit", "inserts/s", "evict/s",
+           "pinned", "procs");
+  (*lines)++;
+  time_t now = (time_t)(s->wall_ns / 1000000000ull);
+  struct tm tm;
+  char t[16], lk[24] = "-", hit[16] = "-", ins[24] = "-", ev[24] = "-";
+  localtime_r(&now, &tm);
+  strftime(t, sizeof t, "%H:%M:%S", &tm);
+  if (prev) {
+    const umbp_counters *c = &s->total, *b = &prev->total;
+    snprintf(lk, sizeof lk, "%.1f", rate(c->lookups, b->lookups, s, prev));
+    snprintf(ins, sizeof ins, "%.1f", rate(c->inserts, b->inserts, s, prev));
+    snprintf(ev, sizeof ev, "%.1f", rate(c->evictions, b->evictions, s, prev));
+    if (c->lookups > b->lookups) snprintf(hit, sizeof hit, "%.1f%%", 100.0 * snap_ratio(c->hits - b->hits, c->lookups - b->lookups));
+  }
+  printf("%-8s %5.1f%% %11s %6s %10s %10s %7llu %6u\n", t,
+         100.0 * snap_ratio(s->census.total - s->census.free_, s->census.total), lk, hit, ins, ev,
+         (unsigned long long)s->census.pinned, s->info.procs_live);
+}
+
+static void sleep_s(double sec) {
+  struct timespec ts = {(time_t)sec, (long)((sec - (double)(time_t)sec) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0 && !stop_watch) {
+  }
+}
+
 int cmd_inspect(int argc, char **argv) {
   if (want_help(argc, argv)) {
     fputs(inspect_usage, stdout);
     return CLI_OK;
   }
-  enum { O_JSON = 256, O_WATCH, O_CHECK, O_EVENTS };
+  enum { O_JSON = 256, O_WATCH, O_CHECK, O_EVENTS, O_STAT, O_PROM };
   static const struct option opts[] = {{"json", no_argument, 0, O_JSON},
+                                       {"stat", optional_argument, 0, O_STAT},
+                                       {"prometheus", no_argument, 0, O_PROM},
                                        {"watch", required_argument, 0, O_WATCH},
                                        {"check", no_argument, 0, O_CHECK},
                                        {"events", required_argument, 0, O_EVENTS},
                                        {0, 0, 0, 0}};
-  bool json = false, check = false;
-  double watch = 0;
+  bool json = false, check = false, prom = false;
+  double watch = 0, stat = 0;
   unsigned nevents = 10;
   optind = 1;
   opterr = 0;
@@ -452,6 +477,19 @@ int cmd_inspect(int argc, char **argv) {
     switch (c) {
     case O_JSON: json = true; break;
     case O_CHECK: check = true; break;
+    case O_PROM: prom = true; break;
+    case O_STAT: {
+      /* --stat, --stat=S or --stat S (S: the next word when it is a number) */
+      const char *arg = optarg;
+      if (!arg && optind < argc && argv[optind][0] != '-') {
+        strtod(argv[optind], &end);
+        if (!*end && end != argv[optind]) arg = argv[optind++];
+      }
+      stat = arg ? strtod(arg, &end) : 1.0;
+      if (arg && (*end || end == arg || !(stat >= 0.1 && stat <= 86400)))
+        return cli_usage_error("inspect", "--stat '%s': give seconds per line, 0.1 to 86400 (default 1)", arg);
+      break;
+    }
     case O_WATCH:
       watch = strtod(optarg, &end);
       if (*end || end == optarg || !(watch >= 0.1 && watch <= 86400))
@@ -471,6 +509,10 @@ int cmd_inspect(int argc, char **argv) {
   const char *name = argv[optind];
   if (umbp_pool_name_valid(name)) return cli_usage_error("inspect", "%s", umbp_last_error());
   if (watch > 0 && check) return cli_usage_error("inspect", "--check gives one verdict: use it without --watch");
+  if (stat > 0 && (json || watch > 0 || check || prom))
+    return cli_usage_error("inspect", "--stat prints its own lines: use it without --json, --watch, --check and --prometheus");
+  if (prom && (json || watch > 0 || check))
+    return cli_usage_error("inspect", "--prometheus prints the metrics once: use it without --json, --watch and --check");
 
   umbp_attach_opts ao;
   umbp_attach_opts_init(&ao);
@@ -487,24 +529,58 @@ int cmd_inspect(int argc, char **argv) {
       cli_error("%s", why && *why ? why : umbp_strerror(rc));
     return CLI_RUNTIME;
   }
-  struct snap *s = malloc(sizeof *s);
+  /* two snapshots: the rates of --watch and --stat are differences */
+  struct snap *s = malloc(sizeof *s), *prev = malloc(sizeof *prev);
   umbp_check_report *ck = check ? malloc(sizeof *ck) : NULL;
-  if (!s || (check && !ck)) {
+  if (!s || !prev || (check && !ck)) {
     cli_error("out of memory");
+    free(s);
+    free(prev);
+    free(ck);
     umbp_pool_detach(p);
     return CLI_RUNTIME;
   }
   int ret = CLI_OK;
-  if (watch > 0) {
+  if (prom) {
+    snap_take(p, s, 0);
+    if (snap_prometheus(s, stdout)) {
+      cli_error("cannot write the metrics: %s", strerror(errno));
+      ret = CLI_RUNTIME;
+    }
+    free(s);
+    free(prev);
+    umbp_pool_detach(p);
+    return ret;
+  }
+  if (watch > 0 || stat > 0) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
   }
-  bool tty = isatty(1);
+  if (stat > 0) {
+    unsigned lines = 0;
+    bool have_prev = false;
+    while (!stop_watch) {
+      snap_take(p, s, 0);
+      print_stat_line(s, have_prev ? prev : NULL, &lines);
+      fflush(stdout);
+      struct snap *tmp = prev;
+      prev = s;
+      s = tmp;
+      have_prev = true;
+      sleep_s(stat);
+    }
+    free(s);
+    free(prev);
+    umbp_pool_detach(p);
+    return CLI_OK;
+  }
+  bool tty = isatty(1), have_prev = false;
+  if (watch > 0 && nevents) nevents = SNAP_MAX_EVENTS; /* summarised by type and namespace */
   for (;;) {
-    take(p, s, nevents);
+    snap_take(p, s, nevents);
     if (ck && umbp_pool_check(p, ck) != 0) {
       cli_error("check failed: %s", umbp_last_error());
       ret = CLI_RUNTIME;
@@ -512,17 +588,20 @@ int cmd_inspect(int argc, char **argv) {
     }
     if (watch > 0 && tty && !json) fputs("\033[H\033[2J", stdout);
     if (json) print_json(p, s, ck);
-    else print_text(p, s, ck);
+    else print_text(p, s, watch > 0 ? (have_prev ? prev : s) : NULL, ck);
     fflush(stdout);
     if (ck && ck->n_violations) ret = CLI_RUNTIME;
     if (watch <= 0 || stop_watch) break;
-    struct timespec ts = {(time_t)watch, (long)((watch - (double)(time_t)watch) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0 && !stop_watch) {
-    }
+    struct snap *tmp = prev;
+    prev = s;
+    s = tmp;
+    have_prev = true;
+    sleep_s(watch);
     if (stop_watch) break;
     if (!json) printf("\n");
   }
   free(s);
+  free(prev);
   free(ck);
   umbp_pool_detach(p);
   return ret;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "replay/curve.h"
 #include "replay/replay.h"
 #include "replay/trace.h"
 
@@ -47,7 +48,22 @@ static const char *replay_usage =
     "                       replay once per capacity in the comma-separated LIST\n"
     "                       (sizes, or 'unbounded'), each with a fresh pool, and\n"
     "                       print the hit-ratio curve: capacity, cache ratio, token\n"
-    "                       ratio, evictions. Use it to size a pool.\n"
+    "                       ratio, evictions. Use it to size a pool. With\n"
+    "                       'unbounded' in LIST (added when --plot or --csv is\n"
+    "                       given without it) a line names the smallest capacity\n"
+    "                       whose cache ratio reaches 95% of the unbounded one.\n"
+    "  --plot FILE.svg      with --capacity-sweep: draw the curve (cache and token\n"
+    "                       ratio against capacity, a log axis when the capacities\n"
+    "                       span over 10x; the unbounded ratios and the 95% capacity\n"
+    "                       marked) as an SVG picture. Needs two capacities or more.\n"
+    "                       Example: umbp replay trace.jsonl --capacity-sweep\n"
+    "                         256MiB,512MiB,1GiB,2GiB --plot curve.svg\n"
+    "  --csv FILE           with --capacity-sweep: the curve as CSV, one line per\n"
+    "                       capacity in LIST order: capacity_bytes, slots, unbounded\n"
+    "                       (0/1), cache_ratio, token_ratio, blocks_hit,\n"
+    "                       blocks_total, evictions.\n"
+    "                       Example: umbp replay trace.jsonl --capacity-sweep\n"
+    "                         1GiB,2GiB,unbounded --csv curve.csv\n"
     "  --block-tokens N     tokens per block (default 512, as in Mooncake's traces).\n"
     "  --bytes-per-token B  KV-cache bytes of one token over all ranks (default 128,\n"
     "                       so a 512-token block is 64 KiB). Real models need far\n"
@@ -121,6 +137,7 @@ static const char *replay_usage_out =
 enum {
   OPT_TP = 256, OPT_CAPACITY, OPT_UNBOUNDED, OPT_SWEEP, OPT_BLOCK_TOKENS, OPT_BPT, OPT_SPEED, OPT_JSON, OPT_GENERATE,
   OPT_SEED, OPT_CONV, OPT_TURNS, OPT_SYSP, OPT_SYST, OPT_USERT, OPT_OUTT, OPT_RATE, OPT_THINK, OPT_OUTPUT,
+  OPT_PLOT, OPT_CSV,
 };
 
 static const struct option long_opts[] = {
@@ -132,6 +149,8 @@ static const struct option long_opts[] = {
     {"bytes-per-token", required_argument, NULL, OPT_BPT},
     {"speed", required_argument, NULL, OPT_SPEED},
     {"json", no_argument, NULL, OPT_JSON},
+    {"plot", required_argument, NULL, OPT_PLOT},
+    {"csv", required_argument, NULL, OPT_CSV},
     {"generate", required_argument, NULL, OPT_GENERATE},
     {"seed", required_argument, NULL, OPT_SEED},
     {"conversations", required_argument, NULL, OPT_CONV},
@@ -168,6 +187,18 @@ static int parse_dbl(const char *s, double lo, double hi, double *ret) {
 }
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
+/* A run that failed leaves no half-written --plot / --csv file behind. */
+static void drop_outputs(FILE *plot_f, const char *plot_path, FILE *csv_f, const char *csv_path) {
+  if (plot_f) {
+    fclose(plot_f);
+    unlink(plot_path);
+  }
+  if (csv_f) {
+    fclose(csv_f);
+    unlink(csv_path);
+  }
+}
 
 static void json_run(struct json *j, const struct rp_config *cfg, const struct rp_result *r) {
   json_u64(j, "capacity_bytes", r->capacity);
@@ -261,7 +292,7 @@ int cmd_replay(int argc, char **argv) {
   gen_params_init(&gp);
   bool json = false, unbounded = false, have_cap = false, generate = false, gen_opt = false;
   uint64_t capacity = 0;
-  const char *sweep_arg = NULL, *output = NULL, *gen_opt_name = NULL;
+  const char *sweep_arg = NULL, *output = NULL, *gen_opt_name = NULL, *plot_path = NULL, *csv_path = NULL;
   uint64_t v;
   double d;
 
@@ -314,6 +345,8 @@ int cmd_replay(int argc, char **argv) {
         cfg.speed = d;
         break;
       case OPT_JSON: json = true; break;
+      case OPT_PLOT: plot_path = optarg; break;
+      case OPT_CSV: csv_path = optarg; break;
       case OPT_GENERATE:
         if (strcmp(optarg, "chat"))
           return cli_usage_error("replay", "--generate '%s' is not a generator: the one there is is 'chat'", optarg);
@@ -370,6 +403,13 @@ int cmd_replay(int argc, char **argv) {
   if ((have_cap + unbounded + (sweep_arg != NULL)) > 1)
     return cli_usage_error("replay", "--capacity, --unbounded and --capacity-sweep exclude each other: pick one");
   if (!have_cap && !sweep_arg) unbounded = true;
+  if ((plot_path || csv_path) && !sweep_arg)
+    return cli_usage_error("replay", "%s draws the curve of a sweep: add --capacity-sweep LIST (e.g. "
+                                     "256MiB,1GiB,4GiB,unbounded)", plot_path ? "--plot" : "--csv");
+  if ((plot_path && !*plot_path) || (csv_path && !*csv_path))
+    return cli_usage_error("replay", "%s needs a file name", plot_path && !*plot_path ? "--plot" : "--csv");
+  if (output && (plot_path || csv_path))
+    return cli_usage_error("replay", "--output writes the generated workload and exits: drop --plot and --csv");
 
   /* sizes: a rank's shard of a block and the pool's slot */
   uint64_t block_all = (uint64_t)cfg.block_tokens * cfg.bytes_per_token;
@@ -384,8 +424,8 @@ int cmd_replay(int argc, char **argv) {
   if (cfg.slot_size < 4096) cfg.slot_size = 4096;
 
   /* capacities */
-  uint64_t caps[SWEEP_MAX];
-  bool unb[SWEEP_MAX];
+  uint64_t caps[SWEEP_MAX + 1]; /* + the unbounded run that --plot and --csv add */
+  bool unb[SWEEP_MAX + 1];
   unsigned ncap = 0;
   if (sweep_arg && !*sweep_arg)
     return cli_usage_error("replay", "--capacity-sweep '' is empty: give a list of sizes, e.g. 256MiB,1GiB,unbounded");
@@ -419,6 +459,16 @@ int cmd_replay(int argc, char **argv) {
     caps[0] = capacity;
     ncap = 1;
   }
+  unsigned nbounded = 0, nunb = 0;
+  for (unsigned i = 0; i < ncap; i++) unb[i] ? nunb++ : nbounded++;
+  if (plot_path && nbounded < 2)
+    return cli_usage_error("replay", "--plot needs two capacities or more besides 'unbounded' in --capacity-sweep, "
+                                     "e.g. 256MiB,1GiB,4GiB");
+  if ((plot_path || csv_path) && !nunb) { /* the reference the curve is judged against */
+    unb[ncap] = true;
+    caps[ncap++] = 0;
+  }
+
   for (unsigned i = 0; i < ncap; i++)
     if (!unb[i] && caps[i] / cfg.slot_size < cfg.tp) {
       char a[32], b[32];
@@ -426,6 +476,18 @@ int cmd_replay(int argc, char **argv) {
                              cli_fmt_size(caps[i], a, sizeof a), (unsigned long long)(caps[i] / cfg.slot_size),
                              cli_fmt_size(cfg.slot_size, b, sizeof b), cfg.tp);
     }
+
+  /* the output files are opened before the replays, so a bad path costs no run */
+  FILE *plot_f = NULL, *csv_f = NULL;
+  if (plot_path && !(plot_f = fopen(plot_path, "w"))) {
+    cli_error("replay: --plot %s: cannot write it: %s", plot_path, strerror(errno));
+    return CLI_RUNTIME;
+  }
+  if (csv_path && !(csv_f = fopen(csv_path, "w"))) {
+    cli_error("replay: --csv %s: cannot write it: %s", csv_path, strerror(errno));
+    if (plot_f) fclose(plot_f);
+    return CLI_RUNTIME;
+  }
 
   /* the workload */
   struct trace t;
@@ -436,6 +498,7 @@ int cmd_replay(int argc, char **argv) {
     if (rc) {
       cli_error("replay: %s", rc == -ENOMEM ? "out of memory generating the workload" : err);
       trace_free(&t);
+      drop_outputs(plot_f, plot_path, csv_f, csv_path);
       return rc == -EINVAL ? CLI_USAGE : CLI_RUNTIME;
     }
     if (output) {
@@ -449,6 +512,7 @@ int cmd_replay(int argc, char **argv) {
     if (rc) {
       cli_error("replay: %s", rc == -ENOMEM ? "out of memory reading the trace" : err);
       trace_free(&t);
+      drop_outputs(plot_f, plot_path, csv_f, csv_path);
       return CLI_RUNTIME;
     }
     cfg.trace_name = path;
@@ -478,6 +542,7 @@ int cmd_replay(int argc, char **argv) {
   if (!res) {
     trace_free(&t);
     cli_error("replay: out of memory");
+    drop_outputs(plot_f, plot_path, csv_f, csv_path);
     return CLI_RUNTIME;
   }
   int rc = 0;
@@ -491,7 +556,36 @@ int cmd_replay(int argc, char **argv) {
   if (rc) {
     free(res);
     trace_free(&t);
+    drop_outputs(plot_f, plot_path, csv_f, csv_path);
     return rc;
+  }
+
+  /* the curve: the capacity reaching 95% of the unbounded ratio, the files */
+  struct curve_point pts[SWEEP_MAX + 1];
+  for (unsigned i = 0; i < ran; i++)
+    pts[i] = (struct curve_point){.capacity = res[i].capacity,
+                                  .slots = res[i].slots,
+                                  .unbounded = res[i].unbounded,
+                                  .cache_ratio = ratio(res[i].blocks_hit, res[i].blocks_total),
+                                  .token_ratio = ratio(res[i].blocks_hit * cfg.block_tokens, res[i].input_tokens),
+                                  .blocks_hit = res[i].blocks_hit,
+                                  .blocks_total = res[i].blocks_total,
+                                  .evictions = res[i].evictions};
+  double unb_ratio = 0;
+  int knee = -1;
+  bool have_knee = sweep_arg && curve_knee(pts, ran, 0.95, &unb_ratio, &knee) == 0;
+  int out_rc = CLI_OK;
+  if (plot_f) {
+    char title[300];
+    snprintf(title, sizeof title, "%s (tp %u, %u-token blocks)", cfg.trace_name, cfg.tp, cfg.block_tokens);
+    if (curve_svg(plot_f, pts, ran, knee, title) || fclose(plot_f)) {
+      cli_error("replay: --plot %s: write failed: %s", plot_path, strerror(errno));
+      out_rc = CLI_RUNTIME;
+    }
+  }
+  if (csv_f && (curve_csv(csv_f, pts, ran) || fclose(csv_f))) {
+    cli_error("replay: --csv %s: write failed: %s", csv_path, strerror(errno));
+    out_rc = CLI_RUNTIME;
   }
 
   if (json) {
@@ -505,6 +599,11 @@ int cmd_replay(int argc, char **argv) {
     json_u64(&j, "block_bytes_per_rank", cfg.block_bytes);
     json_u64(&j, "slot_size", cfg.slot_size);
     json_u64(&j, "distinct_blocks", distinct);
+    if (have_knee) {
+      json_dbl(&j, "unbounded_cache_ratio", unb_ratio);
+      if (knee >= 0) json_u64(&j, "capacity_for_95pct_bytes", pts[knee].capacity);
+      else json_null(&j, "capacity_for_95pct_bytes");
+    }
     if (sweep_arg) {
       json_arr(&j, "sweep");
       for (unsigned i = 0; i < ran; i++) {
@@ -535,6 +634,14 @@ int cmd_replay(int argc, char **argv) {
              100 * ratio(r->blocks_hit * cfg.block_tokens, r->input_tokens), (unsigned long long)r->evictions,
              r->wall_s);
     }
+    if (have_knee && knee >= 0)
+      printf("\n95%% of the unbounded cache ratio (%.2f%%) is reached at %s (%.2f%%)\n", 100 * unb_ratio,
+             cli_fmt_size(pts[knee].capacity, a, sizeof a), 100 * pts[knee].cache_ratio);
+    else if (have_knee)
+      printf("\nno capacity of the sweep reaches 95%% of the unbounded cache ratio (%.2f%%): add larger ones\n",
+             100 * unb_ratio);
+    if (plot_path) printf("curve drawn in %s\n", plot_path);
+    if (csv_path) printf("curve written to %s\n", csv_path);
   } else {
     print_run(&cfg, &res[0]);
   }
@@ -544,5 +651,5 @@ int cmd_replay(int argc, char **argv) {
                 (unsigned long long)res[i].evictions, cli_fmt_size(res[i].capacity, a, sizeof a));
   free(res);
   trace_free(&t);
-  return CLI_OK;
+  return out_rc;
 }

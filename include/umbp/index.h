@@ -160,6 +160,12 @@ typedef struct umbp_slot_census {
 } umbp_slot_census;
 /* Count slots by state (walks every slot; for tools and tests). */
 UMBP_API int umbp_census(umbp_pool *pool, umbp_slot_census *ret);
+/* The same for partition `part`'s slots and free ring only. Loads only: any
+ * thread of any process, a read-only handle included, may call it; the figures
+ * are a scan, not an instant (slots move while it runs). 0 and *ret; -EINVAL
+ * for a NULL argument or part >= the pool's partitions; -EBADMSG when the
+ * header's partition table points outside the slots. */
+UMBP_API int umbp_census_part(umbp_pool *pool, unsigned part, umbp_slot_census *ret);
 /* Entries in the index and a probe-length histogram: hist[d] = entries found d buckets from home. */
 UMBP_API int umbp_index_stats(umbp_pool *pool, uint64_t *ret_entries, uint64_t *hist, unsigned nhist);
 

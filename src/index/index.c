@@ -2101,33 +2101,49 @@ UMBP_API int umbp_counters_part(umbp_pool *p, unsigned part, umbp_counters *ret)
   return 0;
 }
 
-UMBP_API int umbp_census(umbp_pool *p, umbp_slot_census *ret) {
-  if (!p || !ret) return -EINVAL;
-  umbp_slot_census c;
-  memset(&c, 0, sizeof c);
+/* States of slots [first, first + n) and the free-ring entries of partitions
+ * [p0, p1): loads only, so a read-only handle may call it. */
+static void census_range(umbp_pool *p, uint32_t first, uint32_t n, unsigned p0, unsigned p1, umbp_slot_census *c) {
+  memset(c, 0, sizeof *c);
   const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
   _Atomic uint8_t *pins = umbp_pool_region(p, UMBP_REG_PINS);
   struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
   uint64_t pstride = umbp_pin_stride(p->hdr->slot_count);
-  c.total = p->hdr->slot_count;
-  for (uint32_t s = 0; s < p->hdr->slot_count; s++) {
+  c->total = n;
+  for (uint32_t s = first; s < first + n; s++) {
     uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
     switch (ST_STATE(w)) {
-    case UMBP_SLOT_FREE: c.free_++; break;
-    case UMBP_SLOT_RESERVED: c.reserved++; break;
+    case UMBP_SLOT_FREE: c->free_++; break;
+    case UMBP_SLOT_RESERVED: c->reserved++; break;
     case UMBP_SLOT_PUBLISHED:
-      c.published++;
-      if (!pins_clear(pins, pstride, ih, s)) c.pinned++;
+      c->published++;
+      if (!pins_clear(pins, pstride, ih, s)) c->pinned++;
       break;
-    case UMBP_SLOT_EVICTING: c.evicting++; break;
-    case UMBP_SLOT_RETIRED: c.retired++; break;
+    case UMBP_SLOT_EVICTING: c->evicting++; break;
+    case UMBP_SLOT_RETIRED: c->retired++; break;
     default: break;
     }
   }
-  for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
+  for (unsigned i = p0; i < p1; i++) {
     void *ring = part_ring(p, i);
-    if (umbp_ring_check_header(ring, p->hdr->partitions[i].ring_bytes) == 0) c.in_rings += umbp_ring_count_live(ring);
+    if (umbp_ring_check_header(ring, p->hdr->partitions[i].ring_bytes) == 0) c->in_rings += umbp_ring_count_live(ring);
   }
+}
+
+UMBP_API int umbp_census(umbp_pool *p, umbp_slot_census *ret) {
+  if (!p || !ret) return -EINVAL;
+  umbp_slot_census c;
+  census_range(p, 0, p->hdr->slot_count, 0, p->hdr->n_partitions, &c);
+  *ret = c;
+  return 0;
+}
+
+UMBP_API int umbp_census_part(umbp_pool *p, unsigned part, umbp_slot_census *ret) {
+  if (!p || !ret || part >= p->hdr->n_partitions) return -EINVAL;
+  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  if (d->first_slot > p->hdr->slot_count || d->slot_count > p->hdr->slot_count - d->first_slot) return -EBADMSG;
+  umbp_slot_census c;
+  census_range(p, d->first_slot, d->slot_count, part, part + 1, &c);
   *ret = c;
   return 0;
 }

@@ -305,6 +305,43 @@ static void test_bucket_all_ways(void **state) {
   census_ok(f->p);
 }
 
+/* umbp_census_part: a partition's figures add up to the pool's; published,
+ * pinned and reserved slots land in the partition that holds them. */
+static void test_census_part(void **state) {
+  struct fx *f = *state;
+  umbp_pool_info info;
+  assert_int_equal(umbp_pool_get_info(f->p, &info), 0);
+  uint32_t held, res;
+  for (uint64_t i = 0; i < 10; i++) {
+    umbp_key k = itu_key(f->ns, i, 0);
+    put(f->p, &k);
+  }
+  umbp_key k0 = itu_key(f->ns, 0, 0);
+  assert_int_equal(umbp_lookup_pin(f->p, &k0, &held), 0);
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &res), 0);
+  umbp_slot_census all, part, sum;
+  memset(&sum, 0, sizeof sum);
+  assert_int_equal(umbp_census(f->p, &all), 0);
+  for (unsigned q = 0; q < info.n_partitions; q++) {
+    assert_int_equal(umbp_census_part(f->p, q, &part), 0);
+    assert_int_equal(part.total, info.partitions[q].slot_count);
+    sum.free_ += part.free_, sum.published += part.published, sum.pinned += part.pinned;
+    sum.reserved += part.reserved, sum.total += part.total, sum.in_rings += part.in_rings;
+  }
+  assert_int_equal(sum.total, all.total);
+  assert_int_equal(sum.free_, all.free_);
+  assert_int_equal(all.published, 10);
+  assert_int_equal(sum.published, 10);
+  assert_int_equal(sum.pinned, 1);
+  assert_int_equal(sum.reserved, 1);
+  assert_int_equal(sum.in_rings, all.in_rings);
+  assert_int_equal(umbp_census_part(f->p, info.n_partitions, &part), -EINVAL);
+  assert_int_equal(umbp_census_part(NULL, 0, &part), -EINVAL);
+  assert_int_equal(umbp_census_part(f->p, 0, NULL), -EINVAL);
+  umbp_abort(f->p, res);
+  umbp_unpin(f->p, held);
+}
+
 static void test_errors(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 2, 0);
@@ -946,6 +983,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_signature_split, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bucket_all_ways, setup, teardown),
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_census_part, setup, teardown),
       cmocka_unit_test_setup_teardown(test_first_writer_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_prefix_and_bulk, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bulk_counters, setup, teardown),

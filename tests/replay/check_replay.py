@@ -9,15 +9,19 @@ Usage: check_replay.py [synthetic]   (synthetic: only the Mooncake trace check)
 Environment (tests/meson.build): UMBP_TOOL = the umbp binary,
 UMBP_SHARED_DATA = ../shared/data. Prints TAP.
 """
+import csv
 import glob
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import taplib  # noqa: E402  (tests/taplib.py)
 
 TOOL = os.environ.get("UMBP_TOOL", "")
 DATA = os.environ.get("UMBP_SHARED_DATA", "")
@@ -261,6 +265,87 @@ BAD_FILES = [
 ]
 
 
+GEN = ["--generate", "chat", "--conversations", "120"]
+
+
+def svg_points(path):
+    """The SVG's plotted points, marks and axis label, through an XML parser."""
+    import xml.etree.ElementTree as ET
+    ns = "{http://www.w3.org/2000/svg}"
+    root = ET.parse(path).getroot()
+    assert root.tag == ns + "svg", root.tag
+    pts = {"blocks": [], "tokens": []}
+    for c in root.iter(ns + "circle"):
+        pts[c.get("class")].append((int(c.get("data-capacity")), float(c.get("data-ratio")),
+                                    float(c.get("cx")), float(c.get("cy"))))
+    lines = {l.get("class"): l for l in root.iter(ns + "line") if l.get("class")}
+    texts = " ".join("".join(t.itertext()) for t in root.iter(ns + "text"))
+    return pts, lines, texts
+
+
+@check("--plot and --csv: the SVG's points and the CSV equal the --json figures")
+def _():
+    svg, csv_path = os.path.join(TMP, "curve.svg"), os.path.join(TMP, "curve.csv")
+    caps = "1MiB,2MiB,4MiB,8MiB,24MiB,32MiB,64MiB"  # 64x: a log axis; no 'unbounded': one is added
+    d = run_json(*GEN, "--capacity-sweep", caps, "--plot", svg, "--csv", csv_path)
+    sweep = d["sweep"]
+    assert [r["unbounded"] for r in sweep] == [False] * 7 + [True], "an unbounded run is added last"
+    bounded = [r for r in sweep if not r["unbounded"]]
+    unb = sweep[-1]
+    pts, lines, texts = svg_points(svg)
+    for kind, key in (("blocks", "cache_ratio"), ("tokens", "token_ratio")):
+        got = sorted((c, r) for c, r, _, _ in pts[kind])
+        want = sorted((r["capacity_bytes"], r[key]) for r in bounded)
+        assert got == want, (kind, got, want)
+        by_cap = sorted(pts[kind])
+        xs = [x for _, _, x, _ in by_cap]
+        assert xs == sorted(xs) and len(set(xs)) == len(xs), "x grows with the capacity"
+        # log axis: equal capacity ratios are equal distances
+        c0, c1, c2 = by_cap[0][0], by_cap[1][0], by_cap[-1][0]
+        close((xs[1] - xs[0]) / (xs[-1] - xs[0]), math.log(c1 / c0) / math.log(c2 / c0), "log x", rel=1e-3)
+        # y: linear in the ratio, up is higher
+        (ra, ya), (rb, yb) = min((r, y) for _, r, _, y in by_cap), max((r, y) for _, r, _, y in by_cap)
+        if rb > ra:
+            for _, r, _, y in by_cap:
+                close((ya - y) / (ya - yb), (r - ra) / (rb - ra), "linear y", rel=1e-3)
+    assert "log scale" in texts, texts
+    assert float(lines["unbounded-blocks"].get("data-ratio")) == unb["cache_ratio"] == d["unbounded_cache_ratio"]
+    assert float(lines["unbounded-tokens"].get("data-ratio")) == unb["token_ratio"]
+    reach = [r["capacity_bytes"] for r in bounded if r["cache_ratio"] >= 0.95 * unb["cache_ratio"]]
+    assert len(reach) >= 2, "two capacities or more reach 95% of unbounded (so the smallest is a choice)"
+    assert d["capacity_for_95pct_bytes"] == min(reach)
+    assert int(lines["knee"].get("data-capacity")) == min(reach)
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(sweep)
+    for row, r in zip(rows, sweep):
+        assert int(row["capacity_bytes"]) == r["capacity_bytes"] and int(row["slots"]) == r["slots"]
+        assert row["unbounded"] == ("1" if r["unbounded"] else "0")
+        assert float(row["cache_ratio"]) == r["cache_ratio"] and float(row["token_ratio"]) == r["token_ratio"]
+        assert int(row["blocks_hit"]) == r["blocks_hit"] and int(row["blocks_total"]) == r["blocks_total"]
+        assert int(row["evictions"]) == r["evictions"]
+    # the text form says the 95% capacity in a line of its own
+    rc, out, err = run(*GEN, "--capacity-sweep", caps + ",unbounded", "--plot", svg)
+    assert rc == 0, err
+    want = f"95% of the unbounded cache ratio ({100 * unb['cache_ratio']:.2f}%) is reached at "
+    assert want in out, out
+    assert f"curve drawn in {svg}" in out, out
+
+
+@check("--plot / --csv misuse: exit 2 naming the option; an unwritable file: exit 1 before any run")
+def _():
+    svg = os.path.join(TMP, "x.svg")
+    for args, msg in ((["--plot", svg], "--plot draws the curve of a sweep"),
+                      (["--csv", svg, "--capacity", "1MiB"], "--csv draws the curve of a sweep"),
+                      (["--plot", svg, "--capacity-sweep", "1MiB,unbounded"], "--plot needs two capacities"),
+                      (["--plot", "", "--capacity-sweep", "1MiB,2MiB"], "--plot needs a file name")):
+        rc, out, err = run(*GEN, *args)
+        assert rc == 2 and msg in err, (args, rc, err)
+    rc, out, err = run(*GEN, "--capacity-sweep", "1MiB,2MiB", "--plot", "/nonexistent-dir/c.svg")
+    assert rc == 1 and "--plot /nonexistent-dir/c.svg: cannot write it" in err, (rc, err)
+    assert "requests" not in out, "no replay ran"
+
+
 @check("bad trace files: file:line and the cause, exit 1")
 def _():
     for i, (what, lines, expect) in enumerate(BAD_FILES):
@@ -339,7 +424,6 @@ def synthetic():
     path = os.path.join(DATA, "traces", "synthetic_trace.jsonl")
     if not os.path.exists(path):
         return f"SKIP {path} not found (../shared/data is not beside the clone)"
-    t0 = time.time()
     d = run_json(path, "--unbounded", timeout=900)
     wall = time.time() - t0
     assert d["requests"] == 3993, d["requests"]
@@ -365,22 +449,7 @@ def main():
         todo = [r for r in results if r[1] is synthetic]
     else:
         todo = [r for r in results if r[1] is not synthetic]
-    print(f"1..{len(todo)}")
-    failed = 0
-    for i, (name, fn) in enumerate(todo, 1):
-        try:
-            r = fn()
-            if isinstance(r, str) and r.startswith("SKIP"):
-                print(f"ok {i} - {name} # {r}")
-            else:
-                print(f"ok {i} - {name}")
-        except Exception:
-            failed += 1
-            print(f"not ok {i} - {name}")
-            for line in traceback.format_exc().splitlines():
-                print(f"# {line}")
-        sys.stdout.flush()
-    return 1 if failed else 0
+    return taplib.run(todo)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The daemon's /metrics endpoint, `umbp inspect --prometheus` and
+`umbp inspect --stat`, against real pools and real processes.
+
+Scrapes go over real HTTP (urllib, 127.0.0.1, a free port) and are parsed by
+prometheus_client's text parser, which refuses malformed exposition text; the
+checks are on values: blocks stored by an exec'd helper, lookups and hits, a
+SIGKILLed process seen dead and then reaped.
+
+prometheus_client comes from a venv: this script re-executes itself with the
+first of $UMBP_PYTHON, <source>/.venv/bin/python, <source>/../main/.venv/bin/python
+that can import it; without one, the scrape checks skip and say why.
+
+Environment (tests/daemon/meson.build): UMBP_TOOL, UMBP_METRICS_HELPER. Prints TAP.
+"""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import taplib  # noqa: E402  (tests/taplib.py)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+    PARSER = True
+except ImportError:
+    PARSER = False
+    if not os.environ.get("UMBP_METRICS_REEXEC"):
+        for py in (os.environ.get("UMBP_PYTHON"), os.path.join(ROOT, ".venv/bin/python"),
+                   os.path.join(ROOT, "../main/.venv/bin/python")):
+            if py and os.access(py, os.X_OK) and subprocess.run(
+                    [py, "-c", "import prometheus_client"], capture_output=True).returncode == 0:
+                os.environ["UMBP_METRICS_REEXEC"] = "1"
+                os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
+
+TOOL = os.environ.get("UMBP_TOOL", "")
+HELPER = os.environ.get("UMBP_METRICS_HELPER", "")
+POOL = f"mtest-{os.getpid()}"
+SLOT = 65536
+results = []
+
+
+def check(name, needs_parser=False):
+    def deco(fn):
+        results.append((name, fn, needs_parser))
+        return fn
+    return deco
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def helper(*args):
+    p = subprocess.run([HELPER, *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, f"helper {args}: exit {p.returncode}: {p.stdout} {p.stderr}"
+    return p.stdout.strip()
+
+
+def parse(text):
+    """{(sample name, sorted labels): value}, through the strict parser."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def get(m, name, **labels):
+    key = (name, tuple(sorted(labels.items())))
+    assert key in m, f"no sample {name}{labels} in the scrape"
+    return m[key]
+
+
+def total(m, name, **labels):
+    """Sum of the samples of name whose labels include labels."""
+    return sum(v for (n, ls), v in m.items() if n == name and set(labels.items()) <= set(ls))
+
+
+class Daemon:
+    def __init__(self, *extra):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        self.p = subprocess.Popen([TOOL, "daemon", "--pool", POOL, "--capacity", "16MiB", "--slot-size", "64KiB",
+                                   "--no-prefault", "--foreground", "--unlink-on-exit",
+                                   "--metrics", f"127.0.0.1:{self.port}", *extra],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 20
+        while True:
+            try:
+                self.scrape_text()
+                return
+            except (urllib.error.URLError, ConnectionError):
+                assert self.p.poll() is None, f"daemon exited {self.p.returncode}: {self.p.stderr.read()}"
+                assert time.time() < deadline, "the daemon did not serve /metrics within 20 s"
+                time.sleep(0.05)
+
+    def scrape_text(self, path="/metrics"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4"), r.headers["Content-Type"]
+            return r.read().decode()
+
+    def scrape(self):
+        return parse(self.scrape_text())
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            self.p.wait(timeout=20)
+        err = self.p.stderr.read()
+        self.p.stderr.close()
+        # a clean stop; under ASan/UBSan also no report (a leak makes the exit status 1)
+        assert self.p.returncode == 0 and "runtime error" not in err, f"daemon exit {self.p.returncode}: {err}"
+
+
+@check("bad --metrics values are usage errors naming the option (exit 2)")
+def t_bad_values():
+    for bad, why in (("9100", "no port"), ("127.0.0.1:", "not a port"), ("127.0.0.1:0", "not a port"),
+                     ("127.0.0.1:70000", "not a port"), ("localhost:9100", "numeric"), (":9100", "no address"),
+                     ("[::1:9100", "numeric"), ("300.1.1.1:9100", "numeric")):
+        p = subprocess.run([TOOL, "daemon", "--pool", POOL, "--capacity", "16MiB", "--foreground", "--metrics", bad],
+                           capture_output=True, text=True, timeout=20)
+        assert p.returncode == 2, f"--metrics {bad}: exit {p.returncode}, {p.stderr}"
+        assert f"--metrics '{bad}'" in p.stderr and why in p.stderr, f"--metrics {bad}: {p.stderr}"
+        assert not os.path.exists(f"/dev/shm/umbp.{POOL}")
+
+
+@check("a port in use and an address of no interface exit 1 naming --metrics, and create no pool")
+def t_bind_fail():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    try:
+        for addr, why in ((f"127.0.0.1:{port}", "in use"), ("192.0.2.1:9478", "no interface")):
+            p = subprocess.run([TOOL, "daemon", "--pool", POOL, "--capacity", "16MiB", "--foreground", "--metrics",
+                                addr], capture_output=True, text=True, timeout=20)
+            assert p.returncode == 1, f"{addr}: exit {p.returncode}, {p.stderr}"
+            assert f"--metrics {addr}" in p.stderr and why in p.stderr, p.stderr
+            assert not os.path.exists(f"/dev/shm/umbp.{POOL}"), "a pool was created although the daemon failed"
+    finally:
+        s.close()
+
+
+@check("--help documents --metrics with an example", needs_parser=False)
+def t_help():
+    out = subprocess.run([TOOL, "daemon", "--help"], capture_output=True, text=True).stdout
+    assert "--metrics ADDRESS:PORT" in out and "Example: --metrics 127.0.0.1:" in out, out
+
+
+@check("scrape: values after storing, looking up, a SIGKILLed process dead then reaped", needs_parser=True)
+def t_scrape():
+    d = Daemon("--reap-interval", "3600000")  # reaps only at start and on SIGHUP: the dead stay visible
+    try:
+        m = d.scrape()
+        slots = total(m, "umbp_partition_slots", partition="0")
+        assert slots == 16 * 2**20 // SLOT, slots
+        assert total(m, "umbp_slots", state="free") == slots
+        assert get(m, "umbp_processes", state="alive") == 1 and get(m, "umbp_processes", state="dead") == 0
+        assert get(m, "umbp_daemon_running") == 1
+        assert not [k for k in m if k[0] == "umbp_namespace_blocks"], "no namespace yet"
+
+        assert helper("store", POOL, "chat", "0", "37") == "stored 37"
+        m = d.scrape()
+        ns = dict(next(k[1] for k in m if k[0] == "umbp_namespace_blocks"))
+        assert ns.get("namespace") == "chat", m
+        nid = ns["id"]
+        assert get(m, "umbp_namespace_blocks", namespace="chat", id=nid) == 37
+        assert get(m, "umbp_namespace_bytes", namespace="chat", id=nid) == 37 * SLOT
+        assert get(m, "umbp_namespace_inserts_total", namespace="chat", id=nid) == 37
+        assert get(m, "umbp_namespace_quota_bytes", namespace="chat", id=nid) == 0
+        assert total(m, "umbp_slots", state="published") == 37
+        assert total(m, "umbp_slots", state="free") == slots - 37
+        assert get(m, "umbp_used_bytes") == 37 * SLOT
+        assert get(m, "umbp_index_entries") == 37
+        assert get(m, "umbp_inserts_total") == 37
+
+        assert helper("lookup", POOL, "chat", "0", "50") == "hits 37 misses 13"
+        m = d.scrape()
+        assert get(m, "umbp_namespace_lookups_total", namespace="chat", id=nid) == 50
+        assert get(m, "umbp_namespace_hits_total", namespace="chat", id=nid) == 37
+        assert get(m, "umbp_namespace_misses_total", namespace="chat", id=nid) == 13
+        assert get(m, "umbp_lookups_total") == 50 and get(m, "umbp_hits_total") == 37
+        assert get(m, "umbp_pins_total") == 37
+        assert total(m, "umbp_slots", state="pinned") == 0
+
+        # inspect --prometheus prints the same text once
+        p = subprocess.run([TOOL, "inspect", POOL, "--prometheus"], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        once = parse(p.stdout)
+        assert set(once) == set(m), set(once) ^ set(m)
+        for k in m:
+            if k[0] not in ("umbp_oldest_reader_epochs", "umbp_readers_in_section"):
+                assert once[k] == m[k], (k, once[k], m[k])
+
+        # a process attached to the pool, killed
+        h = subprocess.Popen([HELPER, "hold", POOL], stdout=subprocess.PIPE, text=True)
+        assert h.stdout.readline().strip() == "attached"
+        m = d.scrape()
+        assert get(m, "umbp_processes", state="alive") == 2 and get(m, "umbp_processes", state="dead") == 0
+        h.send_signal(signal.SIGKILL)
+        h.wait()
+        h.stdout.close()
+        m = d.scrape()  # the scrape still works with a dead process in the registry
+        assert get(m, "umbp_processes", state="alive") == 1 and get(m, "umbp_processes", state="dead") == 1, m
+        d.p.send_signal(signal.SIGHUP)  # a pass of the daemon's loop: it reaps
+        deadline = time.time() + 10
+        while get(m, "umbp_processes", state="dead") != 0:
+            assert time.time() < deadline, "the dead process was not reaped within 10 s"
+            time.sleep(0.05)
+            m = d.scrape()
+        assert get(m, "umbp_processes", state="alive") == 1
+        assert get(m, "umbp_namespace_blocks", namespace="chat", id=nid) == 37, "reaping keeps the blocks"
+
+        # other paths and methods
+        try:
+            d.scrape_text("/other")
+            raise AssertionError("/other answered 200")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404, e.code
+        req = urllib.request.Request(d.url, data=b"x", method="POST")
+        try:
+            urllib.request.urlopen(req, timeout=10)
+            raise AssertionError("POST answered 200")
+        except urllib.error.HTTPError as e:
+            assert e.code == 405, e.code
+    finally:
+        d.stop()
+
+
+@check("a namespace label with quotes and backslashes parses back to the same name", needs_parser=True)
+def t_escape():
+    d = Daemon()
+    try:
+        weird = 'a"b\\c'
+        assert helper("store", POOL, weird, "0", "3") == "stored 3"
+        m = d.scrape()
+        assert [v for (n, ls), v in m.items() if n == "umbp_namespace_blocks" and ("namespace", weird) in ls] == [3]
+    finally:
+        d.stop()
+
+
+@check("--stat: lookups/s and hit % are non-zero exactly in the interval with lookups")
+def t_stat():
+    subprocess.run([TOOL, "pool", "create", POOL, "--capacity", "16MiB", "--slot-size", "64KiB"],
+                   check=True, capture_output=True, timeout=30)
+    st = None
+    try:
+        assert helper("store", POOL, "chat", "0", "40") == "stored 40"
+        st = subprocess.Popen([TOOL, "inspect", POOL, "--stat", "0.25"], stdout=subprocess.PIPE, text=True)
+        lines = []  # (time read, line)
+
+        def reader():
+            for line in st.stdout:
+                lines.append((time.time(), line.rstrip("\n")))
+        th = threading.Thread(target=reader, daemon=True)
+        th.start()
+        while len(lines) < 5:
+            assert st.poll() is None, "inspect --stat exited"
+            time.sleep(0.02)
+        t0 = time.time()
+        assert helper("lookup", POOL, "chat", "0", "100") == "hits 40 misses 60"
+        t1 = time.time()
+        time.sleep(6)  # > 20 lines: the header repeats
+        st.send_signal(signal.SIGINT)
+        assert st.wait(timeout=10) == 0
+        th.join(timeout=5)
+    finally:
+        if st and st.poll() is None:
+            st.kill()
+        subprocess.run([TOOL, "pool", "destroy", POOL], capture_output=True)
+    headers = [l for _, l in lines if l.startswith("time")]
+    data = [(t, l.split()) for t, l in lines if not l.startswith("time")]
+    assert len(headers) >= 2 and lines[0][1].startswith("time"), lines[:3]
+    idx = [i for i, (_, l) in enumerate(lines) if l.startswith("time")]
+    assert idx[1] - idx[0] == 21, f"header every 20 lines: {idx}"
+    assert headers[0].split() == ["time", "used", "lookups/s", "hit", "inserts/s", "evict/s", "pinned", "procs"]
+    first = data[0][1]
+    assert first[2] == "-" and first[3] == "-", first  # no rate on the first line
+    assert first[1] == f"{100 * 40 / 256:.1f}%", first  # 40 of 256 slots used
+    assert first[7] == "0", first  # no process attached (inspect's attach is read-only)
+    busy = []
+    for t, f in data[1:]:
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", f[0]), f
+        rate = float(f[2])
+        if t < t0 or t > t1 + 0.6:  # lines read before the helper ran or well after it exited
+            assert rate == 0 and f[3] == "-", (t - t0, f)
+        if rate > 0:
+            busy.append((rate, f[3]))
+    assert 1 <= len(busy) <= 2, busy
+    # the rates over their intervals add up to the 100 lookups (intervals ~0.25 s)
+    assert 60 <= sum(r for r, _ in busy) * 0.25 <= 140, busy
+    if len(busy) == 1:
+        assert busy[0][1] == "40.0%", busy
+
+
+def main():
+    def guarded(fn, needs_parser):
+        def run():
+            if needs_parser and not PARSER:
+                return ("SKIP prometheus_client is not importable (pip install prometheus_client, or set UMBP_PYTHON "
+                        "to a python that has it)")
+            if not TOOL or not HELPER:
+                return "SKIP UMBP_TOOL / UMBP_METRICS_HELPER not set (run through meson test)"
+            return fn()
+        return run
+
+    def cleanup():
+        subprocess.run([TOOL, "pool", "destroy", "--force", POOL], capture_output=True)
+
+    sys.exit(taplib.run([(name, guarded(fn, np)) for name, fn, np in results], after_each=cleanup if TOOL else None))
+
+main()

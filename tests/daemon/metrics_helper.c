@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Exec'd by check_metrics.py (the daemon's /metrics and inspect --stat), so
+ * each process maps the pool at its own address.
+ *
+ *   metrics_helper store NAME NSNAME FIRST COUNT
+ *       register namespace NSNAME, publish keys FIRST..FIRST+COUNT-1, detach;
+ *       prints "stored N".
+ *   metrics_helper lookup NAME NSNAME FIRST COUNT
+ *       look up (pin, check the bytes, unpin) keys FIRST..FIRST+COUNT-1,
+ *       detach (which flushes the counters); prints "hits H misses M".
+ *   metrics_helper hold NAME
+ *       attach, print "attached", and wait to be killed.
+ * Exit 0, 1 on a failure (with the library's message), 2 usage.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "index_test_util.h"
+#include "umbp/index.h"
+#include "umbp/pool.h"
+
+int main(int argc, char **argv) {
+  if (argc < 3 || (strcmp(argv[1], "hold") && argc < 6)) {
+    fprintf(stderr, "usage: see the comment at the top of metrics_helper.c\n");
+    return 2;
+  }
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.role = UMBP_ROLE_WORKER;
+  umbp_pool *p;
+  int rc = umbp_pool_attach(argv[2], &o, &p);
+  if (rc) {
+    printf("attach %d %s\n", rc, umbp_last_error());
+    return 1;
+  }
+  if (!strcmp(argv[1], "hold")) {
+    printf("attached\n");
+    fflush(stdout);
+    for (;;) pause();
+  }
+  uint32_t ns;
+  if ((rc = umbp_ns_register(p, argv[3], &ns)) != 0) {
+    printf("ns_register %d %s\n", rc, umbp_last_error());
+    return 1;
+  }
+  uint64_t first = strtoull(argv[4], NULL, 10), count = strtoull(argv[5], NULL, 10);
+  uint64_t slot_size = umbp_slot_size(p), a = 0, b = 0;
+  for (uint64_t id = first; id < first + count; id++) {
+    umbp_key k = itu_key(ns, id, 0);
+    uint32_t s;
+    if (!strcmp(argv[1], "store")) {
+      if ((rc = umbp_reserve(p, -1, ns, &s)) != 0 || (itu_fill(umbp_slot_ptr(p, s), slot_size, &k), 0) ||
+          (rc = umbp_publish(p, s, &k)) != 0) {
+        printf("store %d %s\n", rc, umbp_last_error());
+        return 1;
+      }
+      a++;
+    } else if (umbp_lookup_pin(p, &k, &s) == 0) {
+      if (!itu_check(umbp_slot_ptr(p, s), slot_size, &k)) {
+        printf("torn block %llu\n", (unsigned long long)id);
+        return 1;
+      }
+      umbp_unpin(p, s);
+      a++;
+    } else {
+      b++;
+    }
+  }
+  umbp_pool_detach(p);
+  if (!strcmp(argv[1], "store")) printf("stored %llu\n", (unsigned long long)a);
+  else printf("hits %llu misses %llu\n", (unsigned long long)a, (unsigned long long)b);
+  return 0;
+}

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+"""TAP output for the Python test scripts run by meson (protocol: 'tap')."""
+import sys
+import traceback
+
+
+def run(checks, after_each=None):
+    """Run (name, fn) pairs, print TAP, return the exit status (1 if any failed).
+
+    fn passes by returning; it skips by returning a string "SKIP reason";
+    any exception fails it, with the traceback as TAP comments. after_each
+    (if given) runs after every check, passed or not (cleanup)."""
+    print(f"1..{len(checks)}")
+    failed = 0
+    for i, (name, fn) in enumerate(checks, 1):
+        try:
+            r = fn()
+            if isinstance(r, str) and r.startswith("SKIP"):
+                print(f"ok {i} - {name} # {r}")
+            else:
+                print(f"ok {i} - {name}")
+        except Exception:
+            failed += 1
+            print(f"not ok {i} - {name}")
+            for line in traceback.format_exc().splitlines():
+                print(f"# {line}")
+        finally:
+            if after_each:
+                after_each()
+        sys.stdout.flush()
+    return 1 if failed else 0

@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The daemon's /metrics endpoint (see metrics_http.h). */
+#include "metrics_http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "umbp_config.h"
+#include "snapshot.h"
+
+int metrics_parse_addr(const char *arg, struct sockaddr_storage *ss, socklen_t *len, char *why, size_t n) {
+  const char *colon = strrchr(arg, ':');
+  if (!colon) {
+    snprintf(why, n, "give ADDRESS:PORT, e.g. 127.0.0.1:9478 (no port in '%s')", arg);
+    return -EINVAL;
+  }
+  char *end;
+  errno = 0;
+  unsigned long port = strtoul(colon + 1, &end, 10);
+  if (!colon[1] || *end || errno || port < 1 || port > 65535 || colon[1] == '-' || colon[1] == '+') {
+    snprintf(why, n, "'%s' is not a port: use 1 to 65535, e.g. 127.0.0.1:9478", colon + 1);
+    return -EINVAL;
+  }
+  char host[64];
+  size_t hl = (size_t)(colon - arg);
+  bool v6 = hl >= 2 && arg[0] == '[' && arg[hl - 1] == ']';
+  if (v6) {
+    arg++;
+    hl -= 2;
+  }
+  if (hl == 0 || hl >= sizeof host) {
+    snprintf(why, n, "no address before the port: use e.g. 127.0.0.1:9478 (loopback only) or 0.0.0.0:9478 (every "
+                     "interface)");
+    return -EINVAL;
+  }
+  memcpy(host, arg, hl);
+  host[hl] = 0;
+  memset(ss, 0, sizeof *ss);
+  if (!v6) {
+    struct sockaddr_in *a = (struct sockaddr_in *)ss;
+    if (inet_pton(AF_INET, host, &a->sin_addr) != 1) {
+      snprintf(why, n, "'%s' is not a numeric IPv4 address (or an IPv6 one in brackets, [::1]:9478); host names are "
+                       "not resolved", host);
+      return -EINVAL;
+    }
+    a->sin_family = AF_INET;
+    a->sin_port = htons((uint16_t)port);
+    *len = sizeof *a;
+  } else {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+    if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1) {
+      snprintf(why, n, "'[%s]' is not a numeric IPv6 address", host);
+      return -EINVAL;
+    }
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons((uint16_t)port);
+    *len = sizeof *a;
+  }
+  return 0;
+}
+
+int metrics_listen(const struct sockaddr_storage *ss, socklen_t len) {
+  int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, (const struct sockaddr *)ss, len) != 0 || listen(fd, 16) != 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  return fd;
+}
+
+#if UMBP_HAVE_MICROHTTPD
+#include <microhttpd.h>
+
+struct metrics_server {
+  struct MHD_Daemon *mhd;
+  umbp_pool *pool;
+  struct snap *snap;
+};
+
+bool metrics_http_available(void) { return true; }
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *body, size_t len, const char *type) {
+  struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+  if (!r) {
+    free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  enum MHD_Result ret = MHD_queue_response(c, status, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+static enum MHD_Result text(struct MHD_Connection *c, unsigned status, const char *msg) {
+  char *b = strdup(msg);
+  return b ? reply(c, status, b, strlen(b), "text/plain; charset=utf-8") : MHD_NO;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **state) {
+  (void)version;
+  (void)upload;
+  (void)upload_size;
+  (void)state;
+  struct metrics_server *srv = cls;
+  if (strcmp(method, "GET") && strcmp(method, "HEAD"))
+    return text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET /metrics is served\n");
+  if (strcmp(url, "/metrics"))
+    return text(c, MHD_HTTP_NOT_FOUND, "umbp daemon: the metrics are at /metrics\n");
+  snap_take(srv->pool, srv->snap, 0);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f) return text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+  int rc = snap_prometheus(srv->snap, f);
+  fclose(f);
+  if (rc) {
+    free(buf);
+    return text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "cannot format the metrics\n");
+  }
+  return reply(c, MHD_HTTP_OK, buf, len, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+int metrics_serve(int fd, const char *pool, struct metrics_server **ret, char *why, size_t n) {
+  struct metrics_server *srv = calloc(1, sizeof *srv);
+  if (srv) srv->snap = malloc(sizeof *srv->snap);
+  if (!srv || !srv->snap) {
+    if (srv) free(srv);
+    close(fd);
+    snprintf(why, n, "out of memory");
+    return -ENOMEM;
+  }
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  ao.read_only = true;
+  ao.role = UMBP_ROLE_TOOL;
+  int rc = umbp_pool_attach(pool, &ao, &srv->pool);
+  if (rc) {
+    snprintf(why, n, "cannot attach pool '%s' read-only for the metrics: %s", pool, umbp_last_error());
+    free(srv->snap);
+    free(srv);
+    close(fd);
+    return rc;
+  }
+  srv->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, on_request, srv,
+                              MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
+                              MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_END);
+  if (!srv->mhd) {
+    snprintf(why, n, "libmicrohttpd could not start serving the metrics socket");
+    umbp_pool_detach(srv->pool);
+    free(srv->snap);
+    free(srv);
+    close(fd);
+    return -EIO;
+  }
+  *ret = srv;
+  return 0;
+}
+
+void metrics_stop(struct metrics_server *srv) {
+  if (!srv) return;
+  MHD_stop_daemon(srv->mhd); /* closes the listening socket too */
+  umbp_pool_detach(srv->pool);
+  free(srv->snap);
+  free(srv);
+}
+
+#else /* built without libmicrohttpd */
+
+struct metrics_server {
+  int unused;
+};
+
+bool metrics_http_available(void) { return false; }
+
+int metrics_serve(int fd, const char *pool, struct metrics_server **ret, char *why, size_t n) {
+  (void)pool;
+  (void)ret;
+  close(fd);
+  snprintf(why, n, "this umbp was built without libmicrohttpd: install libmicrohttpd-dev (scripts/setup.sh) and "
+                   "rebuild, or use 'umbp inspect NAME --prometheus'");
+  return -ENOTSUP;
+}
+
+void metrics_stop(struct metrics_server *srv) { (void)srv; }
+
+#endif

@@ -1,0 +1,270 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A read-only snapshot of a pool and its Prometheus form (see snapshot.h). */
+#include "snapshot.h"
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "shm/daemon.h"
+#include "shm/ring.h"
+
+static uint64_t clock_ns(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double snap_ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
+const char *snap_event_name(int t) { return t == 1 ? "stored" : t == 2 ? "removed" : t == 3 ? "cleared" : "?"; }
+
+void snap_hash_hex(const struct umbp_key_shm *k, char *buf, size_t n) {
+  size_t l = k->hash_len < 8 ? k->hash_len : 8, o = 0;
+  for (size_t i = 0; i < l && o + 3 < n; i++) o += (size_t)snprintf(buf + o, n - o, "%02x", k->hash[i]);
+  buf[o] = 0;
+}
+
+void snap_fmt_time(uint64_t ns, char *buf, size_t n) {
+  time_t t = (time_t)(ns / 1000000000ull);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+/* Read up to max of the newest events from the ring's cells (loads only:
+ * draining would take them from their subscribers). */
+static unsigned peek_events(umbp_pool *p, struct snap *s, unsigned max) {
+  void *ring = umbp_pool_region(p, UMBP_REG_EVENTS);
+  if (umbp_ring_check_header(ring, p->hdr->regions[UMBP_REG_EVENTS].size)) return 0;
+  struct umbp_ring_hdr *h = ring;
+  s->ev_cap = h->capacity;
+  s->ev_pending = umbp_ring_count(ring);
+  s->ev_dropped = umbp_ring_dropped(ring);
+  uint64_t enq = atomic_load_explicit(&h->enq_pos, memory_order_acquire);
+  uint64_t deq = atomic_load_explicit(&h->deq_pos, memory_order_acquire);
+  s->ev_drained = deq;
+  uint64_t first = enq - deq > h->capacity ? enq - h->capacity : deq;
+  if (enq - first > max) first = enq - max;
+  unsigned n = 0;
+  for (uint64_t pos = first; pos != enq && n < max; pos++) {
+    struct umbp_ring_cell *c = umbp_ring__cell(h, pos);
+    uint64_t w = atomic_load_explicit(&c->word, memory_order_acquire);
+    unsigned kind = umbp_ring__wkind(w);
+    if (umbp_ring__seqdiff(umbp_ring__wseq(w), pos + 1) != 0 || (kind != UMBP_RING_STABLE && kind != UMBP_RING_READING))
+      continue;
+    struct umbp_event_shm ev;
+    memcpy(&ev, c->payload, sizeof ev);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&c->word, memory_order_relaxed) != w) continue;
+    s->ev[n].type = ev.type;
+    s->ev[n].pos = pos;
+    s->ev[n].key = ev.key;
+    n++;
+  }
+  return n;
+}
+
+/* Reader state of the live processes in s->procs (the same rule as the
+ * grace periods' readers_min_epoch() in index.c, without bumping the epoch). */
+static void readers(umbp_pool *p, struct snap *s) {
+  const struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+  const struct umbp_reader_shm *rd = umbp_pool_region(p, UMBP_REG_READERS);
+  uint64_t epoch = atomic_load_explicit(&ih->epoch, memory_order_acquire), min = UINT64_MAX;
+  for (int k = 0; k < s->nprocs; k++) {
+    if (!s->procs[k].alive) continue;
+    unsigned ps = s->procs[k].slot;
+    uint64_t bits = atomic_load_explicit(&p->procs[ps].thread_bits, memory_order_acquire);
+    for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
+      if (!(bits & (1ull << t))) continue;
+      uint64_t c = atomic_load_explicit(&rd[ps * UMBP_MAX_THREADS + t].ctr, memory_order_acquire);
+      if (!c) continue;
+      s->readers_in_section++;
+      if (c < min) min = c;
+    }
+  }
+  s->oldest_reader_epochs = min != UINT64_MAX && epoch > min ? epoch - min : 0;
+}
+
+void snap_take(umbp_pool *p, struct snap *s, unsigned nevents) {
+  memset(s, 0, sizeof *s);
+  s->mono_ns = clock_ns(CLOCK_MONOTONIC);
+  s->wall_ns = clock_ns(CLOCK_REALTIME);
+  umbp_pool_get_info(p, &s->info);
+  fstat(p->fd, &s->st);
+  s->n_buckets = p->hdr->n_buckets;
+  s->event_capacity = p->hdr->event_capacity;
+  s->daemon_pid = s->daemon_last_pid = -1;
+  s->daemon_running = umbp_daemon_query(p, &s->daemon_pid, &s->daemon_last_pid);
+  umbp_census(p, &s->census);
+  if (s->info.n_partitions == 1) s->part_census[0] = s->census; /* one walk of the slots, not two */
+  else
+    for (unsigned k = 0; k < s->info.n_partitions && k < UMBP_MAX_PARTITIONS; k++) umbp_census_part(p, k, &s->part_census[k]);
+  umbp_index_stats(p, &s->entries, s->hist, UMBP_MAX_PROBE);
+  s->nprocs = umbp_pool_list_procs(p, s->procs, UMBP_MAX_PROCS);
+  if (s->nprocs < 0) s->nprocs = 0;
+  const _Atomic uint8_t *pins = umbp_pool_region(p, UMBP_REG_PINS);
+  uint64_t stride = umbp_pin_stride(p->hdr->slot_count);
+  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+    const _Atomic uint8_t *row = pins + (uint64_t)i * stride;
+    const _Atomic uint64_t *w = (const _Atomic uint64_t *)(const void *)row;
+    for (uint64_t q = 0; q < stride / 8; q++) {
+      if (!atomic_load_explicit(&w[q], memory_order_relaxed)) continue;
+      for (unsigned j = 0; j < 8; j++) s->pins_by[i] += atomic_load_explicit(&row[q * 8 + j], memory_order_relaxed);
+    }
+  }
+  umbp_counters_ns(p, UINT32_MAX, &s->total);
+  const struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
+  for (unsigned k = 0; k < UMBP_MAX_NAMESPACES; k++) {
+    if (atomic_load_explicit(&nss[k].state, memory_order_acquire) != 1) continue;
+    struct snap_ns *n = &s->ns[s->nns++];
+    n->id = k;
+    umbp_ns_name(p, k, n->name, sizeof n->name);
+    n->blocks = atomic_load_explicit(&nss[k].used_slots, memory_order_relaxed);
+    n->quota_bytes = atomic_load_explicit(&nss[k].quota_bytes, memory_order_relaxed);
+    umbp_counters_ns(p, k, &n->c);
+  }
+  readers(p, s);
+  s->nev = peek_events(p, s, nevents > SNAP_MAX_EVENTS ? SNAP_MAX_EVENTS : nevents);
+}
+
+/* ---- Prometheus text format ------------------------------------------------- */
+
+/* A label value: backslash, double quote and newline escaped. */
+static void label_value(FILE *f, const char *v) {
+  fputc('"', f);
+  for (const char *q = v; *q; q++) {
+    if (*q == '\\' || *q == '"') {
+      fputc('\\', f);
+      fputc(*q, f);
+    } else if (*q == '\n') {
+      fputs("\\n", f);
+    } else {
+      fputc(*q, f);
+    }
+  }
+  fputc('"', f);
+}
+
+static void family(FILE *f, const char *name, const char *type, const char *help) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void sample(FILE *f, const char *name, uint64_t v) { fprintf(f, "%s %llu\n", name, (unsigned long long)v); }
+
+static void ns_sample(FILE *f, const char *name, const struct snap_ns *n, uint64_t v) {
+  fprintf(f, "%s{namespace=", name);
+  label_value(f, n->name);
+  fprintf(f, ",id=\"%u\"} %llu\n", n->id, (unsigned long long)v);
+}
+
+int snap_prometheus(const struct snap *s, FILE *f) {
+  const umbp_pool_info *i = &s->info;
+  family(f, "umbp_pool_info", "gauge", "Constant 1, labelled with the pool's name and layout version.");
+  fputs("umbp_pool_info{pool=", f);
+  label_value(f, i->name);
+  fprintf(f, ",layout=\"%u.%u\"} 1\n", i->layout_major, i->layout_minor);
+  family(f, "umbp_segment_bytes", "gauge", "Bytes of the whole shared segment (slots, index and metadata).");
+  sample(f, "umbp_segment_bytes", i->total_size);
+  family(f, "umbp_slot_size_bytes", "gauge", "Bytes of one slot (one block of one rank).");
+  sample(f, "umbp_slot_size_bytes", i->slot_size);
+  family(f, "umbp_capacity_bytes", "gauge", "Bytes of block slots, all partitions.");
+  sample(f, "umbp_capacity_bytes", (uint64_t)i->slot_count * i->slot_size);
+  family(f, "umbp_used_bytes", "gauge", "Bytes of slots that are not free (published, reserved, evicting, retired).");
+  sample(f, "umbp_used_bytes", (s->census.total - s->census.free_) * i->slot_size);
+  family(f, "umbp_run_generation", "gauge", "Daemon runs of this pool: goes up by one each time a daemon adopts it.");
+  sample(f, "umbp_run_generation", i->run_generation);
+  family(f, "umbp_daemon_running", "gauge", "1 when a daemon holds the pool, else 0.");
+  sample(f, "umbp_daemon_running", s->daemon_running == 1);
+
+  family(f, "umbp_partition_slots", "gauge", "Slots of a partition (its NUMA node in the label; -1: no placement).");
+  for (unsigned k = 0; k < i->n_partitions; k++)
+    fprintf(f, "umbp_partition_slots{partition=\"%u\",numa_node=\"%d\"} %u\n", k, i->partitions[k].numa_node,
+            i->partitions[k].slot_count);
+  family(f, "umbp_slots", "gauge",
+         "Slots of a partition by state: free, published, pinned (published slots with at least one pin, a subset "
+         "of published), reserved (being written), evicting, retired (removed, waiting for a grace period).");
+  for (unsigned k = 0; k < i->n_partitions; k++) {
+    const umbp_slot_census *c = &s->part_census[k];
+    const struct {
+      const char *state;
+      uint64_t v;
+    } st[] = {{"free", c->free_},       {"published", c->published}, {"pinned", c->pinned},
+              {"reserved", c->reserved}, {"evicting", c->evicting},  {"retired", c->retired}};
+    for (unsigned j = 0; j < sizeof st / sizeof st[0]; j++)
+      fprintf(f, "umbp_slots{partition=\"%u\",numa_node=\"%d\",state=\"%s\"} %llu\n", k, i->partitions[k].numa_node,
+              st[j].state, (unsigned long long)st[j].v);
+  }
+  family(f, "umbp_index_entries", "gauge", "Keys in the index.");
+  sample(f, "umbp_index_entries", s->entries);
+
+  const umbp_counters *t = &s->total;
+  const struct {
+    const char *name, *help;
+    uint64_t v;
+  } cs[] = {
+      {"umbp_lookups_total", "Keys looked up, every namespace, every process live or reaped.", t->lookups},
+      {"umbp_hits_total", "Lookups that found their key.", t->hits},
+      {"umbp_misses_total", "Lookups that did not find their key.", t->misses},
+      {"umbp_inserts_total", "Blocks published.", t->inserts},
+      {"umbp_duplicates_total", "Publishes of a key already present (the new copy was dropped).", t->duplicates},
+      {"umbp_evictions_total", "Blocks evicted to make room.", t->evictions},
+      {"umbp_removes_total", "Blocks removed on request.", t->removes},
+      {"umbp_pins_total", "Pins taken on blocks.", t->pins},
+  };
+  for (unsigned k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+    family(f, cs[k].name, "counter", cs[k].help);
+    sample(f, cs[k].name, cs[k].v);
+  }
+
+  const struct {
+    const char *name, *type, *help;
+    size_t off; /* of the figure in struct snap_ns; (size_t)-1: blocks * slot size */
+  } nf[] = {
+      {"umbp_namespace_blocks", "gauge", "Blocks the namespace holds.", offsetof(struct snap_ns, blocks)},
+      {"umbp_namespace_bytes", "gauge", "Bytes of slots the namespace holds.", (size_t)-1},
+      {"umbp_namespace_quota_bytes", "gauge", "The namespace's byte quota (0: none).",
+       offsetof(struct snap_ns, quota_bytes)},
+      {"umbp_namespace_lookups_total", "counter", "Keys of the namespace looked up.",
+       offsetof(struct snap_ns, c.lookups)},
+      {"umbp_namespace_hits_total", "counter", "Lookups of the namespace that found their key.",
+       offsetof(struct snap_ns, c.hits)},
+      {"umbp_namespace_misses_total", "counter", "Lookups of the namespace that did not find their key.",
+       offsetof(struct snap_ns, c.misses)},
+      {"umbp_namespace_inserts_total", "counter", "Blocks of the namespace published.",
+       offsetof(struct snap_ns, c.inserts)},
+      {"umbp_namespace_evictions_total", "counter", "Blocks of the namespace evicted.",
+       offsetof(struct snap_ns, c.evictions)},
+      {"umbp_namespace_removes_total", "counter", "Blocks of the namespace removed on request.",
+       offsetof(struct snap_ns, c.removes)},
+  };
+  for (unsigned k = 0; k < sizeof nf / sizeof nf[0]; k++) {
+    family(f, nf[k].name, nf[k].type, nf[k].help);
+    for (unsigned j = 0; j < s->nns; j++) {
+      const struct snap_ns *n = &s->ns[j];
+      uint64_t v;
+      if (nf[k].off == (size_t)-1) v = n->blocks * i->slot_size;
+      else memcpy(&v, (const char *)n + nf[k].off, sizeof v);
+      ns_sample(f, nf[k].name, n, v);
+    }
+  }
+
+  family(f, "umbp_processes", "gauge",
+         "Attached processes by state: alive, or dead (killed or exited without detaching, not yet reaped).");
+  fprintf(f, "umbp_processes{state=\"alive\"} %u\numbp_processes{state=\"dead\"} %u\n", i->procs_live, i->procs_dead);
+  family(f, "umbp_readers_in_section", "gauge", "Threads of live processes inside an index read section now.");
+  sample(f, "umbp_readers_in_section", s->readers_in_section);
+  family(f, "umbp_oldest_reader_epochs", "gauge",
+         "Grace periods the oldest live reader is behind (0: none): a reader stuck here holds retired slots back.");
+  sample(f, "umbp_oldest_reader_epochs", s->oldest_reader_epochs);
+  family(f, "umbp_events_capacity", "gauge", "Cells of the event ring.");
+  sample(f, "umbp_events_capacity", s->ev_cap);
+  family(f, "umbp_events_pending", "gauge", "Events on the ring not yet drained.");
+  sample(f, "umbp_events_pending", s->ev_pending);
+  family(f, "umbp_events_drained_total", "counter", "Events drained by consumers (0: no consumer ever attached).");
+  sample(f, "umbp_events_drained_total", s->ev_drained);
+  family(f, "umbp_events_dropped_total", "counter", "Events dropped because the ring was full.");
+  sample(f, "umbp_events_dropped_total", s->ev_dropped);
+  fflush(f);
+  return ferror(f) ? -EIO : 0;
+}
