@@ -2,9 +2,10 @@
 """umbp: Python bindings of libumbp (ctypes) and the vLLM KV connector.
 
 `umbp.vllm.UMBPStoreConnector` is loaded by vLLM through
-``kv_connector_module_path="umbp.vllm"``. The library is found through
-``UMBP_LIB`` (a path to libumbp.so), next to this package, or in a build
-directory of the source tree (build*/libumbp.so).
+``kv_connector_module_path="umbp.vllm"``. libumbp is loaded from, in order:
+``UMBP_LIB`` (an explicit path), ``libumbp.so`` next to this package (what the
+wheel bundles), ``libumbp.so.0`` through the dynamic loader (a system install),
+a build directory of the source tree (build*/libumbp.so). See umbp._lib.
 """
 
 __version__ = "0.1.0"
