@@ -57,13 +57,14 @@ whl=$(ls "$tmp"/dist/umbp-"$version"-*.whl)
 echo "built $(basename "$whl") ($(stat -c %s "$whl") bytes) in $(( $(date +%s) - t0 ))s"
 
 # 2. Contents.
-"$vpy" - "$whl" "$version" <<'PY'
-import sys, zipfile
-whl, version = sys.argv[1:]
+"$vpy" - "$whl" "$version" "$src" <<'PY'
+import pathlib, sys, zipfile
+whl, version, src = sys.argv[1:]
 names = sorted(zipfile.ZipFile(whl).namelist())
 print("\n".join("  " + n for n in names))
-want = {"umbp/__init__.py", "umbp/_lib.py", "umbp/vllm.py", "umbp/libumbp.so",
-        f"umbp-{version}.data/scripts/umbp"}
+# Every module of python/umbp (meson.build lists them for py.install_sources).
+want = {f"umbp/{p.name}" for p in pathlib.Path(src, "python", "umbp").glob("*.py")}
+want |= {"umbp/libumbp.so", f"umbp-{version}.data/scripts/umbp"}
 missing = want - set(names)
 extra = [n for n in names if n not in want and not n.startswith(f"umbp-{version}.dist-info/")]
 assert not missing, f"missing from the wheel: {sorted(missing)}"
