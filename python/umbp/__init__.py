@@ -8,4 +8,13 @@ wheel bundles), ``libumbp.so.0`` through the dynamic loader (a system install),
 a build directory of the source tree (build*/libumbp.so). See umbp._lib.
 """
 
-__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # __version__ is the loaded libumbp's (umbp_version(): meson.build's project
+    # version, which the wheel's metadata also takes): one source of truth, and
+    # importing umbp still does not load the library.
+    if name == "__version__":
+        from . import _lib
+        return _lib.lib().umbp_version().decode()
+    raise AttributeError(f"module 'umbp' has no attribute {name!r}")

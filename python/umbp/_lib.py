@@ -174,6 +174,7 @@ _U = C.c_uint
 _SIGS = {
     "umbp_last_error": (C.c_char_p, []),
     "umbp_strerror": (C.c_char_p, [_I]),
+    "umbp_version": (C.c_char_p, []),
     "umbp_pool_params_init": (None, [C.POINTER(PoolParams)]),
     "umbp_attach_opts_init": (None, [C.POINTER(AttachOpts)]),
     "umbp_pool_create": (_I, [C.c_char_p, C.POINTER(PoolParams), C.POINTER(_P)]),

@@ -25,3 +25,8 @@ def test_package_and_library_come_from_the_wheel():
 
 def test_cli_is_the_venvs():
     assert shutil.which("umbp") == os.path.join(sys.prefix, "bin", "umbp")
+
+
+def test_one_version():
+    from importlib.metadata import version
+    assert umbp.__version__ == version("umbp")  # libumbp's, from meson.build; the wheel's metadata
