@@ -86,7 +86,7 @@ cd "$tmp/outside"
 run() { env -u PYTHONPATH -u UMBP_LIB -u UMBP_TOOL PATH="$tmp/venv/bin:$PATH" UMBP_WHEEL_SOURCE_ROOT="$src" "$@"; }
 lib=$(run python -c 'import umbp._lib as L; print(L.lib_path())')
 echo "import umbp loads $lib"
-[ "$lib" = "$site/umbp/libumbp.so" ] || { echo "FAIL: not the wheel's libumbp ($site/umbp/libumbp.so)"; exit 1; }
+[ "$lib" = "$(realpath "$site/umbp/libumbp.so")" ] || { echo "FAIL: not the wheel's libumbp ($site/umbp/libumbp.so)"; exit 1; }
 ver=$(run umbp --version)
 echo "$(run sh -c 'command -v umbp') --version: $ver"
 [ "$ver" = "umbp $version" ] || { echo "FAIL: expected 'umbp $version'"; exit 1; }
