@@ -268,8 +268,12 @@ def test_handshake_namespace(pool_name):
 
 
 def _umbp_cli():
+    """The CLI built beside the library in the source tree, else the one on PATH
+    (an installed wheel puts `umbp` in the venv's bin; tests/wheel runs this test)."""
+    import shutil
     from pathlib import Path
-    return str(Path(U.L._find_library()).resolve().parent / "tools" / "umbp")
+    built = Path(U.L._find_library()).resolve().parent / "tools" / "umbp"
+    return str(built) if built.exists() else (shutil.which("umbp") or str(built))
 
 
 def test_standalone_pool_and_slot_size(pool_name):

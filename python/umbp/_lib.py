@@ -3,6 +3,17 @@
 
 Every struct mirrors its C definition field by field; ctypes applies the
 same alignment rules as the C compiler on this ABI.
+
+Which libumbp is loaded (the first that exists wins; lib_path() tells which):
+
+1. ``UMBP_LIB``: an explicit path, an override for tests and debugging (an
+   error if it names no file; nothing else is tried then).
+2. ``libumbp.so`` next to this module: the copy a wheel bundles
+   (``pip install .`` from the repository root builds it with meson-python).
+3. ``libumbp.so.0`` through the dynamic loader (``LD_LIBRARY_PATH``,
+   ld.so.cache): a system install by ``meson install``.
+4. ``build*/libumbp.so`` of the source tree this module sits in, the newest
+   first: development with ``PYTHONPATH=python`` after ``ninja -C build``.
 """
 from __future__ import annotations
 
@@ -35,22 +46,57 @@ def _sanitized(path: str) -> bool:
     return b"libasan.so" in data or b"libtsan.so" in data
 
 
+SYSTEM_SONAME = "libumbp.so.0"
+
+
 def _find_library() -> str:
+    """What to load, in the module docstring's order: a path, or SYSTEM_SONAME
+    for the dynamic loader's copy. Raises OSError naming every place tried."""
     env = os.environ.get("UMBP_LIB")
     if env:
         if not os.path.exists(env):
             raise OSError(f"UMBP_LIB={env} does not exist; point it at libumbp.so")
         return env
     here = Path(__file__).resolve().parent
-    cands = [here / "libumbp.so"]
+    bundled = here / "libumbp.so"
+    if bundled.exists():
+        return str(bundled)
+    try:
+        C.CDLL(SYSTEM_SONAME)
+        return SYSTEM_SONAME
+    except OSError:
+        pass
     root = here.parent.parent  # python/umbp -> repo root
     built = [p for p in glob.glob(str(root / "build*" / "libumbp.so")) if os.path.exists(p)]
-    cands += [Path(p) for p in sorted(built, key=lambda p: -os.path.getmtime(p)) if not _sanitized(p)]
-    for c in cands:
-        if c.exists():
-            return str(c)
-    raise OSError("libumbp.so not found: set UMBP_LIB=/path/to/libumbp.so, install it next to "
-                  "the umbp package, or build the source tree (meson setup build && ninja -C build)")
+    built = [p for p in built if not _sanitized(p)]  # needs a preloaded runtime
+    built.sort(key=lambda p: -os.path.getmtime(p))
+    if built:
+        return built[0]
+    raise OSError(f"libumbp not found: not in UMBP_LIB, not at {bundled} (a wheel bundles it there: "
+                  f"'pip install .' from the umbp repository), not {SYSTEM_SONAME} through the "
+                  f"dynamic loader ('meson install'), not in {root}/build*/ "
+                  f"('meson setup build && ninja -C build')")
+
+
+class _DlInfo(C.Structure):
+    _fields_ = [("dli_fname", C.c_char_p), ("dli_fbase", C.c_void_p),
+                ("dli_sname", C.c_char_p), ("dli_saddr", C.c_void_p)]
+
+
+def lib_path() -> str:
+    """The file the loaded libumbp came from (loads it if needed): the dynamic
+    loader's answer for one of its symbols, so a SYSTEM_SONAME load shows its
+    real path; the name passed to dlopen where glibc's dladdr is missing."""
+    handle = lib()
+    try:
+        dladdr = C.CDLL(None).dladdr
+        dladdr.argtypes = [C.c_void_p, C.POINTER(_DlInfo)]
+        info = _DlInfo()
+        if dladdr(C.cast(handle.umbp_strerror, C.c_void_p), C.byref(info)) and info.dli_fname:
+            return os.path.realpath(info.dli_fname.decode())
+    except (AttributeError, OSError):
+        pass
+    return handle._name
 
 
 class Key(C.Structure):
@@ -140,6 +186,7 @@ _U = C.c_uint
 _SIGS = {
     "umbp_last_error": (C.c_char_p, []),
     "umbp_strerror": (C.c_char_p, [_I]),
+    "umbp_version": (C.c_char_p, []),
     "umbp_pool_params_init": (None, [C.POINTER(PoolParams)]),
     "umbp_attach_opts_init": (None, [C.POINTER(AttachOpts)]),
     "umbp_pool_create": (_I, [C.c_char_p, C.POINTER(PoolParams), C.POINTER(_P)]),

