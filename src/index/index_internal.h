@@ -11,6 +11,7 @@
 #include "common/common.h"
 #include "index/index_shm.h"
 #include "shm/pool_internal.h"
+#include "shm/ring.h"
 #include "umbp/index.h"
 
 
@@ -163,5 +164,95 @@ static inline void umbp_way_set(struct umbp_bucket *b, unsigned w, uint64_t v) {
 static inline uint64_t umbp_way_make(uint64_t h, uint32_t s) {
   return (uint64_t)umbp_key_sig(h) << 32 | (uint64_t)(s + 1);
 }
+
+/* ---- shared by the index's source files ---------------------------------------
+ * Each file of src/index owns one concern (the source map is in index.c); what
+ * one of them calls in another is declared here, named umbp_ix_*. Hidden, as
+ * the library's -fvisibility=hidden makes every definition: said on the
+ * declarations too, so that the compiler emits direct calls and reaches the
+ * thread-locals below as it did while they were static to one file (no GOT
+ * load, no general-dynamic TLS lookup). The hot-path helpers are static
+ * inline in index_inline.h. */
+#define UMBP_IX_HIDDEN __attribute__((visibility("hidden")))
+
+/* A ring payload buffer as large as any ring element (free rings carry 8 bytes). */
+union ring_elem {
+  uint64_t v;
+  unsigned char b[UMBP_RING_MAX_ELEM];
+};
+
+/* A thread's state for one pool (readers.c): its reader line and ledger index
+ * (tid), and the counts not yet added to the process's row (counters.c). */
+struct tl_slot {
+  uint64_t instance;
+  unsigned tid;
+  /* pending counters */
+  uint32_t ctr_ns;
+  int ctr_part;
+  uint32_t pend_ops;
+  uint64_t pend_ns[UMBP_CTR_COUNT];
+  uint64_t pend_part[UMBP_CTR_COUNT];
+};
+#define TL_MAX 8
+struct tl_state {
+  struct tl_slot s[TL_MAX];
+};
+/* This thread's slots (one per pool it uses) and the slot of the last pool it
+ * used. Local-dynamic, the model the compiler gave them while they were
+ * static: thread_slot() reads umbp_ix_tl_last on every call (one
+ * __tls_get_addr either way, but the same instructions as before). */
+#define UMBP_IX_TLS UMBP_IX_HIDDEN __attribute__((tls_model("local-dynamic")))
+extern UMBP_IX_TLS _Thread_local struct tl_state umbp_ix_tl;
+extern UMBP_IX_TLS _Thread_local struct tl_slot *umbp_ix_tl_last;
+
+/* index.c */
+UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_fail(umbp_pool *p);
+
+/* table.c */
+UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_key_fail(const umbp_key *k);
+UMBP_IX_HIDDEN uint32_t umbp_ix_probe_far(struct umbp_index *ix, const struct umbp_key_shm *k, uint32_t home,
+                                          uint16_t sig, unsigned ovf, uint64_t *ret_st, bool pin);
+UMBP_IX_HIDDEN bool umbp_ix_relink_hint(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h);
+UMBP_IX_HIDDEN bool umbp_ix_unlink_way(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h);
+
+/* readers.c */
+UMBP_IX_HIDDEN struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix);
+UMBP_IX_HIDDEN void umbp_ix_instance_add(struct umbp_index *ix);
+UMBP_IX_HIDDEN void umbp_ix_instance_remove(struct umbp_index *ix);
+UMBP_IX_HIDDEN int umbp_ix_limbo_push(struct umbp_index *ix, uint32_t s);
+UMBP_IX_HIDDEN uint64_t umbp_ix_readers_min_epoch(umbp_pool *p, bool memb);
+UMBP_IX_HIDDEN int umbp_ix_reclaim_wait(umbp_pool *p, uint64_t budget_ns);
+
+/* pins.c */
+UMBP_IX_HIDDEN bool umbp_ix_pins_clear(_Atomic uint8_t *pins, uint64_t stride, struct umbp_index_hdr *ih, uint32_t s);
+UMBP_IX_HIDDEN void umbp_ix_pins_drop_proc(_Atomic uint8_t *pins, uint64_t stride, struct umbp_index_hdr *ih,
+                                           uint32_t slots, unsigned q);
+UMBP_IX_HIDDEN __attribute__((cold)) void umbp_ix_pin_bit_set(struct umbp_index *ix);
+
+/* lock.c */
+UMBP_IX_HIDDEN void umbp_ix_spin_lock_owner(umbp_pool *p, _Atomic uint32_t *lock);
+UMBP_IX_HIDDEN void umbp_ix_bucket_lock(umbp_pool *p, _Atomic uint16_t *lock);
+
+/* namespaces.c */
+UMBP_IX_HIDDEN void umbp_ix_ns_count_set(umbp_pool *p, struct umbp_ns_shm *nss, struct umbp_slot_meta *meta,
+                                         uint32_t slot_count, uint32_t ns, uint32_t s, uint8_t f);
+UMBP_IX_HIDDEN void umbp_ix_ns_count_locks_reap(umbp_pool *p, struct umbp_ns_shm *nss, struct umbp_slot_meta *meta,
+                                                uint32_t slot_count, uint32_t dead);
+UMBP_IX_HIDDEN bool umbp_ix_ns_over_quota(struct umbp_index *ix, uint32_t ns);
+
+/* events.c */
+UMBP_IX_HIDDEN void umbp_ix_emit(struct umbp_index *ix, int type, const struct umbp_key_shm *k);
+
+/* evict.c */
+UMBP_IX_HIDDEN int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned want,
+                                      uint32_t ns_filter);
+
+/* reserve.c */
+UMBP_IX_HIDDEN void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
+                                      uint16_t as_owner);
+
+/* counters.c */
+UMBP_IX_HIDDEN void umbp_ix_flush_slot(struct umbp_index *ix, struct tl_slot *t);
+UMBP_IX_HIDDEN void umbp_ix_count_ns_switch(struct umbp_index *ix, struct tl_slot *t, uint32_t ns, int c, uint64_t n);
 
 #endif

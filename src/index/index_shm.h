@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Shared-memory structures of the block index (frozen layout; see index.c for
- * the design note). Integers only. */
+ * the overview and its source map for each concern's design note). Integers
+ * only. */
 #ifndef UMBP_INDEX_SHM_H
 #define UMBP_INDEX_SHM_H
 
@@ -49,8 +50,8 @@ struct umbp_slot_meta {
   _Atomic uint32_t retire_epoch; /* for RETIRED: low 32 bits of the grace-period token */
   _Atomic uint8_t ref;     /* CLOCK reference bit */
   /* 1 while the slot is counted in its namespace's used_slots: changed only
-   * together with that count, under the namespace's count lock (ns_count_set()
-   * in index.c), so a reaper repeating a dead process's step never counts twice */
+   * together with that count, under the namespace's count lock (umbp_ix_ns_count_set()
+   * in namespaces.c), so a reaper repeating a dead process's step never counts twice */
   _Atomic uint8_t counted;
   uint8_t pad[2];
 };
@@ -97,7 +98,7 @@ struct umbp_reader_shm {
   /* The owning thread's single-key lookups not yet added to its process's
    * counter row: lookups in the low 32 bits, hits in the high 32. Written and
    * read by that thread only, on the line each lookup writes anyway (see
-   * count_single() in index.c); other processes never read it. */
+   * count_single() in index_inline.h); other processes never read it. */
   uint64_t pend_lookups;
   uint64_t pend_pins; /* of those hits, the pins (single umbp_lookup_pin) */
   uint64_t pad[5];
@@ -118,7 +119,7 @@ struct umbp_ns_shm {
    * the counted flags of the namespace's slots change only under cnt_lock
    * (owner id, 0 free), and only after the journal (cnt_old, cnt_flag, then
    * cnt_slot = slot + 1; 0: none, as a new segment's zeroes) names the change: whoever takes the lock
-   * next from a dead holder redoes it (ns_count_set() in index.c). */
+   * next from a dead holder redoes it (umbp_ix_ns_count_set() in namespaces.c). */
   _Atomic uint64_t used_slots;
   _Atomic uint64_t cnt_old;  /* used_slots before the journaled change */
   _Atomic uint32_t cnt_lock;

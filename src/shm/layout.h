@@ -153,7 +153,7 @@ struct umbp_proc_slot {
   _Atomic uint64_t incarnation;
   char comm[16];
   /* Per-process ledger used by the index: the slot a thread of this process
-   * is dequeuing from a free ring (see index.c, "who holds a slot"). */
+   * is dequeuing from a free ring (see the design note of src/index/reserve.c). */
   _Atomic uint32_t inflight_slot[UMBP_MAX_THREADS];
   _Atomic uint64_t thread_bits; /* reader-state slots in use by this process's threads */
   _Atomic uint32_t orphans;     /* retired slots left under this id by a reaper */

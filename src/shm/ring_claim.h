@@ -7,7 +7,7 @@
  * umbp_ring_dequeue_begin() and umbp_ring_dequeue_commit(). A process killed
  * in between leaves a READING cell naming it, which umbp_ring_repair() hands
  * to the reaper; killed after commit, the slot is already RESERVED under its
- * id. Either way the reaper finds the slot (index.c, reap_proc()).
+ * id. Either way the reaper finds the slot (src/index/reap.c, umbp_index_reap_proc()).
  */
 #ifndef UMBP_SHM_RING_CLAIM_H
 #define UMBP_SHM_RING_CLAIM_H

@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * evict.c — taking published blocks out of the index: umbp_remove(),
+ * umbp_clear_ns(), CLOCK eviction (umbp_evict()) and the background evictor
+ * thread.
+ *
+ * Design note.
+ *
+ * Eviction is CLOCK (second chance): a hit sets the slot's reference bit (only
+ * if not set, so a hot block does not bounce its line); the hand clears set
+ * bits and evicts the first unpinned PUBLISHED slot with a clear bit. A
+ * namespace over its quota evicts its own blocks first. Each eviction emits a
+ * removed event into the event ring; a full ring drops its oldest event and
+ * counts the drop.
+ *
+ * A removal moves the slot PUBLISHED -> EVICTING under its own id, checks the
+ * pins (pins.c), unlinks the way (table.c), takes the slot out of its
+ * namespace's count (namespaces.c), emits the removed event (events.c) and
+ * keeps the slot RETIRED on its process's limbo list until a grace period
+ * has passed (readers.c). The evictor thread keeps each partition's free
+ * slots between the low and high watermarks.
+ */
+#include "index/index_inline.h"
+
+#include <time.h>
+
+/* Try to take published slot s (state st) out of the index. 0, -EBUSY (pinned
+ * or changed meanwhile). why: UMBP_CTR_EVICTIONS or UMBP_CTR_REMOVES. */
+static int try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why) {
+  struct umbp_index *ix = p->index;
+  struct umbp_slot_meta *m = &ix->meta[s];
+  uint64_t ev = ST_NEXT(st, UMBP_SLOT_EVICTING, p->owner_id);
+  if (!atomic_compare_exchange_strong_explicit(&m->state, &st, ev, memory_order_seq_cst, memory_order_relaxed))
+    return -EBUSY;
+  /* Dekker with pin_slot(): state store above, pin loads below (seq_cst) */
+  if (!umbp_ix_pins_clear(ix->pins, ix->pin_stride, ix->ih, s)) {
+    atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_PUBLISHED, 0), memory_order_seq_cst);
+    return -EBUSY;
+  }
+  struct umbp_key_shm k = m->key;
+  umbp_ix_unlink_way(ix->buckets, ix->nb, s, umbp_key_hash(&k));
+  /* retire_epoch before the state: a reclaimer that sees RETIRED (acquire) sees the epoch */
+  atomic_store_explicit(&m->retire_epoch, (uint32_t)atomic_load_explicit(&ix->ih->epoch, memory_order_seq_cst),
+                        memory_order_relaxed);
+  /* out of the namespace count (only this process moves an EVICTING slot of its own) */
+  umbp_ix_ns_count_set(p, ix->ns, ix->meta, ix->slot_count, k.ns, s, 0);
+  /* the removed event while still EVICTING: a reaper of ours emits it for an
+   * EVICTING slot, so a kill anywhere in here loses no event (one before the
+   * RETIRED store below gets it twice) */
+  umbp_ix_emit(ix, UMBP_EV_REMOVED, &k);
+  atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_RETIRED, p->owner_id), memory_order_release);
+  count_ns(ix, t, k.ns, why, 1);
+  count_part(ix, t, slot_part(p, s), why, 1);
+  umbp_ix_limbo_push(ix, s);
+  return 0;
+}
+
+UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  struct umbp_key_shm k;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  uint64_t h, st = 0;
+  if ((rc = key_load(key, &k, &h))) return rc;
+  struct umbp_reader_shm *r = reader_of(ix, t);
+  rd_lock(ix, r);
+  uint32_t s = probe(ix, &k, h, &st);
+  rd_unlock(r);
+  if (s == UMBP_NO_SLOT) return -ENOENT;
+  rc = try_remove(p, t, s, st, UMBP_CTR_REMOVES);
+  if (rc == -EBUSY) return umbp_fail(-EBUSY, "the block is pinned by a reader: retry after it is unpinned");
+  /* reclaim in batches: each grace period costs one membarrier */
+  if (limbo_count(ix) >= reclaim_batch(ix)) umbp_reclaim(p);
+  return rc;
+}
+
+UMBP_API int umbp_clear_ns(umbp_pool *p, uint32_t ns) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  int n = 0;
+  for (uint32_t s = 0; s < ix->slot_count; s++) {
+    uint64_t st = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
+    if (ST_STATE(st) != UMBP_SLOT_PUBLISHED || ix->meta[s].key.ns != ns) continue;
+    if (try_remove(p, t, s, st, UMBP_CTR_REMOVES) == 0) n++;
+  }
+  umbp_reclaim(p);
+  return n;
+}
+
+/* CLOCK over one partition; ns_filter UINT32_MAX: any namespace. */
+int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned want, uint32_t ns_filter) {
+  struct umbp_index *ix = p->index;
+  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  unsigned done = 0;
+  uint64_t budget = 2ull * d->slot_count + 8;
+  for (uint64_t i = 0; i < budget && done < want; i++) {
+    uint32_t hand = atomic_fetch_add_explicit(&ix->ih->clock_hand[part], 1, memory_order_relaxed);
+    uint32_t s = d->first_slot + hand % d->slot_count;
+    struct umbp_slot_meta *m = &ix->meta[s];
+    uint64_t st = atomic_load_explicit(&m->state, memory_order_acquire);
+    if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) continue;
+    if (ns_filter != UINT32_MAX && m->key.ns != ns_filter) continue;
+    if (atomic_load_explicit(&m->ref, memory_order_relaxed)) {
+      atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
+      continue;
+    }
+    if (try_remove(p, t, s, st, UMBP_CTR_EVICTIONS) == 0) done++;
+  }
+  return (int)done;
+}
+
+UMBP_API int umbp_evict(umbp_pool *p, int part, unsigned want) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  if (part >= (int)p->hdr->n_partitions) return umbp_fail(-EINVAL, "partition %d does not exist", part);
+  int n = 0;
+  /* namespaces over quota give up their own blocks first */
+  for (uint32_t ns = 0; ns < UMBP_MAX_NAMESPACES && (unsigned)n < want; ns++) {
+    if (!umbp_ix_ns_over_quota(ix, ns)) continue;
+    for (unsigned q = 0; q < p->hdr->n_partitions && (unsigned)n < want; q++)
+      if (part < 0 || (int)q == part) n += umbp_ix_evict_part(p, t, q, want - (unsigned)n, ns);
+  }
+  for (unsigned q = 0; q < p->hdr->n_partitions && (unsigned)n < want; q++)
+    if (part < 0 || (int)q == part) n += umbp_ix_evict_part(p, t, q, want - (unsigned)n, UINT32_MAX);
+  umbp_reclaim(p);
+  return n;
+}
+
+/* ---- background evictor -------------------------------------------------------- */
+static void *evictor_main(void *arg) {
+  umbp_pool *p = arg;
+  struct umbp_index *ix = p->index;
+  while (!atomic_load_explicit(&ix->ev_stop, memory_order_acquire)) {
+    umbp_pool_heartbeat(p);
+    for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
+      uint64_t total = p->hdr->partitions[i].slot_count;
+      uint64_t low = total * ix->ev_low / 100, high = total * ix->ev_high / 100;
+      uint64_t free_n = umbp_ring_count(ix->rings[i]);
+      if (free_n < low) umbp_evict(p, (int)i, (unsigned)(high - free_n));
+    }
+    umbp_reclaim(p);
+    struct timespec ts = {ix->ev_period_ms / 1000, (long)(ix->ev_period_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  umbp_counters_flush(p);
+  return NULL;
+}
+
+UMBP_API int umbp_evictor_start(umbp_pool *p, unsigned low_pct, unsigned high_pct, unsigned period_ms) {
+  if (!p || !p->index) return -EINVAL;
+  struct umbp_index *ix = p->index;
+  if (ix->ev_running) return umbp_fail(-EBUSY, "this process already runs an evictor on pool '%s'", p->name);
+  if (!low_pct) low_pct = 5;
+  if (!high_pct) high_pct = 10;
+  if (low_pct >= high_pct || high_pct > 100)
+    return umbp_fail(-EINVAL, "watermarks %u%% / %u%% are invalid: need low < high <= 100", low_pct, high_pct);
+  ix->ev_low = low_pct;
+  ix->ev_high = high_pct;
+  ix->ev_period_ms = period_ms ? period_ms : 10;
+  atomic_store(&ix->ev_stop, false);
+  int rc = pthread_create(&ix->ev_thread, NULL, evictor_main, p);
+  if (rc) return umbp_fail(-rc, "cannot start the evictor thread: %s", strerror(rc));
+  ix->ev_running = true;
+  return 0;
+}
+
+UMBP_API void umbp_evictor_stop(umbp_pool *p) {
+  if (!p || !p->index || !p->index->ev_running) return;
+  atomic_store_explicit(&p->index->ev_stop, true, memory_order_release);
+  pthread_join(p->index->ev_thread, NULL);
+  p->index->ev_running = false;
+}

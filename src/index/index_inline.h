@@ -1,0 +1,408 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * index_inline.h — the index's hot-path helpers, static inline (internal).
+ *
+ * What every lookup, pin and count runs: the thread's slot and reader line
+ * (readers.c), read sections, the caller's key in the segment's layout, the
+ * bucket probe (table.c), the pin (pins.c) and counting on the thread
+ * (counters.c). They sit here, not behind calls into the file that owns
+ * their concern, because the single-key lookups are bound by a few dozen
+ * instructions and one call more shows in `umbp bench index`. Included by the
+ * index's own .c files only; its out-of-line slow paths are declared in
+ * index_internal.h.
+ */
+#ifndef UMBP_INDEX_INLINE_H
+#define UMBP_INDEX_INLINE_H
+
+#include <stddef.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "index/index_internal.h"
+#include "shm/ring_claim.h"
+
+/* ---- pins (pins.c) ------------------------------------------------------------ */
+/* Registry slot q's pin byte of slot s (struct umbp_index_hdr.pin_procs and
+ * umbp_pin_stride() in index_shm.h). */
+static inline _Atomic uint8_t *pin_at(_Atomic uint8_t *pins, uint64_t stride, unsigned q, uint32_t s) {
+  return pins + (uint64_t)q * stride + s;
+}
+
+/* ---- thread slots (readers.c) -------------------------------------------------- */
+/* This thread's slot for ix: reader line and ledger index. NULL: all 64 taken. */
+static inline struct tl_slot *thread_slot(struct umbp_index *ix) {
+  struct tl_slot *t = umbp_ix_tl_last;
+  if (UMBP_LIKELY(t && t->instance == ix->instance)) return t;
+  return umbp_ix_thread_slot_slow(ix);
+}
+
+/* Fetch a line for writing (x86 PREFETCHW, a NOP on CPUs without it;
+ * elsewhere the compiler's write prefetch). */
+static inline void prefetch_w(const void *a) {
+#if defined(__x86_64__)
+  __asm__ volatile("prefetchw %0" : : "m"(*(const char *)a));
+#else
+  __builtin_prefetch(a, 1);
+#endif
+}
+
+/* ---- read sections (readers.c) ----------------------------------------------- */
+static inline void rd_lock(struct umbp_index *ix, struct umbp_reader_shm *r) {
+  uint64_t e = atomic_load_explicit(&ix->ih->epoch, memory_order_acquire);
+  /* release: a reclaimer that reads this value (acquire) is ordered after this
+   * thread's previous read section (pairs with umbp_ix_readers_min_epoch()'s acquire loads) */
+  atomic_store_explicit(&r->ctr, e, memory_order_release);
+  if (ix->memb) atomic_signal_fence(memory_order_seq_cst); /* writers' membarrier is our fence */
+  else atomic_thread_fence(memory_order_seq_cst);
+}
+
+static inline void rd_unlock(struct umbp_reader_shm *r) {
+  /* pairs with the acquire load in umbp_ix_readers_min_epoch() */
+  atomic_store_explicit(&r->ctr, 0, memory_order_release);
+}
+
+/* ---- counting (counters.c) --------------------------------------------------- */
+/* Counting is on every lookup's path, so its common case is short: the
+ * thread's pending namespace is this one. ctr_ns holds a namespace id only
+ * where the process has a counter row (set by umbp_ix_count_ns_switch() alone). */
+static inline void count_ns(struct umbp_index *ix, struct tl_slot *t, uint32_t ns, int c, uint64_t n) {
+  if (UMBP_LIKELY(t->ctr_ns == ns)) {
+    t->pend_ns[c] += n;
+    if (UMBP_UNLIKELY(++t->pend_ops >= 64)) umbp_ix_flush_slot(ix, t);
+    return;
+  }
+  umbp_ix_count_ns_switch(ix, t, ns, c, n);
+}
+
+static inline void count_part(struct umbp_index *ix, struct tl_slot *t, int part, int c, uint64_t n) {
+  if (part < 0 || !ix->ctr) return;
+  if (t->ctr_part != part) {
+    umbp_ix_flush_slot(ix, t);
+    t->ctr_part = part;
+  }
+  t->pend_part[c] += n;
+}
+
+/* One single-key lookup, counted on the thread's reader line r, which the
+ * lookup has just written: one add, no other line written. pin: a
+ * umbp_lookup_pin(), whose hit also counts a pin and a hit of the slot's
+ * partition. Single hits are bound by how many lookups' cache misses the core
+ * keeps in flight: with the count in thread-local memory (one more line
+ * written a lookup) they ran at 0.71-0.95x rte_hash, this way at 0.81-1.02x
+ * (alternating A/B runs of both builds, 1M keys, ratios paired by repetition). */
+static inline void count_single(struct umbp_index *ix, struct tl_slot *t, struct umbp_reader_shm *r, uint32_t ns,
+                                bool hit, bool pin, int part) {
+  if (UMBP_LIKELY(t->ctr_ns == ns && (!pin || !hit || t->ctr_part == part))) {
+    uint64_t v = r->pend_lookups + (hit ? (1ull << 32) + 1 : 1);
+    r->pend_lookups = v;
+    if (pin) r->pend_pins += hit;
+    if (UMBP_UNLIKELY((uint32_t)v >= 64)) umbp_ix_flush_slot(ix, t);
+    return;
+  }
+  count_ns(ix, t, ns, hit ? UMBP_CTR_HITS : UMBP_CTR_MISSES, 1);
+  if (pin && hit) {
+    count_ns(ix, t, ns, UMBP_CTR_PINS, 1);
+    count_part(ix, t, part, UMBP_CTR_HITS, 1);
+  }
+}
+
+/* ---- keys (table.c) -------------------------------------------------------- */
+_Static_assert(offsetof(umbp_key, tp_rank) == 4 && offsetof(umbp_key, pcp_rank) == 6 &&
+                   offsetof(umbp_key, dcp_rank) == 8 && offsetof(umbp_key, pp_rank) == 10 &&
+                   offsetof(umbp_key, group) == 12 && offsetof(umbp_key, hash_len) == 14 &&
+                   offsetof(umbp_key, hash) == 15 && sizeof(umbp_key) >= 47,
+               "umbp_key layout");
+_Static_assert(offsetof(struct umbp_key_shm, tp) == 4 && offsetof(struct umbp_key_shm, pcp) == 6 &&
+                   offsetof(struct umbp_key_shm, dcp) == 8 && offsetof(struct umbp_key_shm, pp) == 10 &&
+                   offsetof(struct umbp_key_shm, group) == 12 && offsetof(struct umbp_key_shm, hash_len) == 14 &&
+                   offsetof(struct umbp_key_shm, hash) == 16,
+               "key words");
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "key words are little-endian");
+/* The caller's key in the segment's layout (six little-endian key words),
+ * written straight into the caller's copy, and its hash. umbp_key and struct
+ * umbp_key_shm agree on their first 15 bytes (namespace, ranks, group, hash
+ * length); the segment's has a zero pad byte where the caller's block hash
+ * starts. So the copy is one masked 16-byte store and the 32-byte block
+ * hash; what lies past hash_len is cleared. Stored as 16-byte vectors, the
+ * width key_eq() loads the copy with, so that store forwarding can serve
+ * those loads (a copy stored as 8-byte words measured lower single hits,
+ * 0.73-1.05x rte_hash against 0.88-1.16x, in runs whose code placement was
+ * not controlled). The hash reloads the words as 8-byte loads, which
+ * forwarding serves from the wider stores. Writing the copy directly, not
+ * through a second array: 12 instructions fewer a key (callgrind, batched
+ * misses: stage 1 76 -> 64 a key; umbp_contains hits 177.7 -> 167.7), and
+ * single hits at 0.99x median against 0.90x (eight alternating rounds). */
+static inline uint64_t ld64(const void *p, unsigned i) {
+  uint64_t v;
+  memcpy(&v, (const char *)p + 8 * i, 8);
+  return v;
+}
+
+static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t *h) {
+  if (UMBP_UNLIKELY(!k || k->hash_len - 1u >= UMBP_HASH_MAX)) {
+    memset(out, 0, sizeof *out);
+    *h = 0;
+    return umbp_ix_key_fail(k);
+  }
+  unsigned len = k->hash_len;
+  const unsigned char *b = (const unsigned char *)k;
+  unsigned char *o = (unsigned char *)out;
+#if defined(__SSE2__)
+  _mm_storeu_si128((__m128i *)(void *)o, _mm_and_si128(_mm_loadu_si128((const __m128i *)(const void *)b),
+                                                       _mm_set_epi64x(0x00ffffffffffffffll, -1)));
+#else
+  uint64_t w[2];
+  memcpy(w, b, 16);
+  w[1] &= 0x00ffffffffffffffull;
+  memcpy(o, w, 16);
+#endif
+  memcpy(o + 16, b + offsetof(umbp_key, hash), UMBP_HASH_MAX);
+  if (UMBP_UNLIKELY(len < UMBP_HASH_MAX)) memset(o + 16 + len, 0, UMBP_HASH_MAX - len);
+  *h = umbp_key_hash6(ld64(o, 0), ld64(o, 1), ld64(o, 2), ld64(o, 3), ld64(o, 4), ld64(o, 5));
+  return 0;
+}
+
+/* Word-wise, with one branch on the result instead of one per 16 bytes. With
+ * the table in L3 (--keys 262144) single hits went from 0.63-0.77x to
+ * 0.94-1.13x rte_hash against the memcmp() form (A/B of both builds). */
+static inline bool key_eq(const struct umbp_key_shm *a, const struct umbp_key_shm *b) {
+#if defined(__SSE2__)
+  /* Three 16-byte loads of each key, as GCC's vectorised loop of the scalar
+   * form below did, without the loop's counter and branch: umbp_contains
+   * hits 167.7 -> 151.7 instructions (callgrind); single hits 1.00x rte_hash
+   * median against 0.97x (eight alternating rounds, code placement equal). */
+  const __m128i *x = (const __m128i *)(const void *)a, *y = (const __m128i *)(const void *)b;
+  __m128i d = _mm_or_si128(_mm_or_si128(_mm_xor_si128(_mm_loadu_si128(x), _mm_loadu_si128(y)),
+                                        _mm_xor_si128(_mm_loadu_si128(x + 1), _mm_loadu_si128(y + 1))),
+                           _mm_xor_si128(_mm_loadu_si128(x + 2), _mm_loadu_si128(y + 2)));
+  return _mm_movemask_epi8(_mm_cmpeq_epi8(d, _mm_setzero_si128())) == 0xffff;
+#else
+  uint64_t d = 0;
+  for (unsigned i = 0; i < 6; i++) d |= ld64(a, i) ^ ld64(b, i);
+  return d == 0;
+#endif
+}
+
+/* ---- slots and their partitions (index.c) --------------------------------------- */
+static inline int slot_part(const umbp_pool *p, uint32_t slot) {
+  const struct umbp_shm_header *h = p->hdr;
+  for (unsigned i = 0; i < h->n_partitions; i++)
+    if (slot - h->partitions[i].first_slot < h->partitions[i].slot_count) return (int)i;
+  return -1;
+}
+
+/* The free-slot ring of partition part (one address computation, inlined
+ * wherever it is used). */
+static inline void *part_ring(umbp_pool *p, unsigned part) {
+  return (char *)p->base + p->hdr->partitions[part].ring_offset;
+}
+
+/* ---- probing (table.c) ---------------------------------------------------------- */
+/* Find the slot holding key k (hash h). Caller is inside a read section.
+ * Returns the slot or UMBP_NO_SLOT; *ret_st gets the state word seen. */
+#if defined(__SANITIZE_THREAD__)
+#define UMBP_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UMBP_TSAN 1
+#endif
+#endif
+
+#if defined(__x86_64__) && defined(__SSE2__) && !defined(UMBP_TSAN)
+#include <emmintrin.h>
+/* The ways of bucket b whose signature is sig, as a bit mask. SSE2: the
+ * twelve 8-bit signatures (bytes 0..11 of the line) in one vector compare.
+ * The signatures are a hint only — each candidate's slot word is loaded with
+ * acquire order before it is followed (bucket_slot()) and its key compared —
+ * so a way changing underneath costs a wasted look, never a wrong answer.
+ * (Under TSan the scalar loop below is used: it does not model this.) */
+/* *ovf: the bucket's overflow word, taken from the same 16-byte load (bytes
+ * 14..15) rather than loaded again: a lookup that misses loads its bucket
+ * line once, and how many loads wait on a missing line sets how many
+ * lookups' misses the core keeps in flight. The compiler barrier gives the
+ * word acquire order for what the probe reads next (x86 keeps loads in
+ * order). */
+_Static_assert(offsetof(struct umbp_bucket, overflow) == 14, "overflow is word 7 of the bucket's first 16 bytes");
+static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned *ovf) {
+  __m128i l0 = _mm_load_si128((const __m128i *)(const void *)b);
+  unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(l0, _mm_set1_epi8((char)sig)));
+  *ovf = (unsigned)_mm_extract_epi16(l0, 7);
+  atomic_signal_fence(memory_order_acquire);
+  return m & ((1u << UMBP_BUCKET_WAYS) - 1);
+}
+
+/* The ways of bucket b whose whole 16-bit signature is sig: bucket_match()'s
+ * hint mask ANDed with a compare of the twelve slot words' top bytes (three
+ * 16-byte loads of the same line, after the hint load: x86 keeps loads in
+ * order, and an inserter stores the slot word before the hint, so a hint seen
+ * set brings its slot word). A different key's low byte matches one of ~7
+ * ways (load factor 0.9) 1 time in 36; its whole signature, 1 in 9000. The
+ * single-key probe branches on this mask with its bucket line still in
+ * flight, so a chance hint match there is a mispredicted branch that waits
+ * for memory. 16 instructions a call more (umbp_contains misses 126.5 ->
+ * 142.7, callgrind), and over 7-11 alternating rounds of both builds single
+ * hits went 0.85-0.93x -> 0.89-0.98x rte_hash and single misses at load
+ * factor 0.9 (one process) 1.00x -> 1.07x (docs/bench-index.md). The batched
+ * probe, whose lines were prefetched, keeps the hint mask alone: there the
+ * same filter measured batched misses lower (1.14x -> 1.03x, three rounds). */
+static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
+  unsigned m = bucket_match(b, (uint8_t)sig, ovf);
+  const __m128i *sw = (const __m128i *)(const void *)b->slot;
+  __m128i hv = _mm_set1_epi8((char)(sig >> 8));
+  __m128i e0 = _mm_cmpeq_epi8(_mm_load_si128(sw), hv);
+  __m128i e1 = _mm_cmpeq_epi8(_mm_load_si128(sw + 1), hv);
+  __m128i e2 = _mm_cmpeq_epi8(_mm_load_si128(sw + 2), hv);
+  /* A slot word's byte compares read as a signed 32-bit lane are negative
+   * iff its top byte matched; the signed saturating packs keep each lane's
+   * sign, so the twelve ways' results land, in way order, in the sign bits
+   * of bytes 0..11. */
+  return m & (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_packs_epi32(e0, e1), _mm_packs_epi32(e2, e2)));
+}
+#else
+static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned *ovf) {
+  unsigned mask = 0;
+  for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++)
+    mask |= (unsigned)(atomic_load_explicit(&b->sig[w], memory_order_relaxed) == sig) << w;
+  *ovf = atomic_load_explicit(&b->overflow, memory_order_acquire);
+  return mask;
+}
+/* the high signature bytes are checked by match_ways() (way_x()) */
+static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
+  return bucket_match(b, (uint8_t)sig, ovf);
+}
+#endif
+
+/* Slot word of way w (sig_hi << 24 | slot + 1, 0 empty), loaded with acquire order: pairs
+ * with the release CAS in publish(), so the key and block bytes it leads to
+ * are visible. */
+static inline uint32_t bucket_slot(struct umbp_bucket *b, unsigned w) {
+  return atomic_load_explicit(&b->slot[w], memory_order_acquire);
+}
+
+/* A way's slot word with the high signature byte of the key looked up
+ * XORed out of its top byte: slot + 1 when the high bytes agree, else at
+ * least 2^24, so that one range check of x - 1 against the slot count
+ * (below UMBP_MAX_SLOTS + 1) refuses an empty way (x - 1 = UINT32_MAX), a way
+ * of another signature and a garbage word alike, and a hint that matched by
+ * chance costs no metadata read. */
+static inline uint32_t way_x(uint32_t v, uint16_t sig) { return v ^ (uint32_t)(sig >> 8) << 24; }
+
+/* The slot of way word x (way_x()) if it holds key k published, else
+ * UMBP_NO_SLOT. */
+static inline uint32_t way_check(struct umbp_index *ix, uint32_t x, const struct umbp_key_shm *k, uint64_t *ret_st) {
+  uint32_t s = x - 1;
+  if (UMBP_UNLIKELY(s >= ix->slot_count)) return UMBP_NO_SLOT; /* empty, or garbage from a buggy writer */
+  struct umbp_slot_meta *m = &ix->meta[s];
+  if (!key_eq(&m->key, k)) return UMBP_NO_SLOT;
+  uint64_t st = atomic_load_explicit(&m->state, memory_order_acquire);
+  if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) return UMBP_NO_SLOT;
+  *ret_st = st;
+  return s;
+}
+
+/* The way of bucket b, among those whose hints matched (mask), that holds k
+ * (signature sig): a way whose slot word carries another high signature byte
+ * is passed over without reading its metadata. pin: the caller will pin a
+ * hit, so start fetching the candidate's pin line (for writing) while its
+ * key line is still on its way. */
+static inline __attribute__((always_inline)) uint32_t match_ways(struct umbp_index *ix, struct umbp_bucket *b,
+                                                                 unsigned mask, uint16_t sig,
+                                                                 const struct umbp_key_shm *k, uint64_t *ret_st,
+                                                                 bool pin) {
+  while (mask) {
+    unsigned w = (unsigned)__builtin_ctz(mask);
+    mask &= mask - 1;
+    uint32_t x = way_x(bucket_slot(b, w), sig);
+    if (pin && x - 1 < ix->slot_count) prefetch_w((const void *)pin_at(ix->pins, ix->pin_stride, ix->p->proc_slot, x - 1));
+    uint32_t s = way_check(ix, x, k, ret_st);
+    if (s != UMBP_NO_SLOT) return s;
+  }
+  return UMBP_NO_SLOT;
+}
+
+/* Find k: the home bucket's ways, then, only if keys homed there overflowed,
+ * the buckets after it. A miss in a home that never overflowed (the common
+ * case) ends after one bucket line and one branch on its overflow word.
+ * Always inlined (as probe() is): the single-key calls are the hot path. */
+static inline __attribute__((always_inline)) uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm *k,
+                                                              uint64_t h, uint64_t *ret_st, bool pin) {
+  uint32_t home = umbp_bucket_home(h, ix->nb);
+  uint16_t sig = umbp_key_sig(h);
+  struct umbp_bucket *b = &ix->buckets[home];
+  unsigned ovf;
+  uint32_t s = match_ways(ix, b, bucket_match16(b, sig, &ovf), sig, k, ret_st, pin);
+  if (s != UMBP_NO_SLOT || UMBP_LIKELY(ovf == 0)) return s;
+  return umbp_ix_probe_far(ix, k, home, sig, ovf, ret_st, pin);
+}
+
+static inline __attribute__((always_inline)) uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st) {
+  return probe_x(ix, k, h, ret_st, false);
+}
+
+static inline struct umbp_reader_shm *reader_of(struct umbp_index *ix, struct tl_slot *t) {
+  return &ix->readers[t->tid];
+}
+
+/* The caller's index and thread slot. Inlined, its messages out of line
+ * (umbp_ix_fail(), index.c): a umbp_lookup_pin() that misses went from 185 to
+ * 160 instructions (callgrind; umbp_contains() 149, rte_hash_lookup() 212). */
+static inline __attribute__((always_inline)) int ix_get(umbp_pool *p, struct umbp_index **ix, struct tl_slot **t) {
+  *ix = NULL;
+  *t = NULL;
+  if (UMBP_UNLIKELY(!p || !p->index)) return umbp_ix_fail(p);
+  *ix = p->index;
+  *t = thread_slot(p->index);
+  return UMBP_LIKELY(*t != NULL) ? 0 : -EUSERS;
+}
+
+/* ---- pinning (pins.c) ----------------------------------------------------------- */
+static inline int pin_slot(struct umbp_index *ix, uint32_t s, uint64_t st) {
+  if (UMBP_UNLIKELY(!atomic_load_explicit(&ix->pin_bit, memory_order_relaxed))) umbp_ix_pin_bit_set(ix);
+  _Atomic uint8_t *pb = pin_at(ix->pins, ix->pin_stride, ix->p->proc_slot, s);
+  uint8_t old = atomic_fetch_add_explicit(pb, 1, memory_order_seq_cst);
+  if (UMBP_UNLIKELY(old == 255)) {
+    atomic_fetch_sub_explicit(pb, 1, memory_order_seq_cst);
+    return -EOVERFLOW;
+  }
+  /* Dekker with try_remove() (evict.c): pin store, then state load (both seq_cst) */
+  if (atomic_load_explicit(&ix->meta[s].state, memory_order_seq_cst) != st) {
+    atomic_fetch_sub_explicit(pb, 1, memory_order_release);
+    return -ENOENT;
+  }
+  if (!atomic_load_explicit(&ix->meta[s].ref, memory_order_relaxed))
+    atomic_store_explicit(&ix->meta[s].ref, 1, memory_order_relaxed);
+  return 0;
+}
+
+/* ---- grace periods (readers.c) ---------------------------------------------------- */
+/* Retired at epoch r (low 32 bits) before the oldest reader epoch min? The
+ * window between the two is far below 2^31 reclaims, so the wrapping
+ * difference decides. */
+static inline bool epoch_before(uint32_t r, uint64_t min) {
+  if (min == UINT64_MAX) return true;
+  return (int32_t)(r - (uint32_t)min) < 0;
+}
+
+/* Retired slots that make a remover start a grace period (one membarrier,
+ * an IPI to every CPU running a pool process, which costs tens to hundreds of
+ * microseconds in a virtual machine): 1/64 of the pool, 8..4096. At most
+ * 1/64 of the slots wait for a grace period, and a reserve that finds no free
+ * slot reclaims at once. */
+static inline size_t reclaim_batch(const struct umbp_index *ix) {
+  size_t b = ix->slot_count / 64;
+  return b < 8 ? 8 : b > 4096 ? 4096 : b;
+}
+
+/* Retired slots on this process's limbo list, without taking its mutex (a
+ * remove asks after every call; with umbp_ix_limbo_push()'s, the two mutex
+ * pairs were 4.4-8.8% of a churn writer's time in perf). */
+static inline size_t limbo_count(struct umbp_index *ix) {
+  return atomic_load_explicit(&ix->limbo_n, memory_order_relaxed);
+}
+
+/* ---- owner-id locks (lock.c): release is one store -------------------------------- */
+static inline void spin_unlock(_Atomic uint32_t *lock) { atomic_store_explicit(lock, 0, memory_order_release); }
+static inline void bucket_unlock(_Atomic uint16_t *lock) { atomic_store_explicit(lock, 0, memory_order_release); }
+
+#endif

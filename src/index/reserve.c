@@ -1,0 +1,266 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * reserve.c — the free-slot rings and a block's way into the index:
+ * umbp_reserve(), umbp_publish(), umbp_abort(), and giving a slot back to its
+ * ring.
+ *
+ * Design note.
+ *
+ * Free slots travel on one MPMC ring per partition (shm/ring.h). A consumer
+ * takes a slot id with a two-phase dequeue and moves the slot FREE ->
+ * RESERVED(X) before completing the dequeue; a producer records the slot in
+ * its thread's ledger (proc_slot.inflight_slot) before it frees it. The
+ * reaper of X therefore finds every slot X held in a half-finished ring
+ * operation: in a claimed cell, or in the ledger (see umbp_index_reap_proc()
+ * in reap.c).
+ */
+#include "index/index_inline.h"
+
+#include <time.h>
+
+/* The last free ring this process found stuck full (process-local). */
+static void *_Atomic damaged_ring;
+
+/* Put slot s (state `w`, owned by us in RESERVED or RETIRED) back on its free
+ * queue. The thread's ledger names s while it travels (see
+ * umbp_index_reap_proc()). */
+void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
+                       uint16_t as_owner) {
+  struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
+  int part = slot_part(p, s);
+  if (part < 0) return;
+  atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_seq_cst);
+  uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
+  atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
+  union ring_elem v = {.v = s};
+  void *ring = part_ring(p, (unsigned)part);
+  /* The ring has a cell per slot, so it is never full of slots; but a process
+   * killed while it held a cell claimed blocks producers once they lap round
+   * to that cell, until it is reaped. Reap it ourselves rather than wait. */
+  uint64_t give_up = 0;
+  for (unsigned spins = 0; umbp_ring_enqueue(ring, &v, as_owner) != 0; spins++) {
+    umbp_cpu_relax();
+    if ((spins & 1023) != 1023) continue;
+    /* bounded: a ring that stays full for a second is not blocked by a dead
+     * process but damaged (cells overwritten by a buggy or hostile writer);
+     * give the slot up rather than hang: `umbp inspect --check` reports it */
+    uint64_t now = umbp_now_ns();
+    if (!give_up) give_up = now + (atomic_load_explicit(&damaged_ring, memory_order_relaxed) == ring ? 0 : 1000000000ull);
+    else if (now > give_up) {
+      atomic_store_explicit(&damaged_ring, ring, memory_order_relaxed); /* later frees give up at once */
+      umbp_log(UMBP_LOG_ERROR, "pool %s: the free queue of partition %d stays full; slot %u is left out of it "
+                               "(run 'umbp inspect %s --check')",
+               p->name, part, s, p->name);
+      break;
+    }
+    struct umbp_ring_hdr *rh = ring;
+    uint64_t pos = atomic_load_explicit(&rh->enq_pos, memory_order_relaxed);
+    uint64_t cw = atomic_load_explicit(&umbp_ring__cell(rh, pos)->word, memory_order_relaxed);
+    uint16_t o = umbp_ring__wowner(cw);
+    if (o && o != as_owner && o <= UMBP_MAX_PROCS && !umbp_registry_alive(p, (unsigned)(o - 1)))
+      umbp_registry_reap_slot(p, (unsigned)(o - 1));
+    if (spins > 100000) {
+      struct timespec ts = {0, 100000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
+}
+
+/* ---- reserve / publish / abort ------------------------------------------------ */
+static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint32_t *ret) {
+  void *ring = ix->rings[part];
+  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  for (;;) {
+    union ring_elem e;
+    struct umbp_ring_claim c;
+    if (umbp_ring_dequeue_begin(ring, &e, p->owner_id, &c) != 0) return -ENOSPC;
+    uint64_t v = e.v;
+    uint32_t s = (uint32_t)v;
+    bool ok = false;
+    if (v < ix->slot_count && s - d->first_slot < d->slot_count) {
+      struct umbp_slot_meta *m = &ix->meta[s];
+      uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
+      /* FREE -> RESERVED(us) before the dequeue completes: a reaper of ours finds
+       * the slot either in our claimed cell or RESERVED under our id */
+      if (ST_STATE(w) == UMBP_SLOT_FREE &&
+          atomic_compare_exchange_strong_explicit(&m->state, &w, ST_NEXT(w, UMBP_SLOT_RESERVED, p->owner_id),
+                                                  memory_order_acq_rel, memory_order_relaxed))
+        ok = true;
+    }
+    umbp_ring_dequeue_commit(ring, &c);
+    if (ok) {
+      *ret = s;
+      return 0;
+    }
+    umbp_log(UMBP_LOG_WARN, "pool %s: dropped bad free-queue entry %llu on partition %u", p->name,
+             (unsigned long long)v, part);
+  }
+}
+
+static int pick_part(umbp_pool *p, int part) {
+  if (part >= 0) return part;
+  unsigned best = 0;
+  uint64_t bestn = 0;
+  for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
+    uint64_t n = umbp_ring_count(p->index->rings[i]);
+    if (n > bestn) {
+      bestn = n;
+      best = i;
+    }
+  }
+  return (int)best;
+}
+
+UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, uint32_t *ret_slots) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  if (n && !ret_slots) return -EINVAL;
+  if (part >= (int)p->hdr->n_partitions || part < -1)
+    return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u)", part, p->hdr->n_partitions);
+  if (ns >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", ns);
+  unsigned got = 0;
+  int q = pick_part(p, part);
+  for (unsigned attempt = 0; got < n && attempt < 8; attempt++) {
+    if (umbp_ix_ns_over_quota(ix, ns)) {
+      umbp_ix_evict_part(p, t, (unsigned)q, n - got, ns);
+      umbp_ix_reclaim_wait(p, 2000000);
+    }
+    while (got < n && reserve_one(p, ix, (unsigned)q, &ret_slots[got]) == 0) got++;
+    if (got == n) break;
+    /* retired slots first (they only wait for readers to move on), then
+     * on-demand eviction, bounded: a batch, then a short wait for readers */
+    if (umbp_ix_reclaim_wait(p, 2000000) > 0) continue;
+    unsigned want = n - got < 32 ? 32 : n - got;
+    int ev = umbp_ix_evict_part(p, t, (unsigned)q, want, UINT32_MAX);
+    umbp_ix_reclaim_wait(p, 2000000);
+    if (ev <= 0 && attempt >= 2) {
+      if (umbp_pool_reap(p) <= 0 && part < 0 && p->hdr->n_partitions > 1) q = (q + 1) % (int)p->hdr->n_partitions;
+      else if (attempt >= 4) break;
+    }
+  }
+  if (got == 0 && n)
+    return umbp_fail(-ENOSPC, "no free slot on partition %d of pool '%s' and nothing could be evicted "
+                              "(every block is pinned or reserved): unpin blocks or enlarge the pool",
+                     q, p->name);
+  return (int)got;
+}
+
+UMBP_API int umbp_reserve(umbp_pool *p, int part, uint32_t ns, uint32_t *ret_slot) {
+  uint32_t s;
+  int rc = umbp_reserve_bulk(p, part, ns, 1, &s);
+  if (rc < 0) return rc;
+  *ret_slot = s;
+  return 0;
+}
+
+static int check_reserved(umbp_pool *p, uint32_t slot, uint64_t *ret_w) {
+  if (slot >= p->hdr->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
+  uint64_t w = atomic_load_explicit(&p->index->meta[slot].state, memory_order_acquire);
+  if (ST_STATE(w) != UMBP_SLOT_RESERVED || ST_OWNER(w) != p->owner_id)
+    return umbp_fail(-EINVAL, "slot %u is not reserved by this process", slot);
+  *ret_w = w;
+  return 0;
+}
+
+UMBP_API int umbp_abort(umbp_pool *p, uint32_t slot) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  uint64_t w;
+  if ((rc = check_reserved(p, slot, &w))) return rc;
+  umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
+  return 0;
+}
+
+UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  struct umbp_key_shm k;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  uint64_t h;
+  if ((rc = key_load(key, &k, &h))) return rc;
+  /* the home bucket is locked and written below: start its miss now */
+  prefetch_w(&ix->buckets[umbp_bucket_home(h, ix->nb)]);
+  uint64_t w;
+  if ((rc = check_reserved(p, slot, &w))) return rc;
+  if (k.ns >= UMBP_MAX_NAMESPACES || atomic_load_explicit(&ix->ns[k.ns].state, memory_order_acquire) != 1)
+    return umbp_fail(-EINVAL, "namespace %u is not registered: register it with umbp_ns_register()", k.ns);
+  struct umbp_slot_meta *m = &ix->meta[slot];
+  m->key = k; /* made visible by the release CAS of the way below */
+  atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
+  uint32_t home = umbp_bucket_home(h, ix->nb);
+  struct umbp_bucket *hb = &ix->buckets[home];
+  umbp_ix_bucket_lock(p, &hb->lock);
+  /* first writer wins: look for the key under the home lock */
+  uint64_t st;
+  struct umbp_reader_shm *r = reader_of(ix, t);
+  rd_lock(ix, r);
+  uint32_t other = probe(ix, &k, h, &st);
+  rd_unlock(r);
+  if (other != UMBP_NO_SLOT) {
+    bucket_unlock(&hb->lock);
+    umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
+    count_ns(ix, t, k.ns, UMBP_CTR_DUPLICATES, 1);
+    return -EEXIST;
+  }
+  uint16_t sig = umbp_key_sig(h);
+  bool placed = false;
+  for (unsigned d = 0; d < UMBP_MAX_PROBE && !placed; d++) {
+    struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
+    for (unsigned i = 0; i < UMBP_BUCKET_WAYS; i++) {
+      if (atomic_load_explicit(&b->slot[i], memory_order_relaxed)) continue;
+      /* overflow first (release), so a reader that finds the home bucket without
+       * the key still looks further (pairs with probe()'s acquire load) */
+      if (d) umbp_ovf_add(&hb->overflow, d);
+      uint32_t z = 0;
+      /* The slot word decides who owns an empty way: inserters of other homes
+       * (holding other locks) may race for it here. release: the key and block
+       * bytes written before are visible to a reader that loads this word
+       * (pairs with bucket_slot()'s acquire load); acquire: our signature store
+       * comes after the last remover's clearing one (see umbp_ix_unlink_way()). */
+      if (atomic_compare_exchange_strong_explicit(&b->slot[i], &z, umbp_way_word(sig, slot), memory_order_acq_rel,
+                                                  memory_order_relaxed)) {
+        /* the hint that makes lookups look at this way; release pairs with
+         * nothing in particular: readers take it as a hint only */
+        atomic_store_explicit(&b->sig[i], (uint8_t)sig, memory_order_release);
+        /* counted while still RESERVED (a reaper of ours takes it back out) */
+        umbp_ix_ns_count_set(p, ix->ns, ix->meta, ix->slot_count, k.ns, slot, 1);
+        /* PUBLISHED only once linked and signed: an evictor never sees a
+         * published slot without its way; a reader that finds the way before
+         * this store sees RESERVED and misses; one that sees PUBLISHED (acquire)
+         * also sees the signature (pairs with probe()'s acquire load of state) */
+        atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_PUBLISHED, 0), memory_order_release);
+        placed = true;
+        break;
+      }
+      if (d) umbp_ovf_sub(&hb->overflow);
+    }
+  }
+  bucket_unlock(&hb->lock);
+  if (!placed) {
+    umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
+    return umbp_fail(-ENOSPC, "index neighbourhood of this key is full (%d buckets): the pool's index is "
+                              "overloaded",
+                     UMBP_MAX_PROBE);
+  }
+  count_ns(ix, t, k.ns, UMBP_CTR_INSERTS, 1);
+  count_part(ix, t, slot_part(p, slot), UMBP_CTR_INSERTS, 1);
+  if (atomic_load_explicit(&ix->ev_stored, memory_order_relaxed)) umbp_ix_emit(ix, UMBP_EV_STORED, &k);
+  return 0;
+}
+
+UMBP_API int umbp_publish_bulk(umbp_pool *p, unsigned n, const uint32_t *slots, const umbp_key *keys, int *rc) {
+  if (!p || (n && (!slots || !keys))) return -EINVAL;
+  int ok = 0;
+  for (unsigned i = 0; i < n; i++) {
+    int r = umbp_publish(p, slots[i], &keys[i]);
+    if (rc) rc[i] = r;
+    ok += r == 0;
+  }
+  return ok;
+}

@@ -1,0 +1,360 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * table.c — the bucket table: where a key's entry lives and how lookups find
+ * it (umbp_lookup_pin, umbp_contains, umbp_prefix_probe and their bulk forms),
+ * and how a way is unlinked or its hint restored. The probe itself and the
+ * key helpers, on every lookup's path, are static inline in index_inline.h.
+ *
+ * Design note.
+ *
+ * Table. An array of 64-byte buckets, sized at creation so that a full pool
+ * fills 66.7% of the ways (n/8 buckets for n slots, any count, not a power of
+ * two: a key's home is a multiply-shift of its hash, umbp_bucket_home()). A
+ * bucket holds 12 ways. A key's signature is the top 16 bits of its hash,
+ * split in two: the low byte (never 0) is the way's hint in an array of
+ * twelve bytes that one SSE2 compare tests at once, and the high byte rides
+ * in the way's 32-bit slot word (sig_hi << 24 | slot + 1; 0 = empty), which
+ * a lookup loads before it follows the way, so a way whose hint matches by
+ * chance is passed over without a metadata read unless its high byte
+ * matches too; the single-key probe compares the high bytes of all twelve
+ * slot words at once as well (bucket_match16()), so that it does not branch
+ * on a chance hint match while its bucket line is still in flight. The
+ * hints sit beside a 16-bit lock word used only by inserters and an
+ * overflow word: how many keys whose home is this bucket live in one of the
+ * next UMBP_MAX_PROBE-1 buckets, and how far on the furthest of them is (a
+ * miss looks no further). A key's full bytes live in
+ * its slot's metadata (struct umbp_slot_meta), so there is one entry per
+ * slot and the slot id is the entry id (DPDK's rte_hash keeps signatures in
+ * buckets and keys in a flat store the same way). For 1M slots the bucket
+ * array is 8 MiB, as rte_hash's is for 1M entries. Lines touched: a miss
+ * reads its home bucket (one line; more only when the home overflowed); a
+ * hit reads the bucket, the slot's metadata line and, to pin, a line of this
+ * process's pin array.
+ *
+ * Readers never wait and write nothing shared. The slot word is the
+ * authority, the signature only a hint: a lookup compares hints, then loads
+ * the slot word of each matching way with acquire order (pairing with the
+ * inserter's acq_rel CAS of that word, so the key bytes it compares and the
+ * block bytes it will read are those the publisher wrote) and compares the
+ * full key. An inserter CASes the slot word 0 -> sig_hi << 24 | slot+1 and
+ * then stores the hint; a remover clears the hint and then CASes the slot word to 0. A
+ * reader that sees a stale hint either finds an empty slot word, a slot word
+ * whose key differs (a full compare rejects it), or misses a key whose hint
+ * is not yet stored, which is a lookup ordered before the publish. The hint
+ * and the slot word are never read as one value, so no torn pair can be
+ * acted on. The single-key probe's compare of the slot words' high bytes is
+ * a filter only: a way it keeps is loaded again with acquire order and
+ * checked as above, and a way it drops because the word it read is not the
+ * one the hint it saw belongs to is a lookup ordered before that word's
+ * publish or after its remove (keys never move between ways, so a key that
+ * is present throughout the lookup is never dropped). The only store of a
+ * lookup is its own thread's reader-state line.
+ */
+#include "index/index_inline.h"
+
+/* The error of a NULL or invalid key (key_load(), index_inline.h): out of
+ * line and cold, so that the inlined key copy stays short. */
+__attribute__((noinline, cold)) int umbp_ix_key_fail(const umbp_key *k) {
+  if (!k) return umbp_fail(-EINVAL, "key is NULL");
+  return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_HASH_MAX);
+}
+
+/* The buckets after home that keys homed there may live in: up to the reach
+ * its overflow word ovf gives. Out of line: 3.1% of homes overflow at load
+ * factor 0.9 (1M keys), 0.02% at 0.5. */
+__attribute__((noinline)) uint32_t umbp_ix_probe_far(struct umbp_index *ix, const struct umbp_key_shm *k,
+                                                     uint32_t home, uint16_t sig, unsigned ovf, uint64_t *ret_st,
+                                                     bool pin) {
+  unsigned reach = UMBP_OVF_REACH(ovf);
+  if (reach >= UMBP_MAX_PROBE) reach = UMBP_MAX_PROBE - 1;
+  for (unsigned d = 1; d <= reach; d++) {
+    struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
+    unsigned o;
+    uint32_t s = match_ways(ix, b, bucket_match16(b, sig, &o), sig, k, ret_st, pin);
+    if (s != UMBP_NO_SLOT) return s;
+  }
+  return UMBP_NO_SLOT;
+}
+
+/* Read-only handles have no reader line: their lookups are for inspection
+ * only, bounds-checked, and may see a slot in mid-reuse (never crash). */
+static struct umbp_reader_shm ro_reader;
+
+UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_slot) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  struct umbp_key_shm k;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  uint64_t h, st = 0;
+  if ((rc = key_load(key, &k, &h))) return rc;
+  if (!ret_slot) return -EINVAL;
+  struct umbp_reader_shm *r = reader_of(ix, t);
+  rd_lock(ix, r);
+  uint32_t s = probe_x(ix, &k, h, &st, true);
+  if (s != UMBP_NO_SLOT) rc = pin_slot(ix, s, st);
+  else rc = -ENOENT;
+  rd_unlock(r);
+  count_single(ix, t, r, k.ns, rc == 0, true, rc == 0 ? slot_part(p, s) : -1);
+  if (rc == 0) *ret_slot = s;
+  return rc;
+}
+
+/* Count the hits and misses of n probed keys: one update per namespace run
+ * (a batch's keys normally share one namespace). pins: also count each hit
+ * as a pin held. */
+static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const struct umbp_key_shm *k,
+                                 const uint32_t *s, unsigned n, bool pins) {
+  unsigned i = 0;
+  while (i < n) {
+    uint32_t ns = k[i].ns;
+    unsigned hits = 0, j = i;
+    for (; j < n && k[j].ns == ns; j++) hits += s[j] != UMBP_NO_SLOT;
+    if (hits) count_ns(ix, t, ns, UMBP_CTR_HITS, hits);
+    if (hits && pins) count_ns(ix, t, ns, UMBP_CTR_PINS, hits);
+    if (j - i - hits) count_ns(ix, t, ns, UMBP_CTR_MISSES, j - i - hits);
+    i = j;
+  }
+}
+
+#define BULK_CHUNK 32
+/* a bulk candidate that needs the full probe (slot counts are below 2^24) */
+#define UMBP_SLOW (UINT32_MAX - 1)
+
+/* Bulk lookups in stages so that the cache misses of up to 32 keys overlap.
+ * Stage 1 (bulk_prep, before the read section: it reads only the caller's
+ * keys): convert each key, hash it, prefetch its home bucket. *one_ns:
+ * whether all n keys share one namespace (counted with one update per
+ * counter, count_bulk()). */
+static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, struct umbp_key_shm *k, uint64_t *h,
+                     bool *one_ns) {
+  uint32_t nsd = 0;
+  for (unsigned i = 0; i < n; i++) {
+    int rc = key_load(&keys[i], &k[i], &h[i]);
+    if (UMBP_UNLIKELY(rc)) return rc;
+    __builtin_prefetch(&ix->buckets[umbp_bucket_home(h[i], ix->nb)]);
+    nsd |= k[i].ns ^ k[0].ns;
+  }
+  *one_ns = nsd == 0;
+  return 0;
+}
+
+/* Stages 2 and 3, inside the read section: match each home bucket's hints
+ * (prefetching the first candidate's metadata, and its pin line to pin), then
+ * compare keys; anything else (a second candidate, an overflowed home) takes
+ * the single-key probe. Results: slots[], and sts[] (state words, to pin)
+ * or present[] (0/1) where given; returns the hits. Inlined into each caller
+ * with pin constant: a miss then costs its stage 3 a load, a compare and its
+ * stores. */
+static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_index *ix, unsigned n,
+                                                                 const struct umbp_key_shm *k, const uint64_t *h,
+                                                                 uint32_t *slots, uint64_t *sts, uint8_t *present,
+                                                                 bool pin) {
+  uint32_t cand[BULK_CHUNK];
+  unsigned hits = 0;
+  for (unsigned i = 0; i < n; i++) {
+    struct umbp_bucket *b = &ix->buckets[umbp_bucket_home(h[i], ix->nb)];
+    unsigned ovf;
+    uint16_t sig = umbp_key_sig(h[i]);
+    unsigned mask = bucket_match(b, (uint8_t)sig, &ovf);
+    uint32_t s = UMBP_NO_SLOT;
+    if (mask) {
+      s = way_x(bucket_slot(b, (unsigned)__builtin_ctz(mask)), sig) - 1;
+      if (s < ix->slot_count) {
+        __builtin_prefetch(&ix->meta[s]);
+        if (pin) prefetch_w((const void *)pin_at(ix->pins, ix->pin_stride, ix->p->proc_slot, s));
+      } else {
+        /* the hint matched by chance (or the way emptied since): a miss
+         * unless other ways or later buckets may hold the key */
+        s = (mask & (mask - 1)) || ovf ? UMBP_SLOW : UMBP_NO_SLOT;
+      }
+    } else if (ovf != 0) {
+      s = UMBP_SLOW; /* keys homed here live further on */
+    }
+    cand[i] = s;
+  }
+  for (unsigned i = 0; i < n; i++) {
+    uint32_t s = cand[i];
+    uint64_t st = 0;
+    if (s == UMBP_NO_SLOT) {
+      /* no hint in the home bucket and nothing homed there overflowed: a miss */
+    } else if (s != UMBP_SLOW && key_eq(&ix->meta[s].key, &k[i])) {
+      st = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
+      if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) s = UMBP_NO_SLOT;
+    } else {
+      s = probe(ix, &k[i], h[i], &st); /* other ways, overflow buckets */
+    }
+    slots[i] = s;
+    if (pin) sts[i] = st;
+    if (present) present[i] = s != UMBP_NO_SLOT;
+    hits += s != UMBP_NO_SLOT;
+  }
+  return hits;
+}
+
+/* Count n probed keys, `hits` of them hits: one update per counter when
+ * they share one namespace (one_ns), else count_lookups(). */
+static inline void count_bulk(struct umbp_index *ix, struct tl_slot *t, const struct umbp_key_shm *k,
+                              const uint32_t *s, unsigned n, unsigned hits, bool one_ns, bool pins) {
+  if (!UMBP_LIKELY(one_ns)) {
+    count_lookups(ix, t, k, s, n, pins);
+    return;
+  }
+  if (hits) count_ns(ix, t, k[0].ns, UMBP_CTR_HITS, hits);
+  if (hits && pins) count_ns(ix, t, k[0].ns, UMBP_CTR_PINS, hits);
+  if (n - hits) count_ns(ix, t, k[0].ns, UMBP_CTR_MISSES, n - hits);
+}
+
+UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys, uint32_t *ret_slots) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  if (n && (!keys || !ret_slots)) return -EINVAL;
+  struct umbp_reader_shm *r = reader_of(ix, t);
+  int hits = 0;
+  for (unsigned off = 0; off < n; off += BULK_CHUNK) {
+    unsigned c = n - off < BULK_CHUNK ? n - off : BULK_CHUNK;
+    struct umbp_key_shm k[BULK_CHUNK];
+    uint32_t s[BULK_CHUNK];
+    uint64_t st[BULK_CHUNK], h[BULK_CHUNK];
+    bool one_ns;
+    if ((rc = bulk_prep(ix, c, keys + off, k, h, &one_ns))) {
+      umbp_unpin_bulk(p, off, ret_slots); /* undo: outputs only on success */
+      return rc;
+    }
+    rd_lock(ix, r);
+    probe_bulk(ix, c, k, h, s, st, NULL, true);
+    unsigned ch = 0;
+    for (unsigned i = 0; i < c; i++)
+      if (s[i] != UMBP_NO_SLOT) {
+        if (pin_slot(ix, s[i], st[i]) != 0) s[i] = UMBP_NO_SLOT;
+        else ch++;
+      }
+    rd_unlock(r);
+    memcpy(ret_slots + off, s, c * sizeof *s);
+    count_bulk(ix, t, k, s, c, ch, one_ns, true);
+    hits += (int)ch;
+  }
+  return hits;
+}
+
+static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t *present, bool prefix) {
+  if (!p) return -EINVAL;
+  if (n && !keys) return -EINVAL;
+  struct umbp_index *ix = p->index;
+  struct tl_slot *t = NULL;
+  struct umbp_reader_shm *r = &ro_reader;
+  struct umbp_index tmp;
+  if (ix) {
+    t = thread_slot(ix);
+    if (!t) return -EUSERS;
+    r = reader_of(ix, t);
+  } else {
+    /* read-only handle: a transient view of the regions */
+    memset(&tmp, 0, sizeof tmp);
+    tmp.p = p;
+    tmp.ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+    tmp.buckets = umbp_pool_region(p, UMBP_REG_BUCKETS);
+    tmp.nb = p->hdr->n_buckets;
+    tmp.meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+    tmp.slot_count = p->hdr->slot_count;
+    ix = &tmp;
+  }
+  int count = 0;
+  for (unsigned off = 0; off < n; off += BULK_CHUNK) {
+    unsigned c = n - off < BULK_CHUNK ? n - off : BULK_CHUNK;
+    struct umbp_key_shm k[BULK_CHUNK];
+    uint32_t s[BULK_CHUNK];
+    uint64_t st[BULK_CHUNK], h[BULK_CHUNK];
+    bool one_ns;
+    int rc = bulk_prep(ix, c, keys + off, k, h, &one_ns);
+    if (rc) return rc;
+    uint8_t *pr = present && !prefix ? present + off : NULL;
+    unsigned hits;
+    if (t) rd_lock(ix, r);
+    if (c == 1) {
+      s[0] = probe(ix, &k[0], h[0], &st[0]);
+      hits = s[0] != UMBP_NO_SLOT;
+      if (pr) pr[0] = (uint8_t)hits;
+    } else {
+      hits = probe_bulk(ix, c, k, h, s, NULL, pr, false);
+    }
+    if (t) rd_unlock(r);
+    if (prefix) {
+      for (hits = 0; hits < c && s[hits] != UMBP_NO_SLOT;) hits++;
+      if (t) count_bulk(ix, t, k, s, hits < c ? hits + 1 : c, hits, one_ns, false); /* up to the first miss */
+      count += (int)hits;
+      if (hits < c) return count;
+      continue;
+    }
+    if (t) count_bulk(ix, t, k, s, c, hits, one_ns, false);
+    count += (int)hits;
+  }
+  return count;
+}
+
+UMBP_API int umbp_contains(umbp_pool *p, const umbp_key *key) {
+  if (UMBP_UNLIKELY(!p || !key || !p->index)) return contains_impl(p, key ? 1 : 0, key, NULL, false);
+  /* the single-key path, kept short: it is the scheduler's most frequent call */
+  struct umbp_index *ix = p->index;
+  struct tl_slot *t = thread_slot(ix);
+  if (UMBP_UNLIKELY(!t)) return -EUSERS;
+  struct umbp_key_shm k;
+  uint64_t h, st;
+  int rc = key_load(key, &k, &h);
+  if (UMBP_UNLIKELY(rc)) return rc;
+  struct umbp_reader_shm *r = reader_of(ix, t);
+  rd_lock(ix, r);
+  uint32_t s = probe(ix, &k, h, &st);
+  rd_unlock(r);
+  count_single(ix, t, r, k.ns, s != UMBP_NO_SLOT, false, -1);
+  return s != UMBP_NO_SLOT;
+}
+
+UMBP_API int umbp_contains_bulk(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t *present) {
+  return contains_impl(p, n, keys, present, false);
+}
+
+UMBP_API int umbp_prefix_probe(umbp_pool *p, unsigned n, const umbp_key *keys) {
+  return contains_impl(p, n, keys, NULL, true);
+}
+
+/* ---- unlinking a way (evict.c, reap.c) --------------------------------------- */
+/* If slot s (key hash h) is linked in its neighbourhood, store its way's hint
+ * (which a remover clears before it unlinks) and return true. */
+bool umbp_ix_relink_hint(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h) {
+  uint32_t home = umbp_bucket_home(h, nb);
+  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
+    struct umbp_bucket *b = &buckets[umbp_bucket_at(home, d, nb)];
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
+      if (UMBP_WAY_SLOT(atomic_load_explicit(&b->slot[w], memory_order_acquire)) != s + 1) continue;
+      atomic_store_explicit(&b->sig[w], (uint8_t)umbp_key_sig(h), memory_order_release);
+      return true;
+    }
+  }
+  return false;
+}
+
+/* Clear the way that points at slot s (key hash h); returns true if found.
+ * Only the process that moved s to EVICTING (or RESERVED), or its reaper,
+ * unlinks s, and inserters only take empty ways, so the way found stays s's
+ * until this clears it. The signature goes first, then the slot word (seq_cst,
+ * ordering the signature store before it): an inserter that then takes the
+ * way (its acquire CAS reads our 0) writes its signature after ours. */
+bool umbp_ix_unlink_way(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h) {
+  uint32_t home = umbp_bucket_home(h, nb);
+  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
+    struct umbp_bucket *b = &buckets[umbp_bucket_at(home, d, nb)];
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
+      uint32_t v = atomic_load_explicit(&b->slot[w], memory_order_relaxed);
+      if (UMBP_WAY_SLOT(v) != s + 1) continue;
+      atomic_store_explicit(&b->sig[w], 0, memory_order_relaxed);
+      if (atomic_compare_exchange_strong_explicit(&b->slot[w], &v, 0, memory_order_seq_cst, memory_order_relaxed)) {
+        if (d) umbp_ovf_sub(&buckets[home].overflow);
+        return true;
+      }
+    }
+  }
+  return false;
+}
