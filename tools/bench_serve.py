@@ -314,10 +314,16 @@ def bench_chat(model: str, workdir: Path, conversations: int, turns: int, own_bl
     `own_blocks` blocks, once without umbp and once with it, requests in order."""
     mdir = model_dir(model, workdir)
     reqs = chat_prompts(model, workdir, conversations, turns)
+    longest = max(len(p) + n for p, n in reqs)
+    if longest > (own_blocks - 2) * 32:
+        raise SystemExit(f"umbp bench serve: the chat workload's longest request needs {longest} tokens, more "
+                         f"than an engine with --chat-own-blocks {own_blocks} can hold; raise --chat-own-blocks "
+                         f"to {longest // 32 + 3} or more, or shorten --chat-size")
     warm = {"prompts": [prompt(997, 256, MODELS[model]["vocab_size"])], "max_tokens": 1}
     phases = [warm] + [{"prompts": [p], "max_tokens": n, "logprobs": 0, "reset_prefix_cache": False}
                        for p, n in reqs]
-    eng = {"num_gpu_blocks_override": own_blocks, "max_model_len": own_blocks * 32}
+    # vLLM needs room for one max-length request (and keeps one null block)
+    eng = {"num_gpu_blocks_override": own_blocks, "max_model_len": (own_blocks - 2) * 32}
     out = []
     pool = f"bench-chat-{os.getpid()}"
     slot = MODELS[model]["num_hidden_layers"] * 2 * MODELS[model]["num_key_value_heads"] \
@@ -383,7 +389,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chat", metavar="MODEL", help="also replay the `umbp replay --generate chat` workload "
                     "through MODEL's engine, without and with umbp (its own KV cache kept small)")
     ap.add_argument("--chat-size", default="12x4", help="conversations x max turns (default %(default)s)")
-    ap.add_argument("--chat-own-blocks", type=int, default=64,
+    ap.add_argument("--chat-own-blocks", type=int, default=96,
                     help="blocks of the engine's own KV cache in the chat run (default %(default)s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--workdir", help="where engine logs and plans go (default: a temporary directory)")

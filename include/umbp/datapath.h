@@ -231,7 +231,12 @@ UMBP_API int umbp_dp_load(umbp_dp_engine *eng, const umbp_kv_layout *layout, uin
  * visible to the caller. */
 UMBP_API int umbp_dp_job_poll(umbp_dp_job *job);
 /* Wait up to timeout_ms (UINT32_MAX: forever): 0 done, -ETIMEDOUT. A
- * timeout leaves the job running and owned by the engine. */
+ * timeout leaves the job running and owned by the engine. A host job's
+ * waiter with at least 1 s left copies the job's blocks that no copy thread
+ * has started yet itself, in its own thread, rather than sleep (a copy thread
+ * on a busy machine can get a core milliseconds after it is woken); such a
+ * copy is not interrupted, so the wait can then end later than timeout_ms by
+ * the time of that copy. */
 UMBP_API int umbp_dp_job_wait(umbp_dp_job *job, uint32_t timeout_ms);
 /* Cancel a job none of whose copies has started: 0 (every key gets
  * -ECANCELED, slots aborted, pins dropped, the job is done), -EBUSY (copies

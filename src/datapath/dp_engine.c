@@ -308,6 +308,35 @@ static void host_copy(struct umbp_dp_job *job, unsigned i0, unsigned i1) {
   nt_fence(); /* before the task is counted done and the slots are published */
 }
 
+/* A waiter with at least this much time left copies its own job's queued
+ * tasks (umbp_dp_job_wait). */
+#define DP_HELP_MIN_NS (1000ull * 1000 * 1000)
+
+/* Run task t, taken off the FIFO by the caller under eng->mu, which it still
+ * holds; returns with eng->mu released. The job's last task finishes it. */
+static void host_run_task(umbp_dp_engine *eng, struct dp_task *t) {
+  struct umbp_dp_job *job = t->job;
+  if (atomic_load_explicit(&job->state, memory_order_relaxed) == DP_JOB_QUEUED)
+    atomic_store_explicit(&job->state, DP_JOB_RUNNING, memory_order_relaxed); /* under mu: cancel sees it */
+  pthread_mutex_unlock(&eng->mu);
+  host_copy(job, t->i0, t->i1);
+  /* acq_rel: the finaliser sees every other task's copies. */
+  if (atomic_fetch_sub_explicit(&job->tasks_left, 1, memory_order_acq_rel) == 1) dp_job_finish(job);
+}
+
+/* Under eng->mu: unlink and return the first queued task of `job`, or NULL. */
+static struct dp_task *take_task_of(umbp_dp_engine *eng, struct umbp_dp_job *job) {
+  struct dp_task *prev = NULL;
+  for (struct dp_task *t = eng->head; t; prev = t, t = t->next) {
+    if (t->job != job) continue;
+    if (prev) prev->next = t->next;
+    else eng->head = t->next;
+    if (eng->tail == t) eng->tail = prev;
+    return t;
+  }
+  return NULL;
+}
+
 static void *host_worker(void *arg) {
   umbp_dp_engine *eng = arg;
   pthread_mutex_lock(&eng->mu);
@@ -317,13 +346,7 @@ static void *host_worker(void *arg) {
     if (!t) break; /* stopping and nothing queued */
     eng->head = t->next;
     if (!eng->head) eng->tail = NULL;
-    struct umbp_dp_job *job = t->job;
-    if (atomic_load_explicit(&job->state, memory_order_relaxed) == DP_JOB_QUEUED)
-      atomic_store_explicit(&job->state, DP_JOB_RUNNING, memory_order_relaxed); /* under mu: cancel sees it */
-    pthread_mutex_unlock(&eng->mu);
-    host_copy(job, t->i0, t->i1);
-    /* acq_rel: the finaliser sees every other task's copies. */
-    if (atomic_fetch_sub_explicit(&job->tasks_left, 1, memory_order_acq_rel) == 1) dp_job_finish(job);
+    host_run_task(eng, t);
     pthread_mutex_lock(&eng->mu);
   }
   pthread_mutex_unlock(&eng->mu);
@@ -766,6 +789,18 @@ int umbp_dp_job_wait(umbp_dp_job *job, uint32_t timeout_ms) {
     uint64_t step = job->grp->cuda ? 50000 : 20000000;
     if (deadline - now < step) step = deadline - now;
     pthread_mutex_lock(&eng->mu);
+    if (!job->grp->cuda && deadline - now >= DP_HELP_MIN_NS) {
+      /* The waiter copies its job's tasks that no copy thread has taken yet:
+       * it would only sleep otherwise, and on a machine whose cores are busy
+       * (an engine's compute threads spin between steps) a copy thread may
+       * get a core only several milliseconds after it is woken. Only with
+       * DP_HELP_MIN_NS left: a task's copy is not interruptible. */
+      struct dp_task *t = take_task_of(eng, job);
+      if (t) {
+        host_run_task(eng, t); /* releases mu */
+        continue;
+      }
+    }
     if (atomic_load_explicit(&job->state, memory_order_relaxed) != DP_JOB_DONE) {
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);

@@ -377,6 +377,45 @@ static void test_cancel(void **st) {
   fx_close(&f);
 }
 
+/* The waiter copies its own job while the only copy thread is busy with
+ * another (stalled) job: its wait does not depend on that thread. */
+static void test_waiter_copies(void **st) {
+  (void)st;
+  struct fx f;
+  fx_open(&f, "dphelp", 4096, 32);
+  uint64_t b[2] = {1024, 1024};
+  struct kvc c;
+  kvc_init(&c, 2, 8, b, 0, 1);
+  umbp_kv_layout *lay;
+  assert_int_equal(umbp_kv_layout_create(f.pool, c.reg, 2, &lay), 0);
+  umbp_dp_engine *e = engine(f.pool, 1);
+  umbp_dp__test_set_delay(e, 4000000); /* the thread's copy of a's block sleeps 4 s first */
+  uint32_t ida[1] = {0}, idb[1] = {1};
+  umbp_key ka[1] = {dp_key(f.ns, 9, 0)}, kb[1] = {dp_key(f.ns, 9, 1)};
+  kvc_fill(&c, 0, 9, 0);
+  kvc_fill(&c, 1, 9, 1);
+  umbp_dp_job *a, *bj;
+  assert_int_equal(umbp_dp_store(e, lay, 0, -1, 1, ida, ka, 0, &a), 0);
+  while (atomic_load(&a->state) == DP_JOB_QUEUED) usleep(1000); /* the thread is in a's copy */
+  umbp_dp__test_set_delay(e, 0);
+  assert_int_equal(umbp_dp_store(e, lay, 0, -1, 1, idb, kb, 0, &bj), 0);
+  uint64_t t0 = umbp_now_ns();
+  assert_int_equal(umbp_dp_job_wait(bj, UINT32_MAX), 0);
+  uint64_t waited = umbp_now_ns() - t0;
+  assert_true(waited < 2000000000ull); /* not the 4 s the thread is away */
+  assert_int_equal(umbp_dp_job_status(bj), 0);
+  assert_int_equal(umbp_contains(f.pool, &kb[0]), 1);
+  assert_int_equal(umbp_dp_job_poll(a), -EINPROGRESS); /* a is still the thread's */
+  assert_int_equal(umbp_dp_job_wait(a, 20000), 0);
+  assert_int_equal(umbp_contains(f.pool, &ka[0]), 1);
+  umbp_dp_job_release(a);
+  umbp_dp_job_release(bj);
+  umbp_dp_engine_destroy(e);
+  umbp_kv_layout_free(lay);
+  kvc_free(&c);
+  fx_close(&f);
+}
+
 /* A slow job waited with a short timeout: -ETIMEDOUT, the job keeps its
  * slots and its memory, later completes; a released job is finished by the
  * engine. */
@@ -639,6 +678,7 @@ int main(void) {
     const struct CMUnitTest ts[] = {
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_waiter_copies),
         cmocka_unit_test(test_timeout),
     };
     return cmocka_run_group_tests(ts, NULL, NULL);
