@@ -208,6 +208,13 @@ enum umbp_dp_store_flags {
   /* Do not copy keys that the pool holds already (umbp_contains); they get
    * result 0 and count as duplicates. */
   UMBP_DP_STORE_SKIP_PRESENT = 1u << 0,
+  /* Copy but do not publish: when the job is done, the slots of the keys
+   * whose copy succeeded (result 0) stay reserved by this process, invisible
+   * to lookups, until umbp_dp_job_publish() publishes them; a job released
+   * without that gives them back (aborted) when it is freed. For callers
+   * whose contract makes a store visible only at a later commit (vLLM's
+   * in-tree UMBP connector: publish after the step's store succeeded). */
+  UMBP_DP_STORE_DEFER_PUBLISH = 1u << 1,
 };
 
 /* Store blocks block_ids[i] of `group` under keys[i] (i < n), reserving on
@@ -257,6 +264,16 @@ UMBP_API const char *umbp_dp_job_message(const umbp_dp_job *job, unsigned i);
 UMBP_API int umbp_dp_job_failed_blocks(const umbp_dp_job *job, uint32_t *out, unsigned max);
 /* Store keys that another writer had stored first (counted as success). */
 UMBP_API unsigned umbp_dp_job_duplicates(const umbp_dp_job *job);
+/* Publish a done store submitted with UMBP_DP_STORE_DEFER_PUBLISH: every
+ * key whose copy succeeded, in one umbp_publish_bulk (a key another writer
+ * published first counts as success and its slot goes back). Then per-key
+ * results into rc[0..min(n, keys)) as umbp_dp_job_results. Returns the
+ * number of failed keys (>= 0), -EINPROGRESS (not done), -EINVAL (NULL, not a
+ * deferred store), -ENOMEM. A second call publishes nothing more. The calling
+ * thread's process must still have the pool attached; any thread, but not
+ * concurrently with release. Release pairs: the slot bytes copied by the
+ * job are visible to every process that finds a key (umbp_publish). */
+UMBP_API int umbp_dp_job_publish(umbp_dp_job *job, int *rc, unsigned n);
 /* Drop the caller's handle. Allowed at any time: a job still copying stays
  * owned by the engine and is freed when its copies stopped. Accepts NULL. */
 UMBP_API void umbp_dp_job_release(umbp_dp_job *job);

@@ -57,6 +57,8 @@ class Worker:
     closed Worker's process serves the next one, so a test pays vLLM's import
     only when it needs more workers at once than earlier tests did."""
 
+    INIT = "init"   # worker_proc.py's command that builds the connector
+
     def __init__(self, pool, tp, rank, seed, **extra):
         while _IDLE and _IDLE[-1].poll() is not None:
             _IDLE.pop()
@@ -66,7 +68,7 @@ class Worker:
             here = os.path.dirname(__file__)
             self.p = subprocess.Popen([sys.executable, os.path.join(here, "worker_proc.py")],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        r = self.call("init", (pool, tp, rank, seed, extra))
+        r = self.call(self.INIT, (pool, tp, rank, seed, extra))
         if isinstance(r, Exception):
             _IDLE.append(self.p)
             raise r

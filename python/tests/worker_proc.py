@@ -17,6 +17,8 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.forward_context import set_forward_context  # noqa: E402
 
+import torch  # noqa: E402
+
 
 def make(pool, tp, rank, seed, extra):
     """A worker-role connector and its KV caches, as vLLM's worker makes them."""
@@ -29,10 +31,22 @@ def make(pool, tp, rank, seed, extra):
     return cfg, conn, caches
 
 
+def make_intree(pool, tp, rank, seed, extra):
+    """vLLM's in-tree UMBPStoreConnector (no module path) on the umbp backend."""
+    import intree_util as I
+    I.register_plugin()
+    cfg = I.make_vllm_config(pool, tp=tp, rank=rank, **extra)
+    conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, I.make_kv_cache_config())
+    caches = I.make_kv_caches(seed if seed >= 0 else None)
+    conn.register_kv_caches(caches)
+    return cfg, conn, caches
+
+
 def main():
     # One process serves many tests in turn: importing vLLM and torch is most of
     # a worker's cost. 'init' makes a connector, 'shutdown' ends it; EOF exits.
     cfg = conn = caches = None
+    block_dim = 1          # our caches: (2, blocks, ...); the in-tree ones: (blocks, 2, ...)
     out = sys.stdout.buffer
     inp = sys.stdin.buffer
     while True:
@@ -40,15 +54,19 @@ def main():
             cmd, args = pickle.load(inp)
         except EOFError:
             break
-        if cmd == "init":
+        if cmd in ("init", "init_intree"):
             try:
-                cfg, conn, caches = make(*args)
+                cfg, conn, caches = (make if cmd == "init" else make_intree)(*args)
+                block_dim = 1 if cmd == "init" else 0
                 reply = "ok"
             except Exception as e:  # noqa: BLE001 - the test sees the connector's error
                 reply = e
         elif cmd == "info":
             reply = {"cls": f"{type(conn).__module__}.{type(conn).__name__}",
-                     "handshake": conn.get_handshake_metadata(), "placement": conn.placement}
+                     "handshake": conn.get_handshake_metadata(), "placement": getattr(conn, "placement", None),
+                     "runtime": (f"{type(conn.connector_worker.runtime).__module__}."
+                                 f"{type(conn.connector_worker.runtime).__name__}"
+                                 if hasattr(conn, "connector_worker") else None)}
         elif cmd == "step":
             meta, finished = args
             conn.handle_preemptions(meta)
@@ -66,7 +84,7 @@ def main():
                      "worker_meta": conn.build_connector_worker_meta()}
             conn.clear_connector_metadata()
         elif cmd == "dump":
-            reply = {n: caches[n][:, args].clone() for n in LAYERS}
+            reply = {n: caches[n].index_select(block_dim, torch.tensor(list(args), dtype=torch.long)).clone() for n in LAYERS}
         elif cmd == "zero":
             for t in caches.values():
                 t.zero_()

@@ -156,6 +156,9 @@ uint64_t umbp_kv_layout_region_offset(const umbp_kv_layout *layout, unsigned i) 
 /* ---- jobs ------------------------------------------------------------------ */
 
 static void job_free(struct umbp_dp_job *job) {
+  if (job->held) /* a deferred store never published: its copied slots go back */
+    for (unsigned i = 0; i < job->n; i++)
+      if (job->slots[i] != UMBP_NO_SLOT) umbp_abort(job->pool, job->slots[i]);
   if (job->msg) {
     for (unsigned i = 0; i < job->n; i++) free(job->msg[i]);
     free(job->msg);
@@ -213,7 +216,11 @@ void dp_job_finish(struct umbp_dp_job *job) {
       pi[np] = i;
       np++;
     }
-    if (np) {
+    if (np && job->defer_publish) {
+      /* UMBP_DP_STORE_DEFER_PUBLISH: the copied slots stay reserved by this
+       * process until umbp_dp_job_publish() or the job is freed (aborted). */
+      job->held = true;
+    } else if (np) {
       umbp_publish_bulk(pool, np, ps, pk, prc);
       for (unsigned k = 0; k < np; k++) {
         unsigned i = pi[k];
@@ -648,11 +655,14 @@ static int job_new_keyed(umbp_dp_engine *eng, const umbp_kv_layout *lay, uint16_
 int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group, int part, unsigned n,
                   const uint32_t *block_ids, const umbp_key *keys, unsigned flags, umbp_dp_job **ret_job) {
   if (!keys) return umbp_fail(-EINVAL, "dp store: keys are required");
-  if (flags & ~(unsigned)UMBP_DP_STORE_SKIP_PRESENT) return umbp_fail(-EINVAL, "dp store: unknown flags 0x%x", flags);
+  if (flags & ~(unsigned)(UMBP_DP_STORE_SKIP_PRESENT | UMBP_DP_STORE_DEFER_PUBLISH))
+    return umbp_fail(-EINVAL, "dp store: unknown flags 0x%x", flags);
   struct umbp_dp_job *job;
   int rc = job_new_keyed(eng, layout, group, DP_OP_STORE, n, block_ids, keys, &job);
   if (rc) return rc;
   umbp_pool *pool = eng->pool;
+  job->defer_publish = (flags & UMBP_DP_STORE_DEFER_PUBLISH) != 0;
+  job->pool = pool;
   if (flags & UMBP_DP_STORE_SKIP_PRESENT) {
     uint8_t *present = calloc(n, 1);
     if (present && umbp_contains_bulk(pool, n, keys, present) > 0)
@@ -880,6 +890,44 @@ int umbp_dp_job_failed_blocks(const umbp_dp_job *job, uint32_t *out, unsigned ma
 
 unsigned umbp_dp_job_duplicates(const umbp_dp_job *job) {
   return job_done(job) ? job->duplicates : 0;
+}
+
+int umbp_dp_job_publish(umbp_dp_job *job, int *rc, unsigned n) {
+  if (!job) return umbp_fail(-EINVAL, "dp publish: job is NULL");
+  if (job->op != DP_OP_STORE || !job->defer_publish)
+    return umbp_fail(-EINVAL, "dp publish: not a store submitted with UMBP_DP_STORE_DEFER_PUBLISH");
+  if (!job_done(job)) return -EINPROGRESS;
+  /* Only the caller touches slots[] after DONE (acquire above pairs with
+   * dp_job_finish's release store): no lock needed. */
+  unsigned np = 0, failed = 0;
+  uint32_t *ps = malloc(job->n * sizeof *ps);
+  umbp_key *pk = malloc(job->n * sizeof *pk);
+  unsigned *pi = malloc(job->n * sizeof *pi);
+  int *prc = malloc(job->n * sizeof *prc);
+  if (!ps || !pk || !pi || !prc) {
+    free(ps), free(pk), free(pi), free(prc);
+    return umbp_fail(-ENOMEM, "dp publish: out of memory");
+  }
+  for (unsigned i = 0; i < job->n; i++)
+    if (job->held && job->slots[i] != UMBP_NO_SLOT) {
+      ps[np] = job->slots[i];
+      pk[np] = job->keys[i];
+      pi[np++] = i;
+    }
+  if (np) umbp_publish_bulk(job->pool, np, ps, pk, prc);
+  for (unsigned k = 0; k < np; k++) {
+    unsigned i = pi[k];
+    job->slots[i] = UMBP_NO_SLOT; /* published, or given back by publish on -EEXIST */
+    if (prc[k] == -EEXIST) job->duplicates++; /* first writer won: success */
+    else if (prc[k] != 0) dp_job_fail_key(job, i, prc[k], "umbp_publish failed");
+  }
+  job->held = false;
+  for (unsigned i = 0; i < job->n; i++) {
+    if (rc && i < n) rc[i] = job->rc[i];
+    failed += job->rc[i] != 0;
+  }
+  free(ps), free(pk), free(pi), free(prc);
+  return (int)failed;
 }
 
 void umbp_dp_job_release(umbp_dp_job *job) {

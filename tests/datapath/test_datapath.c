@@ -331,6 +331,56 @@ static void test_no_slot(void **st) {
   fx_close(&f);
 }
 
+/* UMBP_DP_STORE_DEFER_PUBLISH: copied slots stay reserved and invisible
+ * until umbp_dp_job_publish(); a job released unpublished gives them back. */
+static void test_defer_publish(void **st) {
+  (void)st;
+  struct fx f;
+  fx_open(&f, "dpdefer", 4096, 16);
+  uint64_t b[2] = {2048, 2048};
+  struct kvc c;
+  kvc_init(&c, 2, 8, b, 0, 1);
+  umbp_kv_layout *lay;
+  assert_int_equal(umbp_kv_layout_create(f.pool, c.reg, 2, &lay), 0);
+  umbp_dp_engine *e = engine(f.pool, 2);
+  uint32_t ids[4] = {0, 1, 2, 3}, dst[4] = {4, 5, 6, 7};
+  umbp_key k[4], d[4];
+  for (unsigned i = 0; i < 4; i++) k[i] = dp_key(f.ns, 9, i), d[i] = dp_key(f.ns, 10, i), kvc_fill(&c, i, 9, i);
+  umbp_dp_job *j, *dj;
+  int rc[4];
+  assert_int_equal(umbp_dp_store(e, lay, 0, -1, 4, ids, k, UMBP_DP_STORE_DEFER_PUBLISH, &j), 0);
+  assert_int_equal(umbp_dp_job_wait(j, 10000), 0);
+  assert_int_equal(umbp_dp_job_status(j), 0);
+  assert_int_equal(umbp_contains_bulk(f.pool, 4, k, (uint8_t[4]){0}), 0); /* copied, not visible */
+  umbp_slot_census cs;
+  assert_int_equal(umbp_census(f.pool, &cs), 0);
+  assert_int_equal(cs.reserved, 4);
+  assert_int_equal(umbp_dp_job_publish(j, rc, 4), 0);
+  assert_int_equal(umbp_contains_bulk(f.pool, 4, k, (uint8_t[4]){0}), 4);
+  assert_int_equal(umbp_dp_job_publish(j, NULL, 0), 0); /* a second call publishes nothing more */
+  umbp_dp_job_release(j);
+  /* Unpublished and released: the slots go back, the keys never appear. */
+  assert_int_equal(umbp_dp_store(e, lay, 0, -1, 4, ids, d, UMBP_DP_STORE_DEFER_PUBLISH, &dj), 0);
+  assert_int_equal(umbp_dp_job_wait(dj, 10000), 0);
+  umbp_dp_job_release(dj);
+  assert_int_equal(umbp_contains_bulk(f.pool, 4, d, (uint8_t[4]){0}), 0);
+  assert_int_equal(umbp_census(f.pool, &cs), 0);
+  assert_int_equal(cs.reserved, 0);
+  assert_int_equal(cs.published, 4);
+  /* The published bytes load back; publish refuses a plain store. */
+  kvc_zero(&c);
+  assert_int_equal(umbp_dp_load(e, lay, 0, 4, k, dst, &j), 0);
+  assert_int_equal(umbp_dp_job_wait(j, 10000), 0);
+  assert_int_equal(umbp_dp_job_status(j), 0);
+  assert_int_equal(umbp_dp_job_publish(j, NULL, 0), -EINVAL);
+  umbp_dp_job_release(j);
+  for (unsigned i = 0; i < 4; i++) assert_true(kvc_check(&c, dst[i], 9, i));
+  umbp_dp_engine_destroy(e);
+  umbp_kv_layout_free(lay);
+  kvc_free(&c);
+  fx_close(&f);
+}
+
 /* One slow job occupies the only thread; the queued one is cancelled. */
 static void test_cancel(void **st) {
   (void)st;
@@ -688,6 +738,7 @@ int main(void) {
       cmocka_unit_test(test_rt_odd),       cmocka_unit_test(test_layout_refused),
       cmocka_unit_test(test_backends),     cmocka_unit_test(test_bad_args),
       cmocka_unit_test(test_affinity),     cmocka_unit_test(test_no_slot),
+      cmocka_unit_test(test_defer_publish),
       cmocka_unit_test(test_ipc_table),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,228 @@
+# SPDX-License-Identifier: Apache-2.0
+"""umbp.vllm_runtime against vLLM 0.34's runtime contract alone
+(vllm/distributed/kv_transfer/kv_connector/v1/umbp/runtime/base.py).
+
+The runtime is built by vLLM's own UMBPRuntimeFactory (after
+umbp.vllm_plugin.register(), which vLLM calls through the wheel's entry point;
+the installed-wheel path is tested elsewhere) and driven as the in-tree
+connector drives it: BlockStoreBatch / BlockLoadBatch jobs (the worker's
+store_blocks / load_blocks), range plans from vLLM's KVLayoutPlanner (store /
+load), poll / wait / publish / cancel, take_evicted_keys and the scheduler's
+bulk lookup of key strings. A change of that contract in vLLM fails here
+first."""
+from __future__ import annotations
+
+import ctypes as C
+
+import pytest
+import torch
+
+from conftest import BLOCK, LAYERS
+from intree_util import make_kv_cache_config, make_kv_caches, register_plugin
+
+from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
+    BlockIdentityCodec,
+    BlockLoadBatch,
+    BlockStoreBatch,
+    KVLayoutDescriptor,
+    KVLayoutPlanner,
+    RankTopology,
+    TransferJobStatus,
+    UMBPNamespace,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime import base
+from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import (
+    UMBPRuntimeConfig,
+    UMBPRuntimeFactory,
+)
+
+from umbp import _lib as L
+from umbp import vllm_runtime as R
+
+NS = "contract-ns"
+DONE = (TransferJobStatus.COMPLETED, TransferJobStatus.FAILED, TransferJobStatus.CANCELLED)
+
+
+class Rig:
+    """One rank: runtime, worker handle over CPU KV caches, scheduler handle."""
+
+    def __init__(self, pool, num_blocks=32, head=8, copy_threads=2, capacity=4 << 20):
+        register_plugin()
+        opts = {"backend": "umbp", "pool": pool, "capacity_bytes": capacity, "no_prefault": True,
+                "copy_threads": copy_threads, "key_namespace": NS}
+        self.runtime = UMBPRuntimeFactory.build(UMBPRuntimeConfig(mode="embedded", options=opts))
+        self.topo = RankTopology(tp_rank=0, tp_size=1)
+        self.planner = KVLayoutPlanner.from_kv_cache_config(make_kv_cache_config(num_blocks, head))
+        self.caches = make_kv_caches(seed=3, num_blocks=num_blocks, head=head)
+        self.planner.register_kv_caches(self.caches)
+        self.worker = self.runtime.create_worker_handle(NS, self.topo, self.planner.describe(self.topo))
+        self.worker.register_buffers(self.caches)
+        self.sched = self.runtime.create_scheduler_handle(NS, self.topo, KVLayoutDescriptor((), self.topo))
+        self.codec = BlockIdentityCodec(UMBPNamespace(NS))
+
+    def keys(self, tag, n):
+        return [self.codec.key(bytes([tag, i]) * 16, 0) for i in range(n)]
+
+    def store_batch(self, keys, ids):
+        n = len(keys)
+        return BlockStoreBatch(keys=keys, block_ids=ids, group_ids=[0] * n,
+                               block_hashes=[bytes.fromhex(k.rsplit(":", 1)[1]) for k in keys],
+                               parent_block_hashes=[None] * n, token_ids=[(1,) * BLOCK] * n,
+                               block_sizes=[BLOCK] * n, request_id="r")
+
+    def load_batch(self, keys, ids):
+        return BlockLoadBatch(keys=keys, block_ids=ids, group_ids=[0] * len(keys), request_id="r")
+
+    def block(self, b):
+        return {n: self.caches[n][b].clone() for n in LAYERS}
+
+    def close(self):
+        self.worker.close()
+        self.sched.close()
+
+
+@pytest.fixture
+def rig(pool_name):
+    r = Rig(pool_name)
+    yield r
+    r.close()
+
+
+def test_factory_builds_ours_and_handles_satisfy_the_protocol(rig):
+    assert type(rig.runtime) is R.UMBPRuntime
+    for proto, obj in ((base.UMBPWorkerHandle, rig.worker), (base.UMBPSchedulerHandle, rig.sched),
+                       (base.IUMBPRuntime, rig.runtime)):
+        missing = [m for m in dir(proto) if not m.startswith("_") and not callable(getattr(obj, m, None))]
+        assert not missing, f"{type(obj).__name__} lacks {missing} of vLLM's {proto.__name__}"
+
+
+def test_store_visible_only_at_publish_then_loads_back(rig):
+    keys = rig.keys(1, 4)
+    job = rig.worker.store_blocks(rig.store_batch(keys, [0, 1, 2, 3]))
+    assert job is not None
+    final = rig.worker.wait(job)
+    assert final.status == TransferJobStatus.COMPLETED and final.completed_keys == set(keys)
+    assert final.completed_bytes == 4 * 2 * 1024
+    assert list(rig.sched.lookup(keys)) == [False] * 4, "a store is visible before publish"
+    rig.worker.publish(final)
+    assert list(rig.sched.lookup(keys)) == [True] * 4
+    want = [rig.block(b) for b in range(4)]
+    ld = rig.worker.wait(rig.worker.load_blocks(rig.load_batch(keys, [10, 11, 12, 13])))
+    assert ld.status == TransferJobStatus.COMPLETED
+    for i in range(4):
+        for n in LAYERS:
+            assert torch.equal(rig.caches[n][10 + i], want[i][n])
+
+
+def test_unpublished_failed_and_released_store_leaves_no_reservation(rig):
+    keys = rig.keys(2, 2)
+    job = rig.worker.store_blocks(rig.store_batch(keys, [0, 1]))
+    rig.worker.wait(job)
+    c = L.SlotCensus()
+    rig.worker.close()   # never published: the slots go back, the keys never appear
+    rig.worker = rig.runtime.create_worker_handle(NS, rig.topo, rig.planner.describe(rig.topo))
+    rig.worker.register_buffers(rig.caches)
+    L.check(L.lib().umbp_census(rig.worker.pool.h, C.byref(c)), "census")
+    assert c.reserved == 0 and list(rig.sched.lookup(keys)) == [False, False]
+    with pytest.raises(RuntimeError, match="cannot publish"):
+        rig.worker.publish(rig.worker.wait(rig.worker.load_blocks(rig.load_batch(keys, [5, 6]))))
+
+
+def test_range_plans_from_the_planner(rig):
+    """store / load with materialised KVRange plans (the path the connector
+    takes when store_blocks returns None) move the same bytes."""
+    keys = rig.keys(3, 2)
+    plans = [rig.planner.plan_registered_block(k, b, group_id=0) for k, b in zip(keys, (4, 5))]
+    st = rig.worker.wait(rig.worker.store(plans))
+    assert st.status == TransferJobStatus.COMPLETED and st.completed_bytes == 2 * 2048
+    rig.worker.publish(st)
+    back = [rig.planner.plan_registered_block(k, b, group_id=0) for k, b in zip(keys, (20, 21))]
+    assert rig.worker.wait(rig.worker.load(back)).status == TransferJobStatus.COMPLETED
+    for n in LAYERS:
+        assert torch.equal(rig.caches[n][20], rig.caches[n][4]) and torch.equal(rig.caches[n][21], rig.caches[n][5])
+    # a plan whose ranges are not its block's in the registered caches fails its key
+    bad = rig.planner.plan_for_block(keys[0], 7, {n: 4096 for n in LAYERS}, group_id=0)
+    res = rig.worker.wait(rig.worker.load([bad]))
+    assert res.status == TransferJobStatus.FAILED and "not block 7" in res.error
+
+
+def test_per_key_load_failure_and_out_of_order_completion(pool_name):
+    """A long store still copying (one copy thread, 24 MiB) while a later load
+    whose key misses finishes first (out of order); then a load of a present
+    and a missing key: the missing one fails alone, naming its block; the
+    earlier store completes afterwards."""
+    rig = Rig(pool_name, num_blocks=384, head=256, copy_threads=1, capacity=96 << 20)
+    try:
+        present = rig.keys(5, 1)
+        rig.worker.publish(rig.worker.wait(rig.worker.store_blocks(rig.store_batch(present, [200]))))
+        big = rig.keys(4, 192)
+        slow = rig.worker.store_blocks(rig.store_batch(big, list(range(192))))
+        missing = rig.keys(6, 1)
+        miss = rig.worker.load_blocks(rig.load_batch(missing, [301]))
+        first = rig.worker.poll(miss)
+        assert first is not None and first.status == TransferJobStatus.FAILED
+        assert rig.worker.poll(slow) is None, "the 24 MiB store should still be copying"
+        mixed = rig.worker.load_blocks(rig.load_batch(present + missing, [300, 301]))
+        res = rig.worker.wait(mixed)
+        assert res.status == TransferJobStatus.FAILED
+        assert res.completed_keys == set(present) and res.failed_keys == set(missing)
+        assert res.failed_block_ids == {301} and "not in the pool" in res.error
+        assert rig.worker.wait(slow).status == TransferJobStatus.COMPLETED
+        rig.worker.publish(slow)
+        assert all(rig.sched.lookup(big))
+    finally:
+        rig.close()
+
+
+def test_cancel_queued_and_running_jobs(pool_name):
+    """With one copy thread, job B queued behind a running A: cancel(B) cancels
+    (its keys never appear), cancel(A) waits until A's buffers are free."""
+    rig = Rig(pool_name, num_blocks=384, head=256, copy_threads=1, capacity=96 << 20)
+    try:
+        a_keys, b_keys = rig.keys(7, 160), rig.keys(8, 160)
+        a = rig.worker.store_blocks(rig.store_batch(a_keys, list(range(160))))
+        b = rig.worker.store_blocks(rig.store_batch(b_keys, list(range(160, 320))))
+        cb = rig.worker.cancel(b)
+        assert cb.status == TransferJobStatus.CANCELLED
+        ca = rig.worker.cancel(a)
+        assert ca.status in DONE, "cancel returned while A still copies"
+        assert rig.worker.poll(ca) is ca
+        if ca.status == TransferJobStatus.COMPLETED:
+            rig.worker.publish(ca)
+            assert all(rig.sched.lookup(a_keys))
+        assert not any(rig.sched.lookup(b_keys))
+        c = L.SlotCensus()
+        L.check(L.lib().umbp_census(rig.worker.pool.h, C.byref(c)), "census")
+        assert c.reserved == 0
+    finally:
+        rig.close()
+
+
+def test_take_evicted_keys(rig):
+    keys = rig.keys(9, 3)
+    rig.worker.publish(rig.worker.wait(rig.worker.store_blocks(rig.store_batch(keys, [0, 1, 2]))))
+    assert list(rig.worker.take_evicted_keys()) == []
+    arr = R.KeyCodec(rig.worker.pool.ns).encode([keys[1]])
+    assert L.lib().umbp_remove(rig.worker.pool.h, arr) == 0
+    assert list(rig.worker.take_evicted_keys()) == [keys[1]], "the removed key, as the connector spells it"
+    assert list(rig.worker.take_evicted_keys()) == [], "only since the last call"
+    assert rig.sched.clear()
+    assert sorted(rig.worker.take_evicted_keys()) == sorted([keys[0], keys[2]])
+    assert not any(rig.sched.lookup(keys))
+
+
+def test_bulk_lookup_parses_key_strings_and_refuses_malformed_ones(rig):
+    keys = rig.keys(10, 2)
+    rig.worker.publish(rig.worker.wait(rig.worker.store_blocks(rig.store_batch(keys[:1], [0]))))
+    other_rank = BlockIdentityCodec(UMBPNamespace(NS), tp_rank=1).key(bytes([10, 0]) * 16, 0)
+    other_group = rig.codec.key(bytes([10, 0]) * 16, 1)
+    assert list(rig.sched.lookup(keys + [other_rank, other_group])) == [True, False, False, False]
+    assert list(rig.sched.lookup([])) == []
+    bad = [keys[0].replace(":tp0:", ":tpX:"), "umbp:vllm:v1:" + NS + ":tp0:pcp0:dcp0:pp0:g0:zz",
+           "not-a-key", keys[0] + "00" * 32]
+    for k in bad:
+        with pytest.raises(R.MalformedKeyError, match=r"malformed .*expected umbp:vllm:v1:\{namespace\}"):
+            rig.sched.lookup([keys[0], k])
+    # a namespace containing ':' still parses (the rank fields are taken from the right)
+    odd = BlockIdentityCodec(UMBPNamespace("a:b")).key(b"\x01" * 32, 0)
+    assert list(rig.sched.lookup([odd])) == [False]

@@ -1,0 +1,570 @@
+# SPDX-License-Identifier: Apache-2.0
+"""umbp as the runtime of vLLM's in-tree UMBP connector.
+
+vLLM 0.34 ships ``UMBPStoreConnector`` in tree
+(``vllm.distributed.kv_transfer.kv_connector.v1.umbp``); it keeps no bytes
+itself and delegates storage to an ``IUMBPRuntime`` (``…/umbp/runtime/base.py``)
+built by ``UMBPRuntimeFactory`` for the mode ``embedded`` or ``standalone``.
+``UMBPRuntime`` here is that runtime over libumbp: the same pool handling
+(``umbp.vllm._Pool``), options (``umbp.vllm.UMBPConfig``), placement
+(``umbp.vllm.plan_placement``) and C copy engine (umbp_dp_*) as ``umbp.vllm``.
+``umbp.vllm_plugin.register`` puts it behind ``backend: "umbp"``.
+
+How the contract maps onto libumbp
+  * keys: the connector's strings
+    ``umbp:vllm:v1:{namespace}:tp{r}:pcp{r}:dcp{r}:pp{r}:g{group}:{hex hash}``
+    become ``umbp_key`` records, parsed once per batch into one array (the
+    part before the hash is parsed once per distinct prefix and cached);
+    every pool call then takes the whole array (one C call per batch).
+  * lookup: umbp_contains_bulk — no socket, no server round trip.
+  * store / store_blocks: umbp_dp_store with UMBP_DP_STORE_DEFER_PUBLISH. The
+    copy runs asynchronously in the C engine; when it is done the slots stay
+    reserved and invisible; ``publish`` makes them visible with one
+    umbp_dp_job_publish (bulk). A job that is never published (it failed
+    in part: the connector publishes only completed jobs) gives its slots
+    back as soon as its failure is read.
+  * load / load_blocks: umbp_dp_load; a key not in the pool (or a copy error)
+    is a per-key failure, reported with TransferJobState.fail(keys, error).
+  * wait: blocks until every C job of the state is done (the copies have
+    stopped, so the KV buffers may be reused), up to load_timeout_ms; past it,
+    raises TimeoutError (the buffers are still in use), as the contract asks.
+    cancel: umbp_dp_job_cancel; a job whose copies started is waited for.
+  * take_evicted_keys: the pool's event ring (umbp_events_drain, removed
+    events). The ring has competing consumers: each event goes to exactly one
+    drainer of the whole pool. So this handle returns removed keys of its own
+    namespace whichever rank they belong to (a block gone on any rank is no
+    longer a full hit, which is what the connector's BlockRemoved means), and
+    removed events of other namespaces that it drains are lost to their own
+    consumers (another engine's umbp.vllm scheduler or in-tree worker). Two
+    engines of different models on one standalone pool therefore each see only
+    a share of their own removals; use one pool per model when BlockRemoved
+    events must be complete.
+  * ranges: ``store``/``load`` with materialised plans (``KVRange``s) are
+    served by the same block-level C jobs: each plan's block id and group are
+    taken from the plan, and its ranges must be the ones the registered
+    layout gives that block (checked; a plan whose ranges are elsewhere fails
+    its key with a message). The pool object of a group is the concatenation
+    of the group's regions in layout order — the in-tree planner's
+    ``object_offset`` order for a group — so both paths store the same bytes.
+
+Processes: the scheduler handle attaches to the pool lazily (in embedded mode
+the workers create it once they know the block size; until then every lookup
+is a miss). Worker handles create (embedded) or attach (standalone) the pool
+in their constructor, and build the C layout and copy engine in
+register_buffers. Nothing here is shared between processes except the pool.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import errno
+import logging
+import os
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
+    BlockLoadBatch,
+    BlockStoreBatch,
+    BlockTransferPlan,
+    KVLayoutDescriptor,
+    RankTopology,
+    TransferJobState,
+    TransferJobStatus,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import UMBPRuntimeConfig
+
+from . import _lib as L
+from .vllm import _CONFIG_KEYS, _CUDA_COPY, UMBPConfig, _Pool, plan_placement
+
+logger = logging.getLogger("vllm.umbp.runtime")
+
+KEY_PREFIX = "umbp:vllm:v1:"
+KEY_FORMAT = "umbp:vllm:v1:{namespace}:tp{r}:pcp{r}:dcp{r}:pp{r}:g{group}:{hex hash}"
+# Options of the in-tree connector itself (scheduler.py / connector.py), not of
+# the runtime: accepted and left to the connector.
+_CONNECTOR_KEYS = {"backend", "key_namespace", "load_async", "enable_lookup", "lookup_async",
+                   "save_decode_cache", "enable_partial_hash_hits", "lookup_workers",
+                   "kv_event_max_objects"}
+_HEAD = struct.Struct("<IHHHHH")   # umbp_key up to group: ns, tp, pcp, dcp, pp, group (14 bytes)
+_ZERO = bytes(L.UMBP_KEY_HASH_MAX + 1)
+assert C.sizeof(L.Key) == _HEAD.size + 1 + L.UMBP_KEY_HASH_MAX + 1, "umbp_key layout changed"
+_FOREVER = 0xFFFFFFFF
+
+
+def runtime_config(options: dict[str, Any]) -> UMBPConfig:
+    """umbp.vllm's UMBPConfig from the in-tree connector's extra config: the
+    pool keys of umbp.vllm, minus the connector's own keys; any other key (a
+    MORI option left over from another backend) is ignored with a warning."""
+    ours = {k: v for k, v in options.items() if k in _CONFIG_KEYS and k not in ("key_namespace",
+                                                                                  "save_decode_cache",
+                                                                                  "load_async")}
+    ignored = sorted(set(options) - set(_CONFIG_KEYS) - _CONNECTOR_KEYS)
+    if ignored:
+        logger.warning("UMBP runtime (backend 'umbp') ignores kv_connector_extra_config key(s) %s; "
+                       "its keys are %s", ignored, sorted(set(_CONFIG_KEYS) - {"key_namespace"}))
+    return UMBPConfig.from_extra(ours)
+
+
+class MalformedKeyError(ValueError):
+    """Key strings that are not the in-tree connector's format."""
+
+
+class KeyCodec:
+    """The in-tree connector's key strings <-> umbp_key records of one pool.
+
+    encode() parses a batch into one ctypes array (one C call uses it);
+    prefixes (everything but the hash) are parsed once and cached, so the
+    per-key work is a dict lookup and bytes.fromhex."""
+
+    def __init__(self, ns_id):
+        self._ns_id = ns_id              # namespace name -> pool id (umbp_ns_register)
+        self._heads: dict[str, bytes] = {}
+        self._names: dict[tuple, str] = {}
+
+    @staticmethod
+    def parse_head(head: str) -> tuple[str, tuple[int, int, int, int, int]]:
+        """'umbp:vllm:v1:{ns}:tp..:g..' -> (ns, (tp, pcp, dcp, pp, group)); ValueError."""
+        parts = head.rsplit(":", 5)
+        if len(parts) != 6 or not parts[0].startswith(KEY_PREFIX) or len(parts[0]) == len(KEY_PREFIX):
+            raise ValueError("not 'umbp:vllm:v1:{namespace}:' followed by five rank and group fields")
+        vals = []
+        for part, tag in zip(parts[1:], ("tp", "pcp", "dcp", "pp", "g")):
+            num = part[len(tag):]
+            if not part.startswith(tag) or not num.isdigit() or int(num) > 0xFFFF:
+                raise ValueError(f"field {part!r} is not {tag}<0..65535>")
+            vals.append(int(num))
+        return parts[0][len(KEY_PREFIX):], tuple(vals)
+
+    def _head(self, head: str) -> bytes:
+        ns, (tp, pcp, dcp, pp, g) = self.parse_head(head)
+        packed = _HEAD.pack(self._ns_id(ns), tp, pcp, dcp, pp, g)
+        self._heads[head] = packed
+        return packed
+
+    def encode(self, keys: Sequence[str]) -> Any:
+        """One umbp_key array for keys; MalformedKeyError names the bad ones."""
+        heads = self._heads
+        parts: list[bytes] = []
+        bad: list[tuple[str, str]] = []
+        for k in keys:
+            head, _, hx = k.rpartition(":") if isinstance(k, str) else ("", "", "")
+            try:
+                h = heads.get(head) or self._head(head)
+                hb = bytes.fromhex(hx)
+                if not 0 < len(hb) <= L.UMBP_KEY_HASH_MAX:
+                    raise ValueError(f"hash of {len(hb)} bytes (1..{L.UMBP_KEY_HASH_MAX})")
+            except ValueError as e:
+                bad.append((k, str(e)))
+                continue
+            parts.append(h + bytes((len(hb),)) + hb + _ZERO[len(hb):])
+        if bad:
+            shown = "; ".join(f"{k!r}: {why}" for k, why in bad[:3])
+            raise MalformedKeyError(f"{len(bad)} of {len(keys)} UMBP key(s) are malformed ({shown}); "
+                                    f"expected {KEY_FORMAT}")
+        n = len(parts)
+        return (L.Key * max(1, n)).from_buffer_copy(b"".join(parts) or bytes(C.sizeof(L.Key)))
+
+    def name(self, namespace: str, k: L.Key) -> str:
+        """The key string of a umbp_key of `namespace` (for removed events)."""
+        return (f"{KEY_PREFIX}{namespace}:tp{k.tp_rank}:pcp{k.pcp_rank}:dcp{k.dcp_rank}:"
+                f"pp{k.pp_rank}:g{k.group}:{bytes(k.hash[:k.hash_len]).hex()}")
+
+
+def _attach_existing(cfg: UMBPConfig, role: int, rank: int) -> _Pool | None:
+    """Attach to the pool if it exists: the scheduler's view. None when an
+    embedded pool is not created yet (its workers create it)."""
+    if cfg.mode == "standalone":
+        return _Pool(cfg, 0, role, rank)   # ValueError naming `umbp daemon` when missing
+    lib = L.lib()
+    h = C.c_void_p()
+    opts = L.AttachOpts()
+    lib.umbp_attach_opts_init(C.byref(opts))
+    opts.role, opts.rank = role, rank
+    rc = lib.umbp_pool_attach(cfg.pool.encode(), C.byref(opts), C.byref(h))
+    if rc == -errno.ENOENT:
+        return None
+    L.check(rc, f"attach pool {cfg.pool}")
+    lib.umbp_pool_detach(h)
+    return _Pool(replace(cfg, mode="standalone"), 0, role, rank)   # attach only; never the owner
+
+
+class UMBPSchedulerHandle:
+    """Scheduler side: existence of key strings by one bulk probe of the pool."""
+
+    def __init__(self, cfg: UMBPConfig, namespace: str):
+        self.cfg = cfg
+        self.namespace = namespace
+        self.pool: _Pool | None = None
+        self._lock = threading.Lock()   # lookup_async runs lookups on a thread pool
+        self._codec: KeyCodec | None = None
+        self._attach()
+
+    def _attach(self) -> bool:
+        if self.pool is None:
+            self.pool = _attach_existing(self.cfg, 1, -1)
+            if self.pool is not None:
+                self._codec = KeyCodec(self.pool.ns)
+        return self.pool is not None
+
+    def lookup(self, keys: Sequence[str]) -> Sequence[bool]:
+        """Presence of each key (umbp_contains_bulk); MalformedKeyError for keys
+        not in the connector's format. All misses while the embedded pool does
+        not exist yet."""
+        with self._lock:
+            if not self._attach():
+                KeyCodec(lambda ns: 0).encode(keys)   # still refuse malformed keys
+                return [False] * len(keys)
+            arr = self._codec.encode(keys)
+            n = len(keys)
+            present = (C.c_uint8 * max(1, n))()
+            if n:
+                L.check(self.pool.lib.umbp_contains_bulk(self.pool.h, n, arr, present), "lookup")
+            return [bool(v) for v in present[:n]]
+
+    def clear(self) -> bool:
+        with self._lock:
+            if not self._attach():
+                return True
+            L.check(self.pool.lib.umbp_clear_ns(self.pool.h, self.pool.ns(self.namespace)), "clear")
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self.pool is not None:
+                self.pool.close()
+                self.pool = None
+
+
+class _Job:
+    """The C jobs behind one TransferJobState: [(c job, key indices, group)]."""
+
+    __slots__ = ("store", "parts", "held")
+
+    def __init__(self, store: bool):
+        self.store = store
+        self.parts: list[tuple[C.c_void_p, list[int], int]] = []
+        self.held = False   # store done and unpublished: its C jobs keep the slots
+
+
+class UMBPWorkerHandle:
+    """Worker side: one rank's KV tensors <-> the pool through the C copy engine."""
+
+    def __init__(self, cfg: UMBPConfig, namespace: str, topology: RankTopology,
+                 layout: KVLayoutDescriptor):
+        self.cfg = cfg
+        self.namespace = namespace
+        self.topology = topology
+        self.layout = layout
+        self.lib = L.lib()
+        self.obj_bytes: dict[int, int] = {}
+        for r in layout.regions:
+            self.obj_bytes[r.group_id] = self.obj_bytes.get(r.group_id, 0) + r.block_bytes
+        need = max(self.obj_bytes.values(), default=4096)
+        slot = max(4096, (need + 4095) // 4096 * 4096, cfg.slot_size or 0)
+        nodes = None
+        if cfg.mode == "embedded" and cfg.numa_nodes is None:
+            nodes = plan_placement(cfg, topology.tp_size, topology.tp_rank, log_level=logging.DEBUG).numa_nodes
+        self.pool = _Pool(cfg, slot, 2, topology.tp_rank, nodes)
+        self.ns_id = self.pool.ns(namespace)
+        self.codec = KeyCodec(self.pool.ns)
+        self._engine = None
+        self._layout = None
+        self._region_of: dict[tuple[str, int], tuple[int, int]] = {}  # (layer, segment) -> (base, stride)
+        self._jobs: dict[int, _Job] = {}
+        self._lock = threading.Lock()
+        self.placement = None
+
+    # ---- buffers -------------------------------------------------------------
+    def register_buffers(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """A C layout over the layout descriptor's regions (each segment a
+        region of its own, in object order) and the copy engine."""
+        regs = []
+        cuda_dev = None
+        for layer, region in enumerate(self.layout.regions):
+            t = kv_caches.get(region.layer_name)
+            if t is None:
+                raise ValueError(f"UMBP runtime: KV cache {region.layer_name!r} was not registered")
+            if t.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"KV cache {region.layer_name} is on {t.device}; UMBP supports cpu and cuda")
+            stride = t.stride(0) * t.element_size()
+            if region.segments:
+                stride = region.block_stride
+            if region.block_bytes > stride and not region.segments:
+                raise ValueError(f"UMBP runtime: a block of {region.layer_name!r} ({region.block_bytes} bytes) "
+                                 f"spans several physical blocks of {stride} bytes; this layout is not "
+                                 "supported by the umbp backend")
+            if t.device.type == "cuda":
+                cuda_dev = t.device.index or 0
+            runs = region.segments or ((0, region.block_bytes),)
+            for seg, (off, length) in enumerate(runs):
+                r = L.KVRegion()
+                r.base = t.data_ptr() + off
+                r.block_bytes = length
+                r.stride = stride
+                r.block_count = t.shape[0]
+                r.device = 1 if t.device.type == "cuda" else 0
+                r.device_id = t.device.index or 0
+                r.group = region.group_id
+                r.layer = len(regs)          # object order = the planner's order
+                r.kind = 2                   # UMBP_KV_KV
+                regs.append(r)
+                self._region_of[(region.layer_name, seg)] = (t.data_ptr() + off, stride)
+        if not regs:
+            raise ValueError("UMBP runtime: the KV layout has no regions to transfer")
+        arr = (L.KVRegion * len(regs))(*regs)
+        lay = C.c_void_p()
+        rc = self.lib.umbp_kv_layout_create(self.pool.h, arr, len(regs), C.byref(lay))
+        if rc == -errno.EINVAL:
+            raise ValueError("UMBP: " + self.lib.umbp_last_error().decode())
+        L.check(rc, "kv layout")
+        self._layout = lay
+        pl = self.placement = plan_placement(self.cfg, self.topology.tp_size, self.topology.tp_rank, cuda_dev)
+        o = L.DPOpts()
+        self.lib.umbp_dp_opts_init(C.byref(o))
+        o.threads = pl.copy_threads
+        o.cuda_copy = _CUDA_COPY[self.cfg.cuda_copy]
+        if pl.copy_cpus:
+            self._cpus = (C.c_uint * len(pl.copy_cpus))(*pl.copy_cpus)
+            o.cpus, o.n_cpus = C.cast(self._cpus, C.POINTER(C.c_uint)), len(pl.copy_cpus)
+        eng = C.c_void_p()
+        L.check(self.lib.umbp_dp_engine_create(self.pool.h, C.byref(o), C.byref(eng)), "data path")
+        self._engine = eng
+
+    # ---- submission ----------------------------------------------------------
+    @staticmethod
+    def _columns(plans) -> tuple[list[str], list[int], list[int | None]]:
+        if isinstance(plans, (BlockLoadBatch, BlockStoreBatch)):
+            return list(plans.keys), list(plans.block_ids), list(plans.group_ids)
+        return ([p.key for p in plans], [p.block_id for p in plans],
+                [p.group_id if p.group_id is not None else (p.ranges[0].group_id if p.ranges else None)
+                 for p in plans])
+
+    def _range_mismatch(self, plan: BlockTransferPlan) -> str | None:
+        """Why plan's ranges are not those of its block in the registered layout."""
+        segs: dict[str, int] = {}
+        for rg in plan.ranges:
+            seg = segs.get(rg.layer_name, 0)
+            segs[rg.layer_name] = seg + 1
+            base = self._region_of.get((rg.layer_name, seg))
+            if base is None or rg.base_address != base[0] + plan.block_id * base[1]:
+                return (f"range of {rg.layer_name!r} at {rg.base_address:#x} is not block {plan.block_id} "
+                        "of the registered KV cache")
+        return None
+
+    def _submit(self, plans, store: bool) -> TransferJobState:
+        is_batch = isinstance(plans, (BlockLoadBatch, BlockStoreBatch))
+        state_plans = plans if is_batch else tuple(plans)
+        keys, block_ids, groups = self._columns(state_plans)
+        default_group = next(iter(self.obj_bytes), 0)
+        groups = [default_group if g is None else g for g in groups]
+        job = TransferJobState(state_plans, plan_bytes=tuple(self.obj_bytes.get(g, 0) for g in groups))
+        job.start()
+        if not keys:
+            job.complete()
+            return job
+        if self._engine is None:
+            job.fail(keys, "transfer not attempted: UMBP KV caches are not registered")
+            return job
+        rec = _Job(store)
+        failed: dict[str, list[int]] = {}
+        by_group: dict[int, list[int]] = {}
+        for i, g in enumerate(groups):
+            if g not in self.obj_bytes:
+                failed.setdefault(f"KV group {g} is not in the registered layout", []).append(i)
+            elif not is_batch and state_plans[i].ranges and (why := self._range_mismatch(state_plans[i])):
+                failed.setdefault(why, []).append(i)
+            else:
+                by_group.setdefault(g, []).append(i)
+        for g, idx in by_group.items():   # one C job per KV group
+            try:
+                sub = self.codec.encode([keys[i] for i in idx])
+            except MalformedKeyError as e:
+                failed.setdefault(str(e), []).extend(idx)
+                continue
+            ids = (C.c_uint32 * len(idx))(*[block_ids[i] for i in idx])
+            cj = C.c_void_p()
+            if store:
+                rc = self.lib.umbp_dp_store(self._engine, self._layout, g, -1, len(idx), ids, sub,
+                                            L.UMBP_DP_STORE_DEFER_PUBLISH, C.byref(cj))
+            else:
+                rc = self.lib.umbp_dp_load(self._engine, self._layout, g, len(idx), sub, ids, C.byref(cj))
+            if rc < 0:
+                why = self.lib.umbp_last_error().decode(errors="replace") or os.strerror(-rc)
+                failed.setdefault(f"UMBP {'store' if store else 'load'} refused: {why}", []).extend(idx)
+                continue
+            rec.parts.append((cj, idx, g))
+        for why, idx in failed.items():
+            job.fail([keys[i] for i in idx], why)
+        if rec.parts:
+            with self._lock:
+                self._jobs[id(job)] = rec
+        return job
+
+    def load(self, plans: Sequence[BlockTransferPlan]) -> TransferJobState:
+        return self._submit(plans, store=False)
+
+    def load_blocks(self, plans: Sequence[BlockTransferPlan]) -> TransferJobState | None:
+        return self._submit(plans, store=False) if self._engine is not None else None
+
+    def store(self, plans: Sequence[BlockTransferPlan]) -> TransferJobState:
+        return self._submit(plans, store=True)
+
+    def store_blocks(self, plans: Sequence[BlockTransferPlan]) -> TransferJobState | None:
+        return self._submit(plans, store=True) if self._engine is not None else None
+
+    # ---- completion ----------------------------------------------------------
+    def _finalize(self, job: TransferJobState, rec: _Job) -> TransferJobState:
+        """Every C job of rec is done: per-key results into job."""
+        keys = job.keys
+        ok: list[str] = []
+        errors: dict[str, list[str]] = {}
+        for cj, idx, g in rec.parts:
+            rc = (C.c_int * len(idx))()
+            self.lib.umbp_dp_job_results(cj, rc, len(idx))
+            for j, i in enumerate(idx):
+                if rc[j] == 0:
+                    ok.append(keys[i])
+                else:
+                    msg = (self.lib.umbp_dp_job_message(cj, j) or b"").decode(errors="replace")
+                    why = "not in the pool" if rc[j] == -errno.ENOENT else msg or os.strerror(-rc[j])
+                    errors.setdefault(f"UMBP {'store' if rec.store else 'load'} failed: {why}", []).append(keys[i])
+        if ok:
+            job.complete(ok)
+        for why, ks in errors.items():
+            job.fail(ks, why)
+        if rec.store and job.status == TransferJobStatus.COMPLETED:
+            rec.held = True                       # slots stay reserved until publish()
+        else:
+            self._release(job, rec)
+        return job
+
+    def _release(self, job: TransferJobState, rec: _Job) -> None:
+        """Drop the C jobs (an unpublished store's slots go back to the pool)."""
+        for cj, _, _ in rec.parts:
+            self.lib.umbp_dp_job_release(cj)
+        rec.parts = []
+        with self._lock:
+            self._jobs.pop(id(job), None)
+
+    def _rec(self, job: TransferJobState) -> _Job | None:
+        with self._lock:
+            return self._jobs.get(id(job))
+
+    def poll(self, job: TransferJobState) -> TransferJobState | None:
+        rec = self._rec(job)
+        if rec is None or rec.held:
+            return job if job.status != TransferJobStatus.RUNNING else None
+        if any(self.lib.umbp_dp_job_poll(cj) != 0 for cj, _, _ in rec.parts):
+            return None
+        return self._finalize(job, rec)
+
+    def wait(self, job: TransferJobState) -> TransferJobState:
+        rec = self._rec(job)
+        if rec is None or rec.held:
+            if job.status == TransferJobStatus.RUNNING:
+                raise RuntimeError("UMBP runtime: wait on a job this handle does not own")
+            return job
+        for cj, _, _ in rec.parts:
+            if self.lib.umbp_dp_job_wait(cj, self.cfg.load_timeout_ms) != 0:
+                raise TimeoutError(f"UMBP transfer not done after load_timeout_ms={self.cfg.load_timeout_ms}: "
+                                   "its KV buffers are still in use")
+        return self._finalize(job, rec)
+
+    def publish(self, job: TransferJobState) -> None:
+        """Make a completed store visible: one umbp_dp_job_publish per C job."""
+        if job.status != TransferJobStatus.COMPLETED:
+            raise RuntimeError(f"cannot publish a UMBP store in state {job.status.value}")
+        rec = self._rec(job)
+        if rec is None:
+            return          # nothing held: every key was already present, or published before
+        if not rec.store or not rec.held:
+            raise RuntimeError("UMBP runtime: publish of a job that is not a finished store")
+        keys = job.keys
+        for cj, idx, _ in rec.parts:
+            rc = (C.c_int * len(idx))()
+            nfail = self.lib.umbp_dp_job_publish(cj, rc, len(idx))
+            if nfail != 0:
+                bad = [keys[i] for j, i in enumerate(idx) if nfail < 0 or rc[j] != 0]
+                logger.warning("UMBP publish left %d of %d key(s) unpublished (%s)", len(bad), len(idx),
+                               self.lib.umbp_last_error().decode(errors="replace") if nfail < 0 else rc[:len(idx)])
+        self._release(job, rec)
+
+    def cancel(self, job: TransferJobState) -> TransferJobState:
+        """Cancel the C jobs not yet copying; wait for the others."""
+        rec = self._rec(job)
+        if rec is None or rec.held:
+            return job
+        cancelled = [self.lib.umbp_dp_job_cancel(cj) == 0 for cj, _, _ in rec.parts]
+        if all(cancelled):
+            job.cancel("preempted")
+            self._release(job, rec)
+            return job
+        return self.wait(job)
+
+    # ---- events --------------------------------------------------------------
+    def take_evicted_keys(self) -> Sequence[str]:
+        """Keys of this namespace removed (evicted, removed, cleared) since the
+        last call, from the pool's event ring (see the module note: the ring's
+        events go to one drainer each)."""
+        out: list[str] = []
+        buf = (L.Event * 1024)()
+        while True:
+            n = self.lib.umbp_events_drain(self.pool.h, buf, 1024)
+            for i in range(max(0, n)):
+                if buf[i].type == 2 and buf[i].key.ns == self.ns_id:
+                    out.append(self.codec.name(self.namespace, buf[i].key))
+            if n < 1024:
+                return out
+
+    def close(self) -> None:
+        with self._lock:
+            recs = list(self._jobs.items())
+            self._jobs.clear()
+        for _, rec in recs:
+            for cj, _, _ in rec.parts:
+                self.lib.umbp_dp_job_cancel(cj)
+                self.lib.umbp_dp_job_wait(cj, _FOREVER)
+                self.lib.umbp_dp_job_release(cj)
+        if self._engine is not None:
+            self.lib.umbp_dp_engine_destroy(self._engine)
+            self._engine = None
+        if self._layout is not None:
+            self.lib.umbp_kv_layout_free(self._layout)
+            self._layout = None
+        self.pool.close()
+
+
+class UMBPRuntime:
+    """IUMBPRuntime over libumbp, for the in-tree connector's modes embedded
+    (this engine's workers create the pool) and standalone (`umbp daemon`
+    owns it)."""
+
+    def __init__(self, config: UMBPRuntimeConfig):
+        self.mode = config.mode
+        self.cfg = runtime_config({**config.options, "mode": config.mode})
+        try:
+            L.lib()   # fail here, at connector construction, when libumbp cannot be loaded
+        except OSError as e:
+            raise RuntimeError(
+                f"vLLM's UMBPStoreConnector has backend 'umbp' but libumbp cannot be loaded ({e}). "
+                "Fix: install the umbp package with its library (pip install umbp), or set "
+                "UMBP_LIB=/path/to/libumbp.so, or drop \"backend\": \"umbp\" from "
+                "kv_connector_extra_config to use the runtime registered before (MORI)") from e
+
+    @classmethod
+    def from_config(cls, config: UMBPRuntimeConfig) -> UMBPRuntime:
+        return cls(config)
+
+    def create_scheduler_handle(self, namespace: str, topology: RankTopology,
+                                layout: KVLayoutDescriptor) -> UMBPSchedulerHandle:
+        del topology, layout
+        return UMBPSchedulerHandle(self.cfg, namespace)
+
+    def create_worker_handle(self, namespace: str, topology: RankTopology,
+                             layout: KVLayoutDescriptor) -> UMBPWorkerHandle:
+        return UMBPWorkerHandle(self.cfg, namespace, topology, layout)
