@@ -30,3 +30,17 @@ def test_cli_is_the_venvs():
 def test_one_version():
     from importlib.metadata import version
     assert umbp.__version__ == version("umbp")  # libumbp's, from meson.build; the wheel's metadata
+
+
+def test_vllm_loads_the_plugin_from_the_entry_point():
+    """The installed distribution's vllm.general_plugins entry point is what
+    vLLM itself loads: after vLLM's load_general_plugins(), the in-tree
+    connector's runtime factory has umbp behind backend 'umbp'."""
+    from importlib.metadata import entry_points
+    eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert eps.get("umbp") == "umbp.vllm_plugin:register", eps
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime import UMBPRuntimeFactory
+    for mode in ("embedded", "standalone"):
+        assert getattr(UMBPRuntimeFactory._builders[mode], "umbp_backend", False), mode
