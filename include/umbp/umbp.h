@@ -36,6 +36,12 @@ extern "C" {
 /* Library version string, e.g. "0.1.0". Any thread. */
 UMBP_API const char *umbp_version(void);
 
+/* sizeof the public struct named `name` ("umbp_key", "umbp_pool_params",
+ * ... as spelled in these headers), or 0 for a name it does not know. For
+ * bindings that mirror the structs by hand: python/umbp/_lib.py compares
+ * every structure it declares at load. Any thread. */
+UMBP_API size_t umbp_abi_struct_size(const char *name);
+
 /* A fixed sentence for a negative errno code (or 0). Never NULL. Any thread. */
 UMBP_API const char *umbp_strerror(int code);
 

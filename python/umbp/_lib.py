@@ -264,11 +264,39 @@ _SIGS = {
 _lib = None
 
 
+# The C name of every structure above: lib() compares each one's size with
+# the library's (umbp_abi_struct_size), so a binding and a libumbp of
+# different versions refuse each other instead of corrupting memory.
+_C_NAMES = {Key: "umbp_key", PoolParams: "umbp_pool_params", AttachOpts: "umbp_attach_opts",
+            KVRegion: "umbp_kv_region", DPOpts: "umbp_dp_opts", Event: "umbp_event",
+            ConnEvent: "umbp_conn_event", StatsSnapshot: "umbp_conn_stats_snapshot",
+            NsParams: "umbp_conn_ns_params", SlotCensus: "umbp_slot_census",
+            TopoPlanOpts: "umbp_topo_plan_opts", TopoRankInfo: "umbp_topo_rank_info"}
+
+
+def check_abi(handle) -> None:
+    """Raise ImportError naming the first structure whose size differs between
+    this module and the loaded library, or a library without the size table."""
+    if not hasattr(handle, "umbp_abi_struct_size"):
+        raise ImportError(f"{handle._name} has no umbp_abi_struct_size: it is older than this umbp "
+                          "package; rebuild or reinstall libumbp and the package from one version")
+    size = handle.umbp_abi_struct_size
+    size.restype, size.argtypes = C.c_size_t, [C.c_char_p]
+    for cls, name in _C_NAMES.items():
+        theirs, ours = size(name.encode()), C.sizeof(cls)
+        if theirs != ours:
+            raise ImportError(f"struct {name} is {theirs} bytes in {handle._name} but {ours} in "
+                              f"{__file__}: the library and the Python package are of different "
+                              "versions; rebuild or reinstall both from one version (pip install .)")
+
+
 def lib():
-    """The loaded library with every prototype declared (loaded on first use)."""
+    """The loaded library with every prototype declared (loaded on first use,
+    its struct sizes checked against this module's: check_abi)."""
     global _lib
     if _lib is None:
         handle = C.CDLL(_find_library())
+        check_abi(handle)
         for name, (res, args) in _SIGS.items():
             fn = getattr(handle, name)
             fn.restype = res

@@ -179,7 +179,7 @@ class _Pool:
         opts.role, opts.rank = role, rank
         if cfg.mode == "standalone":
             rc = self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h))
-            if rc == -2:
+            if rc == -errno.ENOENT:
                 raise ValueError(f"standalone UMBP pool {self.name!r} does not exist: start it with "
                                  f"`umbp daemon {self.name} --capacity SIZE` or use mode 'embedded'")
             L.check(rc, f"attach pool {self.name}")
@@ -206,7 +206,7 @@ class _Pool:
             if rc == 0:
                 self.owner = True
                 atexit.register(self.close)
-            elif rc == -17:  # EEXIST: another process of the engine created it
+            elif rc == -errno.EEXIST:  # another process of the engine created it
                 rc = self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h))
             L.check(rc, f"create/attach pool {self.name}")
         self.h = h
@@ -1010,7 +1010,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         arr = (L.KVRegion * len(regs))(*regs)
         lay = C.c_void_p()
         rc = self.lib.umbp_kv_layout_create(self.pool.h, arr, len(regs), C.byref(lay))
-        if rc == -22:
+        if rc == -errno.EINVAL:
             raise ValueError("UMBP: " + self.lib.umbp_last_error().decode())
         L.check(rc, "kv layout")
         self._layout = lay

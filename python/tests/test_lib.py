@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The binding checks what it binds: every ctypes structure of _lib.py has
+the size the loaded libumbp gives for its C struct, and a mismatch is refused
+with a message naming the struct, both sizes and the fix."""
+from __future__ import annotations
+
+import ctypes as C
+import glob
+import os
+
+import pytest
+
+import umbp._lib as L
+
+
+def test_every_structure_is_checked():
+    declared = {v for v in vars(L).values()
+                if isinstance(v, type) and issubclass(v, C.Structure) and not v.__name__.startswith("_")}
+    assert declared == set(L._C_NAMES), "a structure of _lib.py is missing from _C_NAMES"
+    L.check_abi(L.lib())   # the real library agrees with every one
+
+
+def test_a_size_mismatch_is_refused(monkeypatch):
+    class Short(C.Structure):
+        _fields_ = [("ns", C.c_uint32)]
+    monkeypatch.setattr(L, "_C_NAMES", {Short: "umbp_key"})
+    want = L.lib().umbp_abi_struct_size(b"umbp_key")
+    with pytest.raises(ImportError, match=rf"struct umbp_key is {want} bytes in .* but 4 in .*"
+                                          r"different versions; rebuild or reinstall both"):
+        L.check_abi(L.lib())
+    monkeypatch.setattr(L, "_C_NAMES", {Short: "umbp_no_such_struct"})
+    with pytest.raises(ImportError, match="struct umbp_no_such_struct is 0 bytes"):
+        L.check_abi(L.lib())
+
+
+def test_errno_names_not_numbers():
+    src = os.path.join(os.path.dirname(L.__file__))
+    for path in glob.glob(os.path.join(src, "*.py")):
+        text = open(path).read()
+        for bad in ("rc == -2", "rc == -17", "rc == -22", "rc == -11"):
+            assert bad not in text, f"{path}: compare with -errno.NAME, not {bad}"
