@@ -52,6 +52,10 @@ const char *cli_index_pages_name(int mode);
  * for a pool's index (umbp_pool_info); buf returned. */
 const char *cli_fmt_index_pages(const void *pool_info, char *buf, size_t n);
 
+/* A pool's 16-byte uuid as 8-4-4-4-12 lower-case hex (37 bytes with the NUL),
+ * the one form 'pool info' and 'inspect' print, in text and JSON. */
+const char *cli_fmt_uuid(const uint8_t *uuid, char *buf, size_t n);
+
 /* Print "umbp: <msg>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Report a usage error: message + "Try 'umbp SUB --help'." and return CLI_USAGE. */

@@ -118,6 +118,12 @@ const char *cli_fmt_index_pages(const void *pool_info, char *buf, size_t n) {
   return buf;
 }
 
+const char *cli_fmt_uuid(const uint8_t *u, char *buf, size_t n) {
+  snprintf(buf, n, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4],
+           u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  return buf;
+}
+
 int cli_parse_int_list(const char *s, int *out, int max) {
   int n = 0;
   const char *p = s;
