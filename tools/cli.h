@@ -26,6 +26,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
 int cmd_daemon(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_size(int argc, char **argv);
 
 /* Parse "8GiB", "256KiB", "4096", "1.5GiB", "64MB" (MB = MiB here, said in --help):
  * decimal digits with at most one '.', then a unit; no hex ("0x100000"),

@@ -13,6 +13,7 @@ static const struct cli_command commands[] = {
     {"replay", "replay a serving trace through a real pool with N worker processes", cmd_replay},
     {"daemon", "create or adopt a pool and own it: reap, evict, quotas", cmd_daemon},
     {"inspect", "show (read-only) everything in a pool; --check verifies its invariants", cmd_inspect},
+    {"size", "a model's block, slot and pool size from its config.json", cmd_size},
 };
 
 static void usage(FILE *f) {
@@ -36,7 +37,8 @@ static void usage(FILE *f) {
           "Exit status: 0 success, 1 runtime error, 2 usage error.\n"
           "Examples:\n"
           "  umbp pool create kv --capacity 8GiB\n"
-          "  umbp daemon kv --capacity 64GiB\n",
+          "  umbp daemon kv --capacity 64GiB\n"
+          "  umbp size --model-config config.json --tp 8\n",
           umbp_version());
 }
 

@@ -408,6 +408,22 @@ def _():
     assert rc == 1 and "'/dev/full'" in err and "No space left" in err, (rc, err)
 
 
+@check("an unbounded replay that cannot fit /dev/shm says how to sweep instead (no --capacity was given)")
+def _():
+    # 20 conversations, 512-token blocks of 2e6 bytes per token (a shard is at most 1 GiB): 84 distinct
+    # blocks of 0.95 GiB = 80 GiB
+    need = 84 * 512 * 2_000_000
+    st = os.statvfs("/dev/shm")
+    if st.f_bavail * st.f_frsize >= need:
+        return f"SKIP /dev/shm has room for {need} bytes: this machine cannot show the refusal"
+    rc, out, err = run("--generate", "chat", "--conversations", "20", "--bytes-per-token", "2000000")
+    assert rc == 1, (rc, err)
+    assert "No --capacity was given" in err and "--capacity-sweep " in err, err
+    # the suggested sweep is one that parses (sizes without spaces)
+    sweep = err.split("--capacity-sweep ")[1].split()[0]
+    assert all(x.endswith(("MiB", "GiB")) and x[:-3].isdigit() for x in sweep.split(",")), sweep
+
+
 @check("--help documents the options and the generator")
 def _():
     rc, out, err = run("--help")
