@@ -368,7 +368,7 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
   if (optind < argc)
     return cli_usage_error("daemon", "unexpected argument '%s' after the pool name '%s': one pool per daemon", argv[optind],
                            o->pool);
-  if (!o->pool) return cli_usage_error("daemon", "missing pool NAME: umbp daemon NAME --capacity SIZE");
+  if (!o->pool) return cli_usage_error("daemon", "missing pool NAME: 'umbp daemon NAME --capacity SIZE'");
   if (umbp_pool_name_valid(o->pool)) return cli_usage_error("daemon", "%s", umbp_last_error());
   if (o->low >= o->high)
     return cli_usage_error("daemon", "--evict-low %u must be below --evict-high %u", o->low, o->high);

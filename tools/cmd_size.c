@@ -288,8 +288,8 @@ int cmd_size(int argc, char **argv) {
     printf("capacity     %s for %lld tokens: %llu blocks x %s x %lld rank%s = %llu bytes\n", cap_s, tokens,
            (unsigned long long)blocks, cli_fmt_size(slot, b, sizeof b), tp, tp == 1 ? "" : "s",
            (unsigned long long)capacity);
-    printf("replay       umbp replay --block-tokens %lld --bytes-per-token %llu --tp %lld (bytes per token, all "
-           "ranks)\n",
+    printf("replay       umbp replay TRACE.jsonl --block-tokens %lld --bytes-per-token %llu --tp %lld (bytes per "
+           "token, all ranks)\n",
            bs, (unsigned long long)bpt, tp);
     printf("pool         umbp pool create NAME --capacity %s --slot-size %s   (or umbp daemon NAME ...)\n", cap_s,
            slot_s);

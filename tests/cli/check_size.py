@@ -143,7 +143,7 @@ def _():
 def _():
     rc, out, err = umbp("size", "--model-config", LL, "--tp", "8")
     assert rc == 0, err
-    assert "umbp replay --block-tokens 16 --bytes-per-token 131072 --tp 8" in out, out
+    assert "umbp replay TRACE.jsonl --block-tokens 16 --bytes-per-token 131072 --tp 8" in out, out
     assert "--slot-size 256KiB" in out and "\"slot_size\":\"256KiB\"" in out, out
     assert "262144 bytes per rank" in out, out
 
