@@ -34,6 +34,9 @@ int cmd_size(int argc, char **argv);
 int cli_parse_size(const char *s, uint64_t *ret);
 /* "1.5 GiB" style formatting into buf. */
 const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n);
+/* bytes as a size option takes it, exactly: "2GiB", "512MiB", "1100KiB" or
+ * "4097" (the largest unit that divides it, no space); buf returned. */
+const char *cli_fmt_size_arg(uint64_t bytes, char *buf, size_t n);
 /* Parse a comma-separated list of non-negative ints ("0,1,3"); returns count or -EINVAL. */
 int cli_parse_int_list(const char *s, int *out, int max);
 /* --slot-size of `umbp SUB`: a size, a multiple of 64 from 4KiB to 4GiB (the

@@ -56,6 +56,14 @@ const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n) {
   return buf;
 }
 
+const char *cli_fmt_size_arg(uint64_t b, char *buf, size_t n) {
+  if (b && b % (1ull << 30) == 0) snprintf(buf, n, "%lluGiB", (unsigned long long)(b >> 30));
+  else if (b && b % (1ull << 20) == 0) snprintf(buf, n, "%lluMiB", (unsigned long long)(b >> 20));
+  else if (b && b % 1024 == 0) snprintf(buf, n, "%lluKiB", (unsigned long long)(b >> 10));
+  else snprintf(buf, n, "%llu", (unsigned long long)b);
+  return buf;
+}
+
 int cli_parse_slot_size(const char *sub, const char *arg, uint64_t *out) {
   uint64_t v;
   if (cli_parse_size(arg, &v) || v == 0)

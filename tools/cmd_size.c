@@ -98,14 +98,6 @@ static int parse_pos(const char *opt, const char *s, long long lo, long long hi,
   return CLI_OK;
 }
 
-/* "256KiB"-style text that cli_parse_size and the connector both read. */
-static void fmt_exact(uint64_t b, char *buf, size_t n) {
-  if (b % (1ull << 30) == 0) snprintf(buf, n, "%lluGiB", (unsigned long long)(b >> 30));
-  else if (b % (1ull << 20) == 0) snprintf(buf, n, "%lluMiB", (unsigned long long)(b >> 20));
-  else if (b % 1024 == 0) snprintf(buf, n, "%lluKiB", (unsigned long long)(b >> 10));
-  else snprintf(buf, n, "%llu", (unsigned long long)b);
-}
-
 int cmd_size(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -225,8 +217,8 @@ int cmd_size(int argc, char **argv) {
   bool fits = !pool || pslot >= obj;
 
   char slot_s[32], cap_s[32], a[32], b[32];
-  fmt_exact(slot, slot_s, sizeof slot_s);
-  fmt_exact(cap_round, cap_s, sizeof cap_s);
+  cli_fmt_size_arg(slot, slot_s, sizeof slot_s);
+  cli_fmt_size_arg(cap_round, cap_s, sizeof cap_s);
   if (json) {
     struct json j;
     json_begin(&j, stdout);

@@ -59,14 +59,7 @@ def kv_config(svc):
     return json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
 
 
-checks = []
-
-
-def check(name):
-    def deco(fn):
-        checks.append((name, fn))
-        return fn
-    return deco
+checks, check = taplib.registry()
 
 
 @check("the daemon runs 'umbp daemon POOL --capacity SIZE --foreground'")

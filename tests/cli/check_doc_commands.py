@@ -63,15 +63,6 @@ def umbp(*args, timeout=120):
     return r.returncode, r.stdout, r.stderr
 
 
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def daemon_pid():
     rc, out, _ = umbp("pool", "info", POOL, "--json")
     if rc:
@@ -154,7 +145,7 @@ def localise(cmd):
         elif i > 0 and a[i - 1] == "--model-config":
             w = LLAMA
         elif i > 0 and a[i - 1] == "--metrics":
-            w = f"127.0.0.1:{free_port()}"
+            w = f"127.0.0.1:{taplib.free_port()}"
         elif i > 0 and a[i - 1] == "--slot-size" and a[0] == "daemon":
             w = "256KiB"
         out.append(w)
@@ -214,14 +205,7 @@ def run_doc_line(cmd):
     return rc, err
 
 
-checks = []
-
-
-def check(name):
-    def deco(fn):
-        checks.append((name, fn))
-        return fn
-    return deco
+checks, check = taplib.registry()
 
 
 @check("every umbp command in README.md and docs/*.md code blocks exits as the doc says")

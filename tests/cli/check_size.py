@@ -49,14 +49,7 @@ def size_json(cfg, *args):
 
 LL = write("llama.json", LLAMA3_8B)
 DS = write("deepseek.json", DEEPSEEK_V3)
-checks = []
-
-
-def check(name):
-    def deco(fn):
-        checks.append((name, fn))
-        return fn
-    return deco
+checks, check = taplib.registry()
 
 
 @check("Llama-3-8B, tp 1, bf16, 16-token blocks: 2 MiB per block")

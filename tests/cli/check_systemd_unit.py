@@ -52,14 +52,7 @@ def verify(name, text):
     return r.returncode, r.stdout + r.stderr
 
 
-checks = []
-
-
-def check(name):
-    def deco(fn):
-        checks.append((name, fn))
-        return fn
-    return deco
+checks, check = taplib.registry()
 
 
 @check("ExecStart is the installed umbp, the pool is the instance, --group and --foreground are there")

@@ -58,12 +58,7 @@ def check(name, needs_parser=False):
     return deco
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+free_port = taplib.free_port
 
 
 def helper(*args):

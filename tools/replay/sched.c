@@ -255,12 +255,6 @@ static void log_cb(void *arg, int level, const char *msg) {
   cli_error("%s: %s", level == UMBP_LOG_ERROR ? "error" : "warning", msg);
 }
 
-/* A size as --capacity-sweep reads it: "512MiB", "2GiB". */
-static void size_arg(uint64_t b, char *buf, size_t n) {
-  if (b % (1ull << 30) == 0) snprintf(buf, n, "%lluGiB", (unsigned long long)(b >> 30));
-  else snprintf(buf, n, "%lluMiB", (unsigned long long)(b >> 20));
-}
-
 int rp_run(const struct rp_config *cfg, const struct trace *t, uint64_t capacity, bool unbounded, unsigned step,
            struct rp_result *res) {
   struct run r;
@@ -311,9 +305,9 @@ int rp_run(const struct rp_config *cfg, const struct trace *t, uint64_t capacity
       uint64_t top = 4ull << 20;
       while (top * 2 <= shm_free / 2) top *= 2;
       char s1[32], s2[32], s3[32];
-      size_arg(top / 4, s1, sizeof s1);
-      size_arg(top / 2, s2, sizeof s2);
-      size_arg(top, s3, sizeof s3);
+      cli_fmt_size_arg(top / 4, s1, sizeof s1);
+      cli_fmt_size_arg(top / 2, s2, sizeof s2);
+      cli_fmt_size_arg(top, s3, sizeof s3);
       cli_error("replay: the unbounded pool (a slot for every distinct block of the trace on every rank: %s) cannot "
                 "be created: %s\n"
                 "No --capacity was given, so measure the hit-ratio curve in what fits instead: "
