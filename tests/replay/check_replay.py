@@ -26,14 +26,7 @@ import taplib  # noqa: E402  (tests/taplib.py)
 TOOL = os.environ.get("UMBP_TOOL", "")
 DATA = os.environ.get("UMBP_SHARED_DATA", "")
 TMP = tempfile.mkdtemp(prefix="umbp-replay-test-")
-results = []
-
-
-def check(name):
-    def deco(fn):
-        results.append((name, fn))
-        return fn
-    return deco
+results, check = taplib.registry()  # @check("name"): a check; it returns None, or "SKIP reason"
 
 
 def run(*args, env=None, timeout=300):
