@@ -3,7 +3,7 @@
 # Safe to run again: installs only what is missing.
 set -euo pipefail
 pkgs=(meson ninja-build pkg-config gcc clang libclang-rt-14-dev liburcu-dev libnuma-dev libhwloc-dev
-      libcmocka-dev hwloc libdpdk-dev libmicrohttpd-dev python3)
+      libcmocka-dev hwloc libdpdk-dev libmicrohttpd-dev libjansson-dev systemd python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -29,3 +29,26 @@ def run(checks, after_each=None):
                 after_each()
         sys.stdout.flush()
     return 1 if failed else 0
+
+
+def registry():
+    """(checks, check): `@check("name")` above a function appends (name, fn) to
+    checks, in file order, for run(checks)."""
+    checks = []
+
+    def check(name):
+        def deco(fn):
+            checks.append((name, fn))
+            return fn
+        return deco
+    return checks, check
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port

@@ -26,6 +26,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
 int cmd_daemon(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_size(int argc, char **argv);
 
 /* Parse "8GiB", "256KiB", "4096", "1.5GiB", "64MB" (MB = MiB here, said in --help):
  * decimal digits with at most one '.', then a unit; no hex ("0x100000"),
@@ -33,6 +34,9 @@ int cmd_inspect(int argc, char **argv);
 int cli_parse_size(const char *s, uint64_t *ret);
 /* "1.5 GiB" style formatting into buf. */
 const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n);
+/* bytes as a size option takes it, exactly: "2GiB", "512MiB", "1100KiB" or
+ * "4097" (the largest unit that divides it, no space); buf returned. */
+const char *cli_fmt_size_arg(uint64_t bytes, char *buf, size_t n);
 /* Parse a comma-separated list of non-negative ints ("0,1,3"); returns count or -EINVAL. */
 int cli_parse_int_list(const char *s, int *out, int max);
 /* --slot-size of `umbp SUB`: a size, a multiple of 64 from 4KiB to 4GiB (the
@@ -51,6 +55,10 @@ const char *cli_index_pages_name(int mode);
 /* "2 MiB pages, 72 MiB in /dev/hugepages/umbp-index.NAME" or "4 KiB pages"
  * for a pool's index (umbp_pool_info); buf returned. */
 const char *cli_fmt_index_pages(const void *pool_info, char *buf, size_t n);
+
+/* A pool's 16-byte uuid as 8-4-4-4-12 lower-case hex (37 bytes with the NUL),
+ * the one form 'pool info' and 'inspect' print, in text and JSON. */
+const char *cli_fmt_uuid(const uint8_t *uuid, char *buf, size_t n);
 
 /* Print "umbp: <msg>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -56,6 +56,14 @@ const char *cli_fmt_size(uint64_t bytes, char *buf, size_t n) {
   return buf;
 }
 
+const char *cli_fmt_size_arg(uint64_t b, char *buf, size_t n) {
+  if (b && b % (1ull << 30) == 0) snprintf(buf, n, "%lluGiB", (unsigned long long)(b >> 30));
+  else if (b && b % (1ull << 20) == 0) snprintf(buf, n, "%lluMiB", (unsigned long long)(b >> 20));
+  else if (b && b % 1024 == 0) snprintf(buf, n, "%lluKiB", (unsigned long long)(b >> 10));
+  else snprintf(buf, n, "%llu", (unsigned long long)b);
+  return buf;
+}
+
 int cli_parse_slot_size(const char *sub, const char *arg, uint64_t *out) {
   uint64_t v;
   if (cli_parse_size(arg, &v) || v == 0)
@@ -115,6 +123,12 @@ const char *cli_fmt_index_pages(const void *pool_info, char *buf, size_t n) {
     snprintf(buf, n, "2 MiB pages (bucket array and slot metadata, %s, in umbp-index.%s on the hugetlbfs mount)",
              cli_fmt_size(i->index_huge_bytes, a, sizeof a), i->name);
   else snprintf(buf, n, "4 KiB pages");
+  return buf;
+}
+
+const char *cli_fmt_uuid(const uint8_t *u, char *buf, size_t n) {
+  snprintf(buf, n, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4],
+           u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
   return buf;
 }
 

@@ -38,7 +38,7 @@
 #include "umbp/topo.h"
 
 static const char *daemon_usage =
-    "Usage: umbp daemon --pool NAME [--capacity SIZE] [OPTIONS]\n"
+    "Usage: umbp daemon NAME [--capacity SIZE] [OPTIONS]\n"
     "\n"
     "Run the daemon that owns pool NAME. It creates the pool (with --capacity) or,\n"
     "when the pool exists, adopts it: after a restart of the daemon every\n"
@@ -51,7 +51,9 @@ static const char *daemon_usage =
     "one's pid. A pool whose file belongs to another user is never adopted.\n"
     "\n"
     "Options:\n"
-    "  --pool NAME           pool to own (required): 1-64 characters [A-Za-z0-9._-].\n"
+    "  NAME                  pool to own (required): 1-64 characters [A-Za-z0-9._-],\n"
+    "                        as in 'umbp pool create NAME'. '--pool NAME' is the\n"
+    "                        same (the older spelling).\n"
     "  --capacity SIZE       create the pool with SIZE bytes of slots when it does\n"
     "                        not exist, e.g. 8GiB. Without it the pool must exist.\n"
     "                        Ignored (with a note) when adopting an existing pool.\n"
@@ -105,7 +107,9 @@ static const char *daemon_usage =
     "...), a quota file is invalid at start, or the pool was destroyed or\n"
     "truncated under it, or --metrics cannot listen on its address (the port is\n"
     "taken, no interface has the address); 2 usage error.\n"
-    "Example: umbp daemon --pool kv --capacity 64GiB --numa-nodes auto --log /var/log/umbp-kv.log\n";
+    "Examples:\n"
+    "  umbp daemon kv --capacity 64GiB --numa-nodes auto --log /var/log/umbp-kv.log\n"
+    "  umbp daemon kv --capacity 64GiB --group vllm --foreground   (systemd, containers)\n";
 
 /* ---- logging ---------------------------------------------------------------- */
 static void dlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -281,7 +285,12 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     uint64_t v;
     switch (c) {
-    case O_POOL: o->pool = optarg; break;
+    case O_POOL:
+      if (o->pool && strcmp(o->pool, optarg))
+        return cli_usage_error("daemon", "--pool '%s' names a second pool after '%s': give the pool once", optarg,
+                               o->pool);
+      o->pool = optarg;
+      break;
     case O_IPAGES:
       if (cli_parse_index_pages(optarg, &o->pp.index_pages))
         return cli_usage_error("daemon", "--index-pages '%s': use try, huge or small", optarg);
@@ -347,8 +356,19 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       return cli_usage_error("daemon", "unknown or incomplete option '%s'", argv[optind - 1]);
     }
   }
-  if (optind < argc) return cli_usage_error("daemon", "unexpected argument '%s' (the pool is given with --pool NAME)", argv[optind]);
-  if (!o->pool) return cli_usage_error("daemon", "--pool NAME is required");
+  /* The pool is positional as in 'umbp pool create NAME' and 'umbp inspect
+   * NAME'; --pool NAME (the older spelling) is the same, and giving both is
+   * fine when they agree. getopt_long has permuted the operands to the end. */
+  if (optind < argc) {
+    if (o->pool && strcmp(o->pool, argv[optind]))
+      return cli_usage_error("daemon", "the pool is named twice, '%s' and --pool '%s': give it once", argv[optind],
+                             o->pool);
+    o->pool = argv[optind++];
+  }
+  if (optind < argc)
+    return cli_usage_error("daemon", "unexpected argument '%s' after the pool name '%s': one pool per daemon", argv[optind],
+                           o->pool);
+  if (!o->pool) return cli_usage_error("daemon", "missing pool NAME: 'umbp daemon NAME --capacity SIZE'");
   if (umbp_pool_name_valid(o->pool)) return cli_usage_error("daemon", "%s", umbp_last_error());
   if (o->low >= o->high)
     return cli_usage_error("daemon", "--evict-low %u must be below --evict-high %u", o->low, o->high);

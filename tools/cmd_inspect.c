@@ -149,8 +149,9 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
   }
   snap_fmt_time(i->created_ns, t, sizeof t);
   printf("pool %s (%s)\n", i->name, i->path);
-  printf("  layout %u.%u  abi 0x%016llx  features compat 0x%llx incompat 0x%llx\n", i->layout_major, i->layout_minor,
-         (unsigned long long)i->abi_fingerprint, (unsigned long long)i->compat_features,
+  char uuid[40];
+  printf("  layout %u.%u  uuid %s  abi 0x%016llx  features compat 0x%llx incompat 0x%llx\n", i->layout_major,
+         i->layout_minor, cli_fmt_uuid(i->uuid, uuid, sizeof uuid), (unsigned long long)i->abi_fingerprint, (unsigned long long)i->compat_features,
          (unsigned long long)i->incompat_features);
   printf("  size %s: %u slots of %s, %u buckets x %d ways, event ring %u\n", cli_fmt_size(i->total_size, a, sizeof a),
          i->slot_count, cli_fmt_size(i->slot_size, b, sizeof b), p->hdr->n_buckets, UMBP_BUCKET_WAYS,
@@ -279,8 +280,7 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
   json_str(&j, "path", i->path);
   snprintf(lay, sizeof lay, "%u.%u", i->layout_major, i->layout_minor);
   json_str(&j, "layout", lay);
-  for (int k = 0; k < 16; k++) snprintf(uuid + 2 * k, 3, "%02x", i->uuid[k]);
-  json_str(&j, "uuid", uuid);
+  json_str(&j, "uuid", cli_fmt_uuid(i->uuid, uuid, sizeof uuid));
   json_u64(&j, "abi_fingerprint", i->abi_fingerprint);
   json_u64(&j, "compat_features", i->compat_features);
   json_u64(&j, "incompat_features", i->incompat_features);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "snapshot.h" /* snap_fmt_time: the time format of 'umbp inspect' */
 #include "shm/pool_internal.h" /* umbp_hugetlbfs_mount */
 #include "umbp/index.h"
 #include "umbp/pool.h"
@@ -24,16 +25,24 @@ static const char *pool_usage =
     "KV-cache blocks for every process on the host.\n"
     "\n"
     "Subcommands:\n"
-    "  create NAME --capacity SIZE [--slot-size SIZE] [--numa-nodes LIST|all]\n"
+    "  create NAME --capacity SIZE [--slot-size SIZE]\n"
+    "              [--numa-nodes LIST|all|auto [--ranks N]]\n"
     "              [--mempolicy bind|preferred|interleave|none] [--group GROUP]\n"
     "              [--hugepages [--hugetlbfs DIR]] [--index-pages try|huge|small]\n"
-    "              [--no-prefault [--no-reserve]] [--quiet]\n"
+    "              [--prefault-threads N | --no-prefault [--no-reserve]]\n"
+    "              [--event-capacity N] [--quiet]\n"
     "  destroy NAME [--force]\n"
     "  ls [--json]\n"
     "  info NAME [--json]\n"
     "  reap NAME\n"
     "\n"
-    "Run 'umbp pool SUBCOMMAND --help' for details.\n";
+    "Run 'umbp pool SUBCOMMAND --help' for details.\n"
+    "Exit status: 0 success; 1 runtime error; 2 usage error.\n"
+    "Examples:\n"
+    "  umbp pool create kv --capacity 8GiB --numa-nodes auto\n"
+    "  umbp pool ls\n"
+    "  umbp pool info kv\n"
+    "  umbp pool destroy kv\n";
 
 static const char *create_usage =
     "Usage: umbp pool create NAME --capacity SIZE [OPTIONS]\n"
@@ -96,7 +105,14 @@ static const char *destroy_usage =
     "they detach, but no one can attach any more. Without --force, a pool with live\n"
     "processes attached is not removed.\n"
     "\n"
-    "Exit status: 0 removed; 1 no such pool, in use, or no permission; 2 usage error.\n";
+    "Options:\n"
+    "  --force   remove it even with live processes attached (they keep their\n"
+    "            mapping; a daemon that owns it notices and stops with status 1).\n"
+    "\n"
+    "Exit status: 0 removed; 1 no such pool, in use, or no permission; 2 usage error.\n"
+    "Examples:\n"
+    "  umbp pool destroy kv\n"
+    "  umbp pool destroy kv --force     (engines still attached)\n";
 
 static const char *ls_usage =
     "Usage: umbp pool ls [--json]\n"
@@ -109,7 +125,10 @@ static const char *ls_usage =
     "JSON: one object a row: name, slot_count, slot_size, total_bytes, procs_alive,\n"
     "procs_dead, hugepages, index_hugepages, status (\"ok\" or what is wrong).\n"
     "\n"
-    "Exit status: 0; 1 on a runtime error; 2 usage error.\n";
+    "Exit status: 0; 1 on a runtime error; 2 usage error.\n"
+    "Examples:\n"
+    "  umbp pool ls\n"
+    "  umbp pool ls --json | jq -r '.[] | select(.status != \"ok\") | .name'\n";
 
 static const char *info_usage =
     "Usage: umbp pool info NAME [--json]\n"
@@ -118,12 +137,19 @@ static const char *info_usage =
     "and the processes in its registry (alive or dead). Attaches read-only.\n"
     "\n"
     "JSON fields: name, path, layout (\"MAJOR.MINOR\"), uuid, total_bytes, slot_size,\n"
-    "slot_count, hugepages, index_hugepages, index_huge_bytes, created_unix, creator_pid, run_generation,\n"
+    "slot_count, hugepages, index_hugepages, index_huge_bytes, created (UTC),\n"
+    "created_unix, creator_pid, run_generation,\n"
     "partitions[] {index, numa_node, slots, first_slot, bytes, free_slots},\n"
     "slots {free, reserved, published, retired, pinned}, processes[] {slot, pid, role,\n"
     "rank, alive, attach_unix, heartbeat_unix, comm}.\n"
     "\n"
-    "Exit status: 0; 1 no such pool or unreadable; 2 usage error.\n";
+    "Times are UTC (2026-12-02T16:00:00Z) and the uuid is 8-4-4-4-12 hex, as in\n"
+    "'umbp inspect'.\n"
+    "\n"
+    "Exit status: 0; 1 no such pool or unreadable; 2 usage error.\n"
+    "Examples:\n"
+    "  umbp pool info kv\n"
+    "  umbp pool info kv --json | jq '.processes[] | select(.alive | not)'\n";
 
 static const char *reap_usage =
     "Usage: umbp pool reap NAME\n"
@@ -131,7 +157,8 @@ static const char *reap_usage =
     "Free the registry slots of dead processes and what they held (pins, reserved\n"
     "slots, reader state). Live processes are never touched.\n"
     "\n"
-    "Exit status: 0; 1 runtime error; 2 usage error.\n";
+    "Exit status: 0; 1 runtime error; 2 usage error.\n"
+    "Example: umbp pool reap kv   (what 'umbp pool ls' suggests for 'has dead processes')\n";
 
 static bool want_help(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
@@ -358,11 +385,6 @@ static int pool_destroy(int argc, char **argv) {
   return CLI_OK;
 }
 
-static void print_uuid(const uint8_t *u, char *out) {
-  sprintf(out, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4],
-          u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-}
-
 static int attach_ro(const char *name, umbp_pool **p) {
   umbp_attach_opts o;
   umbp_attach_opts_init(&o);
@@ -396,7 +418,9 @@ static int pool_info(int argc, char **argv) {
   umbp_proc_info pi[UMBP_MAX_PROCS];
   int np = umbp_pool_list_procs(p, pi, UMBP_MAX_PROCS);
   char uuid[40], a[32], b[32];
-  print_uuid(info.uuid, uuid);
+  cli_fmt_uuid(info.uuid, uuid, sizeof uuid);
+  char tbuf[32]; /* UTC, ISO 8601, as 'umbp inspect' and the daemon's log print it */
+  snap_fmt_time(info.created_ns, tbuf, sizeof tbuf);
   if (json) {
     struct json j;
     json_begin(&j, stdout);
@@ -413,6 +437,7 @@ static int pool_info(int argc, char **argv) {
     json_bool(&j, "hugepages", info.hugepages);
     json_bool(&j, "index_hugepages", info.index_hugepages);
     json_u64(&j, "index_huge_bytes", info.index_huge_bytes);
+    json_str(&j, "created", tbuf);
     json_u64(&j, "created_unix", info.created_ns / 1000000000ull);
     json_i64(&j, "creator_pid", info.creator_pid);
     json_u64(&j, "run_generation", info.run_generation);
@@ -452,9 +477,6 @@ static int pool_info(int argc, char **argv) {
     json_end_obj(&j);
     json_finish(&j);
   } else {
-    time_t ct = (time_t)(info.created_ns / 1000000000ull);
-    char tbuf[64];
-    strftime(tbuf, sizeof tbuf, "%Y-%m-%d %H:%M:%S %Z", localtime(&ct));
     printf("pool %s\n", info.name);
     printf("  path          %s%s\n", info.path, info.hugepages ? " (hugepages)" : "");
     printf("  layout        %u.%u  uuid %s  generation %llu\n", info.layout_major, info.layout_minor, uuid,
@@ -478,9 +500,13 @@ static int pool_info(int argc, char **argv) {
              (unsigned long long)info.partitions[k].free_slots);
     }
     printf("  processes     %d (%u alive, %u dead)\n", np, info.procs_live, info.procs_dead);
-    for (int i = 0; i < np; i++)
-      printf("    slot %-2u pid %-7d %-9s rank %-3d %-5s %s\n", pi[i].slot, pi[i].pid, umbp_role_name(pi[i].role),
-             pi[i].rank, pi[i].alive ? "alive" : "DEAD", pi[i].comm);
+    if (np > 0) printf("    %-4s %-7s %-9s %-4s %-5s %-20s %s\n", "SLOT", "PID", "ROLE", "RANK", "STATE", "ATTACHED", "COMMAND");
+    for (int i = 0; i < np; i++) {
+      char at[32];
+      snap_fmt_time(pi[i].attach_ns, at, sizeof at);
+      printf("    %-4u %-7d %-9s %-4d %-5s %-20s %s\n", pi[i].slot, pi[i].pid, umbp_role_name(pi[i].role), pi[i].rank,
+             pi[i].alive ? "alive" : "DEAD", at, pi[i].comm);
+    }
   }
   umbp_pool_detach(p);
   return CLI_OK;

@@ -13,11 +13,13 @@ static const struct cli_command commands[] = {
     {"replay", "replay a serving trace through a real pool with N worker processes", cmd_replay},
     {"daemon", "create or adopt a pool and own it: reap, evict, quotas", cmd_daemon},
     {"inspect", "show (read-only) everything in a pool; --check verifies its invariants", cmd_inspect},
+    {"size", "a model's block, slot and pool size from its config.json", cmd_size},
 };
 
 static void usage(FILE *f) {
   fprintf(f,
           "Usage: umbp COMMAND [ARGS...]\n"
+          "       umbp --version | --help\n"
           "\n"
           "umbp keeps LLM KV-cache blocks in a host-DRAM pool that every process on the\n"
           "host shares through POSIX shared memory.\n"
@@ -27,8 +29,17 @@ static void usage(FILE *f) {
     fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
   fprintf(f,
           "\n"
+          "Options:\n"
+          "  --version  print the version (umbp %s) and exit.\n"
+          "  --help     print this help and exit.\n"
+          "\n"
           "Run 'umbp COMMAND --help' for a command's options.\n"
-          "Exit status: 0 success, 1 runtime error, 2 usage error.\n");
+          "Exit status: 0 success, 1 runtime error, 2 usage error.\n"
+          "Examples:\n"
+          "  umbp pool create kv --capacity 8GiB\n"
+          "  umbp daemon kv --capacity 64GiB\n"
+          "  umbp size --model-config config.json --tp 8\n",
+          umbp_version());
 }
 
 int main(int argc, char **argv) {

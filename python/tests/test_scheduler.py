@@ -416,7 +416,7 @@ def _umbp_cli():
 
 def start_daemon(pool):
     """`umbp daemon` in the foreground; returns once it logged 'ready'."""
-    p = subprocess.Popen([_umbp_cli(), "daemon", "--pool", pool, "--capacity", "1MiB", "--slot-size", "4KiB",
+    p = subprocess.Popen([_umbp_cli(), "daemon", pool, "--capacity", "1MiB", "--slot-size", "4KiB",
                           "--no-prefault", "--foreground"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue = queue.Queue()

@@ -58,12 +58,7 @@ def check(name, needs_parser=False):
     return deco
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+free_port = taplib.free_port
 
 
 def helper(*args):
@@ -96,7 +91,7 @@ class Daemon:
     def __init__(self, *extra):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/metrics"
-        self.p = subprocess.Popen([TOOL, "daemon", "--pool", POOL, "--capacity", "16MiB", "--slot-size", "64KiB",
+        self.p = subprocess.Popen([TOOL, "daemon", POOL, "--capacity", "16MiB", "--slot-size", "64KiB",
                                    "--no-prefault", "--foreground", "--unlink-on-exit",
                                    "--metrics", f"127.0.0.1:{self.port}", *extra],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -134,7 +129,7 @@ def t_bad_values():
     for bad, why in (("9100", "no port"), ("127.0.0.1:", "not a port"), ("127.0.0.1:0", "not a port"),
                      ("127.0.0.1:70000", "not a port"), ("localhost:9100", "numeric"), (":9100", "no address"),
                      ("[::1:9100", "numeric"), ("300.1.1.1:9100", "numeric")):
-        p = subprocess.run([TOOL, "daemon", "--pool", POOL, "--capacity", "16MiB", "--foreground", "--metrics", bad],
+        p = subprocess.run([TOOL, "daemon", POOL, "--capacity", "16MiB", "--foreground", "--metrics", bad],
                            capture_output=True, text=True, timeout=20)
         assert p.returncode == 2, f"--metrics {bad}: exit {p.returncode}, {p.stderr}"
         assert f"--metrics '{bad}'" in p.stderr and why in p.stderr, f"--metrics {bad}: {p.stderr}"
@@ -149,7 +144,7 @@ def t_bind_fail():
     port = s.getsockname()[1]
     try:
         for addr, why in ((f"127.0.0.1:{port}", "in use"), ("192.0.2.1:9478", "no interface")):
-            p = subprocess.run([TOOL, "daemon", "--pool", POOL, "--capacity", "16MiB", "--foreground", "--metrics",
+            p = subprocess.run([TOOL, "daemon", POOL, "--capacity", "16MiB", "--foreground", "--metrics",
                                 addr], capture_output=True, text=True, timeout=20)
             assert p.returncode == 1, f"{addr}: exit {p.returncode}, {p.stderr}"
             assert f"--metrics {addr}" in p.stderr and why in p.stderr, p.stderr

@@ -102,7 +102,7 @@ static inline int dtu_kill_daemons(void **state) {
   return 0;
 }
 
-/* Start `umbp daemon --pool NAME --foreground ARGS...` with its stderr
+/* Start `umbp daemon NAME --foreground ARGS...` with its stderr
  * appended to log; waits until it holds the pool. Returns its pid. */
 static inline pid_t dtu_daemon_start(const char *name, const char *log, const char *const *args) {
   pid_t pid = fork();
@@ -118,7 +118,6 @@ static inline pid_t dtu_daemon_start(const char *name, const char *log, const ch
     int k = 0;
     argv[k++] = dtu_tool();
     argv[k++] = "daemon";
-    argv[k++] = "--pool";
     argv[k++] = name;
     argv[k++] = "--foreground";
     for (int i = 0; args && args[i] && k < 47; i++) argv[k++] = args[i];

@@ -668,12 +668,22 @@ static void test_bad_input(void **st) {
   assert_int_equal(DTU_RUN(out, "inspect", "bad/name"), 2);
   assert_int_equal(DTU_RUN(out, "inspect", "x", "--check", "--watch", "1"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--capacity", "1MiB"), 2);
-  assert_non_null(strstr(out, "--pool NAME is required"));
+  assert_non_null(strstr(out, "missing pool NAME"));
+  /* the pool is positional like 'pool create NAME'; --pool NAME is an alias,
+   * and the two must agree */
+  assert_int_equal(DTU_RUN(out, "daemon", "no-such-pool-xyz", "--foreground"), 1);
+  assert_non_null(strstr(out, "give --capacity SIZE"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--foreground", "no-such-pool-xyz", "--pool", "no-such-pool-xyz"), 1);
+  assert_int_equal(DTU_RUN(out, "daemon", "a", "--pool", "b"), 2);
+  assert_non_null(strstr(out, "named twice"));
+  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "a", "--pool", "b"), 2);
+  assert_int_equal(DTU_RUN(out, "daemon", "a", "b"), 2);
+  assert_non_null(strstr(out, "unexpected argument 'b'"));
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--quota", "chat"), 2);
   assert_non_null(strstr(out, "NAMESPACE=SIZE"));
-  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "lots"), 2);
+  assert_int_equal(DTU_RUN(out, "daemon", "x", "--capacity", "lots"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--evict-low", "50", "--evict-high", "40"), 2);
-  assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--bogus"), 2);
+  assert_int_equal(DTU_RUN(out, "daemon", "x", "--bogus"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "1MiB", "--slot-size", "4097"), 2);
   assert_non_null(strstr(out, "--slot-size '4097'"));
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "1MiB", "--numa-nodes", "1,1"), 2);

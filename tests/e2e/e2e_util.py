@@ -129,7 +129,7 @@ class Daemon:
         subprocess.run([tool(), "pool", "destroy", pool, "--force"], capture_output=True)
         self.log_path = Path(log_dir or tempfile.gettempdir()) / f"daemon-{pool}.log"
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([tool(), "daemon", "--pool", pool, "--capacity", capacity,
+        self.proc = subprocess.Popen([tool(), "daemon", pool, "--capacity", capacity,
                                       "--slot-size", slot_size, "--foreground", "--unlink-on-exit",
                                       "--reap-interval", "200", "--no-prefault"],
                                      stdout=self.log, stderr=subprocess.STDOUT)

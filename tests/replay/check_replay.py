@@ -26,14 +26,7 @@ import taplib  # noqa: E402  (tests/taplib.py)
 TOOL = os.environ.get("UMBP_TOOL", "")
 DATA = os.environ.get("UMBP_SHARED_DATA", "")
 TMP = tempfile.mkdtemp(prefix="umbp-replay-test-")
-results = []
-
-
-def check(name):
-    def deco(fn):
-        results.append((name, fn))
-        return fn
-    return deco
+results, check = taplib.registry()  # @check("name"): a check; it returns None, or "SKIP reason"
 
 
 def run(*args, env=None, timeout=300):
@@ -406,6 +399,22 @@ def _():
     # a write that fails names the file and the cause
     rc, out, err = run("--generate", "chat", "--conversations", "3", "--output", "/dev/full")
     assert rc == 1 and "'/dev/full'" in err and "No space left" in err, (rc, err)
+
+
+@check("an unbounded replay that cannot fit /dev/shm says how to sweep instead (no --capacity was given)")
+def _():
+    # 20 conversations, 512-token blocks of 2e6 bytes per token (a shard is at most 1 GiB): 84 distinct
+    # blocks of 0.95 GiB = 80 GiB
+    need = 84 * 512 * 2_000_000
+    st = os.statvfs("/dev/shm")
+    if st.f_bavail * st.f_frsize >= need:
+        return f"SKIP /dev/shm has room for {need} bytes: this machine cannot show the refusal"
+    rc, out, err = run("--generate", "chat", "--conversations", "20", "--bytes-per-token", "2000000")
+    assert rc == 1, (rc, err)
+    assert "No --capacity was given" in err and "--capacity-sweep " in err, err
+    # the suggested sweep is one that parses (sizes without spaces)
+    sweep = err.split("--capacity-sweep ")[1].split()[0]
+    assert all(x.endswith(("MiB", "GiB")) and x[:-3].isdigit() for x in sweep.split(",")), sweep
 
 
 @check("--help documents the options and the generator")

@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,8 +295,29 @@ int rp_run(const struct rp_config *cfg, const struct trace *t, uint64_t capacity
   pp.no_prefault = true; /* pages fault in as blocks are stored: faster than pre-faulting all */
   pp.event_capacity = 1024;
   if ((rc = umbp_pool_create(r.name, &pp, &r.pool)) != 0) {
-    cli_error("replay: cannot create pool '%s' of %llu bytes: %s", r.name, (unsigned long long)capacity,
-              umbp_last_error());
+    if (unbounded && (rc == -ENOSPC || rc == -ENOMEM || rc == -E2BIG || rc == -EFBIG)) {
+      /* no --capacity was given, so the library's "choose a smaller
+       * --capacity" is not the fix: a sweep of what fits is */
+      char a[32], e[32];
+      struct statvfs sv;
+      uint64_t shm_free = statvfs("/dev/shm", &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : capacity / 2;
+      /* the largest power-of-two MiB in half of what is free, and its half and quarter */
+      uint64_t top = 4ull << 20;
+      while (top * 2 <= shm_free / 2) top *= 2;
+      char s1[32], s2[32], s3[32];
+      cli_fmt_size_arg(top / 4, s1, sizeof s1);
+      cli_fmt_size_arg(top / 2, s2, sizeof s2);
+      cli_fmt_size_arg(top, s3, sizeof s3);
+      cli_error("replay: the unbounded pool (a slot for every distinct block of the trace on every rank: %s) cannot "
+                "be created: %s\n"
+                "No --capacity was given, so measure the hit-ratio curve in what fits instead: "
+                "--capacity-sweep %s,%s,%s (/dev/shm has %s free), or replay a smaller workload "
+                "(--bytes-per-token, --conversations)",
+                cli_fmt_size(capacity, a, sizeof a), umbp_last_error(), s1, s2, s3, cli_fmt_size(shm_free, e, sizeof e));
+    } else {
+      cli_error("replay: cannot create pool '%s' of %llu bytes: %s", r.name, (unsigned long long)capacity,
+                umbp_last_error());
+    }
     r.pool = NULL;
     rc = 1;
     goto out;

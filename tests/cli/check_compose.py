@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""contrib/docker/docker-compose.yml: the structure that makes a daemon
+container and a vLLM container share one pool. Docker is not available where
+umbp is developed, so the file is never run here; this checks the keys that
+matter (docs/operations.md, "Containers", gives the reasons):
+the same IPC namespace (ipc: shareable + "service:DAEMON", or both host),
+shm_size on the namespace's owner, cap_add SYS_NICE (mbind under Docker's
+seccomp profile), the same uid or the pool's --group, the daemon's command,
+and a vLLM config in standalone mode naming the daemon's pool.
+
+argv: the compose file. Needs PyYAML: python3's, else the project's .venv
+(scripts/setup-python.sh) is used; skips (77) without either."""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    import yaml
+except ImportError:
+    venv_py = os.path.join(HERE, "..", "..", ".venv", "bin", "python")
+    if os.access(venv_py, os.X_OK) and not os.environ.get("UMBP_COMPOSE_REEXEC"):
+        os.environ["UMBP_COMPOSE_REEXEC"] = "1"
+        os.execv(venv_py, [venv_py, *sys.argv])
+    print("1..0 # SKIP PyYAML is missing: apt-get install python3-yaml, or run scripts/setup-python.sh")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.join(HERE, ".."))
+import taplib  # noqa: E402
+
+COMPOSE = sys.argv[1]
+with open(COMPOSE) as f:
+    DOC = yaml.safe_load(f)
+SV = DOC["services"]
+
+
+def size(s):
+    s = str(s).lower().rstrip("b")
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
+
+
+def daemon_name():
+    ds = [n for n, s in SV.items() if "daemon" in (s.get("command") or [])]
+    assert len(ds) == 1, f"one service runs 'umbp daemon': {ds}"
+    return ds[0]
+
+
+def engine_names():
+    es = [n for n, s in SV.items() if "serve" in (s.get("command") or [])]
+    assert es, "no service runs 'vllm serve'"
+    return es
+
+
+def kv_config(svc):
+    cmd = svc["command"]
+    return json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+
+
+checks, check = taplib.registry()
+
+
+@check("the daemon runs 'umbp daemon POOL --capacity SIZE --foreground'")
+def _():
+    cmd = SV[daemon_name()]["command"]
+    assert cmd[0] == "daemon" and not cmd[1].startswith("-"), cmd
+    assert "--foreground" in cmd and "--capacity" in cmd, cmd
+    assert SV[daemon_name()].get("restart") in ("on-failure", "always", "unless-stopped")
+
+
+@check("one IPC namespace: ipc shareable on the daemon and service:DAEMON on each engine, or host on all")
+def _():
+    d = daemon_name()
+    ipc = SV[d].get("ipc")
+    for e in engine_names():
+        if ipc == "host":
+            assert SV[e].get("ipc") == "host", e
+        else:
+            assert ipc == "shareable", ipc
+            assert SV[e].get("ipc") == f"service:{d}", (e, SV[e].get("ipc"))
+            assert SV[e].get("depends_on", {}).get(d), f"{e} must start after {d}"
+
+
+@check("shm_size on the namespace's owner, at least the pool's capacity default")
+def _():
+    d = SV[daemon_name()]
+    if d.get("ipc") == "host":
+        return "SKIP ipc: host uses the host's /dev/shm"
+    cmd = d["command"]
+    cap = cmd[cmd.index("--capacity") + 1]
+    default = cap.split(":-")[1].rstrip("}") if ":-" in cap else cap
+    assert size(d["shm_size"]) > size(default.replace("GiB", "g").replace("MiB", "m")), (d["shm_size"], default)
+
+
+@check("cap_add SYS_NICE (mbind/set_mempolicy under Docker's seccomp profile) on daemon and engines")
+def _():
+    for n in [daemon_name(), *engine_names()]:
+        assert "SYS_NICE" in (SV[n].get("cap_add") or []), n
+
+
+@check("the engines may open the pool: the daemon's uid, or a group the pool is created for")
+def _():
+    d = SV[daemon_name()]
+    cmd = d["command"]
+    group = cmd[cmd.index("--group") + 1] if "--group" in cmd else None
+    for e in engine_names():
+        u = str(SV[e].get("user", "root"))
+        same_uid = u.split(":")[0] == str(d.get("user", "root")).split(":")[0]
+        in_group = group is not None and (u.split(":")[1:] == [group] or group in map(str, SV[e].get("group_add", [])))
+        assert same_uid or in_group, (e, u, d.get("user"), group)
+
+
+@check("the engines' kv-transfer-config: standalone on the daemon's pool, kv_load_failure_policy recompute")
+def _():
+    cmd = SV[daemon_name()]["command"]
+    for e in engine_names():
+        c = kv_config(SV[e])
+        assert c["kv_connector"] == "UMBPStoreConnector" and c["kv_connector_module_path"] == "umbp.vllm", c
+        x = c["kv_connector_extra_config"]
+        assert x["mode"] == "standalone" and x["pool"] == cmd[1], (x, cmd[1])
+        assert c["kv_load_failure_policy"] == "recompute", c
+        assert "--enable-prefix-caching" in SV[e]["command"]
+
+
+@check("the Dockerfile and targets the services build exist")
+def _():
+    root = os.path.join(os.path.dirname(os.path.abspath(COMPOSE)))
+    for n, s in SV.items():
+        b = s.get("build")
+        if not b:
+            continue
+        path = os.path.normpath(os.path.join(root, b["context"], b["dockerfile"]))
+        with open(path) as f:
+            text = f.read()
+        assert f" AS {b['target']}" in text, (n, b["target"])
+
+
+sys.exit(taplib.run(checks))

@@ -1,0 +1,304 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * umbp size — how big a model's KV block is in the pool, from its Hugging Face
+ * config.json (read locally; nothing is downloaded).
+ *
+ * The block object the vLLM connector stores per rank is one vLLM KV-cache
+ * page of every attention layer (python/umbp/vllm.py, _object_bytes:
+ * page_size_bytes x layers), so for a model whose layers are all full
+ * attention:
+ *
+ *   standard (MHA/GQA):  layers x 2 (K, V) x block_size x heads_per_rank x head_dim x dtype bytes
+ *                        heads_per_rank = max(1, num_key_value_heads / tp)
+ *                        (a KV head is replicated when tp > num_key_value_heads)
+ *   MLA (DeepSeek V2/V3: kv_lora_rank and qk_rope_head_dim present):
+ *                        layers x block_size x (kv_lora_rank + qk_rope_head_dim) x dtype bytes
+ *                        (one latent per token per layer, no K/V split, the same on every rank)
+ *
+ * A slot holds one block object: the object rounded up to 4 KiB (what the
+ * connector asks for when it creates an embedded pool). Every rank stores its
+ * own object, so N tokens take ceil(N / block_size) x slot x tp bytes of pool.
+ * --bytes-per-token for 'umbp replay' is the object bytes of all ranks per
+ * token: object x tp / block_size.
+ *
+ * Not modelled (docs/vllm.md says so): hybrid models whose layers are of
+ * several kinds (sliding window, Mamba) in separate KV-cache groups, pipeline
+ * parallelism (each stage stores its own layers only), and vLLM's fp8_ds_mla
+ * layout.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "model_config.h"
+#include "umbp/index.h"
+#include "umbp/pool.h"
+
+static const char *size_usage =
+    "Usage: umbp size --model-config FILE [--tp N] [--block-size T]\n"
+    "                 [--kv-dtype auto|float16|bfloat16|float32|fp8] [--tokens N]\n"
+    "                 [--pool NAME] [--json]\n"
+    "\n"
+    "Size the pool for a model: read its Hugging Face config.json (a local file;\n"
+    "nothing is downloaded) and print the bytes of the block object each rank\n"
+    "stores, the slot size to create the pool with, blocks per GiB, the pool\n"
+    "capacity that holds N tokens, the kv_connector_extra_config keys, and the\n"
+    "--bytes-per-token that makes 'umbp replay --block-tokens T' size its blocks\n"
+    "as this model does.\n"
+    "\n"
+    "  block = layers x 2 (K,V) x T x max(1, kv_heads / tp) x head_dim x dtype\n"
+    "  MLA models (kv_lora_rank and qk_rope_head_dim in the config, e.g. DeepSeek):\n"
+    "  block = layers x T x (kv_lora_rank + qk_rope_head_dim) x dtype, on every rank\n"
+    "  slot  = block rounded up to 4 KiB; N tokens = ceil(N / T) x slot x tp\n"
+    "\n"
+    "Options:\n"
+    "  --model-config FILE  the model's config.json (required). Fields read:\n"
+    "                       num_hidden_layers, num_attention_heads,\n"
+    "                       num_key_value_heads (default: num_attention_heads),\n"
+    "                       head_dim (default: hidden_size / num_attention_heads),\n"
+    "                       kv_lora_rank, qk_rope_head_dim, torch_dtype; in\n"
+    "                       text_config when the file has one (multimodal models).\n"
+    "  --tp N               tensor-parallel ranks (default 1).\n"
+    "  --block-size T       tokens per block: vLLM's --block-size (default 16).\n"
+    "  --kv-dtype DTYPE     KV-cache element type, vLLM's --kv-cache-dtype: auto\n"
+    "                       (default: the model's dtype, which vLLM runs in 16\n"
+    "                       bits), float16, bfloat16, float32 or fp8 (1 byte).\n"
+    "  --tokens N           tokens the pool should hold, over all ranks (default\n"
+    "                       1000000).\n"
+    "  --pool NAME          also say whether the block fits existing pool NAME's\n"
+    "                       slots (attaches read-only, as 'umbp pool info').\n"
+    "  --json               one JSON object: model, layers, kv_heads,\n"
+    "                       heads_per_rank, head_dim, mla, kv_lora_rank,\n"
+    "                       qk_rope_head_dim, dtype, dtype_bytes, tp, block_size,\n"
+    "                       block_bytes_per_rank, slot_size, blocks_per_gib,\n"
+    "                       bytes_per_token_all_ranks, tokens, capacity_bytes,\n"
+    "                       capacity_rounded_bytes (up to a whole GiB, or MiB),\n"
+    "                       kv_connector_extra_config {slot_size, capacity_bytes};\n"
+    "                       with --pool: pool {name, slot_size, slot_count, fits}.\n"
+    "\n"
+    "Exit status: 0 done (with --pool: the block fits the pool's slots); 1 the\n"
+    "file is unreadable or not JSON, the pool cannot be read, or the block does\n"
+    "not fit the pool's slots; 2 usage error (a bad option, or a config.json\n"
+    "that lacks a field the formula needs).\n"
+    "Examples:\n"
+    "  umbp size --model-config ~/models/Llama-3.1-8B/config.json --tp 8\n"
+    "  umbp size --model-config config.json --tp 8 --kv-dtype fp8 --tokens 4000000\n"
+    "  umbp size --model-config config.json --tp 8 --pool kv\n";
+
+static int parse_pos(const char *opt, const char *s, long long lo, long long hi, long long *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end || *s == '-' || v < lo || v > hi)
+    return cli_usage_error("size", "%s '%s': use a whole number from %lld to %lld", opt, s, lo, hi);
+  *out = v;
+  return CLI_OK;
+}
+
+int cmd_size(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      fputs(size_usage, stdout);
+      return CLI_OK;
+    }
+  enum { O_CFG = 256, O_TP, O_BS, O_DT, O_TOK, O_POOL, O_JSON };
+  static const struct option opts[] = {{"model-config", required_argument, 0, O_CFG},
+                                       {"tp", required_argument, 0, O_TP},
+                                       {"block-size", required_argument, 0, O_BS},
+                                       {"kv-dtype", required_argument, 0, O_DT},
+                                       {"tokens", required_argument, 0, O_TOK},
+                                       {"pool", required_argument, 0, O_POOL},
+                                       {"json", no_argument, 0, O_JSON},
+                                       {0, 0, 0, 0}};
+  const char *cfg = NULL, *pool = NULL, *kvdt = "auto";
+  long long tp = 1, bs = 16, tokens = 1000000;
+  bool json = false;
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (c) {
+    case O_CFG: cfg = optarg; break;
+    case O_TP:
+      if (parse_pos("--tp", optarg, 1, 4096, &tp)) return CLI_USAGE;
+      break;
+    case O_BS:
+      if (parse_pos("--block-size", optarg, 1, 1 << 20, &bs)) return CLI_USAGE;
+      break;
+    case O_TOK:
+      if (parse_pos("--tokens", optarg, 1, 1ll << 40, &tokens)) return CLI_USAGE;
+      break;
+    case O_DT: kvdt = optarg; break;
+    case O_POOL: pool = optarg; break;
+    case O_JSON: json = true; break;
+    default: return cli_usage_error("size", "unknown or incomplete option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc) return cli_usage_error("size", "unexpected argument '%s'", argv[optind]);
+  if (!cfg) return cli_usage_error("size", "--model-config FILE is required: the model's config.json");
+  if (pool && umbp_pool_name_valid(pool)) return cli_usage_error("size", "--pool: %s", umbp_last_error());
+
+  struct model m;
+  char why[600];
+  int rc = model_config_read(cfg, &m, why, sizeof why);
+  if (rc) {
+    cli_error("size: %s", why);
+    return rc == -EINVAL ? CLI_USAGE : CLI_RUNTIME;
+  }
+
+  /* element bytes: 'auto' is the model's dtype; vLLM runs float32
+   * checkpoints in float16, so every 'auto' is 2 bytes */
+  unsigned eb;
+  const char *dtname = kvdt;
+  if (!strcmp(kvdt, "auto")) {
+    eb = 2;
+    dtname = !strcmp(m.dtype, "float16") || !strcmp(m.dtype, "bfloat16") ? m.dtype : "16-bit";
+  } else if (!strcmp(kvdt, "float16") || !strcmp(kvdt, "bfloat16") || !strcmp(kvdt, "half")) {
+    eb = 2;
+  } else if (!strcmp(kvdt, "float32") || !strcmp(kvdt, "float")) {
+    eb = 4;
+  } else if (!strcmp(kvdt, "fp8") || !strcmp(kvdt, "fp8_e4m3") || !strcmp(kvdt, "fp8_e5m2")) {
+    eb = 1;
+  } else {
+    return cli_usage_error("size", "--kv-dtype '%s': use auto, float16, bfloat16, float32 or fp8", kvdt);
+  }
+
+  long long hpr = 0;
+  unsigned long long obj;
+  if (m.mla) {
+    obj = (unsigned long long)m.layers * (unsigned long long)bs * (unsigned long long)(m.kv_lora_rank + m.qk_rope) * eb;
+  } else {
+    hpr = m.kv_heads / tp > 0 ? m.kv_heads / tp : 1;
+    obj = (unsigned long long)m.layers * 2ull * (unsigned long long)bs * (unsigned long long)hpr *
+          (unsigned long long)m.head_dim * eb;
+  }
+  if (obj > (1ull << 32)) {
+    char a[32];
+    return cli_usage_error("size", "a block of %lld tokens is %s per rank, over the 4 GiB a slot can hold: use a "
+                                   "smaller --block-size",
+                           bs, cli_fmt_size(obj, a, sizeof a));
+  }
+  uint64_t slot = (obj + 4095) / 4096 * 4096;
+  uint64_t per_gib = (1ull << 30) / slot;
+  uint64_t blocks = ((uint64_t)tokens + (uint64_t)bs - 1) / (uint64_t)bs;
+  uint64_t capacity = blocks * slot * (uint64_t)tp;
+  /* what to write in a config: the capacity rounded up to a whole GiB (MiB
+   * under 1 GiB), so that it is a readable size that still holds N tokens */
+  uint64_t unit = capacity >= (1ull << 30) ? 1ull << 30 : 1ull << 20;
+  uint64_t cap_round = (capacity + unit - 1) / unit * unit;
+  /* replay's --bytes-per-token: the KV bytes of one token over all ranks
+   * (its shards are block-tokens x B / tp bytes each) */
+  uint64_t bpt = (obj * (uint64_t)tp + (uint64_t)bs - 1) / (uint64_t)bs;
+
+  /* --pool: the slots of an existing pool */
+  int pool_rc = 0;
+  uint64_t pslot = 0;
+  uint32_t pcount = 0;
+  if (pool) {
+    umbp_attach_opts ao;
+    umbp_attach_opts_init(&ao);
+    ao.read_only = true;
+    ao.timeout_ms = 1000;
+    umbp_pool *p;
+    pool_rc = umbp_pool_attach(pool, &ao, &p);
+    if (pool_rc) {
+      cli_error("size: cannot read pool '%s': %s", pool, umbp_last_error());
+      return CLI_RUNTIME;
+    }
+    umbp_pool_info info;
+    umbp_pool_get_info(p, &info);
+    pslot = info.slot_size;
+    pcount = info.slot_count;
+    umbp_pool_detach(p);
+  }
+  bool fits = !pool || pslot >= obj;
+
+  char slot_s[32], cap_s[32], a[32], b[32];
+  cli_fmt_size_arg(slot, slot_s, sizeof slot_s);
+  cli_fmt_size_arg(cap_round, cap_s, sizeof cap_s);
+  if (json) {
+    struct json j;
+    json_begin(&j, stdout);
+    json_obj(&j, NULL);
+    json_str(&j, "model", m.name);
+    json_str(&j, "model_config", cfg);
+    json_i64(&j, "layers", m.layers);
+    json_bool(&j, "mla", m.mla);
+    if (m.mla) {
+      json_i64(&j, "kv_lora_rank", m.kv_lora_rank);
+      json_i64(&j, "qk_rope_head_dim", m.qk_rope);
+    } else {
+      json_i64(&j, "kv_heads", m.kv_heads);
+      json_i64(&j, "heads_per_rank", hpr);
+      json_i64(&j, "head_dim", m.head_dim);
+    }
+    json_str(&j, "dtype", dtname);
+    json_u64(&j, "dtype_bytes", eb);
+    json_i64(&j, "tp", tp);
+    json_i64(&j, "block_size", bs);
+    json_u64(&j, "block_bytes_per_rank", obj);
+    json_u64(&j, "slot_size", slot);
+    json_u64(&j, "blocks_per_gib", per_gib);
+    json_u64(&j, "bytes_per_token_all_ranks", bpt);
+    json_i64(&j, "tokens", tokens);
+    json_u64(&j, "capacity_bytes", capacity);
+    json_u64(&j, "capacity_rounded_bytes", cap_round);
+    json_obj(&j, "kv_connector_extra_config");
+    json_str(&j, "slot_size", slot_s);
+    json_str(&j, "capacity_bytes", cap_s);
+    json_end_obj(&j);
+    if (pool) {
+      json_obj(&j, "pool");
+      json_str(&j, "name", pool);
+      json_u64(&j, "slot_size", pslot);
+      json_u64(&j, "slot_count", pcount);
+      json_bool(&j, "fits", fits);
+      json_end_obj(&j);
+    }
+    json_end_obj(&j);
+    json_finish(&j);
+  } else {
+    printf("model        %s (%s): %lld layers, ", m.name, cfg, m.layers);
+    if (m.mla)
+      printf("MLA latent %lld + rope %lld per token per layer, the same on every rank\n", m.kv_lora_rank, m.qk_rope);
+    else
+      printf("%lld KV heads of %lld, %lld per rank at tp %lld%s\n", m.kv_heads, m.head_dim, hpr, tp,
+             m.kv_heads < tp ? " (replicated: tp > KV heads)" : "");
+    if (m.mla)
+      printf("block        %lld layers x %lld tokens x (%lld + %lld) x %u bytes (%s) = %llu bytes per rank\n",
+             m.layers, bs, m.kv_lora_rank, m.qk_rope, eb, dtname, obj);
+    else
+      printf("block        %lld layers x 2 (K,V) x %lld tokens x %lld heads x %lld x %u bytes (%s) = %llu bytes "
+             "per rank\n",
+             m.layers, bs, hpr, m.head_dim, eb, dtname, obj);
+    printf("slot size    %s (%llu bytes: the block rounded up to 4 KiB)\n", cli_fmt_size(slot, a, sizeof a),
+           (unsigned long long)slot);
+    printf("blocks/GiB   %llu per GiB of pool\n", (unsigned long long)per_gib);
+    printf("capacity     %s for %lld tokens: %llu blocks x %s x %lld rank%s = %llu bytes\n", cap_s, tokens,
+           (unsigned long long)blocks, cli_fmt_size(slot, b, sizeof b), tp, tp == 1 ? "" : "s",
+           (unsigned long long)capacity);
+    printf("replay       umbp replay TRACE.jsonl --block-tokens %lld --bytes-per-token %llu --tp %lld (bytes per "
+           "token, all ranks)\n",
+           bs, (unsigned long long)bpt, tp);
+    printf("pool         umbp pool create NAME --capacity %s --slot-size %s   (or umbp daemon NAME ...)\n", cap_s,
+           slot_s);
+    printf("vllm         \"kv_connector_extra_config\":{\"slot_size\":\"%s\",\"capacity_bytes\":\"%s\"}\n", slot_s,
+           cap_s);
+    printf("             (and vllm serve --block-size %lld --tensor-parallel-size %lld%s)\n", bs, tp,
+           eb == 1 ? " --kv-cache-dtype fp8" : "");
+    if (pool)
+      printf("pool %-7s %s: %u slots of %s; the block needs %llu bytes%s\n", pool, fits ? "fits" : "DOES NOT FIT",
+             pcount, cli_fmt_size(pslot, a, sizeof a), obj,
+             fits ? "" : ": create a pool with --slot-size of the 'slot size' above");
+  }
+  if (!fits) {
+    cli_error("size: the block of %llu bytes does not fit pool '%s''s %llu-byte slots: create a pool with "
+              "--slot-size %s (umbp pool destroy %s, then umbp pool create %s --capacity SIZE --slot-size %s)",
+              obj, pool, (unsigned long long)pslot, slot_s, pool, pool, slot_s);
+    return CLI_RUNTIME;
+  }
+  return CLI_OK;
+}
