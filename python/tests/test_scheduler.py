@@ -299,6 +299,31 @@ def test_prometheus_metrics_after_real_steps(tmp_path, pool_name):
         e.close()
 
 
+def test_own_cache_hit_stores_nothing_again(tmp_path, pool_name):
+    """A request whose prefix is in vLLM's own cache and in the pool stores
+    and announces none of those blocks again (the probe found them on every
+    rank); only its new whole blocks are stored."""
+    e = Engine(tmp_path, pool_name)
+    try:
+        a = list(range(100, 100 + 4 * BLOCK + 5))
+        e.s.add_request(req("A", a))
+        _, eco = e.step()
+        assert connector_stats(eco)["store_submitted"] == 4 * TP
+        e.drain()
+        n_stored = len([ev for b in e.published for ev in b.events if isinstance(ev, BlockStored)])
+        # same prefix plus one more whole block, no reset: vLLM's own cache has 4 blocks
+        e.s.add_request(req("A2", a[:4 * BLOCK] + list(range(7, 7 + BLOCK + 3))))
+        so, eco = e.step()
+        assert so.num_scheduled_tokens == {"A2": BLOCK + 3}, "4 blocks were a hit in vLLM's own cache"
+        st = connector_stats(eco)
+        assert st["store_submitted"] == 1 * TP, f"only the new block is stored: {st}"
+        e.drain()
+        new = [ev for b in e.published for ev in b.events if isinstance(ev, BlockStored)][n_stored:]
+        assert [len(ev.block_hashes) for ev in new] == [1], new
+    finally:
+        e.close()
+
+
 def test_real_scheduler_async_loads(tmp_path, pool_name):
     """load_async: the real scheduler parks B in WAITING_FOR_REMOTE_KVS while
     both ranks load, schedules it once both reported finished_recving, and B's

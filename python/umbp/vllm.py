@@ -673,6 +673,7 @@ class _ReqState:
     block_ids: list[list[int]]
     stored_upto: int = 0          # blocks [0, stored_upto) planned for store
     local_computed: int = 0
+    in_pool: int = 0              # leading blocks the last probe found on every rank
     load: list[LoadSpec] | None = None
     pending_events: set[int] = field(default_factory=set)
     finished: bool = False
@@ -788,6 +789,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                                              len(hashes[0]), len(hashes), self.block_size,
                                              request.num_tokens, num_computed_tokens, C.byref(blocks))
         n = max(0, int(n))
+        st.in_pool = blocks.value
         return n, bool(n and self.cfg.load_async)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
@@ -796,6 +798,10 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
             st = self._reqs[request.request_id] = _ReqState(request, [[] for _ in self.groups])
         ids = blocks.get_block_ids()
         st.block_ids = [list(x) for x in ids]
+        # Blocks the probe found on every rank need no store: a hit in vLLM's
+        # own prefix cache would otherwise store (and announce) its whole
+        # prefix again each time.
+        st.stored_upto = max(st.stored_upto, st.in_pool)
         if self.kv_role != "kv_producer" and self.ns_id is not None:
             # counted when the request is scheduled (a resumed preempted one again)
             self._sched_stats["lookups"] += 1
