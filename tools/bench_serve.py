@@ -372,7 +372,8 @@ def table(rows: list[dict]) -> str:
         same = f"{r['vs_own_hit_same_engine']:.2f}x" if "vs_own_hit_same_engine" in r else ""
         lines.append(f"| {r['model']} | {r['prompt_tokens']} | {r['case']} | {r['ttft_s'] * 1e3:.1f} ms "
                      f"({r['min_s'] * 1e3:.1f}-{r['max_s'] * 1e3:.1f}) | {r['prefill_tok_s']:,.0f} | "
-                     f"{r['speedup_vs_recompute']:.1f}x faster | {r['vs_own_hit']:.2f}x | {same} |")
+                     f"{'' if r['case'] == 'recompute' else format(r['speedup_vs_recompute'], '.1f') + 'x faster'} | "
+                     f"{'' if r['case'] == 'own-hit' else format(r['vs_own_hit'], '.2f') + 'x'} | {same} |")
     return "\n".join(lines)
 
 
