@@ -22,9 +22,10 @@
  * or the reader's table loads happen after the barrier and so after the way
  * was cleared (it cannot reach the slot). This is liburcu's memb flavour with
  * the reader registry moved into shared memory, as DPDK's rte_rcu_qsbr does.
- * Reclaim never waits: a reader that does not leave its section (stopped in a
- * debugger) only delays the reuse of slots retired before it entered; live
- * processes go on, and a dead reader's line is zeroed by the reaper.
+ * Reclaim never waits, but a reader that does not leave its section (stopped
+ * by SIGSTOP, a debugger or a cgroup freezer) holds back the reuse of every
+ * slot retired at or after the epoch it entered at, until it resumes; a dead
+ * reader's line is zeroed by the reaper. Nothing bounds a stopped reader yet.
  *
  * A thread gets its reader line (and its ledger index, the same tid) in its
  * process's row on its first call on a pool, by setting a bit in the
