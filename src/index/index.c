@@ -179,17 +179,23 @@ void umbp_index_detach_hook(umbp_pool *p) {
   umbp_evictor_stop(p);
   umbp_counters_flush(p);
   /* give back what we can (readers leave their sections within microseconds:
-   * wait up to 50 ms); what is left stays RETIRED under our id, for the next
-   * process that claims our registry slot or for a reaper's orphan sweep */
+   * wait up to 50 ms) */
   umbp_ix_reclaim_wait(p, 50000000);
-  if (ix->nlimbo && p->proc_slot >= 0) atomic_store(&p->procs[p->proc_slot].orphans, 1);
-  /* pins still held protect reads that cannot go on once the mapping is gone:
-   * release them, or their blocks would stay unevictable, and be inherited
-   * by the next process in our registry slot */
-  if (p->proc_slot >= 0)
-    umbp_ix_pins_drop_proc(ix->pins, ix->pin_stride, ix->ih, ix->slot_count, (unsigned)p->proc_slot);
+  /* A clean detach releases everything the process holds exactly as the
+   * reaper of a dead process would (reap.c): reader lines, ring ledger,
+   * namespace journals, pins (their reads cannot go on once the mapping is
+   * gone), reservations (never published: retired, then freed after their
+   * grace period), locks, counters. Without it a detached process's
+   * RESERVED slots stayed under an owner id nobody would ever reap (the
+   * registry slot is FREE, so no reaper looks at it, and a later claimant
+   * starts clean): lost for good. We hold our own registry lock, which is
+   * what the reaper holds; the caller promises no other thread of ours is
+   * inside a call on this handle. Retired slots still waited for by readers
+   * stay RETIRED under our id with the orphans flag set, for the next
+   * process that claims our registry slot or a reaper's orphan sweep. */
+  if (p->proc_slot >= 0) umbp_index_reap_proc(p, (unsigned)p->proc_slot);
   umbp_ix_instance_remove(ix);
-  if (p->proc_slot >= 0) atomic_store(&p->procs[p->proc_slot].thread_bits, 0);
+  if (p->proc_slot >= 0) atomic_store_explicit(&p->procs[p->proc_slot].thread_bits, 0, memory_order_release);
   pthread_mutex_destroy(&ix->limbo_mu);
   free(ix->limbo);
   free(ix);

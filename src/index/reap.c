@@ -13,6 +13,11 @@
  * its pin check. Retired slots whose grace period is over are freed; the rest
  * stay under the dead owner's id for whoever claims its registry slot next,
  * or for the orphan sweep.
+ *
+ * A clean detach runs the same umbp_index_reap_proc() on the detaching
+ * process's own registry slot (index.c, umbp_index_detach_hook()), so a clean
+ * exit is never worse than a crash: before, a detach left its RESERVED slots
+ * under an owner id that no reaper would look at again.
  */
 #include "index/index_inline.h"
 

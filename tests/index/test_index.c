@@ -6,6 +6,7 @@
 
 #include "index/index_internal.h"
 #include "index_test_util.h"
+#include "umbp/check.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
@@ -584,6 +585,35 @@ static void test_detach_releases_pins(void **state) {
   census_ok(f->p);
 }
 
+/* A clean detach gives back the slots the process reserved, as reaping it
+ * would have (issue 32 #4): attach, reserve x4, detach, then --check is clean
+ * and the 4 slots are free again. */
+static void test_detach_releases_reservations(void **state) {
+  struct fx *f = *state;
+  umbp_slot_census before, after;
+  assert_int_equal(umbp_census(f->p, &before), 0);
+  umbp_pool *q;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
+  uint32_t s[4];
+  for (int i = 0; i < 4; i++) assert_int_equal(umbp_reserve(q, -1, f->ns, &s[i]), 0);
+  umbp_pool_detach(q);
+  umbp_check_report *rep = calloc(1, sizeof *rep);
+  assert_non_null(rep);
+  assert_int_equal(umbp_pool_check(f->p, rep), 0);
+  for (unsigned i = 0; i < rep->n_listed; i++) fprintf(stderr, "# check: %s\n", rep->violation[i]);
+  assert_int_equal(rep->n_violations, 0);
+  free(rep);
+  assert_int_equal(umbp_census(f->p, &after), 0);
+  assert_int_equal(after.reserved, 0);
+  assert_int_equal(after.free_, before.free_);
+  census_ok(f->p);
+  /* and they can be reserved again without evicting anything */
+  uint32_t *all = calloc(after.free_, sizeof *all);
+  assert_int_equal(umbp_reserve_bulk(f->p, -1, f->ns, (unsigned)after.free_, all), (int)after.free_);
+  for (uint64_t i = 0; i < after.free_; i++) assert_int_equal(umbp_abort(f->p, all[i]), 0);
+  free(all);
+}
+
 /* A full pool under long churn never runs out of index ways. At 32767 slots a
  * power-of-two bucket count with 1.25 ways a slot (the sizing before layout
  * 2.0) gives 80% of the ways used at full load: there, linear probing pushes
@@ -979,6 +1009,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_namespaces, setup, teardown),
       cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_detach_releases_pins, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_detach_releases_reservations, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_signature_split, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bucket_all_ways, setup, teardown),
