@@ -152,6 +152,7 @@ static void *evictor_main(void *arg) {
 }
 
 UMBP_API int umbp_evictor_start(umbp_pool *p, unsigned low_pct, unsigned high_pct, unsigned period_ms) {
+  if (p && p->forked) return umbp_pool_forked_fail(p); /* a fork() child's copy of the handle */
   if (!p || !p->index) return -EINVAL;
   struct umbp_index *ix = p->index;
   if (ix->ev_running) return umbp_fail(-EBUSY, "this process already runs an evictor on pool '%s'", p->name);

@@ -47,6 +47,7 @@
  * of line and cold, so that the inlined fast path of every call stays short. */
 __attribute__((noinline, cold)) int umbp_ix_fail(umbp_pool *p) {
   if (!p) return umbp_fail(-EINVAL, "pool is NULL");
+  if (p->forked) return umbp_pool_forked_fail(p);
   return umbp_fail(-EROFS, "pool '%s' is attached read-only", p->name);
 }
 
@@ -171,6 +172,17 @@ int umbp_index_attach_hook(umbp_pool *p) {
     atomic_store_explicit(&ix->limbo_n, ix->nlimbo, memory_order_relaxed);
   }
   return 0;
+}
+
+/* A fork() child's handle (umbp_pool_fork_child()): free the parent's index
+ * state it still points at. Nothing shared is written: the reader lines, pins
+ * and slots are the parent's. */
+void umbp_index_forget(umbp_pool *p) {
+  struct umbp_index *ix = p->forked_index;
+  if (!ix) return;
+  p->forked_index = NULL;
+  free(ix->limbo);
+  free(ix);
 }
 
 void umbp_index_detach_hook(umbp_pool *p) {

@@ -27,6 +27,12 @@ struct umbp_pool {
   struct umbp_shm_header *hdr;
   struct umbp_proc_slot *procs;
   struct umbp_index *index;/* lazily created per-process index state */
+  /* fork(): set in a child's copy of the handle by the index's atfork child
+   * handler (umbp_pool_fork_child()); every call on it then fails with
+   * -ECHILD. attach_pid is the process that attached, for that message. */
+  bool forked;
+  int attach_pid;
+  struct umbp_index *forked_index; /* the parent's index state, freed by the child's detach */
   _Atomic bool reaping[UMBP_MAX_PROCS]; /* registry slots a thread of this handle is reaping now: the claim
                                           * between its threads, taken by compare-and-swap (registry.c) */
 };
@@ -61,6 +67,17 @@ void umbp_index_detach_hook(umbp_pool *p);
 int umbp_index_init_regions(umbp_pool *p);
 /* Free slots on a partition's ring. */
 uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part);
+
+/* fork(): in the child, make the inherited handle p unusable and stop it
+ * from keeping the parent's registry, daemon and creation lock bytes held
+ * (segment.c). Runs in the atfork child handler: system calls only. */
+void umbp_pool_fork_child(umbp_pool *p);
+/* The error of a call on a handle inherited through fork(): -ECHILD, with a
+ * message telling the child to attach on its own. */
+int umbp_pool_forked_fail(const umbp_pool *p);
+/* Free the index state a fork() child's handle still points at (its parent's
+ * copy; nothing in the segment is written). */
+void umbp_index_forget(umbp_pool *p);
 
 /* Compute the layout of a pool with these parameters into *h (regions,
  * partitions, totals). Exposed for tests and the fuzzer. */
