@@ -82,12 +82,14 @@ int umbp_index_init_regions(umbp_pool *p) {
     while (cap < d->slot_count) cap <<= 1;
     void *ring = part_ring(p, i);
     int rc = umbp_ring_init(ring, d->ring_bytes, cap, sizeof(uint64_t));
+    struct umbp_ring_geo g;
+    if (!rc) rc = umbp_ring_geo_get(ring, d->ring_bytes, &g);
     if (rc) return umbp_fail(rc, "cannot initialise the free-slot queue of partition %u", i);
     for (uint32_t s = 0; s < d->slot_count;) {
       uint64_t batch[256];
       unsigned n = 0;
       while (n < 256 && s < d->slot_count) batch[n++] = d->first_slot + s++;
-      unsigned put = umbp_ring_enqueue_burst(ring, batch, n, 0xffff);
+      unsigned put = umbp_ring_enqueue_burst_g(ring, &g, batch, n, 0xffff);
       if (put != n) return umbp_fail(-EBADMSG, "free-slot queue of partition %u overflowed at init", i);
     }
   }
@@ -99,10 +101,9 @@ int umbp_index_init_regions(umbp_pool *p) {
 
 uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part) {
   if (part >= p->hdr->n_partitions) return 0;
-  if (p->index) return umbp_ring_count(p->index->rings[part]); /* checked at attach */
-  void *ring = part_ring(p, part);
-  if (umbp_ring_check_header(ring, p->hdr->partitions[part].ring_bytes)) return 0;
-  return umbp_ring_count(ring);
+  struct umbp_ring_geo g;
+  if (umbp_ix_ring_geo(p, (int)part, &g)) return 0;
+  return umbp_ring_count_g(part_ring(p, part), &g);
 }
 
 _Static_assert(offsetof(struct umbp_index, limbo_mu) % 64 == 0 &&
@@ -127,13 +128,13 @@ int umbp_index_attach_hook(umbp_pool *p) {
   ix->slot_count = h->slot_count;
   ix->slot_size = h->slot_size;
   ix->events = umbp_pool_region(p, UMBP_REG_EVENTS);
-  if (umbp_ring_check_header(ix->events, h->regions[UMBP_REG_EVENTS].size)) {
+  if (umbp_ring_geo_get(ix->events, h->regions[UMBP_REG_EVENTS].size, &ix->ev_geo)) {
     free(ix);
     return umbp_fail(-EBADMSG, "pool '%s': the event ring header is corrupted", p->name);
   }
   for (unsigned i = 0; i < h->n_partitions; i++) {
     ix->rings[i] = part_ring(p, i);
-    if (umbp_ring_check_header(ix->rings[i], h->partitions[i].ring_bytes)) {
+    if (umbp_ring_geo_get(ix->rings[i], h->partitions[i].ring_bytes, &ix->ring_geo[i])) {
       free(ix);
       return umbp_fail(-EBADMSG, "pool '%s': the free-slot queue of partition %u is corrupted", p->name, i);
     }

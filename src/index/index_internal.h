@@ -44,6 +44,11 @@ struct umbp_index {
   struct umbp_counter_row *ctr;    /* this process's row */
   void *events;
   void *rings[UMBP_MAX_PARTITIONS];
+  /* the rings' geometry, copied from their headers once at attach (validated):
+   * ring operations index cells with these, never with the shared headers,
+   * which a co-tenant may rewrite (shm/ring.h, "Trust") */
+  struct umbp_ring_geo ring_geo[UMBP_MAX_PARTITIONS];
+  struct umbp_ring_geo ev_geo;
   uint32_t slot_count;
   uint64_t slot_size;
   char *arena_base; /* unused: slots are addressed through partitions */
@@ -248,6 +253,7 @@ UMBP_IX_HIDDEN int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned 
                                       uint32_t ns_filter);
 
 /* reserve.c */
+UMBP_IX_HIDDEN int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret);
 UMBP_IX_HIDDEN void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                                       uint16_t as_owner);
 

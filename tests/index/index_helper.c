@@ -170,7 +170,7 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
       unsigned char b[UMBP_RING_MAX_ELEM];
     } e;
     struct umbp_ring_claim c;
-    if (umbp_ring_dequeue_begin(ix->rings[0], &e, p->owner_id, &c) != 0) return 4;
+    if (umbp_ring_dequeue_begin(ix->rings[0], &ix->ring_geo[0], &e, p->owner_id, &c) != 0) return 4;
     die();
   }
   if (!strcmp(point, "reserved")) {

@@ -614,6 +614,54 @@ static void test_detach_releases_reservations(void **state) {
   free(all);
 }
 
+/* Ring headers are trusted only once, at attach (issue 32 #10): a co-tenant
+ * that rewrites the geometry in the shared line 0 of the free ring and the
+ * event ring (mask 0xffffffff, a huge capacity and cell size) after peers
+ * attached must not make them index outside the rings. Every operation that
+ * enqueues or dequeues goes on working from a handle attached before. */
+static void test_ring_header_scribbled(void **state) {
+  struct fx *f = *state;
+  umbp_pool *q;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
+  umbp_events_enable_stored(q, true);
+  struct umbp_ring_hdr *rings[2] = {umbp_pool_at(f->p, f->p->hdr->partitions[0].ring_offset, 64),
+                                    umbp_pool_region(f->p, UMBP_REG_EVENTS)};
+  unsigned char saved[2][64];
+  for (int i = 0; i < 2; i++) {
+    memcpy(saved[i], rings[i], 64);
+    rings[i]->capacity = 0xffffffffu;
+    rings[i]->mask = 0xffffffffu;
+    rings[i]->cell_size = 0x10000000u;
+    rings[i]->elem_size = 0x10000000u;
+  }
+  for (int round = 0; round < 3; round++) {
+    for (uint64_t id = 0; id < 300; id++) { /* more than the pool's 256 slots: free, evict, free again */
+      umbp_key k = itu_key(f->ns, 100000 + round * 1000 + id, 0);
+      uint32_t s;
+      int rc = umbp_reserve(q, -1, f->ns, &s);
+      assert_int_equal(rc, 0);
+      assert_int_equal(umbp_publish(q, s, &k), 0);
+      assert_int_equal(umbp_lookup_pin(f->p, &k, &s), 0);
+      assert_int_equal(umbp_unpin(f->p, s), 0);
+      if (id % 3 == 0) assert_int_equal(umbp_remove(q, &k), 0);
+    }
+    umbp_event ev[64];
+    int n;
+    while ((n = umbp_events_drain(f->p, ev, 64)) > 0) {
+    }
+    assert_true(n >= 0);
+  }
+  assert_int_equal(umbp_clear_ns(q, f->ns) >= 0, 1);
+  umbp_reclaim(q);
+  umbp_reclaim(f->p);
+  /* a new attach validates the header and refuses the scribbled rings */
+  umbp_pool *r = NULL;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &r), -EBADMSG);
+  for (int i = 0; i < 2; i++) memcpy(rings[i], saved[i], 64);
+  umbp_pool_detach(q);
+  census_ok(f->p);
+}
+
 /* A full pool under long churn never runs out of index ways. At 32767 slots a
  * power-of-two bucket count with 1.25 ways a slot (the sizing before layout
  * 2.0) gives 80% of the ways used at full load: there, linear probing pushes
@@ -1010,6 +1058,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_detach_releases_pins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_detach_releases_reservations, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ring_header_scribbled, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_signature_split, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bucket_all_ways, setup, teardown),
