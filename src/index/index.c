@@ -51,6 +51,33 @@ __attribute__((noinline, cold)) int umbp_ix_fail(umbp_pool *p) {
   return umbp_fail(-EROFS, "pool '%s' is attached read-only", p->name);
 }
 
+/* ---- ABI ------------------------------------------------------------------------
+ * The key hash (umbp_key_hash6()) and the bucket home (umbp_bucket_home()) are
+ * part of the segment's ABI: a process that hashed differently would look
+ * for keys in other buckets and miss or duplicate them. Their results on
+ * fixed inputs are folded into the ABI fingerprint (segment.c), so two builds
+ * that place keys differently refuse each other's pools at attach. The
+ * inputs exercise every key word, the high bits (the signature) and a table
+ * size that is not a power of two. */
+uint64_t umbp_index_abi_part(void) {
+  static const uint64_t keys[][6] = {
+      {0, 0, 0, 0, 0, 0},
+      {1, 2, 3, 4, 5, 6},
+      {0x0123456789abcdefull, 0xfedcba9876543210ull, 0xdeadbeefcafebabeull, 0x8badf00d0ddba11ull,
+       0xffffffffffffffffull, 0x5555aaaa5555aaaaull},
+  };
+  static const uint32_t tables[] = {UMBP_MAX_PROBE, 1000003u, 0xfffffffbu};
+  uint64_t acc = 0x756d62706b657973ull; /* "umbpkeys" */
+  for (unsigned i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    uint64_t h = umbp_key_hash_w(keys[i]);
+    acc = umbp_rotl64(acc ^ h, 17) * 0x9e3779b97f4a7c15ull;
+    acc ^= umbp_key_sig(h);
+    for (unsigned t = 0; t < sizeof tables / sizeof tables[0]; t++)
+      acc = umbp_rotl64(acc ^ umbp_bucket_home(h, tables[t]), 23) * 0xff51afd7ed558ccdull;
+  }
+  return acc;
+}
+
 /* ---- regions ------------------------------------------------------------------- */
 UMBP_API int umbp_slot_partition(const umbp_pool *p, uint32_t slot) {
   if (!p || slot >= p->hdr->slot_count) return -1;

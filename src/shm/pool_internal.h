@@ -87,6 +87,15 @@ int umbp_layout_compute(const umbp_pool_params *params, const int *nodes, unsign
  * -EBADMSG with a message. Never reads outside [hdr, hdr + UMBP_HEADER_BYTES). */
 int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size);
 uint64_t umbp_abi_fingerprint(void);
+/* The fingerprint with the index's part given (tests: a build whose key hash
+ * or bucket placement differed would give another part, and so another
+ * fingerprint). umbp_abi_fingerprint() == umbp_abi_fingerprint_with(
+ * umbp_index_abi_part()). */
+uint64_t umbp_abi_fingerprint_with(uint64_t index_part);
+/* The index's part of the ABI fingerprint: its key hash and bucket-home
+ * functions' results on fixed inputs (index.c). Every process sharing a pool
+ * must place keys alike; sizes alone do not say so. */
+uint64_t umbp_index_abi_part(void);
 /* The first hugetlbfs mount in /proc/mounts into out: 0, or -ENOENT. */
 int umbp_hugetlbfs_mount(char *out, size_t n);
 uint64_t umbp_header_checksum(const struct umbp_shm_header *h);

@@ -113,8 +113,11 @@ UMBP_API int umbp_pool_name_valid(const char *name) {
 }
 
 /* ---- ABI fingerprint and checksum ---------------------------------------- */
-uint64_t umbp_abi_fingerprint(void) {
+uint64_t umbp_abi_fingerprint(void) { return umbp_abi_fingerprint_with(umbp_index_abi_part()); }
+
+uint64_t umbp_abi_fingerprint_with(uint64_t index_part) {
   const uint64_t shape[] = {
+      index_part, /* the index's key hash and bucket placement (umbp_index_abi_part()) */
       UMBP_LAYOUT_MAJOR,
       UMBP_CACHELINE,
       sizeof(struct umbp_shm_header), _Alignof(struct umbp_shm_header),

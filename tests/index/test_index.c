@@ -662,6 +662,23 @@ static void test_ring_header_scribbled(void **state) {
   census_ok(f->p);
 }
 
+/* The key hash and bucket placement are in the ABI fingerprint (issue 32,
+ * smaller defects): a build that hashed a fixed key differently gets another
+ * fingerprint, and the pool's recorded fingerprint includes this build's. */
+static void test_fingerprint_covers_hash(void **state) {
+  struct fx *f = *state;
+  uint64_t part = umbp_index_abi_part();
+  assert_int_equal(umbp_abi_fingerprint(), umbp_abi_fingerprint_with(part));
+  assert_int_equal(f->p->hdr->abi_fingerprint, umbp_abi_fingerprint());
+  /* another hash of one fixed key (as another build would compute it) */
+  assert_true(umbp_abi_fingerprint_with(part ^ 1) != umbp_abi_fingerprint());
+  /* the part depends on the hash and on the placement of fixed keys */
+  uint64_t w[6] = {1, 2, 3, 4, 5, 6};
+  uint64_t h = umbp_key_hash_w(w);
+  assert_true(h != 0);
+  assert_true(part != 0x756d62706b657973ull);
+}
+
 /* A full pool under long churn never runs out of index ways. At 32767 slots a
  * power-of-two bucket count with 1.25 ways a slot (the sizing before layout
  * 2.0) gives 80% of the ways used at full load: there, linear probing pushes
@@ -1059,6 +1076,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_detach_releases_pins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_detach_releases_reservations, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ring_header_scribbled, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fingerprint_covers_hash, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_signature_split, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bucket_all_ways, setup, teardown),
