@@ -227,6 +227,7 @@ UMBP_IX_HIDDEN void umbp_ix_instance_remove(struct umbp_index *ix);
 UMBP_IX_HIDDEN int umbp_ix_limbo_push(struct umbp_index *ix, uint32_t s);
 UMBP_IX_HIDDEN uint64_t umbp_ix_readers_min_epoch(umbp_pool *p, bool memb);
 UMBP_IX_HIDDEN int umbp_ix_reclaim_wait(umbp_pool *p, uint64_t budget_ns);
+UMBP_IX_HIDDEN int umbp_ix_oldest_reader(umbp_pool *p, unsigned *ret_slot, unsigned *ret_tid, uint64_t *ret_epoch);
 
 /* pins.c */
 UMBP_IX_HIDDEN bool umbp_ix_pins_clear(_Atomic uint8_t *pins, uint64_t stride, struct umbp_index_hdr *ih, uint32_t s);

@@ -259,6 +259,35 @@ UMBP_API int umbp_reclaim(umbp_pool *p) {
   return freed;
 }
 
+/* The reader in a read section that entered at the oldest epoch, among live
+ * processes (loads only; the epoch is not bumped): 0 and its registry slot,
+ * thread and entry epoch, or -ENOENT when no reader is in a section. For
+ * messages that name who holds a grace period back. */
+int umbp_ix_oldest_reader(umbp_pool *p, unsigned *ret_slot, unsigned *ret_tid, uint64_t *ret_epoch) {
+  struct umbp_reader_shm *rd = umbp_pool_region(p, UMBP_REG_READERS);
+  uint64_t min = UINT64_MAX;
+  unsigned ms = 0, mt = 0;
+  for (unsigned ps = 0; ps < UMBP_MAX_PROCS; ps++) {
+    uint64_t bits = atomic_load_explicit(&p->procs[ps].thread_bits, memory_order_acquire);
+    if (!bits || ((int)ps != p->proc_slot && !umbp_registry_alive(p, ps))) continue;
+    for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
+      if (!(bits & (1ull << t))) continue;
+      /* acquire: pairs with rd_lock/rd_unlock's release stores */
+      uint64_t c = atomic_load_explicit(&rd[ps * UMBP_MAX_THREADS + t].ctr, memory_order_acquire);
+      if (c && c < min) {
+        min = c;
+        ms = ps;
+        mt = t;
+      }
+    }
+  }
+  if (min == UINT64_MAX) return -ENOENT;
+  *ret_slot = ms;
+  *ret_tid = mt;
+  *ret_epoch = min;
+  return 0;
+}
+
 /* Reclaim, waiting up to budget_ns for readers to move on. */
 int umbp_ix_reclaim_wait(umbp_pool *p, uint64_t budget_ns) {
   uint64_t end = umbp_now_ns() + budget_ns;

@@ -131,6 +131,42 @@ static int pick_part(umbp_pool *p, int part) {
   return (int)best;
 }
 
+/* The -ENOSPC of a reserve that found no slot: says what holds the
+ * partition's slots, from a census taken now. "Every block is pinned or
+ * reserved" was given while 0 slots were pinned and the partition was full of
+ * RETIRED slots waiting for a reader that did not leave its read section
+ * (stopped, or in a debugger): then the message names that reader's process
+ * and how far behind it is. */
+static __attribute__((cold, noinline)) int no_space_fail(umbp_pool *p, int q) {
+  umbp_slot_census c;
+  if (umbp_census_part(p, (unsigned)q, &c) != 0) memset(&c, 0, sizeof c);
+  unsigned rs, rt;
+  uint64_t re;
+  if (c.retired && umbp_ix_oldest_reader(p, &rs, &rt, &re) == 0) {
+    const struct umbp_proc_slot *ps = &p->procs[rs];
+    uint64_t now = atomic_load_explicit(&p->index->ih->epoch, memory_order_relaxed);
+    return umbp_fail(-ENOSPC,
+                     "no free slot on partition %d of pool '%s': %llu of its slots are removed but wait for a "
+                     "reader to leave its read section (%llu pinned, %llu reserved, %llu published): process %d "
+                     "(%.16s, registry slot %u, thread %u) has been in one since epoch %llu, %llu epochs ago; it "
+                     "is stopped (SIGSTOP, a debugger, a frozen cgroup) or stuck: resume or end it",
+                     q, p->name, (unsigned long long)c.retired, (unsigned long long)c.pinned,
+                     (unsigned long long)c.reserved, (unsigned long long)c.published, ps->pid, ps->comm, rs, rt,
+                     (unsigned long long)re, (unsigned long long)(now - re));
+  }
+  if (c.retired)
+    return umbp_fail(-ENOSPC,
+                     "no free slot on partition %d of pool '%s': %llu of its slots are removed and wait for their "
+                     "grace period (%llu pinned, %llu reserved, %llu published): retry",
+                     q, p->name, (unsigned long long)c.retired, (unsigned long long)c.pinned,
+                     (unsigned long long)c.reserved, (unsigned long long)c.published);
+  return umbp_fail(-ENOSPC,
+                   "no free slot on partition %d of pool '%s' and nothing could be evicted (%llu pinned, %llu "
+                   "reserved, %llu being evicted, %llu published): unpin blocks or enlarge the pool",
+                   q, p->name, (unsigned long long)c.pinned, (unsigned long long)c.reserved,
+                   (unsigned long long)c.evicting, (unsigned long long)c.published);
+}
+
 UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, uint32_t *ret_slots) {
   struct umbp_index *ix;
   struct tl_slot *t;
@@ -160,10 +196,7 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
       else if (attempt >= 4) break;
     }
   }
-  if (got == 0 && n)
-    return umbp_fail(-ENOSPC, "no free slot on partition %d of pool '%s' and nothing could be evicted "
-                              "(every block is pinned or reserved): unpin blocks or enlarge the pool",
-                     q, p->name);
+  if (got == 0 && n) return no_space_fail(p, q);
   return (int)got;
 }
 

@@ -1005,6 +1005,44 @@ static void test_stuck_reader_bounded(void **state) {
   census_ok(f->p);
 }
 
+/* A reserve that finds every slot RETIRED behind a stopped reader says so and
+ * names the reader's process, not "every block is pinned or reserved" (issue
+ * 32 #1's false message, seen while 0 slots were pinned). */
+static void test_nospace_names_stuck_reader(void **state) {
+  struct fx *f = *state;
+  umbp_slot_census c;
+  umbp_census(f->p, &c);
+  uint64_t total = c.total;
+  for (uint64_t id = 0; id < total; id++) {
+    umbp_key k = itu_key(f->ns, 7000 + id, 0);
+    put(f->p, &k);
+  }
+  struct umbp_index *ix = f->p->index;
+  struct umbp_proc_slot *ps = &f->p->procs[f->p->proc_slot];
+  unsigned t = 63;
+  atomic_fetch_or(&ps->thread_bits, 1ull << t);
+  atomic_store(&ix->readers[t].ctr, atomic_load(&ix->ih->epoch)); /* "in a section", then stopped */
+  for (uint64_t id = 0; id < total; id++) {
+    umbp_key k = itu_key(f->ns, 7000 + id, 0);
+    assert_int_equal(umbp_remove(f->p, &k), 0);
+  }
+  uint32_t s;
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s), -ENOSPC);
+  const char *msg = umbp_last_error();
+  fprintf(stderr, "# %s\n", msg);
+  assert_null(strstr(msg, "every block is pinned or reserved"));
+  assert_non_null(strstr(msg, "wait for a reader"));
+  char pid[32];
+  snprintf(pid, sizeof pid, "process %d ", (int)getpid());
+  assert_non_null(strstr(msg, pid));
+  atomic_store(&ix->readers[t].ctr, 0); /* resumes and leaves */
+  atomic_fetch_and(&ps->thread_bits, ~(1ull << t));
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s), 0);
+  assert_int_equal(umbp_abort(f->p, s), 0);
+  umbp_reclaim(f->p);
+  census_ok(f->p);
+}
+
 /* ---- threads (also the TSan target) ---------------------------------------- */
 struct thr {
   struct fx *f;
@@ -1094,6 +1132,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stuck_reader_bounded, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nospace_names_stuck_reader, setup, teardown),
       cmocka_unit_test_setup_teardown(test_background_evictor, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
   };
