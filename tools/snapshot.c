@@ -36,19 +36,20 @@ void snap_fmt_time(uint64_t ns, char *buf, size_t n) {
  * draining would take them from their subscribers). */
 static unsigned peek_events(umbp_pool *p, struct snap *s, unsigned max) {
   void *ring = umbp_pool_region(p, UMBP_REG_EVENTS);
-  if (umbp_ring_check_header(ring, p->hdr->regions[UMBP_REG_EVENTS].size)) return 0;
+  struct umbp_ring_geo g;
+  if (umbp_ring_geo_get(ring, p->hdr->regions[UMBP_REG_EVENTS].size, &g)) return 0;
   struct umbp_ring_hdr *h = ring;
-  s->ev_cap = h->capacity;
-  s->ev_pending = umbp_ring_count(ring);
+  s->ev_cap = g.capacity;
+  s->ev_pending = umbp_ring_count_g(ring, &g);
   s->ev_dropped = umbp_ring_dropped(ring);
   uint64_t enq = atomic_load_explicit(&h->enq_pos, memory_order_acquire);
   uint64_t deq = atomic_load_explicit(&h->deq_pos, memory_order_acquire);
   s->ev_drained = deq;
-  uint64_t first = enq - deq > h->capacity ? enq - h->capacity : deq;
+  uint64_t first = enq - deq > g.capacity ? enq - g.capacity : deq;
   if (enq - first > max) first = enq - max;
   unsigned n = 0;
   for (uint64_t pos = first; pos != enq && n < max; pos++) {
-    struct umbp_ring_cell *c = umbp_ring__cell(h, pos);
+    struct umbp_ring_cell *c = umbp_ring__cellg(h, &g, pos);
     uint64_t w = atomic_load_explicit(&c->word, memory_order_acquire);
     unsigned kind = umbp_ring__wkind(w);
     if (umbp_ring__seqdiff(umbp_ring__wseq(w), pos + 1) != 0 || (kind != UMBP_RING_STABLE && kind != UMBP_RING_READING))

@@ -66,6 +66,7 @@ UMBP_API const char *umbp_strerror(int code) {
   case ENODEV: return "no such device";
   case ENOSYS: return "not supported by this build or kernel";
   case EROFS: return "pool attached read-only";
+  case ECHILD: return "pool handle inherited through fork(): attach in this process";
   case EIO: return "I/O error";
   case EOWNERDEAD: return "the pool's creator died before finishing it";
   default: return strerror(-code);

@@ -117,17 +117,18 @@ static void scan_ring(umbp_pool *p, unsigned part, uint8_t *on_ring, uint8_t *cl
                       umbp_check_report *r) {
   const struct umbp_partition_desc *d = &p->hdr->partitions[part];
   void *ring = umbp_pool_at(p, d->ring_offset, d->ring_bytes);
-  if (!ring || umbp_ring_check_header(ring, d->ring_bytes)) {
+  struct umbp_ring_geo g;
+  if (!ring || umbp_ring_geo_get(ring, d->ring_bytes, &g)) {
     viol(r, "the free-slot ring header of partition %u is corrupted: its free slots cannot be used", part);
     return;
   }
   struct umbp_ring_hdr *h = ring;
-  for (uint64_t i = 0; i < h->capacity; i++) {
-    struct umbp_ring_cell *c = umbp_ring__cell(h, i);
+  for (uint64_t i = 0; i < g.capacity; i++) {
+    struct umbp_ring_cell *c = umbp_ring__cellg(h, &g, i);
     for (unsigned tries = 0; tries < 64; tries++) {
       uint64_t w = atomic_load_explicit(&c->word, memory_order_acquire);
       unsigned kind = umbp_ring__wkind(w);
-      bool full = ((umbp_ring__wseq(w) - i) & h->mask) == 1 && (kind == UMBP_RING_STABLE || kind == UMBP_RING_READING);
+      bool full = ((umbp_ring__wseq(w) - i) & g.mask) == 1 && (kind == UMBP_RING_STABLE || kind == UMBP_RING_READING);
       if (!full) break;
       uint64_t v;
       memcpy(&v, c->payload, sizeof v);

@@ -124,8 +124,8 @@ static void census_range(umbp_pool *p, uint32_t first, uint32_t n, unsigned p0, 
     }
   }
   for (unsigned i = p0; i < p1; i++) {
-    void *ring = part_ring(p, i);
-    if (umbp_ring_check_header(ring, p->hdr->partitions[i].ring_bytes) == 0) c->in_rings += umbp_ring_count_live(ring);
+    struct umbp_ring_geo g;
+    if (umbp_ix_ring_geo(p, (int)i, &g) == 0) c->in_rings += umbp_ring_count_live(part_ring(p, i), &g);
   }
 }
 

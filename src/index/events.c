@@ -21,7 +21,7 @@ void umbp_ix_emit(struct umbp_index *ix, int type, const struct umbp_key_shm *k)
   memset(&ev, 0, sizeof ev);
   ev.type = (uint8_t)type;
   ev.key = *k;
-  umbp_ring_enqueue_overwrite(ix->events, &ev, ix->p->owner_id);
+  umbp_ring_enqueue_overwrite_g(ix->events, &ix->ev_geo, &ev, ix->p->owner_id);
 }
 
 /* A key in the segment's layout, back in the caller's (umbp_key). */
@@ -39,12 +39,13 @@ static void key_from_shm(const struct umbp_key_shm *s, umbp_key *k) {
 
 UMBP_API int umbp_events_drain(umbp_pool *p, umbp_event *out, unsigned max) {
   if (!p || (!out && max)) return -EINVAL;
+  if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only || !p->index) return umbp_fail(-EROFS, "draining events needs a read-write attachment");
   unsigned n = 0;
   while (n < max) {
     struct umbp_event_shm ev[16];
     unsigned want = max - n < 16 ? max - n : 16;
-    unsigned got = umbp_ring_dequeue_burst(p->index->events, ev, want, p->owner_id);
+    unsigned got = umbp_ring_dequeue_burst_g(p->index->events, &p->index->ev_geo, ev, want, p->owner_id);
     for (unsigned i = 0; i < got; i++) {
       out[n + i].type = ev[i].type;
       key_from_shm(&ev[i].key, &out[n + i].key);

@@ -140,7 +140,7 @@ static void *evictor_main(void *arg) {
     for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
       uint64_t total = p->hdr->partitions[i].slot_count;
       uint64_t low = total * ix->ev_low / 100, high = total * ix->ev_high / 100;
-      uint64_t free_n = umbp_ring_count(ix->rings[i]);
+      uint64_t free_n = umbp_ring_count_g(ix->rings[i], &ix->ring_geo[i]);
       if (free_n < low) umbp_evict(p, (int)i, (unsigned)(high - free_n));
     }
     umbp_reclaim(p);
@@ -152,6 +152,7 @@ static void *evictor_main(void *arg) {
 }
 
 UMBP_API int umbp_evictor_start(umbp_pool *p, unsigned low_pct, unsigned high_pct, unsigned period_ms) {
+  if (p && p->forked) return umbp_pool_forked_fail(p); /* a fork() child's copy of the handle */
   if (!p || !p->index) return -EINVAL;
   struct umbp_index *ix = p->index;
   if (ix->ev_running) return umbp_fail(-EBUSY, "this process already runs an evictor on pool '%s'", p->name);

@@ -47,7 +47,35 @@
  * of line and cold, so that the inlined fast path of every call stays short. */
 __attribute__((noinline, cold)) int umbp_ix_fail(umbp_pool *p) {
   if (!p) return umbp_fail(-EINVAL, "pool is NULL");
+  if (p->forked) return umbp_pool_forked_fail(p);
   return umbp_fail(-EROFS, "pool '%s' is attached read-only", p->name);
+}
+
+/* ---- ABI ------------------------------------------------------------------------
+ * The key hash (umbp_key_hash6()) and the bucket home (umbp_bucket_home()) are
+ * part of the segment's ABI: a process that hashed differently would look
+ * for keys in other buckets and miss or duplicate them. Their results on
+ * fixed inputs are folded into the ABI fingerprint (segment.c), so two builds
+ * that place keys differently refuse each other's pools at attach. The
+ * inputs exercise every key word, the high bits (the signature) and a table
+ * size that is not a power of two. */
+uint64_t umbp_index_abi_part(void) {
+  static const uint64_t keys[][6] = {
+      {0, 0, 0, 0, 0, 0},
+      {1, 2, 3, 4, 5, 6},
+      {0x0123456789abcdefull, 0xfedcba9876543210ull, 0xdeadbeefcafebabeull, 0x8badf00d0ddba11ull,
+       0xffffffffffffffffull, 0x5555aaaa5555aaaaull},
+  };
+  static const uint32_t tables[] = {UMBP_MAX_PROBE, 1000003u, 0xfffffffbu};
+  uint64_t acc = 0x756d62706b657973ull; /* "umbpkeys" */
+  for (unsigned i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    uint64_t h = umbp_key_hash_w(keys[i]);
+    acc = umbp_rotl64(acc ^ h, 17) * 0x9e3779b97f4a7c15ull;
+    acc ^= umbp_key_sig(h);
+    for (unsigned t = 0; t < sizeof tables / sizeof tables[0]; t++)
+      acc = umbp_rotl64(acc ^ umbp_bucket_home(h, tables[t]), 23) * 0xff51afd7ed558ccdull;
+  }
+  return acc;
 }
 
 /* ---- regions ------------------------------------------------------------------- */
@@ -81,12 +109,14 @@ int umbp_index_init_regions(umbp_pool *p) {
     while (cap < d->slot_count) cap <<= 1;
     void *ring = part_ring(p, i);
     int rc = umbp_ring_init(ring, d->ring_bytes, cap, sizeof(uint64_t));
+    struct umbp_ring_geo g;
+    if (!rc) rc = umbp_ring_geo_get(ring, d->ring_bytes, &g);
     if (rc) return umbp_fail(rc, "cannot initialise the free-slot queue of partition %u", i);
     for (uint32_t s = 0; s < d->slot_count;) {
       uint64_t batch[256];
       unsigned n = 0;
       while (n < 256 && s < d->slot_count) batch[n++] = d->first_slot + s++;
-      unsigned put = umbp_ring_enqueue_burst(ring, batch, n, 0xffff);
+      unsigned put = umbp_ring_enqueue_burst_g(ring, &g, batch, n, 0xffff);
       if (put != n) return umbp_fail(-EBADMSG, "free-slot queue of partition %u overflowed at init", i);
     }
   }
@@ -98,10 +128,9 @@ int umbp_index_init_regions(umbp_pool *p) {
 
 uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part) {
   if (part >= p->hdr->n_partitions) return 0;
-  if (p->index) return umbp_ring_count(p->index->rings[part]); /* checked at attach */
-  void *ring = part_ring(p, part);
-  if (umbp_ring_check_header(ring, p->hdr->partitions[part].ring_bytes)) return 0;
-  return umbp_ring_count(ring);
+  struct umbp_ring_geo g;
+  if (umbp_ix_ring_geo(p, (int)part, &g)) return 0;
+  return umbp_ring_count_g(part_ring(p, part), &g);
 }
 
 _Static_assert(offsetof(struct umbp_index, limbo_mu) % 64 == 0 &&
@@ -126,13 +155,13 @@ int umbp_index_attach_hook(umbp_pool *p) {
   ix->slot_count = h->slot_count;
   ix->slot_size = h->slot_size;
   ix->events = umbp_pool_region(p, UMBP_REG_EVENTS);
-  if (umbp_ring_check_header(ix->events, h->regions[UMBP_REG_EVENTS].size)) {
+  if (umbp_ring_geo_get(ix->events, h->regions[UMBP_REG_EVENTS].size, &ix->ev_geo)) {
     free(ix);
     return umbp_fail(-EBADMSG, "pool '%s': the event ring header is corrupted", p->name);
   }
   for (unsigned i = 0; i < h->n_partitions; i++) {
     ix->rings[i] = part_ring(p, i);
-    if (umbp_ring_check_header(ix->rings[i], h->partitions[i].ring_bytes)) {
+    if (umbp_ring_geo_get(ix->rings[i], h->partitions[i].ring_bytes, &ix->ring_geo[i])) {
       free(ix);
       return umbp_fail(-EBADMSG, "pool '%s': the free-slot queue of partition %u is corrupted", p->name, i);
     }
@@ -173,23 +202,40 @@ int umbp_index_attach_hook(umbp_pool *p) {
   return 0;
 }
 
+/* A fork() child's handle (umbp_pool_fork_child()): free the parent's index
+ * state it still points at. Nothing shared is written: the reader lines, pins
+ * and slots are the parent's. */
+void umbp_index_forget(umbp_pool *p) {
+  struct umbp_index *ix = p->forked_index;
+  if (!ix) return;
+  p->forked_index = NULL;
+  free(ix->limbo);
+  free(ix);
+}
+
 void umbp_index_detach_hook(umbp_pool *p) {
   struct umbp_index *ix = p->index;
   if (!ix) return;
   umbp_evictor_stop(p);
   umbp_counters_flush(p);
   /* give back what we can (readers leave their sections within microseconds:
-   * wait up to 50 ms); what is left stays RETIRED under our id, for the next
-   * process that claims our registry slot or for a reaper's orphan sweep */
+   * wait up to 50 ms) */
   umbp_ix_reclaim_wait(p, 50000000);
-  if (ix->nlimbo && p->proc_slot >= 0) atomic_store(&p->procs[p->proc_slot].orphans, 1);
-  /* pins still held protect reads that cannot go on once the mapping is gone:
-   * release them, or their blocks would stay unevictable, and be inherited
-   * by the next process in our registry slot */
-  if (p->proc_slot >= 0)
-    umbp_ix_pins_drop_proc(ix->pins, ix->pin_stride, ix->ih, ix->slot_count, (unsigned)p->proc_slot);
+  /* A clean detach releases everything the process holds exactly as the
+   * reaper of a dead process would (reap.c): reader lines, ring ledger,
+   * namespace journals, pins (their reads cannot go on once the mapping is
+   * gone), reservations (never published: retired, then freed after their
+   * grace period), locks, counters. Without it a detached process's
+   * RESERVED slots stayed under an owner id nobody would ever reap (the
+   * registry slot is FREE, so no reaper looks at it, and a later claimant
+   * starts clean): lost for good. We hold our own registry lock, which is
+   * what the reaper holds; the caller promises no other thread of ours is
+   * inside a call on this handle. Retired slots still waited for by readers
+   * stay RETIRED under our id with the orphans flag set, for the next
+   * process that claims our registry slot or a reaper's orphan sweep. */
+  if (p->proc_slot >= 0) umbp_index_reap_proc(p, (unsigned)p->proc_slot);
   umbp_ix_instance_remove(ix);
-  if (p->proc_slot >= 0) atomic_store(&p->procs[p->proc_slot].thread_bits, 0);
+  if (p->proc_slot >= 0) atomic_store_explicit(&p->procs[p->proc_slot].thread_bits, 0, memory_order_release);
   pthread_mutex_destroy(&ix->limbo_mu);
   free(ix->limbo);
   free(ix);

@@ -44,6 +44,11 @@ struct umbp_index {
   struct umbp_counter_row *ctr;    /* this process's row */
   void *events;
   void *rings[UMBP_MAX_PARTITIONS];
+  /* the rings' geometry, copied from their headers once at attach (validated):
+   * ring operations index cells with these, never with the shared headers,
+   * which a co-tenant may rewrite (shm/ring.h, "Trust") */
+  struct umbp_ring_geo ring_geo[UMBP_MAX_PARTITIONS];
+  struct umbp_ring_geo ev_geo;
   uint32_t slot_count;
   uint64_t slot_size;
   char *arena_base; /* unused: slots are addressed through partitions */
@@ -222,6 +227,7 @@ UMBP_IX_HIDDEN void umbp_ix_instance_remove(struct umbp_index *ix);
 UMBP_IX_HIDDEN int umbp_ix_limbo_push(struct umbp_index *ix, uint32_t s);
 UMBP_IX_HIDDEN uint64_t umbp_ix_readers_min_epoch(umbp_pool *p, bool memb);
 UMBP_IX_HIDDEN int umbp_ix_reclaim_wait(umbp_pool *p, uint64_t budget_ns);
+UMBP_IX_HIDDEN int umbp_ix_oldest_reader(umbp_pool *p, unsigned *ret_slot, unsigned *ret_tid, uint64_t *ret_epoch);
 
 /* pins.c */
 UMBP_IX_HIDDEN bool umbp_ix_pins_clear(_Atomic uint8_t *pins, uint64_t stride, struct umbp_index_hdr *ih, uint32_t s);
@@ -248,6 +254,7 @@ UMBP_IX_HIDDEN int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned 
                                       uint32_t ns_filter);
 
 /* reserve.c */
+UMBP_IX_HIDDEN int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret);
 UMBP_IX_HIDDEN void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                                       uint16_t as_owner);
 

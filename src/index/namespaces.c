@@ -127,6 +127,7 @@ UMBP_API int umbp_ns_register(umbp_pool *p, const char *name, uint32_t *ret_id) 
   int rc = ns_check_name(name, &len);
   if (rc) return rc;
   if (umbp_ns_lookup(p, name, ret_id) == 0) return 0;
+  if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only || !p->index) return umbp_fail(-EROFS, "pool is attached read-only: cannot register namespaces");
   struct umbp_index *ix = p->index;
   umbp_ix_spin_lock_owner(p, &ix->ih->ns_lock);
@@ -190,6 +191,7 @@ UMBP_API int umbp_ns_count(umbp_pool *p) {
 
 UMBP_API int umbp_ns_set_quota(umbp_pool *p, uint32_t id, uint64_t bytes) {
   if (!p || id >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", id);
+  if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only) return -EROFS;
   struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + id;
   if (atomic_load_explicit(&ns->state, memory_order_acquire) != 1)

@@ -128,9 +128,37 @@ struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix) {
   return umbp_ix_tl_last = t;
 }
 
+/* fork(): the instances list is also the list of this process's read-write
+ * handles. prepare/parent hold inst_mu across fork() so that the child
+ * finds the list consistent; the child then hands every handle to
+ * umbp_pool_fork_child() (segment.c: a description of its own, the handle
+ * marked forked), takes the index state off it (every index call then fails
+ * in ix_get()'s cold path with -ECHILD, at no cost to the lookup path: no
+ * getpid() there) and forgets the instance, so that no thread-exit
+ * destructor of the child touches the parent's reader lines. */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void atfork_prepare(void) { pthread_mutex_lock(&inst_mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&inst_mu); }
+static void atfork_child(void) {
+  for (unsigned i = 0; i < 64; i++) {
+    struct umbp_index *ix = instances[i];
+    if (!ix) continue;
+    instances[i] = NULL;
+    for (unsigned j = 0; j < TL_MAX; j++)
+      if (umbp_ix_tl.s[j].instance == ix->instance) umbp_ix_tl.s[j].instance = 0;
+    umbp_ix_tl_last = NULL;
+    ix->p->index = NULL;
+    ix->p->forked_index = ix;
+    umbp_pool_fork_child(ix->p);
+  }
+  pthread_mutex_unlock(&inst_mu);
+}
+static void atfork_init(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
 /* Give ix its instance id and a place among this process's instances
  * (umbp_index_attach_hook()). */
 void umbp_ix_instance_add(struct umbp_index *ix) {
+  pthread_once(&atfork_once, atfork_init);
   pthread_mutex_lock(&inst_mu);
   ix->instance = next_instance++;
   for (unsigned i = 0; i < 64; i++)
@@ -200,6 +228,7 @@ uint64_t umbp_ix_readers_min_epoch(umbp_pool *p, bool memb) {
 }
 
 UMBP_API int umbp_reclaim(umbp_pool *p) {
+  if (p && p->forked) return umbp_pool_forked_fail(p); /* a fork() child's copy of the handle */
   if (!p || !p->index) return -EINVAL;
   struct umbp_index *ix = p->index;
   struct tl_slot *t = thread_slot(ix);
@@ -229,6 +258,35 @@ UMBP_API int umbp_reclaim(umbp_pool *p) {
   atomic_store_explicit(&ix->limbo_n, keep, memory_order_relaxed);
   pthread_mutex_unlock(&ix->limbo_mu);
   return freed;
+}
+
+/* The reader in a read section that entered at the oldest epoch, among live
+ * processes (loads only; the epoch is not bumped): 0 and its registry slot,
+ * thread and entry epoch, or -ENOENT when no reader is in a section. For
+ * messages that name who holds a grace period back. */
+int umbp_ix_oldest_reader(umbp_pool *p, unsigned *ret_slot, unsigned *ret_tid, uint64_t *ret_epoch) {
+  struct umbp_reader_shm *rd = umbp_pool_region(p, UMBP_REG_READERS);
+  uint64_t min = UINT64_MAX;
+  unsigned ms = 0, mt = 0;
+  for (unsigned ps = 0; ps < UMBP_MAX_PROCS; ps++) {
+    uint64_t bits = atomic_load_explicit(&p->procs[ps].thread_bits, memory_order_acquire);
+    if (!bits || ((int)ps != p->proc_slot && !umbp_registry_alive(p, ps))) continue;
+    for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
+      if (!(bits & (1ull << t))) continue;
+      /* acquire: pairs with rd_lock/rd_unlock's release stores */
+      uint64_t c = atomic_load_explicit(&rd[ps * UMBP_MAX_THREADS + t].ctr, memory_order_acquire);
+      if (c && c < min) {
+        min = c;
+        ms = ps;
+        mt = t;
+      }
+    }
+  }
+  if (min == UINT64_MAX) return -ENOENT;
+  *ret_slot = ms;
+  *ret_tid = mt;
+  *ret_epoch = min;
+  return 0;
 }
 
 /* Reclaim, waiting up to budget_ns for readers to move on. */

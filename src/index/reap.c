@@ -13,6 +13,11 @@
  * its pin check. Retired slots whose grace period is over are freed; the rest
  * stay under the dead owner's id for whoever claims its registry slot next,
  * or for the orphan sweep.
+ *
+ * A clean detach runs the same umbp_index_reap_proc() on the detaching
+ * process's own registry slot (index.c, umbp_index_detach_hook()), so a clean
+ * exit is never worse than a crash: before, a detach left its RESERVED slots
+ * under an owner id that no reaper would look at again.
  */
 #include "index/index_inline.h"
 
@@ -58,8 +63,10 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
   uint32_t ledger[UMBP_MAX_THREADS];
   for (unsigned t = 0; t < UMBP_MAX_THREADS; t++)
     ledger[t] = atomic_load_explicit(&ps->inflight_slot[t], memory_order_acquire);
-  for (unsigned i = 0; i < h->n_partitions; i++) umbp_ring_repair(part_ring(p, i), dead, reap_ring_item, &c);
-  umbp_ring_repair(umbp_pool_region(p, UMBP_REG_EVENTS), dead, NULL, NULL);
+  struct umbp_ring_geo g;
+  for (unsigned i = 0; i < h->n_partitions; i++)
+    if (!umbp_ix_ring_geo(p, (int)i, &g)) umbp_ring_repair_g(part_ring(p, i), &g, dead, reap_ring_item, &c);
+  if (!umbp_ix_ring_geo(p, -1, &g)) umbp_ring_repair_g(umbp_pool_region(p, UMBP_REG_EVENTS), &g, dead, NULL, NULL);
   /* 3. slots a thread was freeing: back on the queue unless they made it there */
   for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
     uint32_t s = ledger[t];
@@ -68,7 +75,7 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
     int part = slot_part(p, s);
     union ring_elem v = {.v = s};
     if (part >= 0 && (ST_STATE(w) == UMBP_SLOT_FREE || (ST_STATE(w) == UMBP_SLOT_RETIRED && ST_OWNER(w) == dead)) &&
-        !umbp_ring_contains(part_ring(p, (unsigned)part), &v)) {
+        !umbp_ix_ring_geo(p, part, &g) && !umbp_ring_contains(part_ring(p, (unsigned)part), &g, &v)) {
       /* a RETIRED one is left for step 6 */
       if (ST_STATE(w) == UMBP_SLOT_FREE) umbp_ix_free_slot(p, ps, 0, s, dead);
     }

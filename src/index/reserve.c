@@ -24,6 +24,20 @@ static void *_Atomic damaged_ring;
 /* Put slot s (state `w`, owned by us in RESERVED or RETIRED) back on its free
  * queue. The thread's ledger names s while it travels (see
  * umbp_index_reap_proc()). */
+/* The geometry of partition part's free ring (part >= 0) or of the event
+ * ring (part < 0): the private copy taken at attach, or, in a process without
+ * index state (a reaper inside attach, before umbp_index_attach_hook()), one
+ * taken now from the validated header. 0 or -EBADMSG. */
+int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret) {
+  if (part >= (int)p->hdr->n_partitions || part >= UMBP_MAX_PARTITIONS) return -EBADMSG;
+  if (p->index) {
+    *ret = part < 0 ? p->index->ev_geo : p->index->ring_geo[part];
+    return 0;
+  }
+  if (part < 0) return umbp_ring_geo_get(umbp_pool_region(p, UMBP_REG_EVENTS), p->hdr->regions[UMBP_REG_EVENTS].size, ret);
+  return umbp_ring_geo_get(part_ring(p, (unsigned)part), p->hdr->partitions[part].ring_bytes, ret);
+}
+
 void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                        uint16_t as_owner) {
   struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
@@ -34,11 +48,16 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
   atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
   union ring_elem v = {.v = s};
   void *ring = part_ring(p, (unsigned)part);
+  struct umbp_ring_geo g;
+  if (umbp_ix_ring_geo(p, part, &g)) { /* a corrupted header: the slot stays FREE off the queue (--check says so) */
+    atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
+    return;
+  }
   /* The ring has a cell per slot, so it is never full of slots; but a process
    * killed while it held a cell claimed blocks producers once they lap round
    * to that cell, until it is reaped. Reap it ourselves rather than wait. */
   uint64_t give_up = 0;
-  for (unsigned spins = 0; umbp_ring_enqueue(ring, &v, as_owner) != 0; spins++) {
+  for (unsigned spins = 0; umbp_ring_enqueue_burst_g(ring, &g, &v, 1, as_owner) != 1; spins++) {
     umbp_cpu_relax();
     if ((spins & 1023) != 1023) continue;
     /* bounded: a ring that stays full for a second is not blocked by a dead
@@ -55,7 +74,7 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
     }
     struct umbp_ring_hdr *rh = ring;
     uint64_t pos = atomic_load_explicit(&rh->enq_pos, memory_order_relaxed);
-    uint64_t cw = atomic_load_explicit(&umbp_ring__cell(rh, pos)->word, memory_order_relaxed);
+    uint64_t cw = atomic_load_explicit(&umbp_ring__cellg(rh, &g, pos)->word, memory_order_relaxed);
     uint16_t o = umbp_ring__wowner(cw);
     if (o && o != as_owner && o <= UMBP_MAX_PROCS && !umbp_registry_alive(p, (unsigned)(o - 1)))
       umbp_registry_reap_slot(p, (unsigned)(o - 1));
@@ -74,7 +93,7 @@ static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint3
   for (;;) {
     union ring_elem e;
     struct umbp_ring_claim c;
-    if (umbp_ring_dequeue_begin(ring, &e, p->owner_id, &c) != 0) return -ENOSPC;
+    if (umbp_ring_dequeue_begin(ring, &ix->ring_geo[part], &e, p->owner_id, &c) != 0) return -ENOSPC;
     uint64_t v = e.v;
     uint32_t s = (uint32_t)v;
     bool ok = false;
@@ -88,7 +107,7 @@ static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint3
                                                   memory_order_acq_rel, memory_order_relaxed))
         ok = true;
     }
-    umbp_ring_dequeue_commit(ring, &c);
+    umbp_ring_dequeue_commit(ring, &ix->ring_geo[part], &c);
     if (ok) {
       *ret = s;
       return 0;
@@ -103,13 +122,49 @@ static int pick_part(umbp_pool *p, int part) {
   unsigned best = 0;
   uint64_t bestn = 0;
   for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
-    uint64_t n = umbp_ring_count(p->index->rings[i]);
+    uint64_t n = umbp_ring_count_g(p->index->rings[i], &p->index->ring_geo[i]);
     if (n > bestn) {
       bestn = n;
       best = i;
     }
   }
   return (int)best;
+}
+
+/* The -ENOSPC of a reserve that found no slot: says what holds the
+ * partition's slots, from a census taken now. "Every block is pinned or
+ * reserved" was given while 0 slots were pinned and the partition was full of
+ * RETIRED slots waiting for a reader that did not leave its read section
+ * (stopped, or in a debugger): then the message names that reader's process
+ * and how far behind it is. */
+static __attribute__((cold, noinline)) int no_space_fail(umbp_pool *p, int q) {
+  umbp_slot_census c;
+  if (umbp_census_part(p, (unsigned)q, &c) != 0) memset(&c, 0, sizeof c);
+  unsigned rs, rt;
+  uint64_t re;
+  if (c.retired && umbp_ix_oldest_reader(p, &rs, &rt, &re) == 0) {
+    const struct umbp_proc_slot *ps = &p->procs[rs];
+    uint64_t now = atomic_load_explicit(&p->index->ih->epoch, memory_order_relaxed);
+    return umbp_fail(-ENOSPC,
+                     "no free slot on partition %d of pool '%s': %llu of its slots are removed but wait for a "
+                     "reader to leave its read section (%llu pinned, %llu reserved, %llu published): process %d "
+                     "(%.16s, registry slot %u, thread %u) has been in one since epoch %llu, %llu epochs ago; it "
+                     "is stopped (SIGSTOP, a debugger, a frozen cgroup) or stuck: resume or end it",
+                     q, p->name, (unsigned long long)c.retired, (unsigned long long)c.pinned,
+                     (unsigned long long)c.reserved, (unsigned long long)c.published, ps->pid, ps->comm, rs, rt,
+                     (unsigned long long)re, (unsigned long long)(now - re));
+  }
+  if (c.retired)
+    return umbp_fail(-ENOSPC,
+                     "no free slot on partition %d of pool '%s': %llu of its slots are removed and wait for their "
+                     "grace period (%llu pinned, %llu reserved, %llu published): retry",
+                     q, p->name, (unsigned long long)c.retired, (unsigned long long)c.pinned,
+                     (unsigned long long)c.reserved, (unsigned long long)c.published);
+  return umbp_fail(-ENOSPC,
+                   "no free slot on partition %d of pool '%s' and nothing could be evicted (%llu pinned, %llu "
+                   "reserved, %llu being evicted, %llu published): unpin blocks or enlarge the pool",
+                   q, p->name, (unsigned long long)c.pinned, (unsigned long long)c.reserved,
+                   (unsigned long long)c.evicting, (unsigned long long)c.published);
 }
 
 UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, uint32_t *ret_slots) {
@@ -141,10 +196,7 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
       else if (attempt >= 4) break;
     }
   }
-  if (got == 0 && n)
-    return umbp_fail(-ENOSPC, "no free slot on partition %d of pool '%s' and nothing could be evicted "
-                              "(every block is pinned or reserved): unpin blocks or enlarge the pool",
-                     q, p->name);
+  if (got == 0 && n) return no_space_fail(p, q);
   return (int)got;
 }
 

@@ -27,6 +27,12 @@ struct umbp_pool {
   struct umbp_shm_header *hdr;
   struct umbp_proc_slot *procs;
   struct umbp_index *index;/* lazily created per-process index state */
+  /* fork(): set in a child's copy of the handle by the index's atfork child
+   * handler (umbp_pool_fork_child()); every call on it then fails with
+   * -ECHILD. attach_pid is the process that attached, for that message. */
+  bool forked;
+  int attach_pid;
+  struct umbp_index *forked_index; /* the parent's index state, freed by the child's detach */
   _Atomic bool reaping[UMBP_MAX_PROCS]; /* registry slots a thread of this handle is reaping now: the claim
                                           * between its threads, taken by compare-and-swap (registry.c) */
 };
@@ -62,6 +68,17 @@ int umbp_index_init_regions(umbp_pool *p);
 /* Free slots on a partition's ring. */
 uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part);
 
+/* fork(): in the child, make the inherited handle p unusable and stop it
+ * from keeping the parent's registry, daemon and creation lock bytes held
+ * (segment.c). Runs in the atfork child handler: system calls only. */
+void umbp_pool_fork_child(umbp_pool *p);
+/* The error of a call on a handle inherited through fork(): -ECHILD, with a
+ * message telling the child to attach on its own. */
+int umbp_pool_forked_fail(const umbp_pool *p);
+/* Free the index state a fork() child's handle still points at (its parent's
+ * copy; nothing in the segment is written). */
+void umbp_index_forget(umbp_pool *p);
+
 /* Compute the layout of a pool with these parameters into *h (regions,
  * partitions, totals). Exposed for tests and the fuzzer. */
 int umbp_layout_compute(const umbp_pool_params *params, const int *nodes, unsigned n_nodes,
@@ -70,6 +87,15 @@ int umbp_layout_compute(const umbp_pool_params *params, const int *nodes, unsign
  * -EBADMSG with a message. Never reads outside [hdr, hdr + UMBP_HEADER_BYTES). */
 int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size);
 uint64_t umbp_abi_fingerprint(void);
+/* The fingerprint with the index's part given (tests: a build whose key hash
+ * or bucket placement differed would give another part, and so another
+ * fingerprint). umbp_abi_fingerprint() == umbp_abi_fingerprint_with(
+ * umbp_index_abi_part()). */
+uint64_t umbp_abi_fingerprint_with(uint64_t index_part);
+/* The index's part of the ABI fingerprint: its key hash and bucket-home
+ * functions' results on fixed inputs (index.c). Every process sharing a pool
+ * must place keys alike; sizes alone do not say so. */
+uint64_t umbp_index_abi_part(void);
 /* The first hugetlbfs mount in /proc/mounts into out: 0, or -ENOENT. */
 int umbp_hugetlbfs_mount(char *out, size_t n);
 uint64_t umbp_header_checksum(const struct umbp_shm_header *h);

@@ -30,9 +30,13 @@
  * slot whose lock the kernel drops: nothing to repair. The pid and start time
  * are recorded for people (inspect), not for decisions.
  *
- * Caveat: a child created by fork() shares the parent's open file
- * descriptions and so keeps the parent's slots "alive" until it exits or
- * execs (the fd is O_CLOEXEC). Attach in the child after fork instead.
+ * fork(): a child shares the parent's open file descriptions, and an OFD
+ * lock lives as long as its description (every fd and every mapping made
+ * from it). So the index's atfork child handler gives each inherited handle
+ * a description of its own and marks it unusable (segment.c,
+ * umbp_pool_fork_child()): a SIGKILLed parent is seen dead and reaped while
+ * its child lives, and the child's calls fail with -ECHILD. A child attaches
+ * on its own.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -158,6 +162,7 @@ int umbp_registry_reap_slot(umbp_pool *p, unsigned slot) {
 
 UMBP_API int umbp_pool_reap(umbp_pool *p) {
   if (!p) return -EINVAL;
+  if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only) return umbp_fail(-EROFS, "pool '%s' is attached read-only: reaping needs a read-write attachment", p->name);
   int n = 0;
   for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {

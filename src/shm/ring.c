@@ -14,7 +14,7 @@
 
 /* Bytes [8, 56) of the header as plain integers: what check_header copies out
  * of the shared mapping once and validates. */
-struct umbp_ring_geom {
+struct ring_fields {
   uint16_t layout_major;
   uint16_t layout_minor;
   uint32_t hdr_bytes;
@@ -26,10 +26,10 @@ struct umbp_ring_geom {
   uint64_t abi;
   uint64_t checksum;
 };
-_Static_assert(sizeof(struct umbp_ring_geom) == 48, "geometry mirrors header bytes [8, 56)");
-_Static_assert(offsetof(struct umbp_ring_geom, capacity) + 8 == offsetof(struct umbp_ring_hdr, capacity),
+_Static_assert(sizeof(struct ring_fields) == 48, "geometry mirrors header bytes [8, 56)");
+_Static_assert(offsetof(struct ring_fields, capacity) + 8 == offsetof(struct umbp_ring_hdr, capacity),
                "geometry mirror layout");
-_Static_assert(offsetof(struct umbp_ring_geom, checksum) + 8 == offsetof(struct umbp_ring_hdr, checksum),
+_Static_assert(offsetof(struct ring_fields, checksum) + 8 == offsetof(struct umbp_ring_hdr, checksum),
                "geometry mirror layout");
 
 /* ABI fingerprint: what two builds must agree on to share a ring. */
@@ -39,10 +39,10 @@ _Static_assert(offsetof(struct umbp_ring_geom, checksum) + 8 == offsetof(struct 
    (uint64_t)_Alignof(_Atomic uint64_t) << 40 | (uint64_t)UMBP_RING_LAYOUT_MAJOR << 48)
 
 /* FNV-1a 64 over the geometry fields (not the checksum itself). */
-static uint64_t ring_checksum(const struct umbp_ring_geom *g) {
+static uint64_t ring_checksum(const struct ring_fields *g) {
   const unsigned char *p = (const unsigned char *)g;
   uint64_t h = UINT64_C(0xcbf29ce484222325);
-  for (size_t i = 0; i < offsetof(struct umbp_ring_geom, checksum); i++) {
+  for (size_t i = 0; i < offsetof(struct ring_fields, checksum); i++) {
     h ^= p[i];
     h *= UINT64_C(0x100000001b3);
   }
@@ -74,7 +74,7 @@ int umbp_ring_init_at(void *mem, size_t mem_bytes, uint32_t capacity, uint32_t e
    * for everything but the atomics, which get relaxed stores; the magic's
    * release below publishes them all. */
   memset(mem, 0, need);
-  struct umbp_ring_geom g = {
+  struct ring_fields g = {
       .layout_major = UMBP_RING_LAYOUT_MAJOR,
       .layout_minor = UMBP_RING_LAYOUT_MINOR,
       .hdr_bytes = UMBP_RING_HDR_BYTES,
@@ -87,6 +87,7 @@ int umbp_ring_init_at(void *mem, size_t mem_bytes, uint32_t capacity, uint32_t e
   };
   g.checksum = ring_checksum(&g);
   memcpy((unsigned char *)mem + 8, &g, sizeof g);
+  const struct umbp_ring_geo geo = {g.capacity, g.mask, g.elem_size, g.cell_size};
 
   atomic_store_explicit(&h->enq_pos, start_pos, memory_order_relaxed);
   atomic_store_explicit(&h->deq_pos, start_pos, memory_order_relaxed);
@@ -94,7 +95,7 @@ int umbp_ring_init_at(void *mem, size_t mem_bytes, uint32_t capacity, uint32_t e
   for (uint32_t i = 0; i < capacity; i++) {
     /* The first position at or after start_pos that maps to cell i. */
     uint64_t p = start_pos + ((i - start_pos) & g.mask);
-    struct umbp_ring_cell *c = umbp_ring__cell(h, p);
+    struct umbp_ring_cell *c = umbp_ring__cellg(h, &geo, p);
     atomic_store_explicit(&c->word, umbp_ring__word(p, UMBP_RING_STABLE, 0), memory_order_relaxed);
   }
   /* Release: pairs with the load-acquire of the magic in check_header. */
@@ -114,7 +115,7 @@ int umbp_ring_check_header(const void *mem, size_t mem_bytes) {
   uint64_t magic = atomic_load_explicit((_Atomic uint64_t *)&h->magic, memory_order_acquire);
   if (magic != UMBP_RING_MAGIC) return -EBADMSG;
 
-  struct umbp_ring_geom g;
+  struct ring_fields g;
   memcpy(&g, (const unsigned char *)mem + 8, sizeof g); /* one private copy, validated below */
   if (g.layout_major != UMBP_RING_LAYOUT_MAJOR) return -EBADMSG;
   if (g.abi != UMBP_RING_ABI) return -EBADMSG;
@@ -128,19 +129,41 @@ int umbp_ring_check_header(const void *mem, size_t mem_bytes) {
   return 0;
 }
 
+int umbp_ring_geo_get(const void *mem, size_t mem_bytes, struct umbp_ring_geo *ret) {
+  int rc = umbp_ring_check_header(mem, mem_bytes);
+  if (rc) return rc;
+  /* the copy validated above may have changed since; take one more private
+   * copy and check the fields we keep once more, against each other */
+  struct ring_fields f;
+  memcpy(&f, (const unsigned char *)mem + 8, sizeof f);
+  if (!ring_params_ok(f.capacity, f.elem_size) || f.mask != f.capacity - 1 ||
+      f.cell_size != sizeof(struct umbp_ring_cell) + f.elem_size || umbp_ring_bytes(f.capacity, f.elem_size) > mem_bytes)
+    return -EBADMSG;
+  ret->capacity = f.capacity;
+  ret->mask = f.mask;
+  ret->elem_size = f.elem_size;
+  ret->cell_size = f.cell_size;
+  return 0;
+}
+
 /* Attempts before enqueue_overwrite gives up and drops the new element: enough
  * to drop a whole ring's worth twice over, plus some spinning for a consumer
  * that is in the middle of reading the one cell we need. */
 #define RING_OVERWRITE_SPINS 1024u
 
 unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owner) {
+  struct umbp_ring_geo g = umbp_ring__geo_shared(ring);
+  return umbp_ring_enqueue_overwrite_g(ring, &g, elem, owner);
+}
+
+unsigned umbp_ring_enqueue_overwrite_g(void *ring, const struct umbp_ring_geo *g, const void *elem, uint16_t owner) {
   struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
-  const uint64_t limit = 2 * (uint64_t)h->capacity + RING_OVERWRITE_SPINS;
+  const uint64_t limit = 2 * (uint64_t)g->capacity + RING_OVERWRITE_SPINS;
   uint64_t scratch[UMBP_RING_MAX_ELEM / 8];
   unsigned dropped = 0;
 
   for (uint64_t tries = 0;; tries++) {
-    if (umbp_ring_enqueue_burst(ring, elem, 1, owner) == 1) return dropped;
+    if (umbp_ring_enqueue_burst_g(ring, g, elem, 1, owner) == 1) return dropped;
     if (tries >= limit) {
       /* Nothing droppable and still no room: drop the new element itself. */
       atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
@@ -149,7 +172,7 @@ unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owne
     /* Consume exactly one position: a tombstone makes room without costing
      * an element, a real element is dropped and counted. */
     unsigned npos;
-    if (umbp_ring__dequeue_pass(ring, (unsigned char *)scratch, 1, 1, owner, &npos) == 1) {
+    if (umbp_ring__dequeue_pass(ring, g, (unsigned char *)scratch, 1, 1, owner, &npos) == 1) {
       /* Relaxed: a statistic; no data is published through it. */
       atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
       dropped++;
@@ -160,13 +183,18 @@ unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owne
 }
 
 uint64_t umbp_ring_count(const void *ring) {
+  struct umbp_ring_geo g = umbp_ring__geo_shared(ring);
+  return umbp_ring_count_g(ring, &g);
+}
+
+uint64_t umbp_ring_count_g(const void *ring, const struct umbp_ring_geo *g) {
   struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
   /* deq first: both only grow, so reading enq later can only overestimate. */
   uint64_t d = atomic_load_explicit(&h->deq_pos, memory_order_relaxed);
   uint64_t e = atomic_load_explicit(&h->enq_pos, memory_order_relaxed);
   int64_t n = (int64_t)(e - d);
   if (n < 0) return 0; /* a repaired producer claim can leave enq_pos behind for a moment */
-  if ((uint64_t)n > h->capacity) return h->capacity;
+  if ((uint64_t)n > g->capacity) return g->capacity;
   return (uint64_t)n;
 }
 
@@ -183,14 +211,21 @@ static void ring_help_seq(_Atomic uint64_t *p, uint64_t seq) {
 
 unsigned umbp_ring_repair(void *ring, uint16_t dead_owner, void (*cb)(void *arg, const void *elem),
                           void *arg) {
+  if (!ring) return 0;
+  struct umbp_ring_geo g = umbp_ring__geo_shared(ring);
+  return umbp_ring_repair_g(ring, &g, dead_owner, cb, arg);
+}
+
+unsigned umbp_ring_repair_g(void *ring, const struct umbp_ring_geo *g, uint16_t dead_owner,
+                            void (*cb)(void *arg, const void *elem), void *arg) {
   if (!ring || dead_owner == 0) return 0;
   struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
-  const uint32_t cap = h->capacity, esz = h->elem_size;
+  const uint32_t cap = g->capacity, esz = g->elem_size;
   uint64_t copy[UMBP_RING_MAX_ELEM / 8];
   unsigned repaired = 0;
 
   for (uint32_t i = 0; i < cap; i++) {
-    struct umbp_ring_cell *c = umbp_ring__cell(h, i);
+    struct umbp_ring_cell *c = umbp_ring__cellg(h, g, i);
     /* [A1r] acquire: for a READING cell this synchronises with the producer's
      * [R1] through the release sequence continued by the consumer's claim. */
     uint64_t w = atomic_load_explicit(&c->word, memory_order_acquire);

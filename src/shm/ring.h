@@ -107,11 +107,15 @@
  * pmdk's run-id locks (an owner recorded in the shared word so that a reaper
  * can undo exactly its work).
  *
- * Trust.  check_header validates the immutable geometry once, against the
- * caller's mapping size; the hot paths then read capacity/mask/elem_size from
- * the shared line 0 on every call.  A peer that rewrites line 0 after that is
- * outside the model (it could equally scribble over payloads).  Whatever the
- * cell words and positions hold, every access stays inside the cells.
+ * Trust.  The geometry (capacity, mask, elem_size, cell_size) is fixed at
+ * init.  Each process validates the header once against its mapping size and
+ * keeps a private copy (umbp_ring_geo_get()); the *_g operations index cells
+ * with that copy only, never with line 0.  So a co-tenant that rewrites line 0
+ * later (a mask of 0xffffffff made peers' enqueues write outside the ring and
+ * SIGSEGV) changes nothing, and whatever the cell words and positions hold,
+ * every access stays inside the cells.  The operations without _g read the
+ * geometry from line 0 on each call: for tests and single-owner tools only;
+ * the pool's index uses the _g ones.
  * Versions: a ring of another layout major or ABI fingerprint is refused by
  * check_header; the ring holds no state that outlives its segment.
  *
@@ -189,6 +193,12 @@ _Static_assert(__builtin_offsetof(struct umbp_ring_hdr, enq_pos) == 64, "enq_pos
 _Static_assert(__builtin_offsetof(struct umbp_ring_hdr, deq_pos) == 128, "deq_pos on its own line");
 _Static_assert(sizeof(struct umbp_ring_cell) == 8, "cell header is the word alone");
 
+/* A ring's geometry, fixed at init: the private copy each process indexes
+ * cells with (design note, "Trust"). */
+struct umbp_ring_geo {
+  uint32_t capacity, mask, elem_size, cell_size;
+};
+
 /* ---- test hook -------------------------------------------------------------------- */
 
 #ifdef UMBP_RING_TEST_HOOKS
@@ -247,6 +257,11 @@ int umbp_ring_init_at(void *mem, size_t mem_bytes, uint32_t capacity, uint32_t e
  * the ring operations stay memory-safe whatever they hold. */
 int umbp_ring_check_header(const void *mem, size_t mem_bytes);
 
+/* umbp_ring_check_header(), then the validated geometry into *ret (written
+ * only on success): the private copy to pass to the *_g operations.  Same
+ * returns; any thread. */
+int umbp_ring_geo_get(const void *mem, size_t mem_bytes, struct umbp_ring_geo *ret);
+
 /* Enqueue one element; when the ring is full, dequeue and discard the oldest
  * element(s) until it fits.  Each discarded element bumps the header's
  * dropped counter (atomic, relaxed: a statistic).  Returns how many elements
@@ -259,11 +274,13 @@ int umbp_ring_check_header(const void *mem, size_t mem_bytes);
  * ordering as umbp_ring_enqueue_burst / umbp_ring_dequeue_burst; drops happen under
  * `owner`, so a process killed mid-drop is repaired like any consumer. */
 unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owner);
+unsigned umbp_ring_enqueue_overwrite_g(void *ring, const struct umbp_ring_geo *g, const void *elem, uint16_t owner);
 
 /* Approximate number of elements: enq_pos - deq_pos clamped to [0, capacity]
  * (it includes claimed-but-unfinished cells and tombstones).  Relaxed loads; a
  * snapshot only.  Any thread. */
 uint64_t umbp_ring_count(const void *ring);
+uint64_t umbp_ring_count_g(const void *ring, const struct umbp_ring_geo *g);
 
 /* Total elements dropped by umbp_ring_enqueue_overwrite since init.  Relaxed
  * load; any thread. */
@@ -288,6 +305,8 @@ uint64_t umbp_ring_dropped(const void *ring);
  * clobber the repaired cell). */
 unsigned umbp_ring_repair(void *ring, uint16_t dead_owner, void (*cb)(void *arg, const void *elem),
                           void *arg);
+unsigned umbp_ring_repair_g(void *ring, const struct umbp_ring_geo *g, uint16_t dead_owner,
+                            void (*cb)(void *arg, const void *elem), void *arg);
 
 /* ---- inline helpers ---------------------------------------------------------------- */
 
@@ -306,9 +325,22 @@ static inline int64_t umbp_ring__seqdiff(uint64_t a, uint64_t b) {
   return (int64_t)d;
 }
 
+/* Cell of position pos, by the private geometry g: inside the ring whatever
+ * pos is. */
+static inline struct umbp_ring_cell *umbp_ring__cellg(struct umbp_ring_hdr *h, const struct umbp_ring_geo *g,
+                                                      uint64_t pos) {
+  return (struct umbp_ring_cell *)((unsigned char *)h + UMBP_RING_HDR_BYTES + (size_t)(pos & g->mask) * g->cell_size);
+}
+/* Cell of position pos by the shared line 0: tests and tools only (see Trust). */
 static inline struct umbp_ring_cell *umbp_ring__cell(struct umbp_ring_hdr *h, uint64_t pos) {
   return (struct umbp_ring_cell *)((unsigned char *)h + UMBP_RING_HDR_BYTES +
                                    (size_t)(pos & h->mask) * h->cell_size);
+}
+/* The geometry as line 0 says now (the non-_g operations; see Trust). */
+static inline struct umbp_ring_geo umbp_ring__geo_shared(const void *ring) {
+  const struct umbp_ring_hdr *h = (const struct umbp_ring_hdr *)ring;
+  struct umbp_ring_geo g = {h->capacity, h->mask, h->elem_size, h->cell_size};
+  return g;
 }
 
 static inline void umbp_ring__relax(void) {
@@ -370,9 +402,10 @@ static inline uint32_t umbp_ring_elem_size(const void *ring) {
  * [R2] of the previous lap) before the payload is overwritten; each element is
  * published by store-release [R1], paired with the consumer's claim [A1].
  * One CAS per cell plus one position advance per call. */
-static inline unsigned umbp_ring_enqueue_burst(void *ring, const void *elems, unsigned n, uint16_t owner) {
+static inline unsigned umbp_ring_enqueue_burst_g(void *ring, const struct umbp_ring_geo *g, const void *elems, unsigned n,
+                                                 uint16_t owner) {
   struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
-  const uint32_t cap = h->capacity, esz = h->elem_size;
+  const uint32_t cap = g->capacity, esz = g->elem_size;
   const unsigned char *src = (const unsigned char *)elems;
   if (n > cap) n = cap;
   if (n == 0) return 0;
@@ -380,7 +413,7 @@ static inline unsigned umbp_ring_enqueue_burst(void *ring, const void *elems, un
   uint64_t pos = atomic_load_explicit(&h->enq_pos, memory_order_relaxed);
   unsigned k = 0;
   while (k < n) {
-    struct umbp_ring_cell *c = umbp_ring__cell(h, pos + k);
+    struct umbp_ring_cell *c = umbp_ring__cellg(h, g, pos + k);
     uint64_t w = atomic_load_explicit(&c->word, memory_order_relaxed);
     int64_t d = umbp_ring__seqdiff(umbp_ring__wseq(w), pos + k);
     if (d == 0 && umbp_ring__wkind(w) == UMBP_RING_STABLE) {
@@ -401,7 +434,7 @@ static inline unsigned umbp_ring_enqueue_burst(void *ring, const void *elems, un
   }
   umbp_ring__advance(&h->enq_pos, pos, pos + k);
   for (unsigned i = 0; i < k; i++) {
-    struct umbp_ring_cell *c = umbp_ring__cell(h, pos + i);
+    struct umbp_ring_cell *c = umbp_ring__cellg(h, g, pos + i);
     umbp_ring__copy(c->payload, src + (size_t)i * esz, esz);
     /* [R1] publish the payload; pairs with the consumer's claim [A1]. */
     atomic_store_explicit(&c->word, umbp_ring__word(pos + i + 1, UMBP_RING_STABLE, 0), memory_order_release);
@@ -414,16 +447,16 @@ static inline unsigned umbp_ring_enqueue_burst(void *ring, const void *elems, un
  * released on the way), advance deq_pos once, then copy out and release.
  * Returns the elements written to dst; *ret_npos = positions consumed,
  * tombstones included (0: empty).  Ordering as umbp_ring_dequeue_burst. */
-static inline unsigned umbp_ring__dequeue_pass(void *ring, unsigned char *dst, unsigned n, unsigned max_pos,
-                                               uint16_t owner, unsigned *ret_npos) {
+static inline unsigned umbp_ring__dequeue_pass(void *ring, const struct umbp_ring_geo *g, unsigned char *dst, unsigned n,
+                                               unsigned max_pos, uint16_t owner, unsigned *ret_npos) {
   struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
-  const uint32_t cap = h->capacity, esz = h->elem_size;
+  const uint32_t cap = g->capacity, esz = g->elem_size;
   uint64_t pos = atomic_load_explicit(&h->deq_pos, memory_order_relaxed);
   unsigned k = 0, real = 0;
   uint64_t skips = 0; /* bit i: position pos + i was a tombstone, already released */
   *ret_npos = 0;
   while (real < n && k < max_pos) {
-    struct umbp_ring_cell *c = umbp_ring__cell(h, pos + k);
+    struct umbp_ring_cell *c = umbp_ring__cellg(h, g, pos + k);
     uint64_t w = atomic_load_explicit(&c->word, memory_order_relaxed);
     int64_t d = umbp_ring__seqdiff(umbp_ring__wseq(w), pos + k + 1);
     if (d == 0 && umbp_ring__wkind(w) == UMBP_RING_STABLE) {
@@ -458,7 +491,7 @@ static inline unsigned umbp_ring__dequeue_pass(void *ring, unsigned char *dst, u
   unsigned got = 0;
   for (unsigned i = 0; i < k; i++) {
     if (skips & (UINT64_C(1) << i)) continue;
-    struct umbp_ring_cell *c = umbp_ring__cell(h, pos + i);
+    struct umbp_ring_cell *c = umbp_ring__cellg(h, g, pos + i);
     umbp_ring__copy(dst + (size_t)got * esz, c->payload, esz);
     got++;
     /* [R2] the payload has been read; pairs with the next producer's [A2]. */
@@ -481,11 +514,11 @@ static inline unsigned umbp_ring__dequeue_pass(void *ring, unsigned char *dst, u
  * Ordering: each claim CAS acquires [A1] (pairs with the producer's [R1])
  * before the payload is read; each cell is handed to the next lap by
  * store-release [R2], paired with that producer's claim [A2]. */
-static inline unsigned umbp_ring_dequeue_burst(void *ring, void *elems, unsigned n, uint16_t owner) {
+static inline unsigned umbp_ring_dequeue_burst_g(void *ring, const struct umbp_ring_geo *g, void *elems, unsigned n, uint16_t owner) {
   if (n == 0) return 0;
   for (;;) {
     unsigned npos;
-    unsigned got = umbp_ring__dequeue_pass(ring, (unsigned char *)elems, n, 64, owner, &npos);
+    unsigned got = umbp_ring__dequeue_pass(ring, g, (unsigned char *)elems, n, 64, owner, &npos);
     /* Return as soon as a pass has handed out anything: an element leaves the
      * ring only in the pass whose call returns it, so a consumer killed in
      * the middle of a call loses nothing the call had not yet returned (its
@@ -493,6 +526,17 @@ static inline unsigned umbp_ring_dequeue_burst(void *ring, void *elems, unsigned
      * follows a pass that met nothing but tombstones. */
     if (got || npos == 0) return got;
   }
+}
+
+/* As the _g operations, with the geometry read from the shared line 0 on
+ * each call: tests and single-owner tools only (design note, "Trust"). */
+static inline unsigned umbp_ring_enqueue_burst(void *ring, const void *elems, unsigned n, uint16_t owner) {
+  struct umbp_ring_geo g = umbp_ring__geo_shared(ring);
+  return umbp_ring_enqueue_burst_g(ring, &g, elems, n, owner);
+}
+static inline unsigned umbp_ring_dequeue_burst(void *ring, void *elems, unsigned n, uint16_t owner) {
+  struct umbp_ring_geo g = umbp_ring__geo_shared(ring);
+  return umbp_ring_dequeue_burst_g(ring, &g, elems, n, owner);
 }
 
 /* Enqueue one element.  Returns 0, or -ENOSPC when the ring is full.  Context

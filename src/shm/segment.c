@@ -113,8 +113,11 @@ UMBP_API int umbp_pool_name_valid(const char *name) {
 }
 
 /* ---- ABI fingerprint and checksum ---------------------------------------- */
-uint64_t umbp_abi_fingerprint(void) {
+uint64_t umbp_abi_fingerprint(void) { return umbp_abi_fingerprint_with(umbp_index_abi_part()); }
+
+uint64_t umbp_abi_fingerprint_with(uint64_t index_part) {
   const uint64_t shape[] = {
+      index_part, /* the index's key hash and bucket placement (umbp_index_abi_part()) */
       UMBP_LAYOUT_MAJOR,
       UMBP_CACHELINE,
       sizeof(struct umbp_shm_header), _Alignof(struct umbp_shm_header),
@@ -922,6 +925,7 @@ static struct umbp_pool *pool_new(void) {
   if (!p) return NULL;
   p->fd = -1;
   p->proc_slot = -1;
+  p->attach_pid = getpid();
   return p;
 }
 
@@ -1310,8 +1314,75 @@ fail:
   return rc;
 }
 
+/* ---- fork() ---------------------------------------------------------------
+ * A fork() child shares its parent's open file descriptions. The registry's
+ * liveness is an OFD lock on the handle's description (registry.c), which
+ * the kernel drops only when the description's last reference goes: every
+ * fd, and every mapping made from it (a vma holds its file). So a child that
+ * merely inherits the handle kept a SIGKILLed parent "alive", its pins and
+ * reservations unreaped, until the child exited; closing the child's fd is
+ * not enough (its copy of the mapping still refers to the description).
+ * The child therefore maps the same file again from a description of its
+ * own (opened through /proc/self/fd, so a pool unlinked meanwhile still
+ * works; the pool's path otherwise) over the same addresses, and closes the
+ * inherited fd. Pointers the child holds into the pool stay valid, but the
+ * handle is marked forked: the child is another process and has no registry
+ * slot, so every call fails with -ECHILD (umbp_pool_forked_fail()). The
+ * hot path pays nothing: the child's handle has no index state, which every
+ * index call checks already (ix_get()). If no new description can be
+ * opened (no /proc, file gone and /proc absent) the old mapping stays, and
+ * the parent looks alive until the child exits or execs, as before. */
+static void remap_from(umbp_pool *p, int nfd, uint64_t off, uint64_t len) {
+  if (!len) return;
+  /* MAP_FIXED replaces the inherited vma, dropping its file reference */
+  mmap((char *)p->base + off, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, nfd, (off_t)off);
+}
+
+void umbp_pool_fork_child(umbp_pool *p) {
+  p->forked = true;
+  if (p->fd >= 0 && !p->read_only && p->base) {
+    /* "/proc/self/fd/N" without snprintf (the child of a threaded process
+     * may only make async-signal-safe calls) */
+    char path[32] = "/proc/self/fd/", digits[12];
+    unsigned n = 0, v = (unsigned)p->fd;
+    do digits[n++] = (char)('0' + v % 10), v /= 10;
+    while (v && n < sizeof digits);
+    size_t l = strlen(path);
+    while (n) path[l++] = digits[--n];
+    path[l] = 0;
+    int nfd = open(path, O_RDWR | O_CLOEXEC);
+    if (nfd < 0) nfd = open(p->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (nfd >= 0) {
+      if (p->index_huge_bytes) { /* the index range is mapped from its own file, which holds no lock */
+        uint64_t ioff = 0, ilen = 0;
+        umbp_index_huge_range(p->hdr, &ioff, &ilen);
+        remap_from(p, nfd, 0, ioff);
+        remap_from(p, nfd, ioff + ilen, p->size - (ioff + ilen));
+      } else {
+        remap_from(p, nfd, 0, p->size);
+      }
+      close(nfd);
+    }
+  }
+  if (p->fd >= 0) close(p->fd);
+  p->fd = -1;
+  /* no registry slot of its own: detach touches nothing shared */
+  p->read_only = true;
+  p->proc_slot = -1;
+  p->owner_id = 0;
+}
+
+int umbp_pool_forked_fail(const umbp_pool *p) {
+  return umbp_fail(-ECHILD, "this handle of pool '%s' was inherited through fork() from process %d: a child may "
+                            "not use its parent's handle (it would act under the parent's registry slot); call "
+                            "umbp_pool_attach() in the child (or exec first), and umbp_pool_detach() the inherited "
+                            "handle to free it",
+                   p->name, p->attach_pid);
+}
+
 UMBP_API void umbp_pool_detach(umbp_pool *p) {
   if (!p) return;
+  if (p->forked) umbp_index_forget(p);
   if (!p->read_only) {
     umbp_index_detach_hook(p);
     umbp_registry_release(p);

@@ -15,6 +15,13 @@
  *       linked (way inserted, state not yet published), pinned (pins held),
  *       evicting (state EVICTING, way still linked), freeing (ledger set, state
  *       FREE, not yet on the queue), reading (reader in a read section).
+ *   index_helper fork-hold NAME NS quiet|use
+ *       publish and pin 40 blocks (ids 5000..5039), reserve 4 slots, then a
+ *       plain fork(): the child (quiet) prints "child PID" and sleeps without
+ *       touching umbp, or (use) first calls umbp_lookup_pin and umbp_reserve on
+ *       the inherited handle and prints "child PID lookup RC reserve RC MSG";
+ *       the parent prints "parent" and waits to be killed. The child sleeps
+ *       60 s at most.
  */
 #include <pthread.h>
 #include <sys/prctl.h>
@@ -163,7 +170,7 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
       unsigned char b[UMBP_RING_MAX_ELEM];
     } e;
     struct umbp_ring_claim c;
-    if (umbp_ring_dequeue_begin(ix->rings[0], &e, p->owner_id, &c) != 0) return 4;
+    if (umbp_ring_dequeue_begin(ix->rings[0], &ix->ring_geo[0], &e, p->owner_id, &c) != 0) return 4;
     die();
   }
   if (!strcmp(point, "reserved")) {
@@ -288,6 +295,41 @@ int main(int argc, char **argv) {
     fflush(stdout);
     return run_workers(p, (uint32_t)atoi(argv[3]), strtoull(argv[4], 0, 10), -1, (unsigned)atoi(argv[5]),
                        strtoull(argv[6], 0, 10));
+  }
+  if (!strcmp(mode, "fork-hold") && argc >= 5) {
+    uint32_t ns = (uint32_t)atoi(argv[3]), s;
+    for (uint64_t i = 0; i < 40; i++) {
+      umbp_key k = itu_key(ns, 5000 + i, 0);
+      if (umbp_reserve(p, -1, ns, &s) || umbp_publish(p, s, &k) || umbp_lookup_pin(p, &k, &s)) {
+        printf("setup failed: %s\n", umbp_last_error());
+        return 1;
+      }
+    }
+    for (int i = 0; i < 4; i++)
+      if (umbp_reserve(p, -1, ns, &s)) {
+        printf("reserve failed: %s\n", umbp_last_error());
+        return 1;
+      }
+    fflush(stdout);
+    pid_t c = fork();
+    if (c < 0) return 1;
+    if (c == 0) {
+      if (!strcmp(argv[4], "use")) {
+        umbp_key k = itu_key(ns, 5000, 0);
+        int r1 = umbp_lookup_pin(p, &k, &s);
+        int r2 = umbp_reserve(p, -1, ns, &s);
+        printf("child %d lookup %d reserve %d %s\n", (int)getpid(), r1, r2, umbp_last_error());
+        umbp_pool_detach(p); /* frees the inherited handle, touches nothing shared */
+      } else {
+        printf("child %d\n", (int)getpid());
+      }
+      fflush(stdout);
+      sleep(60);
+      _exit(0);
+    }
+    printf("parent\n");
+    fflush(stdout);
+    for (;;) pause();
   }
   if (!strcmp(mode, "die-at") && argc >= 5) return die_at(argv[2], p, (uint32_t)atoi(argv[4]));
   fprintf(stderr, "bad arguments\n");

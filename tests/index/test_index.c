@@ -6,6 +6,7 @@
 
 #include "index/index_internal.h"
 #include "index_test_util.h"
+#include "umbp/check.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
@@ -584,6 +585,100 @@ static void test_detach_releases_pins(void **state) {
   census_ok(f->p);
 }
 
+/* A clean detach gives back the slots the process reserved, as reaping it
+ * would have (issue 32 #4): attach, reserve x4, detach, then --check is clean
+ * and the 4 slots are free again. */
+static void test_detach_releases_reservations(void **state) {
+  struct fx *f = *state;
+  umbp_slot_census before, after;
+  assert_int_equal(umbp_census(f->p, &before), 0);
+  umbp_pool *q;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
+  uint32_t s[4];
+  for (int i = 0; i < 4; i++) assert_int_equal(umbp_reserve(q, -1, f->ns, &s[i]), 0);
+  umbp_pool_detach(q);
+  umbp_check_report *rep = calloc(1, sizeof *rep);
+  assert_non_null(rep);
+  assert_int_equal(umbp_pool_check(f->p, rep), 0);
+  for (unsigned i = 0; i < rep->n_listed; i++) fprintf(stderr, "# check: %s\n", rep->violation[i]);
+  assert_int_equal(rep->n_violations, 0);
+  free(rep);
+  assert_int_equal(umbp_census(f->p, &after), 0);
+  assert_int_equal(after.reserved, 0);
+  assert_int_equal(after.free_, before.free_);
+  census_ok(f->p);
+  /* and they can be reserved again without evicting anything */
+  uint32_t *all = calloc(after.free_, sizeof *all);
+  assert_int_equal(umbp_reserve_bulk(f->p, -1, f->ns, (unsigned)after.free_, all), (int)after.free_);
+  for (uint64_t i = 0; i < after.free_; i++) assert_int_equal(umbp_abort(f->p, all[i]), 0);
+  free(all);
+}
+
+/* Ring headers are trusted only once, at attach (issue 32 #10): a co-tenant
+ * that rewrites the geometry in the shared line 0 of the free ring and the
+ * event ring (mask 0xffffffff, a huge capacity and cell size) after peers
+ * attached must not make them index outside the rings. Every operation that
+ * enqueues or dequeues goes on working from a handle attached before. */
+static void test_ring_header_scribbled(void **state) {
+  struct fx *f = *state;
+  umbp_pool *q;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
+  umbp_events_enable_stored(q, true);
+  struct umbp_ring_hdr *rings[2] = {umbp_pool_at(f->p, f->p->hdr->partitions[0].ring_offset, 64),
+                                    umbp_pool_region(f->p, UMBP_REG_EVENTS)};
+  unsigned char saved[2][64];
+  for (int i = 0; i < 2; i++) {
+    memcpy(saved[i], rings[i], 64);
+    rings[i]->capacity = 0xffffffffu;
+    rings[i]->mask = 0xffffffffu;
+    rings[i]->cell_size = 0x10000000u;
+    rings[i]->elem_size = 0x10000000u;
+  }
+  for (int round = 0; round < 3; round++) {
+    for (uint64_t id = 0; id < 300; id++) { /* more than the pool's 256 slots: free, evict, free again */
+      umbp_key k = itu_key(f->ns, 100000 + round * 1000 + id, 0);
+      uint32_t s;
+      int rc = umbp_reserve(q, -1, f->ns, &s);
+      assert_int_equal(rc, 0);
+      assert_int_equal(umbp_publish(q, s, &k), 0);
+      assert_int_equal(umbp_lookup_pin(f->p, &k, &s), 0);
+      assert_int_equal(umbp_unpin(f->p, s), 0);
+      if (id % 3 == 0) assert_int_equal(umbp_remove(q, &k), 0);
+    }
+    umbp_event ev[64];
+    int n;
+    while ((n = umbp_events_drain(f->p, ev, 64)) > 0) {
+    }
+    assert_true(n >= 0);
+  }
+  assert_int_equal(umbp_clear_ns(q, f->ns) >= 0, 1);
+  umbp_reclaim(q);
+  umbp_reclaim(f->p);
+  /* a new attach validates the header and refuses the scribbled rings */
+  umbp_pool *r = NULL;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &r), -EBADMSG);
+  for (int i = 0; i < 2; i++) memcpy(rings[i], saved[i], 64);
+  umbp_pool_detach(q);
+  census_ok(f->p);
+}
+
+/* The key hash and bucket placement are in the ABI fingerprint (issue 32,
+ * smaller defects): a build that hashed a fixed key differently gets another
+ * fingerprint, and the pool's recorded fingerprint includes this build's. */
+static void test_fingerprint_covers_hash(void **state) {
+  struct fx *f = *state;
+  uint64_t part = umbp_index_abi_part();
+  assert_int_equal(umbp_abi_fingerprint(), umbp_abi_fingerprint_with(part));
+  assert_int_equal(f->p->hdr->abi_fingerprint, umbp_abi_fingerprint());
+  /* another hash of one fixed key (as another build would compute it) */
+  assert_true(umbp_abi_fingerprint_with(part ^ 1) != umbp_abi_fingerprint());
+  /* the part depends on the hash and on the placement of fixed keys */
+  uint64_t w[6] = {1, 2, 3, 4, 5, 6};
+  uint64_t h = umbp_key_hash_w(w);
+  assert_true(h != 0);
+  assert_true(part != 0x756d62706b657973ull);
+}
+
 /* A full pool under long churn never runs out of index ways. At 32767 slots a
  * power-of-two bucket count with 1.25 ways a slot (the sizing before layout
  * 2.0) gives 80% of the ways used at full load: there, linear probing pushes
@@ -910,6 +1005,44 @@ static void test_stuck_reader_bounded(void **state) {
   census_ok(f->p);
 }
 
+/* A reserve that finds every slot RETIRED behind a stopped reader says so and
+ * names the reader's process, not "every block is pinned or reserved" (issue
+ * 32 #1's false message, seen while 0 slots were pinned). */
+static void test_nospace_names_stuck_reader(void **state) {
+  struct fx *f = *state;
+  umbp_slot_census c;
+  umbp_census(f->p, &c);
+  uint64_t total = c.total;
+  for (uint64_t id = 0; id < total; id++) {
+    umbp_key k = itu_key(f->ns, 7000 + id, 0);
+    put(f->p, &k);
+  }
+  struct umbp_index *ix = f->p->index;
+  struct umbp_proc_slot *ps = &f->p->procs[f->p->proc_slot];
+  unsigned t = 63;
+  atomic_fetch_or(&ps->thread_bits, 1ull << t);
+  atomic_store(&ix->readers[t].ctr, atomic_load(&ix->ih->epoch)); /* "in a section", then stopped */
+  for (uint64_t id = 0; id < total; id++) {
+    umbp_key k = itu_key(f->ns, 7000 + id, 0);
+    assert_int_equal(umbp_remove(f->p, &k), 0);
+  }
+  uint32_t s;
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s), -ENOSPC);
+  const char *msg = umbp_last_error();
+  fprintf(stderr, "# %s\n", msg);
+  assert_null(strstr(msg, "every block is pinned or reserved"));
+  assert_non_null(strstr(msg, "wait for a reader"));
+  char pid[32];
+  snprintf(pid, sizeof pid, "process %d ", (int)getpid());
+  assert_non_null(strstr(msg, pid));
+  atomic_store(&ix->readers[t].ctr, 0); /* resumes and leaves */
+  atomic_fetch_and(&ps->thread_bits, ~(1ull << t));
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s), 0);
+  assert_int_equal(umbp_abort(f->p, s), 0);
+  umbp_reclaim(f->p);
+  census_ok(f->p);
+}
+
 /* ---- threads (also the TSan target) ---------------------------------------- */
 struct thr {
   struct fx *f;
@@ -979,6 +1112,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_namespaces, setup, teardown),
       cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_detach_releases_pins, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_detach_releases_reservations, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ring_header_scribbled, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fingerprint_covers_hash, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_signature_split, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bucket_all_ways, setup, teardown),
@@ -996,6 +1132,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stuck_reader_bounded, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nospace_names_stuck_reader, setup, teardown),
       cmocka_unit_test_setup_teardown(test_background_evictor, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
   };

@@ -280,6 +280,74 @@ static void test_kill_rounds(void **state) {
   umbp_pool_destroy(name);
 }
 
+/* fork() after attach (issue 32 #5): a plain fork()ed child, quiet or using
+ * the inherited handle, must not keep its SIGKILLed parent alive (the
+ * parent's 40 pins and 4 reservations are reaped while the child lives), and
+ * its calls on the inherited handle fail with -ECHILD and a message telling
+ * it to attach on its own. */
+static void fork_case(const char *how) {
+  const char *name = tu_name("ixfork");
+  uint32_t ns;
+  umbp_pool *p = mk_pool(name, 256, &ns);
+  char nsb[16];
+  snprintf(nsb, sizeof nsb, "%u", ns);
+  char *argv[] = {(char *)tu_helper("index_helper"), "fork-hold", (char *)name, nsb, (char *)how, NULL};
+  int fd;
+  pid_t parent = spawn(argv, &fd);
+  pid_t child = -1;
+  char line[512], child_line[512] = "";
+  for (int i = 0; i < 2; i++) {
+    assert_true(tu_readline(fd, line, sizeof line) > 0);
+    if (!strncmp(line, "child ", 6)) {
+      child = atoi(line + 6);
+      snprintf(child_line, sizeof child_line, "%s", line);
+    } else {
+      assert_string_equal(line, "parent");
+    }
+  }
+  assert_true(child > 0);
+  umbp_slot_census c;
+  assert_int_equal(umbp_census(p, &c), 0);
+  assert_int_equal(c.pinned, 40);
+  assert_int_equal(c.reserved, 4);
+  if (!strcmp(how, "use")) {
+    int r1, r2;
+    char msg[400] = "";
+    assert_true(sscanf(child_line, "child %*d lookup %d reserve %d %399[^\n]", &r1, &r2, msg) >= 2);
+    fprintf(stderr, "# child on the inherited handle: lookup %d reserve %d: %s\n", r1, r2, msg);
+    assert_int_equal(r1, -ECHILD);
+    assert_int_equal(r2, -ECHILD);
+    assert_non_null(strstr(msg, "umbp_pool_attach() in the child"));
+    /* nothing changed in the pool: the child's calls did not act */
+    assert_int_equal(umbp_census(p, &c), 0);
+    assert_int_equal(c.pinned, 40);
+    assert_int_equal(c.reserved, 4);
+  }
+  kill(parent, SIGKILL);
+  assert_int_equal(tu_wait(parent), 128 + SIGKILL);
+  assert_int_equal(kill(child, 0), 0); /* the child still lives */
+  assert_int_equal(umbp_pool_reap(p), 1);
+  assert_int_equal(umbp_census(p, &c), 0);
+  fprintf(stderr, "# after reaping the parent, child %d alive: pinned %llu reserved %llu\n", (int)child,
+          (unsigned long long)c.pinned, (unsigned long long)c.reserved);
+  assert_int_equal(c.pinned, 0);
+  assert_int_equal(c.reserved, 0);
+  assert_int_equal(kill(child, 0), 0);
+  kill(child, SIGKILL);
+  close(fd);
+  accounting_ok(p, false);
+  umbp_pool_detach(p);
+  umbp_pool_destroy(name);
+}
+static void test_fork_quiet_child(void **state) {
+  (void)state;
+  fork_case("quiet");
+}
+static void test_fork_child_uses_handle(void **state) {
+  (void)state;
+  fork_case("use");
+}
+
 int main(void) {
   const struct CMUnitTest points[] = {
       cmocka_unit_test(test_die_ring_claimed), cmocka_unit_test(test_die_reserved),
@@ -288,6 +356,7 @@ int main(void) {
       cmocka_unit_test(test_die_reading),      cmocka_unit_test(test_die_counting_in),
       cmocka_unit_test(test_die_counted_in),   cmocka_unit_test(test_die_counting_out),
       cmocka_unit_test(test_die_evicting_pinned),
+      cmocka_unit_test(test_fork_quiet_child),     cmocka_unit_test(test_fork_child_uses_handle),
   };
   const struct CMUnitTest stress[] = {
       cmocka_unit_test(test_stress),
