@@ -203,35 +203,35 @@ static void drop_outputs(FILE *plot_f, const char *plot_path, FILE *csv_f, const
   }
 }
 
-static void json_run(struct json *j, const struct rp_config *cfg, const struct rp_result *r) {
-  json_u64(j, "capacity_bytes", r->capacity);
-  json_u64(j, "slots", r->slots);
-  json_u64(j, "pool_segment_bytes", r->segment_bytes);
-  json_bool(j, "unbounded", r->unbounded);
-  json_u64(j, "requests", r->requests);
-  json_dbl(j, "avg_input_tokens", ratio(r->input_tokens, r->requests));
-  json_dbl(j, "avg_output_tokens", ratio(r->output_tokens, r->requests));
-  json_u64(j, "input_tokens", r->input_tokens);
-  json_u64(j, "output_tokens", r->output_tokens);
-  json_u64(j, "blocks_total", r->blocks_total);
-  json_u64(j, "blocks_hit", r->blocks_hit);
-  json_dbl(j, "cache_ratio", ratio(r->blocks_hit, r->blocks_total));
-  json_dbl(j, "token_ratio", ratio(r->blocks_hit * cfg->block_tokens, r->input_tokens));
-  json_u64(j, "blocks_stored", r->blocks_stored);
-  json_u64(j, "blocks_loaded", r->blocks_loaded);
-  json_u64(j, "bytes_stored", r->bytes_stored);
-  json_u64(j, "bytes_loaded", r->bytes_loaded);
-  json_u64(j, "evictions", r->evictions);
-  json_u64(j, "verify_failures", r->verify_failures);
-  json_u64(j, "lookup_keys", r->keys_probed);
-  json_dbl(j, "lookup_seconds", (double)r->probe_ns / 1e9);
-  json_dbl(j, "lookup_keys_per_s", r->probe_ns ? (double)r->keys_probed * 1e9 / (double)r->probe_ns : 0.0);
-  json_u64(j, "copy_bytes", r->copy_bytes);
-  json_dbl(j, "copy_seconds", (double)r->copy_ns / 1e9);
-  json_dbl(j, "copy_gb_per_s", r->copy_ns ? (double)r->copy_bytes / (double)r->copy_ns : 0.0);
-  json_dbl(j, "pool_time_p50_ms", r->pool_p50_ms);
-  json_dbl(j, "pool_time_p99_ms", r->pool_p99_ms);
-  json_dbl(j, "wall_seconds", r->wall_s);
+static void json_run(struct jb *j, const struct rp_config *cfg, const struct rp_result *r) {
+  jb_u64(j, "capacity_bytes", r->capacity);
+  jb_u64(j, "slots", r->slots);
+  jb_u64(j, "pool_segment_bytes", r->segment_bytes);
+  jb_bool(j, "unbounded", r->unbounded);
+  jb_u64(j, "requests", r->requests);
+  jb_dbl(j, "avg_input_tokens", ratio(r->input_tokens, r->requests));
+  jb_dbl(j, "avg_output_tokens", ratio(r->output_tokens, r->requests));
+  jb_u64(j, "input_tokens", r->input_tokens);
+  jb_u64(j, "output_tokens", r->output_tokens);
+  jb_u64(j, "blocks_total", r->blocks_total);
+  jb_u64(j, "blocks_hit", r->blocks_hit);
+  jb_dbl(j, "cache_ratio", ratio(r->blocks_hit, r->blocks_total));
+  jb_dbl(j, "token_ratio", ratio(r->blocks_hit * cfg->block_tokens, r->input_tokens));
+  jb_u64(j, "blocks_stored", r->blocks_stored);
+  jb_u64(j, "blocks_loaded", r->blocks_loaded);
+  jb_u64(j, "bytes_stored", r->bytes_stored);
+  jb_u64(j, "bytes_loaded", r->bytes_loaded);
+  jb_u64(j, "evictions", r->evictions);
+  jb_u64(j, "verify_failures", r->verify_failures);
+  jb_u64(j, "lookup_keys", r->keys_probed);
+  jb_dbl(j, "lookup_seconds", (double)r->probe_ns / 1e9);
+  jb_dbl(j, "lookup_keys_per_s", r->probe_ns ? (double)r->keys_probed * 1e9 / (double)r->probe_ns : 0.0);
+  jb_u64(j, "copy_bytes", r->copy_bytes);
+  jb_dbl(j, "copy_seconds", (double)r->copy_ns / 1e9);
+  jb_dbl(j, "copy_gb_per_s", r->copy_ns ? (double)r->copy_bytes / (double)r->copy_ns : 0.0);
+  jb_dbl(j, "pool_time_p50_ms", r->pool_p50_ms);
+  jb_dbl(j, "pool_time_p99_ms", r->pool_p99_ms);
+  jb_dbl(j, "wall_seconds", r->wall_s);
 }
 
 static void print_run(const struct rp_config *cfg, const struct rp_result *r) {
@@ -592,34 +592,34 @@ int cmd_replay(int argc, char **argv) {
   }
 
   if (json) {
-    struct json j;
-    json_begin(&j, stdout);
-    json_obj(&j, NULL);
-    json_str(&j, "trace", cfg.trace_name);
-    json_u64(&j, "tp", cfg.tp);
-    json_u64(&j, "block_tokens", cfg.block_tokens);
-    json_u64(&j, "bytes_per_token", cfg.bytes_per_token);
-    json_u64(&j, "block_bytes_per_rank", cfg.block_bytes);
-    json_u64(&j, "slot_size", cfg.slot_size);
-    json_u64(&j, "distinct_blocks", distinct);
+    struct jb j;
+    jb_begin(&j, stdout);
+    jb_obj(&j, NULL);
+    jb_str(&j, "trace", cfg.trace_name);
+    jb_u64(&j, "tp", cfg.tp);
+    jb_u64(&j, "block_tokens", cfg.block_tokens);
+    jb_u64(&j, "bytes_per_token", cfg.bytes_per_token);
+    jb_u64(&j, "block_bytes_per_rank", cfg.block_bytes);
+    jb_u64(&j, "slot_size", cfg.slot_size);
+    jb_u64(&j, "distinct_blocks", distinct);
     if (have_knee) {
-      json_dbl(&j, "unbounded_cache_ratio", unb_ratio);
-      if (knee >= 0) json_u64(&j, "capacity_for_95pct_bytes", pts[knee].capacity);
-      else json_null(&j, "capacity_for_95pct_bytes");
+      jb_dbl(&j, "unbounded_cache_ratio", unb_ratio);
+      if (knee >= 0) jb_u64(&j, "capacity_for_95pct_bytes", pts[knee].capacity);
+      else jb_null(&j, "capacity_for_95pct_bytes");
     }
     if (sweep_arg) {
-      json_arr(&j, "sweep");
+      jb_arr(&j, "sweep");
       for (unsigned i = 0; i < ran; i++) {
-        json_obj(&j, NULL);
+        jb_obj(&j, NULL);
         json_run(&j, &cfg, &res[i]);
-        json_end_obj(&j);
+        jb_end_obj(&j);
       }
-      json_end_arr(&j);
+      jb_end_arr(&j);
     } else {
       json_run(&j, &cfg, &res[0]);
     }
-    json_end_obj(&j);
-    json_finish(&j);
+    jb_end_obj(&j);
+    jb_finish(&j);
   } else if (sweep_arg) {
     const struct rp_result *r0 = &res[0];
     printf("requests     %llu, average input %.2f tokens, average output %.2f tokens\n",

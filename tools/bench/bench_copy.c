@@ -790,50 +790,50 @@ int bench_copy_main(int argc, char **argv) {
   uint64_t nbatch = 0, nrange = 0, nkern = 0;
   dp_cuda_copy_calls(&nbatch, &nrange, &nkern);
   if (json) {
-    struct json j;
-    json_begin(&j, stdout);
-    json_obj(&j, NULL);
-    json_str(&j, "backend", cuda ? "cuda" : "host");
-    json_u64(&j, "threads", threads);
-    json_u64(&j, "reps", reps);
-    json_u64(&j, "bytes_per_job", bytes);
-    json_str(&j, "reference", refname);
+    struct jb j;
+    jb_begin(&j, stdout);
+    jb_obj(&j, NULL);
+    jb_str(&j, "backend", cuda ? "cuda" : "host");
+    jb_u64(&j, "threads", threads);
+    jb_u64(&j, "reps", reps);
+    jb_u64(&j, "bytes_per_job", bytes);
+    jb_str(&j, "reference", refname);
     if (cuda) {
-      json_u64(&j, "cuda_batch_calls", nbatch);
-      json_u64(&j, "cuda_range_calls", nrange);
-      json_u64(&j, "cuda_kernel_launches", nkern);
-      json_str(&j, "cuda_copy", copy_names[cuda_copy]);
-      json_u64(&j, "cuda_kernel_ctas", cuda_ctas ? cuda_ctas : 16);
+      jb_u64(&j, "cuda_batch_calls", nbatch);
+      jb_u64(&j, "cuda_range_calls", nrange);
+      jb_u64(&j, "cuda_kernel_launches", nkern);
+      jb_str(&j, "cuda_copy", copy_names[cuda_copy]);
+      jb_u64(&j, "cuda_kernel_ctas", cuda_ctas ? cuda_ctas : 16);
     }
-    json_arr(&j, "cases");
+    jb_arr(&j, "cases");
     for (unsigned i = 0; i < nc; i++) {
-      json_obj(&j, NULL);
-      json_str(&j, "case", cases[i].name);
-      json_u64(&j, "object_bytes", cases[i].obj);
-      json_u64(&j, "regions", cases[i].nreg);
-      json_u64(&j, "blocks", res[i].blocks);
-      json_dbl(&j, "store_gbps", res[i].store);
-      json_dbl(&j, "store_ref_gbps", res[i].store_ref);
-      json_dbl(&j, "store_ratio", res[i].store / res[i].store_ref);
-      json_dbl(&j, "load_gbps", res[i].load);
-      json_dbl(&j, "load_ref_gbps", res[i].load_ref);
-      json_dbl(&j, "load_ratio", res[i].load / res[i].load_ref);
+      jb_obj(&j, NULL);
+      jb_str(&j, "case", cases[i].name);
+      jb_u64(&j, "object_bytes", cases[i].obj);
+      jb_u64(&j, "regions", cases[i].nreg);
+      jb_u64(&j, "blocks", res[i].blocks);
+      jb_dbl(&j, "store_gbps", res[i].store);
+      jb_dbl(&j, "store_ref_gbps", res[i].store_ref);
+      jb_dbl(&j, "store_ratio", res[i].store / res[i].store_ref);
+      jb_dbl(&j, "load_gbps", res[i].load);
+      jb_dbl(&j, "load_ref_gbps", res[i].load_ref);
+      jb_dbl(&j, "load_ratio", res[i].load / res[i].load_ref);
       if (pull_on) {
-        json_dbl(&j, "pull_gbps", res[i].pull);
-        json_dbl(&j, "pull_ref_gbps", res[i].pull_ref);
-        json_dbl(&j, "pull_ratio", res[i].pull / res[i].pull_ref);
-        if (victim_on) json_dbl(&j, "pull_victim_slowdown", res[i].pull_vx);
+        jb_dbl(&j, "pull_gbps", res[i].pull);
+        jb_dbl(&j, "pull_ref_gbps", res[i].pull_ref);
+        jb_dbl(&j, "pull_ratio", res[i].pull / res[i].pull_ref);
+        if (victim_on) jb_dbl(&j, "pull_victim_slowdown", res[i].pull_vx);
       }
       if (victim_on) {
-        json_dbl(&j, "victim_alone_ms", res[i].victim_ms);
-        json_dbl(&j, "store_victim_slowdown", res[i].store_vx);
-        json_dbl(&j, "load_victim_slowdown", res[i].load_vx);
+        jb_dbl(&j, "victim_alone_ms", res[i].victim_ms);
+        jb_dbl(&j, "store_victim_slowdown", res[i].store_vx);
+        jb_dbl(&j, "load_victim_slowdown", res[i].load_vx);
       }
-      json_end_obj(&j);
+      jb_end_obj(&j);
     }
-    json_end_arr(&j);
-    json_end_obj(&j);
-    json_finish(&j);
+    jb_end_arr(&j);
+    jb_end_obj(&j);
+    jb_finish(&j);
     return CLI_OK;
   }
   printf("umbp bench copy: %s backend, %u thread%s, median of %u reps, %llu MiB per job, reference %s\n",

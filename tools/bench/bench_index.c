@@ -1345,54 +1345,49 @@ static void print_table(const struct opts *o) {
            below[1] ? "; below: " : "", belowlist[1]);
 }
 
-static void json_num(struct json *j, const char *key, double v) {
-  if (isnan(v)) json_null(j, key);
-  else json_dbl(j, key, v);
-}
-
 static void print_json(const struct opts *o) {
-  struct json j;
-  json_begin(&j, stdout);
-  json_obj(&j, NULL);
-  json_u64(&j, "keys", o->keys);
-  json_u64(&j, "reps", o->reps);
-  json_dbl(&j, "seconds", o->seconds);
-  json_bool(&j, "dpdk", g_dpdk);
-  json_str(&j, "dpdk_note", g_dpdk_note);
+  struct jb j;
+  jb_begin(&j, stdout);
+  jb_obj(&j, NULL);
+  jb_u64(&j, "keys", o->keys);
+  jb_u64(&j, "reps", o->reps);
+  jb_dbl(&j, "seconds", o->seconds);
+  jb_bool(&j, "dpdk", g_dpdk);
+  jb_str(&j, "dpdk_note", g_dpdk_note);
   if (g_ours_note[0]) {
-    json_str(&j, "ours_index_pages", g_ours_index_huge ? "2MiB" : "4KiB");
-    json_str(&j, "ours_note", g_ours_note);
+    jb_str(&j, "ours_index_pages", g_ours_index_huge ? "2MiB" : "4KiB");
+    jb_str(&j, "ours_note", g_ours_note);
   } else {
-    json_null(&j, "ours_index_pages");
-    json_null(&j, "ours_note");
+    jb_null(&j, "ours_index_pages");
+    jb_null(&j, "ours_note");
   }
-  json_arr(&j, "cases");
+  jb_arr(&j, "cases");
   for (unsigned i = 0; i < n_cases; i++) {
     const struct case_res *c = &cases[i];
-    json_obj(&j, NULL);
-    json_str(&j, "name", c->name);
-    json_str(&j, "unit", c->unit);
-    json_num(&j, "ours_mops", c->v[IMPL_OURS]);
-    json_num(&j, "rte_hash_mops", c->v[IMPL_RTE]);
-    json_num(&j, "cds_lfht_mops", c->v[IMPL_LFHT]);
-    json_num(&j, "ratio_rte_hash", ratio(c, IMPL_RTE));
-    json_num(&j, "ratio_cds_lfht", ratio(c, IMPL_LFHT));
+    jb_obj(&j, NULL);
+    jb_str(&j, "name", c->name);
+    jb_str(&j, "unit", c->unit);
+    jb_dbl(&j, "ours_mops", c->v[IMPL_OURS]);
+    jb_dbl(&j, "rte_hash_mops", c->v[IMPL_RTE]);
+    jb_dbl(&j, "cds_lfht_mops", c->v[IMPL_LFHT]);
+    jb_dbl(&j, "ratio_rte_hash", ratio(c, IMPL_RTE));
+    jb_dbl(&j, "ratio_cds_lfht", ratio(c, IMPL_LFHT));
     static const char *const rep_keys[IMPL_N] = {[IMPL_OURS] = "ours_reps", [IMPL_RTE] = "rte_hash_reps",
                                                  [IMPL_LFHT] = "cds_lfht_reps"};
     for (int impl = 0; impl < IMPL_N; impl++) {
       if (!c->rv[impl]) {
-        json_null(&j, rep_keys[impl]);
+        jb_null(&j, rep_keys[impl]);
         continue;
       }
-      json_arr(&j, rep_keys[impl]);
-      for (unsigned k = 0; k < c->nrep; k++) json_num(&j, NULL, c->rv[impl][k]);
-      json_end_arr(&j);
+      jb_arr(&j, rep_keys[impl]);
+      for (unsigned k = 0; k < c->nrep; k++) jb_dbl(&j, NULL, c->rv[impl][k]);
+      jb_end_arr(&j);
     }
-    json_end_obj(&j);
+    jb_end_obj(&j);
   }
-  json_end_arr(&j);
-  json_end_obj(&j);
-  json_finish(&j);
+  jb_end_arr(&j);
+  jb_end_obj(&j);
+  jb_finish(&j);
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */
