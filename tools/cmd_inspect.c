@@ -269,39 +269,123 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
   }
 }
 
+/* print_json's sections, each one key of the object. */
+static void json_header(struct jb *j, umbp_pool *p, const struct snap *s) {
+  const umbp_pool_info *i = &s->info;
+  char t[32], lay[16], uuid[40];
+  jb_obj(j, "header");
+  jb_str(j, "name", i->name);
+  jb_str(j, "path", i->path);
+  snprintf(lay, sizeof lay, "%u.%u", i->layout_major, i->layout_minor);
+  jb_str(j, "layout", lay);
+  jb_str(j, "uuid", cli_fmt_uuid(i->uuid, uuid, sizeof uuid));
+  jb_u64(j, "abi_fingerprint", i->abi_fingerprint);
+  jb_u64(j, "compat_features", i->compat_features);
+  jb_u64(j, "incompat_features", i->incompat_features);
+  jb_u64(j, "total_bytes", i->total_size);
+  jb_u64(j, "slot_size", i->slot_size);
+  jb_u64(j, "slot_count", i->slot_count);
+  jb_u64(j, "buckets", p->hdr->n_buckets);
+  jb_u64(j, "event_capacity", p->hdr->event_capacity);
+  snap_fmt_time(i->created_ns, t, sizeof t);
+  jb_str(j, "created", t);
+  jb_u64(j, "created_unix", i->created_ns / 1000000000ull);
+  jb_i64(j, "creator_pid", i->creator_pid);
+  jb_u64(j, "creator_uid", i->creator_uid);
+  jb_u64(j, "run_generation", i->run_generation);
+  jb_bool(j, "hugepages", i->hugepages);
+  jb_bool(j, "index_hugepages", i->index_hugepages);
+  jb_u64(j, "index_huge_bytes", i->index_huge_bytes);
+  jb_u64(j, "file_uid", s->st.st_uid);
+  jb_u64(j, "file_gid", s->st.st_gid);
+  jb_u64(j, "file_mode", s->st.st_mode & 07777);
+  jb_end_obj(j);
+}
+
+static void json_processes(struct jb *j, const struct snap *s) {
+  jb_arr(j, "processes");
+  for (int k = 0; k < s->nprocs; k++) {
+    const umbp_proc_info *q = &s->procs[k];
+    jb_obj(j, NULL);
+    jb_u64(j, "slot", q->slot);
+    jb_i64(j, "pid", q->pid);
+    jb_str(j, "role", umbp_role_name(q->role));
+    jb_i64(j, "rank", q->rank);
+    jb_bool(j, "alive", q->alive);
+    jb_u64(j, "pins", s->pins_by[q->slot]);
+    jb_u64(j, "attach_unix_ns", q->attach_ns);
+    jb_u64(j, "heartbeat_unix_ns", q->heartbeat_ns);
+    jb_u64(j, "incarnation", q->incarnation);
+    jb_str(j, "comm", q->comm);
+    jb_end_obj(j);
+  }
+  jb_end_arr(j);
+}
+
+static void json_namespaces(struct jb *j, const struct snap *s) {
+  const umbp_pool_info *i = &s->info;
+  jb_arr(j, "namespaces");
+  for (unsigned k = 0; k < s->nns; k++) {
+    const struct snap_ns *n = &s->ns[k];
+    jb_obj(j, NULL);
+    jb_u64(j, "id", n->id);
+    jb_str(j, "name", n->name);
+    jb_u64(j, "blocks", n->blocks);
+    jb_u64(j, "bytes", n->blocks * i->slot_size);
+    jb_u64(j, "quota_bytes", n->quota_bytes);
+    jb_u64(j, "lookups", n->c.lookups);
+    jb_u64(j, "hits", n->c.hits);
+    jb_dbl(j, "hit_rate", snap_ratio(n->c.hits, n->c.lookups));
+    jb_u64(j, "inserts", n->c.inserts);
+    jb_u64(j, "evictions", n->c.evictions);
+    jb_u64(j, "removes", n->c.removes);
+    jb_end_obj(j);
+  }
+  jb_end_arr(j);
+}
+
+static void json_events(struct jb *j, const struct snap *s) {
+  jb_obj(j, "events");
+  jb_u64(j, "capacity", s->ev_cap);
+  jb_u64(j, "pending", s->ev_pending);
+  jb_u64(j, "dropped", s->ev_dropped);
+  jb_arr(j, "recent");
+  for (unsigned k = 0; k < s->nev; k++) {
+    char hx[20];
+    snap_hash_hex(&s->ev[k].key, hx, sizeof hx);
+    jb_obj(j, NULL);
+    jb_u64(j, "position", s->ev[k].pos);
+    jb_str(j, "type", snap_event_name(s->ev[k].type));
+    jb_u64(j, "ns", s->ev[k].key.ns);
+    jb_u64(j, "tp_rank", s->ev[k].key.tp);
+    jb_str(j, "hash_prefix", hx);
+    jb_end_obj(j);
+  }
+  jb_end_arr(j);
+  jb_end_obj(j);
+}
+
+static void json_check(struct jb *j, const umbp_check_report *ck) {
+  jb_obj(j, "check");
+  jb_bool(j, "clean", ck->n_violations == 0);
+  jb_u64(j, "violation_count", ck->n_violations);
+  jb_arr(j, "violations");
+  for (unsigned k = 0; k < ck->n_listed; k++) jb_str(j, NULL, ck->violation[k]);
+  jb_end_arr(j);
+  jb_u64(j, "slots_judged", ck->slots);
+  jb_u64(j, "slots_in_flux", ck->slots_in_flux);
+  jb_u64(j, "ways", ck->ways);
+  jb_u64(j, "ring_entries", ck->ring_entries);
+  jb_u64(j, "dead_leftovers", ck->dead_leftovers);
+  jb_end_obj(j);
+}
+
 static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_report *ck) {
   const umbp_pool_info *i = &s->info;
   struct jb j;
-  char t[32], lay[16], uuid[40];
   jb_begin(&j, stdout);
   jb_obj(&j, NULL);
-  jb_obj(&j, "header");
-  jb_str(&j, "name", i->name);
-  jb_str(&j, "path", i->path);
-  snprintf(lay, sizeof lay, "%u.%u", i->layout_major, i->layout_minor);
-  jb_str(&j, "layout", lay);
-  jb_str(&j, "uuid", cli_fmt_uuid(i->uuid, uuid, sizeof uuid));
-  jb_u64(&j, "abi_fingerprint", i->abi_fingerprint);
-  jb_u64(&j, "compat_features", i->compat_features);
-  jb_u64(&j, "incompat_features", i->incompat_features);
-  jb_u64(&j, "total_bytes", i->total_size);
-  jb_u64(&j, "slot_size", i->slot_size);
-  jb_u64(&j, "slot_count", i->slot_count);
-  jb_u64(&j, "buckets", p->hdr->n_buckets);
-  jb_u64(&j, "event_capacity", p->hdr->event_capacity);
-  snap_fmt_time(i->created_ns, t, sizeof t);
-  jb_str(&j, "created", t);
-  jb_u64(&j, "created_unix", i->created_ns / 1000000000ull);
-  jb_i64(&j, "creator_pid", i->creator_pid);
-  jb_u64(&j, "creator_uid", i->creator_uid);
-  jb_u64(&j, "run_generation", i->run_generation);
-  jb_bool(&j, "hugepages", i->hugepages);
-  jb_bool(&j, "index_hugepages", i->index_hugepages);
-  jb_u64(&j, "index_huge_bytes", i->index_huge_bytes);
-  jb_u64(&j, "file_uid", s->st.st_uid);
-  jb_u64(&j, "file_gid", s->st.st_gid);
-  jb_u64(&j, "file_mode", s->st.st_mode & 07777);
-  jb_end_obj(&j);
+  json_header(&j, p, s);
   jb_obj(&j, "daemon");
   jb_bool(&j, "running", s->daemon_running == 1);
   if (s->daemon_running == 1 && s->daemon_pid > 0) jb_i64(&j, "pid", s->daemon_pid);
@@ -342,59 +426,9 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
   jb_u64(&j, "retired", cs->retired);
   jb_u64(&j, "in_rings", cs->in_rings);
   jb_end_obj(&j);
-  jb_arr(&j, "processes");
-  for (int k = 0; k < s->nprocs; k++) {
-    const umbp_proc_info *q = &s->procs[k];
-    jb_obj(&j, NULL);
-    jb_u64(&j, "slot", q->slot);
-    jb_i64(&j, "pid", q->pid);
-    jb_str(&j, "role", umbp_role_name(q->role));
-    jb_i64(&j, "rank", q->rank);
-    jb_bool(&j, "alive", q->alive);
-    jb_u64(&j, "pins", s->pins_by[q->slot]);
-    jb_u64(&j, "attach_unix_ns", q->attach_ns);
-    jb_u64(&j, "heartbeat_unix_ns", q->heartbeat_ns);
-    jb_u64(&j, "incarnation", q->incarnation);
-    jb_str(&j, "comm", q->comm);
-    jb_end_obj(&j);
-  }
-  jb_end_arr(&j);
-  jb_arr(&j, "namespaces");
-  for (unsigned k = 0; k < s->nns; k++) {
-    const struct snap_ns *n = &s->ns[k];
-    jb_obj(&j, NULL);
-    jb_u64(&j, "id", n->id);
-    jb_str(&j, "name", n->name);
-    jb_u64(&j, "blocks", n->blocks);
-    jb_u64(&j, "bytes", n->blocks * i->slot_size);
-    jb_u64(&j, "quota_bytes", n->quota_bytes);
-    jb_u64(&j, "lookups", n->c.lookups);
-    jb_u64(&j, "hits", n->c.hits);
-    jb_dbl(&j, "hit_rate", snap_ratio(n->c.hits, n->c.lookups));
-    jb_u64(&j, "inserts", n->c.inserts);
-    jb_u64(&j, "evictions", n->c.evictions);
-    jb_u64(&j, "removes", n->c.removes);
-    jb_end_obj(&j);
-  }
-  jb_end_arr(&j);
-  jb_obj(&j, "events");
-  jb_u64(&j, "capacity", s->ev_cap);
-  jb_u64(&j, "pending", s->ev_pending);
-  jb_u64(&j, "dropped", s->ev_dropped);
-  jb_arr(&j, "recent");
-  for (unsigned k = 0; k < s->nev; k++) {
-    char hx[20];
-    snap_hash_hex(&s->ev[k].key, hx, sizeof hx);
-    jb_obj(&j, NULL);
-    jb_u64(&j, "position", s->ev[k].pos);
-    jb_str(&j, "type", snap_event_name(s->ev[k].type));
-    jb_u64(&j, "ns", s->ev[k].key.ns);
-    jb_u64(&j, "tp_rank", s->ev[k].key.tp);
-    jb_str(&j, "hash_prefix", hx);
-    jb_end_obj(&j);
-  }
-  jb_end_arr(&j);
-  jb_end_obj(&j);
+  json_processes(&j, s);
+  json_namespaces(&j, s);
+  json_events(&j, s);
   const umbp_counters *ct = &s->total;
   jb_obj(&j, "counters");
   jb_u64(&j, "lookups", ct->lookups);
@@ -406,20 +440,7 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
   jb_u64(&j, "removes", ct->removes);
   jb_u64(&j, "pins", ct->pins);
   jb_end_obj(&j);
-  if (ck) {
-    jb_obj(&j, "check");
-    jb_bool(&j, "clean", ck->n_violations == 0);
-    jb_u64(&j, "violation_count", ck->n_violations);
-    jb_arr(&j, "violations");
-    for (unsigned k = 0; k < ck->n_listed; k++) jb_str(&j, NULL, ck->violation[k]);
-    jb_end_arr(&j);
-    jb_u64(&j, "slots_judged", ck->slots);
-    jb_u64(&j, "slots_in_flux", ck->slots_in_flux);
-    jb_u64(&j, "ways", ck->ways);
-    jb_u64(&j, "ring_entries", ck->ring_entries);
-    jb_u64(&j, "dead_leftovers", ck->dead_leftovers);
-    jb_end_obj(&j);
-  }
+  if (ck) json_check(&j, ck);
   jb_end_obj(&j);
   jb_finish(&j);
 }
