@@ -1507,20 +1507,18 @@ static int parse_double(const char *s, double *ret) {
   return 0;
 }
 
-int bench_index_main(int argc, char **argv) {
-  for (int i = 1; i < argc; i++)
-    if (!strcmp(argv[i], "--child")) return child_main(argc, argv);
-
-  struct opts o;
-  memset(&o, 0, sizeof o);
-  o.keys = 1u << 20;
-  o.seconds = 0.3;
-  o.reps = 5;
-  o.seed = 1;
-  o.lf[0] = 0.5;
-  o.lf[1] = 0.9;
-  o.n_lf = 2;
-  for (int i = 0; i < IMPL_N; i++) o.impl_on[i] = true;
+/* The options into o (defaults first): -1 to go on, or the exit code (CLI_OK
+ * after --help, CLI_USAGE with the message printed). */
+static int parse_opts(int argc, char **argv, struct opts *o) {
+  memset(o, 0, sizeof *o);
+  o->keys = 1u << 20;
+  o->seconds = 0.3;
+  o->reps = 5;
+  o->seed = 1;
+  o->lf[0] = 0.5;
+  o->lf[1] = 0.9;
+  o->n_lf = 2;
+  for (int i = 0; i < IMPL_N; i++) o->impl_on[i] = true;
 
   enum { O_KEYS = 256, O_SECONDS, O_REPS, O_LF, O_FILTER, O_IMPLS, O_SEED, O_NODPDK, O_JSON, O_IPAGES, O_RTEHUGE };
   static const struct option lo[] = {
@@ -1540,37 +1538,37 @@ int bench_index_main(int argc, char **argv) {
       uint64_t v;
       if (cli_parse_size(optarg, &v) || v < 64 || v > (1ull << 28))
         return cli_usage_error("bench index", "--keys '%s': give a table size from 64 to 268435456", optarg);
-      o.keys = v;
+      o->keys = v;
       break;
     }
     case O_SECONDS:
-      if (parse_double(optarg, &o.seconds) || o.seconds <= 0 || o.seconds > 60)
+      if (parse_double(optarg, &o->seconds) || o->seconds <= 0 || o->seconds > 60)
         return cli_usage_error("bench index", "--seconds '%s': give a duration in (0, 60]", optarg);
       break;
     case O_REPS:
       errno = 0;
-      o.reps = (unsigned)strtoul(optarg, &end, 10);
-      if (errno || *end || end == optarg || o.reps < 1 || o.reps > 1000)
+      o->reps = (unsigned)strtoul(optarg, &end, 10);
+      if (errno || *end || end == optarg || o->reps < 1 || o->reps > 1000)
         return cli_usage_error("bench index", "--reps '%s': give 1 to 1000", optarg);
       break;
     case O_LF: {
-      o.n_lf = 0;
+      o->n_lf = 0;
       char buf[256];
       snprintf(buf, sizeof buf, "%s", optarg);
       for (char *sp, *t = strtok_r(buf, ",", &sp); t; t = strtok_r(NULL, ",", &sp)) {
         double v;
-        if (o.n_lf == MAX_LF || parse_double(t, &v) || v <= 0 || v > 1)
+        if (o->n_lf == MAX_LF || parse_double(t, &v) || v <= 0 || v > 1)
           return cli_usage_error("bench index", "--lf '%s': give up to %d load factors in (0, 1]", optarg, MAX_LF);
-        o.lf[o.n_lf++] = v;
+        o->lf[o->n_lf++] = v;
       }
-      if (!o.n_lf) return cli_usage_error("bench index", "--lf: give at least one load factor");
+      if (!o->n_lf) return cli_usage_error("bench index", "--lf: give at least one load factor");
       break;
     }
     case O_FILTER:
-      o.filter = optarg;
+      o->filter = optarg;
       break;
     case O_IMPLS: {
-      for (int i = 0; i < IMPL_N; i++) o.impl_on[i] = false;
+      for (int i = 0; i < IMPL_N; i++) o->impl_on[i] = false;
       char buf[128];
       snprintf(buf, sizeof buf, "%s", optarg);
       for (char *sp, *t = strtok_r(buf, ",", &sp); t; t = strtok_r(NULL, ",", &sp)) {
@@ -1578,26 +1576,26 @@ int bench_index_main(int argc, char **argv) {
         for (int i = 0; i < IMPL_N; i++)
           if (!strcmp(t, impl_names[i])) k = i;
         if (k < 0) return cli_usage_error("bench index", "--impls: unknown table '%s' (ours, rte_hash, cds_lfht)", t);
-        o.impl_on[k] = true;
+        o->impl_on[k] = true;
       }
       break;
     }
     case O_SEED:
       errno = 0;
-      o.seed = strtoull(optarg, &end, 0);
+      o->seed = strtoull(optarg, &end, 0);
       if (errno || *end || end == optarg) return cli_usage_error("bench index", "--seed '%s': give an integer", optarg);
       break;
     case O_NODPDK:
-      o.no_dpdk = true;
+      o->no_dpdk = true;
       break;
     case O_RTEHUGE:
-      o.rte_huge = true;
+      o->rte_huge = true;
       break;
     case O_JSON:
-      o.json = true;
+      o->json = true;
       break;
     case O_IPAGES:
-      if (cli_parse_index_pages(optarg, &o.index_pages))
+      if (cli_parse_index_pages(optarg, &o->index_pages))
         return cli_usage_error("bench index", "--index-pages '%s': use try, huge or small", optarg);
       break;
     case 'h':
@@ -1608,23 +1606,38 @@ int bench_index_main(int argc, char **argv) {
     }
   }
   if (optind < argc) return cli_usage_error("bench index", "unexpected argument '%s'", argv[optind]);
+  return -1;
+}
 
-  g_progress = cli_stderr_tty();
-  /* rough count of rows for the progress line */
-  g_total = 0;
-  for (unsigned l = 0; l < o.n_lf; l++) {
+/* The rows o selects (a rough count, for the progress line). */
+static unsigned count_rows(const struct opts *o) {
+  unsigned total = 0;
+  for (unsigned l = 0; l < o->n_lf; l++) {
     char lfs[16], name[64];
-    lf_label(o.lf[l], lfs, sizeof lfs);
+    lf_label(o->lf[l], lfs, sizeof lfs);
     for (int op = 0; op < OP_N; op++)
       for (unsigned par = 1; par <= 2; par++) {
         snprintf(name, sizeof name, "%s-%s-p%u", op_names[op], lfs, par);
-        g_total += case_selected(&o, name);
+        total += case_selected(o, name);
       }
     for (unsigned par = 1; par <= 2; par++) {
       snprintf(name, sizeof name, "churn-%s-p%u", lfs, par);
-      g_total += 2 * case_selected(&o, name);
+      total += 2 * case_selected(o, name);
     }
   }
+  return total;
+}
+
+int bench_index_main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--child")) return child_main(argc, argv);
+
+  struct opts o;
+  int prc = parse_opts(argc, argv, &o);
+  if (prc >= 0) return prc;
+
+  g_progress = cli_stderr_tty();
+  g_total = count_rows(&o);
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
