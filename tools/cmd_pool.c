@@ -190,6 +190,53 @@ static int fail_rc(int rc) {
   return CLI_RUNTIME;
 }
 
+/* --group NAME|GID into pp (group access on). CLI_OK or CLI_USAGE with the
+ * message printed. */
+static int parse_group(const char *arg, umbp_pool_params *pp) {
+  pp->group_access = true;
+  char *end;
+  long g = strtol(arg, &end, 10);
+  if (*end == 0 && end != arg && g >= 0) {
+    pp->group = (gid_t)g;
+  } else {
+    struct group *gr = getgrnam(arg);
+    if (!gr) return cli_usage_error("pool create", "--group '%s': no such group", arg);
+    pp->group = gr->gr_gid;
+  }
+  return CLI_OK;
+}
+
+/* --numa-nodes auto: the nodes of this machine's topology plan for ranks
+ * ranks (0: one per GPU) into pp, printed unless quiet. CLI_OK or the
+ * runtime error's exit code. */
+static int plan_numa_nodes(umbp_pool_params *pp, int ranks, bool quiet) {
+  umbp_topo *topo;
+  umbp_topo_plan *plan;
+  int rc = umbp_topo_load(NULL, 0, &topo);
+  if (rc) return fail_rc(rc);
+  umbp_topo_plan_opts po = UMBP_TOPO_PLAN_OPTS_INIT;
+  po.nranks = ranks;
+  rc = umbp_topo_plan_make(topo, &po, &plan);
+  if (rc) {
+    umbp_topo_free(topo);
+    return fail_rc(rc);
+  }
+  unsigned nodes[UMBP_MAX_PARTITIONS];
+  int n = umbp_topo_plan_numa_nodes(plan, nodes, UMBP_MAX_PARTITIONS);
+  pp->n_numa_nodes = 0;
+  for (int i = 0; i < n && i < UMBP_MAX_PARTITIONS; i++) pp->numa_nodes[pp->n_numa_nodes++] = (int)nodes[i];
+  if (!quiet) {
+    printf("numa nodes from the topology plan (%d rank%s):", umbp_topo_plan_nranks(plan),
+           umbp_topo_plan_nranks(plan) == 1 ? "" : "s");
+    for (unsigned i = 0; i < pp->n_numa_nodes; i++) printf(" %d", pp->numa_nodes[i]);
+    printf("\n");
+    for (int i = 0; i < umbp_topo_plan_note_count(plan); i++) printf("  note: %s\n", umbp_topo_plan_note(plan, i));
+  }
+  umbp_topo_plan_free(plan);
+  umbp_topo_free(topo);
+  return CLI_OK;
+}
+
 static int pool_create(int argc, char **argv) {
   if (want_help(argc, argv)) {
     fputs(create_usage, stdout);
@@ -234,19 +281,9 @@ static int pool_create(int argc, char **argv) {
       else if (!strcmp(optarg, "none")) pp.mempolicy = UMBP_MPOL_NONE;
       else return cli_usage_error("pool create", "--mempolicy '%s': use bind, preferred, interleave or none", optarg);
       break;
-    case O_GROUP: {
-      pp.group_access = true;
-      char *end;
-      long g = strtol(optarg, &end, 10);
-      if (*end == 0 && end != optarg && g >= 0) {
-        pp.group = (gid_t)g;
-      } else {
-        struct group *gr = getgrnam(optarg);
-        if (!gr) return cli_usage_error("pool create", "--group '%s': no such group", optarg);
-        pp.group = gr->gr_gid;
-      }
+    case O_GROUP:
+      if (parse_group(optarg, &pp) != CLI_OK) return CLI_USAGE;
       break;
-    }
     case O_HUGE: pp.hugepages = true; break;
     case O_HDIR: pp.hugetlbfs_dir = optarg; break;
     case O_IPAGES:
@@ -292,30 +329,8 @@ static int pool_create(int argc, char **argv) {
     return cli_usage_error("pool create", "--no-reserve only makes sense with --no-prefault (pre-faulting allocates "
                                           "every block)");
   if (auto_nodes) {
-    umbp_topo *topo;
-    umbp_topo_plan *plan;
-    int rc = umbp_topo_load(NULL, 0, &topo);
-    if (rc) return fail_rc(rc);
-    umbp_topo_plan_opts po = UMBP_TOPO_PLAN_OPTS_INIT;
-    po.nranks = ranks;
-    rc = umbp_topo_plan_make(topo, &po, &plan);
-    if (rc) {
-      umbp_topo_free(topo);
-      return fail_rc(rc);
-    }
-    unsigned nodes[UMBP_MAX_PARTITIONS];
-    int n = umbp_topo_plan_numa_nodes(plan, nodes, UMBP_MAX_PARTITIONS);
-    pp.n_numa_nodes = 0;
-    for (int i = 0; i < n && i < UMBP_MAX_PARTITIONS; i++) pp.numa_nodes[pp.n_numa_nodes++] = (int)nodes[i];
-    if (!quiet) {
-      printf("numa nodes from the topology plan (%d rank%s):", umbp_topo_plan_nranks(plan),
-             umbp_topo_plan_nranks(plan) == 1 ? "" : "s");
-      for (unsigned i = 0; i < pp.n_numa_nodes; i++) printf(" %d", pp.numa_nodes[i]);
-      printf("\n");
-      for (int i = 0; i < umbp_topo_plan_note_count(plan); i++) printf("  note: %s\n", umbp_topo_plan_note(plan, i));
-    }
-    umbp_topo_plan_free(plan);
-    umbp_topo_free(topo);
+    int rc = plan_numa_nodes(&pp, ranks, quiet);
+    if (rc != CLI_OK) return rc;
   }
   if (!quiet && cli_stderr_tty()) {
     pp.progress = progress_cb;
