@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 /* Exit codes of every subcommand. */
 enum { CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2 };
 
@@ -65,24 +67,35 @@ void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Report a usage error: message + "Try 'umbp SUB --help'." and return CLI_USAGE. */
 int cli_usage_error(const char *sub, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Minimal JSON writer (no allocation): writes to a FILE with comma tracking. */
-struct json {
+/* JSON output of every --json: a jansson tree built in document order and
+ * dumped once by jb_finish (compact, keys in insertion order, reals with 10
+ * significant digits). The builder only tracks the open object or array, so
+ * that callers keep writing fields in the order they appear; jansson owns the
+ * values, the escaping and the number formats. key is NULL for array items
+ * and for the top-level value. */
+struct jb {
   FILE *f;
+  json_t *root;
+  json_t *open[32]; /* open[depth - 1] is the innermost object or array */
   int depth;
-  bool need_comma[32];
+  bool failed; /* an allocation failed: jb_finish reports it */
 };
-void json_begin(struct json *j, FILE *f);
-void json_obj(struct json *j, const char *key);  /* key NULL inside arrays / top level */
-void json_arr(struct json *j, const char *key);
-void json_end_obj(struct json *j);
-void json_end_arr(struct json *j);
-void json_str(struct json *j, const char *key, const char *v);
-void json_u64(struct json *j, const char *key, uint64_t v);
-void json_i64(struct json *j, const char *key, int64_t v);
-void json_dbl(struct json *j, const char *key, double v);
-void json_bool(struct json *j, const char *key, bool v);
-void json_null(struct json *j, const char *key);
-void json_finish(struct json *j); /* newline */
+void jb_begin(struct jb *j, FILE *f);
+void jb_obj(struct jb *j, const char *key);
+void jb_arr(struct jb *j, const char *key);
+void jb_end_obj(struct jb *j);
+void jb_end_arr(struct jb *j);
+void jb_str(struct jb *j, const char *key, const char *v); /* NULL gives null */
+/* Above INT64_MAX (jansson's integers are signed 64-bit) v is written as a
+ * decimal string, so that no digit is lost. */
+void jb_u64(struct jb *j, const char *key, uint64_t v);
+void jb_i64(struct jb *j, const char *key, int64_t v);
+void jb_dbl(struct jb *j, const char *key, double v); /* NaN and infinities give null */
+void jb_bool(struct jb *j, const char *key, bool v);
+void jb_null(struct jb *j, const char *key);
+/* Dump the tree and a newline to f, flush, free the tree. 0, or -ENOMEM / -EIO
+ * with the message printed. */
+int jb_finish(struct jb *j);
 
 /* True when stderr is a terminal (progress lines are drawn only then). */
 bool cli_stderr_tty(void);

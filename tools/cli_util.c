@@ -171,41 +171,68 @@ int cli_usage_error(const char *sub, const char *fmt, ...) {
 
 bool cli_stderr_tty(void) { return isatty(2); }
 
-/* --- JSON ---------------------------------------------------------------- */
-static void json_sep(struct json *j, const char *key) {
-  if (j->need_comma[j->depth]) fputc(',', j->f);
-  j->need_comma[j->depth] = true;
-  if (key) {
-    fputc('"', j->f);
-    for (const char *p = key; *p; p++) fputc(*p, j->f);
-    fputs("\":", j->f);
+/* --- JSON (see cli.h) ----------------------------------------------------- */
+void jb_begin(struct jb *j, FILE *f) { memset(j, 0, sizeof *j); j->f = f; }
+
+/* Put v (a new reference, NULL when its allocation failed) under key in the
+ * innermost open container, or make it the root. */
+static void jb_put(struct jb *j, const char *key, json_t *v) {
+  if (!v) { j->failed = true; return; }
+  if (!j->depth) {
+    if (!j->root) { j->root = v; return; }
+    json_decref(v); /* a second top-level value: a caller bug */
+    j->failed = true;
+    return;
   }
+  json_t *c = j->open[j->depth - 1];
+  if (key ? json_object_set_new(c, key, v) : json_array_append_new(c, v)) j->failed = true;
 }
-static void json_escape(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') { fputc('\\', f); fputc(*p, f); }
-    else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-    else fputc(*p, f);
+
+static void jb_open(struct jb *j, const char *key, json_t *c) {
+  jb_put(j, key, c ? json_incref(c) : NULL);
+  if (j->depth >= (int)(sizeof j->open / sizeof j->open[0])) j->failed = true;
+  else j->open[j->depth++] = c; /* borrowed: the parent (or root) holds it */
+  json_decref(c);
+}
+void jb_obj(struct jb *j, const char *key) { jb_open(j, key, json_object()); }
+void jb_arr(struct jb *j, const char *key) { jb_open(j, key, json_array()); }
+void jb_end_obj(struct jb *j) { if (j->depth) j->depth--; }
+void jb_end_arr(struct jb *j) { if (j->depth) j->depth--; }
+
+void jb_str(struct jb *j, const char *key, const char *v) {
+  if (!v) { jb_put(j, key, json_null()); return; }
+  json_t *s = json_string(v);
+  if (!s) { /* not UTF-8 (a name read from a damaged segment): keep the ASCII */
+    char *c = strdup(v);
+    if (c)
+      for (char *p = c; *p; p++)
+        if ((unsigned char)*p >= 0x80) *p = '?';
+    s = c ? json_string(c) : NULL;
+    free(c);
   }
-  fputc('"', f);
+  jb_put(j, key, s);
 }
-void json_begin(struct json *j, FILE *f) { memset(j, 0, sizeof *j); j->f = f; }
-void json_obj(struct json *j, const char *key) { json_sep(j, key); fputc('{', j->f); j->need_comma[++j->depth] = false; }
-void json_arr(struct json *j, const char *key) { json_sep(j, key); fputc('[', j->f); j->need_comma[++j->depth] = false; }
-void json_end_obj(struct json *j) { j->depth--; fputc('}', j->f); }
-void json_end_arr(struct json *j) { j->depth--; fputc(']', j->f); }
-void json_str(struct json *j, const char *key, const char *v) {
-  if (!j) return;
-  json_sep(j, key);
-  if (v) json_escape(j->f, v); else fputs("null", j->f);
+void jb_u64(struct jb *j, const char *key, uint64_t v) {
+  if (v <= INT64_MAX) { jb_put(j, key, json_integer((json_int_t)v)); return; }
+  char buf[24];
+  snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+  jb_put(j, key, json_string(buf));
 }
-void json_u64(struct json *j, const char *key, uint64_t v) { json_sep(j, key); fprintf(j->f, "%llu", (unsigned long long)v); }
-void json_i64(struct json *j, const char *key, int64_t v) { json_sep(j, key); fprintf(j->f, "%lld", (long long)v); }
-void json_dbl(struct json *j, const char *key, double v) {
-  json_sep(j, key);
-  if (isfinite(v)) fprintf(j->f, "%.10g", v); else fputs("null", j->f);
+void jb_i64(struct jb *j, const char *key, int64_t v) { jb_put(j, key, json_integer(v)); }
+void jb_dbl(struct jb *j, const char *key, double v) { jb_put(j, key, isfinite(v) ? json_real(v) : json_null()); }
+void jb_bool(struct jb *j, const char *key, bool v) { jb_put(j, key, json_boolean(v)); }
+void jb_null(struct jb *j, const char *key) { jb_put(j, key, json_null()); }
+
+int jb_finish(struct jb *j) {
+  int rc = 0;
+  if (j->failed || !j->root) {
+    cli_error("out of memory while building the JSON output");
+    rc = -ENOMEM;
+  } else if (json_dumpf(j->root, j->f, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) ||
+             fputc('\n', j->f) == EOF || fflush(j->f)) {
+    rc = -EIO; /* stdout closed or full: the shell reports it */
+  }
+  json_decref(j->root);
+  memset(j, 0, sizeof *j);
+  return rc;
 }
-void json_bool(struct json *j, const char *key, bool v) { json_sep(j, key); fputs(v ? "true" : "false", j->f); }
-void json_null(struct json *j, const char *key) { json_sep(j, key); fputs("null", j->f); }
-void json_finish(struct json *j) { fputc('\n', j->f); fflush(j->f); }

@@ -269,159 +269,180 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
   }
 }
 
-static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_report *ck) {
+/* print_json's sections, each one key of the object. */
+static void json_header(struct jb *j, umbp_pool *p, const struct snap *s) {
   const umbp_pool_info *i = &s->info;
-  struct json j;
   char t[32], lay[16], uuid[40];
-  json_begin(&j, stdout);
-  json_obj(&j, NULL);
-  json_obj(&j, "header");
-  json_str(&j, "name", i->name);
-  json_str(&j, "path", i->path);
+  jb_obj(j, "header");
+  jb_str(j, "name", i->name);
+  jb_str(j, "path", i->path);
   snprintf(lay, sizeof lay, "%u.%u", i->layout_major, i->layout_minor);
-  json_str(&j, "layout", lay);
-  json_str(&j, "uuid", cli_fmt_uuid(i->uuid, uuid, sizeof uuid));
-  json_u64(&j, "abi_fingerprint", i->abi_fingerprint);
-  json_u64(&j, "compat_features", i->compat_features);
-  json_u64(&j, "incompat_features", i->incompat_features);
-  json_u64(&j, "total_bytes", i->total_size);
-  json_u64(&j, "slot_size", i->slot_size);
-  json_u64(&j, "slot_count", i->slot_count);
-  json_u64(&j, "buckets", p->hdr->n_buckets);
-  json_u64(&j, "event_capacity", p->hdr->event_capacity);
+  jb_str(j, "layout", lay);
+  jb_str(j, "uuid", cli_fmt_uuid(i->uuid, uuid, sizeof uuid));
+  jb_u64(j, "abi_fingerprint", i->abi_fingerprint);
+  jb_u64(j, "compat_features", i->compat_features);
+  jb_u64(j, "incompat_features", i->incompat_features);
+  jb_u64(j, "total_bytes", i->total_size);
+  jb_u64(j, "slot_size", i->slot_size);
+  jb_u64(j, "slot_count", i->slot_count);
+  jb_u64(j, "buckets", p->hdr->n_buckets);
+  jb_u64(j, "event_capacity", p->hdr->event_capacity);
   snap_fmt_time(i->created_ns, t, sizeof t);
-  json_str(&j, "created", t);
-  json_u64(&j, "created_unix", i->created_ns / 1000000000ull);
-  json_i64(&j, "creator_pid", i->creator_pid);
-  json_u64(&j, "creator_uid", i->creator_uid);
-  json_u64(&j, "run_generation", i->run_generation);
-  json_bool(&j, "hugepages", i->hugepages);
-  json_bool(&j, "index_hugepages", i->index_hugepages);
-  json_u64(&j, "index_huge_bytes", i->index_huge_bytes);
-  json_u64(&j, "file_uid", s->st.st_uid);
-  json_u64(&j, "file_gid", s->st.st_gid);
-  json_u64(&j, "file_mode", s->st.st_mode & 07777);
-  json_end_obj(&j);
-  json_obj(&j, "daemon");
-  json_bool(&j, "running", s->daemon_running == 1);
-  if (s->daemon_running == 1 && s->daemon_pid > 0) json_i64(&j, "pid", s->daemon_pid);
-  else json_null(&j, "pid");
-  if (s->daemon_last_pid > 0) json_i64(&j, "last_pid", s->daemon_last_pid);
-  else json_null(&j, "last_pid");
-  json_end_obj(&j);
-  json_arr(&j, "partitions");
-  for (unsigned k = 0; k < i->n_partitions; k++) {
-    const umbp_partition_info *q = &i->partitions[k];
-    json_obj(&j, NULL);
-    json_u64(&j, "index", k);
-    json_i64(&j, "numa_node", q->numa_node);
-    json_u64(&j, "capacity_bytes", q->bytes);
-    json_u64(&j, "slots", q->slot_count);
-    json_u64(&j, "used_slots", q->slot_count - q->free_slots);
-    json_u64(&j, "free_slots", q->free_slots);
-    json_end_obj(&j);
-  }
-  json_end_arr(&j);
-  uint64_t ways = (uint64_t)p->hdr->n_buckets * UMBP_BUCKET_WAYS;
-  json_obj(&j, "index");
-  json_u64(&j, "entries", s->entries);
-  json_u64(&j, "ways", ways);
-  json_dbl(&j, "load_factor", snap_ratio(s->entries, ways));
-  json_arr(&j, "probe_histogram");
-  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) json_u64(&j, NULL, s->hist[d]);
-  json_end_arr(&j);
-  json_end_obj(&j);
-  const umbp_slot_census *cs = &s->census;
-  json_obj(&j, "slots");
-  json_u64(&j, "total", cs->total);
-  json_u64(&j, "free", cs->free_);
-  json_u64(&j, "published", cs->published);
-  json_u64(&j, "pinned", cs->pinned);
-  json_u64(&j, "reserved", cs->reserved);
-  json_u64(&j, "evicting", cs->evicting);
-  json_u64(&j, "retired", cs->retired);
-  json_u64(&j, "in_rings", cs->in_rings);
-  json_end_obj(&j);
-  json_arr(&j, "processes");
+  jb_str(j, "created", t);
+  jb_u64(j, "created_unix", i->created_ns / 1000000000ull);
+  jb_i64(j, "creator_pid", i->creator_pid);
+  jb_u64(j, "creator_uid", i->creator_uid);
+  jb_u64(j, "run_generation", i->run_generation);
+  jb_bool(j, "hugepages", i->hugepages);
+  jb_bool(j, "index_hugepages", i->index_hugepages);
+  jb_u64(j, "index_huge_bytes", i->index_huge_bytes);
+  jb_u64(j, "file_uid", s->st.st_uid);
+  jb_u64(j, "file_gid", s->st.st_gid);
+  jb_u64(j, "file_mode", s->st.st_mode & 07777);
+  jb_end_obj(j);
+}
+
+static void json_processes(struct jb *j, const struct snap *s) {
+  jb_arr(j, "processes");
   for (int k = 0; k < s->nprocs; k++) {
     const umbp_proc_info *q = &s->procs[k];
-    json_obj(&j, NULL);
-    json_u64(&j, "slot", q->slot);
-    json_i64(&j, "pid", q->pid);
-    json_str(&j, "role", umbp_role_name(q->role));
-    json_i64(&j, "rank", q->rank);
-    json_bool(&j, "alive", q->alive);
-    json_u64(&j, "pins", s->pins_by[q->slot]);
-    json_u64(&j, "attach_unix_ns", q->attach_ns);
-    json_u64(&j, "heartbeat_unix_ns", q->heartbeat_ns);
-    json_u64(&j, "incarnation", q->incarnation);
-    json_str(&j, "comm", q->comm);
-    json_end_obj(&j);
+    jb_obj(j, NULL);
+    jb_u64(j, "slot", q->slot);
+    jb_i64(j, "pid", q->pid);
+    jb_str(j, "role", umbp_role_name(q->role));
+    jb_i64(j, "rank", q->rank);
+    jb_bool(j, "alive", q->alive);
+    jb_u64(j, "pins", s->pins_by[q->slot]);
+    jb_u64(j, "attach_unix_ns", q->attach_ns);
+    jb_u64(j, "heartbeat_unix_ns", q->heartbeat_ns);
+    jb_u64(j, "incarnation", q->incarnation);
+    jb_str(j, "comm", q->comm);
+    jb_end_obj(j);
   }
-  json_end_arr(&j);
-  json_arr(&j, "namespaces");
+  jb_end_arr(j);
+}
+
+static void json_namespaces(struct jb *j, const struct snap *s) {
+  const umbp_pool_info *i = &s->info;
+  jb_arr(j, "namespaces");
   for (unsigned k = 0; k < s->nns; k++) {
     const struct snap_ns *n = &s->ns[k];
-    json_obj(&j, NULL);
-    json_u64(&j, "id", n->id);
-    json_str(&j, "name", n->name);
-    json_u64(&j, "blocks", n->blocks);
-    json_u64(&j, "bytes", n->blocks * i->slot_size);
-    json_u64(&j, "quota_bytes", n->quota_bytes);
-    json_u64(&j, "lookups", n->c.lookups);
-    json_u64(&j, "hits", n->c.hits);
-    json_dbl(&j, "hit_rate", snap_ratio(n->c.hits, n->c.lookups));
-    json_u64(&j, "inserts", n->c.inserts);
-    json_u64(&j, "evictions", n->c.evictions);
-    json_u64(&j, "removes", n->c.removes);
-    json_end_obj(&j);
+    jb_obj(j, NULL);
+    jb_u64(j, "id", n->id);
+    jb_str(j, "name", n->name);
+    jb_u64(j, "blocks", n->blocks);
+    jb_u64(j, "bytes", n->blocks * i->slot_size);
+    jb_u64(j, "quota_bytes", n->quota_bytes);
+    jb_u64(j, "lookups", n->c.lookups);
+    jb_u64(j, "hits", n->c.hits);
+    jb_dbl(j, "hit_rate", snap_ratio(n->c.hits, n->c.lookups));
+    jb_u64(j, "inserts", n->c.inserts);
+    jb_u64(j, "evictions", n->c.evictions);
+    jb_u64(j, "removes", n->c.removes);
+    jb_end_obj(j);
   }
-  json_end_arr(&j);
-  json_obj(&j, "events");
-  json_u64(&j, "capacity", s->ev_cap);
-  json_u64(&j, "pending", s->ev_pending);
-  json_u64(&j, "dropped", s->ev_dropped);
-  json_arr(&j, "recent");
+  jb_end_arr(j);
+}
+
+static void json_events(struct jb *j, const struct snap *s) {
+  jb_obj(j, "events");
+  jb_u64(j, "capacity", s->ev_cap);
+  jb_u64(j, "pending", s->ev_pending);
+  jb_u64(j, "dropped", s->ev_dropped);
+  jb_arr(j, "recent");
   for (unsigned k = 0; k < s->nev; k++) {
     char hx[20];
     snap_hash_hex(&s->ev[k].key, hx, sizeof hx);
-    json_obj(&j, NULL);
-    json_u64(&j, "position", s->ev[k].pos);
-    json_str(&j, "type", snap_event_name(s->ev[k].type));
-    json_u64(&j, "ns", s->ev[k].key.ns);
-    json_u64(&j, "tp_rank", s->ev[k].key.tp);
-    json_str(&j, "hash_prefix", hx);
-    json_end_obj(&j);
+    jb_obj(j, NULL);
+    jb_u64(j, "position", s->ev[k].pos);
+    jb_str(j, "type", snap_event_name(s->ev[k].type));
+    jb_u64(j, "ns", s->ev[k].key.ns);
+    jb_u64(j, "tp_rank", s->ev[k].key.tp);
+    jb_str(j, "hash_prefix", hx);
+    jb_end_obj(j);
   }
-  json_end_arr(&j);
-  json_end_obj(&j);
+  jb_end_arr(j);
+  jb_end_obj(j);
+}
+
+static void json_check(struct jb *j, const umbp_check_report *ck) {
+  jb_obj(j, "check");
+  jb_bool(j, "clean", ck->n_violations == 0);
+  jb_u64(j, "violation_count", ck->n_violations);
+  jb_arr(j, "violations");
+  for (unsigned k = 0; k < ck->n_listed; k++) jb_str(j, NULL, ck->violation[k]);
+  jb_end_arr(j);
+  jb_u64(j, "slots_judged", ck->slots);
+  jb_u64(j, "slots_in_flux", ck->slots_in_flux);
+  jb_u64(j, "ways", ck->ways);
+  jb_u64(j, "ring_entries", ck->ring_entries);
+  jb_u64(j, "dead_leftovers", ck->dead_leftovers);
+  jb_end_obj(j);
+}
+
+static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_report *ck) {
+  const umbp_pool_info *i = &s->info;
+  struct jb j;
+  jb_begin(&j, stdout);
+  jb_obj(&j, NULL);
+  json_header(&j, p, s);
+  jb_obj(&j, "daemon");
+  jb_bool(&j, "running", s->daemon_running == 1);
+  if (s->daemon_running == 1 && s->daemon_pid > 0) jb_i64(&j, "pid", s->daemon_pid);
+  else jb_null(&j, "pid");
+  if (s->daemon_last_pid > 0) jb_i64(&j, "last_pid", s->daemon_last_pid);
+  else jb_null(&j, "last_pid");
+  jb_end_obj(&j);
+  jb_arr(&j, "partitions");
+  for (unsigned k = 0; k < i->n_partitions; k++) {
+    const umbp_partition_info *q = &i->partitions[k];
+    jb_obj(&j, NULL);
+    jb_u64(&j, "index", k);
+    jb_i64(&j, "numa_node", q->numa_node);
+    jb_u64(&j, "capacity_bytes", q->bytes);
+    jb_u64(&j, "slots", q->slot_count);
+    jb_u64(&j, "used_slots", q->slot_count - q->free_slots);
+    jb_u64(&j, "free_slots", q->free_slots);
+    jb_end_obj(&j);
+  }
+  jb_end_arr(&j);
+  uint64_t ways = (uint64_t)p->hdr->n_buckets * UMBP_BUCKET_WAYS;
+  jb_obj(&j, "index");
+  jb_u64(&j, "entries", s->entries);
+  jb_u64(&j, "ways", ways);
+  jb_dbl(&j, "load_factor", snap_ratio(s->entries, ways));
+  jb_arr(&j, "probe_histogram");
+  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) jb_u64(&j, NULL, s->hist[d]);
+  jb_end_arr(&j);
+  jb_end_obj(&j);
+  const umbp_slot_census *cs = &s->census;
+  jb_obj(&j, "slots");
+  jb_u64(&j, "total", cs->total);
+  jb_u64(&j, "free", cs->free_);
+  jb_u64(&j, "published", cs->published);
+  jb_u64(&j, "pinned", cs->pinned);
+  jb_u64(&j, "reserved", cs->reserved);
+  jb_u64(&j, "evicting", cs->evicting);
+  jb_u64(&j, "retired", cs->retired);
+  jb_u64(&j, "in_rings", cs->in_rings);
+  jb_end_obj(&j);
+  json_processes(&j, s);
+  json_namespaces(&j, s);
+  json_events(&j, s);
   const umbp_counters *ct = &s->total;
-  json_obj(&j, "counters");
-  json_u64(&j, "lookups", ct->lookups);
-  json_u64(&j, "hits", ct->hits);
-  json_u64(&j, "misses", ct->misses);
-  json_u64(&j, "inserts", ct->inserts);
-  json_u64(&j, "duplicates", ct->duplicates);
-  json_u64(&j, "evictions", ct->evictions);
-  json_u64(&j, "removes", ct->removes);
-  json_u64(&j, "pins", ct->pins);
-  json_end_obj(&j);
-  if (ck) {
-    json_obj(&j, "check");
-    json_bool(&j, "clean", ck->n_violations == 0);
-    json_u64(&j, "violation_count", ck->n_violations);
-    json_arr(&j, "violations");
-    for (unsigned k = 0; k < ck->n_listed; k++) json_str(&j, NULL, ck->violation[k]);
-    json_end_arr(&j);
-    json_u64(&j, "slots_judged", ck->slots);
-    json_u64(&j, "slots_in_flux", ck->slots_in_flux);
-    json_u64(&j, "ways", ck->ways);
-    json_u64(&j, "ring_entries", ck->ring_entries);
-    json_u64(&j, "dead_leftovers", ck->dead_leftovers);
-    json_end_obj(&j);
-  }
-  json_end_obj(&j);
-  json_finish(&j);
+  jb_obj(&j, "counters");
+  jb_u64(&j, "lookups", ct->lookups);
+  jb_u64(&j, "hits", ct->hits);
+  jb_u64(&j, "misses", ct->misses);
+  jb_u64(&j, "inserts", ct->inserts);
+  jb_u64(&j, "duplicates", ct->duplicates);
+  jb_u64(&j, "evictions", ct->evictions);
+  jb_u64(&j, "removes", ct->removes);
+  jb_u64(&j, "pins", ct->pins);
+  jb_end_obj(&j);
+  if (ck) json_check(&j, ck);
+  jb_end_obj(&j);
+  jb_finish(&j);
 }
 
 /* One --stat line: rates over [prev, s]; prev NULL for the first line. */

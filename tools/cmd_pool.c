@@ -190,6 +190,53 @@ static int fail_rc(int rc) {
   return CLI_RUNTIME;
 }
 
+/* --group NAME|GID into pp (group access on). CLI_OK or CLI_USAGE with the
+ * message printed. */
+static int parse_group(const char *arg, umbp_pool_params *pp) {
+  pp->group_access = true;
+  char *end;
+  long g = strtol(arg, &end, 10);
+  if (*end == 0 && end != arg && g >= 0) {
+    pp->group = (gid_t)g;
+  } else {
+    struct group *gr = getgrnam(arg);
+    if (!gr) return cli_usage_error("pool create", "--group '%s': no such group", arg);
+    pp->group = gr->gr_gid;
+  }
+  return CLI_OK;
+}
+
+/* --numa-nodes auto: the nodes of this machine's topology plan for ranks
+ * ranks (0: one per GPU) into pp, printed unless quiet. CLI_OK or the
+ * runtime error's exit code. */
+static int plan_numa_nodes(umbp_pool_params *pp, int ranks, bool quiet) {
+  umbp_topo *topo;
+  umbp_topo_plan *plan;
+  int rc = umbp_topo_load(NULL, 0, &topo);
+  if (rc) return fail_rc(rc);
+  umbp_topo_plan_opts po = UMBP_TOPO_PLAN_OPTS_INIT;
+  po.nranks = ranks;
+  rc = umbp_topo_plan_make(topo, &po, &plan);
+  if (rc) {
+    umbp_topo_free(topo);
+    return fail_rc(rc);
+  }
+  unsigned nodes[UMBP_MAX_PARTITIONS];
+  int n = umbp_topo_plan_numa_nodes(plan, nodes, UMBP_MAX_PARTITIONS);
+  pp->n_numa_nodes = 0;
+  for (int i = 0; i < n && i < UMBP_MAX_PARTITIONS; i++) pp->numa_nodes[pp->n_numa_nodes++] = (int)nodes[i];
+  if (!quiet) {
+    printf("numa nodes from the topology plan (%d rank%s):", umbp_topo_plan_nranks(plan),
+           umbp_topo_plan_nranks(plan) == 1 ? "" : "s");
+    for (unsigned i = 0; i < pp->n_numa_nodes; i++) printf(" %d", pp->numa_nodes[i]);
+    printf("\n");
+    for (int i = 0; i < umbp_topo_plan_note_count(plan); i++) printf("  note: %s\n", umbp_topo_plan_note(plan, i));
+  }
+  umbp_topo_plan_free(plan);
+  umbp_topo_free(topo);
+  return CLI_OK;
+}
+
 static int pool_create(int argc, char **argv) {
   if (want_help(argc, argv)) {
     fputs(create_usage, stdout);
@@ -234,19 +281,9 @@ static int pool_create(int argc, char **argv) {
       else if (!strcmp(optarg, "none")) pp.mempolicy = UMBP_MPOL_NONE;
       else return cli_usage_error("pool create", "--mempolicy '%s': use bind, preferred, interleave or none", optarg);
       break;
-    case O_GROUP: {
-      pp.group_access = true;
-      char *end;
-      long g = strtol(optarg, &end, 10);
-      if (*end == 0 && end != optarg && g >= 0) {
-        pp.group = (gid_t)g;
-      } else {
-        struct group *gr = getgrnam(optarg);
-        if (!gr) return cli_usage_error("pool create", "--group '%s': no such group", optarg);
-        pp.group = gr->gr_gid;
-      }
+    case O_GROUP:
+      if (parse_group(optarg, &pp) != CLI_OK) return CLI_USAGE;
       break;
-    }
     case O_HUGE: pp.hugepages = true; break;
     case O_HDIR: pp.hugetlbfs_dir = optarg; break;
     case O_IPAGES:
@@ -292,30 +329,8 @@ static int pool_create(int argc, char **argv) {
     return cli_usage_error("pool create", "--no-reserve only makes sense with --no-prefault (pre-faulting allocates "
                                           "every block)");
   if (auto_nodes) {
-    umbp_topo *topo;
-    umbp_topo_plan *plan;
-    int rc = umbp_topo_load(NULL, 0, &topo);
-    if (rc) return fail_rc(rc);
-    umbp_topo_plan_opts po = UMBP_TOPO_PLAN_OPTS_INIT;
-    po.nranks = ranks;
-    rc = umbp_topo_plan_make(topo, &po, &plan);
-    if (rc) {
-      umbp_topo_free(topo);
-      return fail_rc(rc);
-    }
-    unsigned nodes[UMBP_MAX_PARTITIONS];
-    int n = umbp_topo_plan_numa_nodes(plan, nodes, UMBP_MAX_PARTITIONS);
-    pp.n_numa_nodes = 0;
-    for (int i = 0; i < n && i < UMBP_MAX_PARTITIONS; i++) pp.numa_nodes[pp.n_numa_nodes++] = (int)nodes[i];
-    if (!quiet) {
-      printf("numa nodes from the topology plan (%d rank%s):", umbp_topo_plan_nranks(plan),
-             umbp_topo_plan_nranks(plan) == 1 ? "" : "s");
-      for (unsigned i = 0; i < pp.n_numa_nodes; i++) printf(" %d", pp.numa_nodes[i]);
-      printf("\n");
-      for (int i = 0; i < umbp_topo_plan_note_count(plan); i++) printf("  note: %s\n", umbp_topo_plan_note(plan, i));
-    }
-    umbp_topo_plan_free(plan);
-    umbp_topo_free(topo);
+    int rc = plan_numa_nodes(&pp, ranks, quiet);
+    if (rc != CLI_OK) return rc;
   }
   if (!quiet && cli_stderr_tty()) {
     pp.progress = progress_cb;
@@ -422,60 +437,60 @@ static int pool_info(int argc, char **argv) {
   char tbuf[32]; /* UTC, ISO 8601, as 'umbp inspect' and the daemon's log print it */
   snap_fmt_time(info.created_ns, tbuf, sizeof tbuf);
   if (json) {
-    struct json j;
-    json_begin(&j, stdout);
-    json_obj(&j, NULL);
-    json_str(&j, "name", info.name);
-    json_str(&j, "path", info.path);
+    struct jb j;
+    jb_begin(&j, stdout);
+    jb_obj(&j, NULL);
+    jb_str(&j, "name", info.name);
+    jb_str(&j, "path", info.path);
     char lay[16];
     snprintf(lay, sizeof lay, "%u.%u", info.layout_major, info.layout_minor);
-    json_str(&j, "layout", lay);
-    json_str(&j, "uuid", uuid);
-    json_u64(&j, "total_bytes", info.total_size);
-    json_u64(&j, "slot_size", info.slot_size);
-    json_u64(&j, "slot_count", info.slot_count);
-    json_bool(&j, "hugepages", info.hugepages);
-    json_bool(&j, "index_hugepages", info.index_hugepages);
-    json_u64(&j, "index_huge_bytes", info.index_huge_bytes);
-    json_str(&j, "created", tbuf);
-    json_u64(&j, "created_unix", info.created_ns / 1000000000ull);
-    json_i64(&j, "creator_pid", info.creator_pid);
-    json_u64(&j, "run_generation", info.run_generation);
-    json_arr(&j, "partitions");
+    jb_str(&j, "layout", lay);
+    jb_str(&j, "uuid", uuid);
+    jb_u64(&j, "total_bytes", info.total_size);
+    jb_u64(&j, "slot_size", info.slot_size);
+    jb_u64(&j, "slot_count", info.slot_count);
+    jb_bool(&j, "hugepages", info.hugepages);
+    jb_bool(&j, "index_hugepages", info.index_hugepages);
+    jb_u64(&j, "index_huge_bytes", info.index_huge_bytes);
+    jb_str(&j, "created", tbuf);
+    jb_u64(&j, "created_unix", info.created_ns / 1000000000ull);
+    jb_i64(&j, "creator_pid", info.creator_pid);
+    jb_u64(&j, "run_generation", info.run_generation);
+    jb_arr(&j, "partitions");
     for (unsigned k = 0; k < info.n_partitions; k++) {
-      json_obj(&j, NULL);
-      json_u64(&j, "index", k);
-      json_i64(&j, "numa_node", info.partitions[k].numa_node);
-      json_u64(&j, "slots", info.partitions[k].slot_count);
-      json_u64(&j, "first_slot", info.partitions[k].first_slot);
-      json_u64(&j, "bytes", info.partitions[k].bytes);
-      json_u64(&j, "free_slots", info.partitions[k].free_slots);
-      json_end_obj(&j);
+      jb_obj(&j, NULL);
+      jb_u64(&j, "index", k);
+      jb_i64(&j, "numa_node", info.partitions[k].numa_node);
+      jb_u64(&j, "slots", info.partitions[k].slot_count);
+      jb_u64(&j, "first_slot", info.partitions[k].first_slot);
+      jb_u64(&j, "bytes", info.partitions[k].bytes);
+      jb_u64(&j, "free_slots", info.partitions[k].free_slots);
+      jb_end_obj(&j);
     }
-    json_end_arr(&j);
-    json_obj(&j, "slots");
-    json_u64(&j, "free", cs.free_);
-    json_u64(&j, "reserved", cs.reserved);
-    json_u64(&j, "published", cs.published);
-    json_u64(&j, "retired", cs.retired + cs.evicting);
-    json_u64(&j, "pinned", cs.pinned);
-    json_end_obj(&j);
-    json_arr(&j, "processes");
+    jb_end_arr(&j);
+    jb_obj(&j, "slots");
+    jb_u64(&j, "free", cs.free_);
+    jb_u64(&j, "reserved", cs.reserved);
+    jb_u64(&j, "published", cs.published);
+    jb_u64(&j, "retired", cs.retired + cs.evicting);
+    jb_u64(&j, "pinned", cs.pinned);
+    jb_end_obj(&j);
+    jb_arr(&j, "processes");
     for (int i = 0; i < np; i++) {
-      json_obj(&j, NULL);
-      json_u64(&j, "slot", pi[i].slot);
-      json_i64(&j, "pid", pi[i].pid);
-      json_str(&j, "role", umbp_role_name(pi[i].role));
-      json_i64(&j, "rank", pi[i].rank);
-      json_bool(&j, "alive", pi[i].alive);
-      json_u64(&j, "attach_unix", pi[i].attach_ns / 1000000000ull);
-      json_u64(&j, "heartbeat_unix", pi[i].heartbeat_ns / 1000000000ull);
-      json_str(&j, "comm", pi[i].comm);
-      json_end_obj(&j);
+      jb_obj(&j, NULL);
+      jb_u64(&j, "slot", pi[i].slot);
+      jb_i64(&j, "pid", pi[i].pid);
+      jb_str(&j, "role", umbp_role_name(pi[i].role));
+      jb_i64(&j, "rank", pi[i].rank);
+      jb_bool(&j, "alive", pi[i].alive);
+      jb_u64(&j, "attach_unix", pi[i].attach_ns / 1000000000ull);
+      jb_u64(&j, "heartbeat_unix", pi[i].heartbeat_ns / 1000000000ull);
+      jb_str(&j, "comm", pi[i].comm);
+      jb_end_obj(&j);
     }
-    json_end_arr(&j);
-    json_end_obj(&j);
-    json_finish(&j);
+    jb_end_arr(&j);
+    jb_end_obj(&j);
+    jb_finish(&j);
   } else {
     printf("pool %s\n", info.name);
     printf("  path          %s%s\n", info.path, info.hugepages ? " (hugepages)" : "");
@@ -514,15 +529,15 @@ static int pool_info(int argc, char **argv) {
 
 /* One row of `pool ls` for the pool file umbp.NAME, or for an index file
  * umbp-index.NAME whose pool is gone (leftover: its path). */
-static void ls_row(const char *name, const char *leftover, bool json, struct json *j) {
+static void ls_row(const char *name, const char *leftover, bool json, struct jb *j) {
   if (leftover) {
     char msg[700];
     snprintf(msg, sizeof msg, "leftover index file %s, no pool: 'umbp pool destroy %s' removes it", leftover, name);
     if (json) {
-      json_obj(j, NULL);
-      json_str(j, "name", name);
-      json_str(j, "status", msg);
-      json_end_obj(j);
+      jb_obj(j, NULL);
+      jb_str(j, "name", name);
+      jb_str(j, "status", msg);
+      jb_end_obj(j);
     } else {
       printf("%-24s %10s %10s %8s %5s %6s  %s\n", name, "-", "-", "-", "-", "-", msg);
     }
@@ -534,21 +549,21 @@ static void ls_row(const char *name, const char *leftover, bool json, struct jso
   if (rc == 0) umbp_pool_get_info(p, &info);
   char a[32], b[32];
   if (json) {
-    json_obj(j, NULL);
-    json_str(j, "name", name);
+    jb_obj(j, NULL);
+    jb_str(j, "name", name);
     if (rc == 0) {
-      json_u64(j, "slot_count", info.slot_count);
-      json_u64(j, "slot_size", info.slot_size);
-      json_u64(j, "total_bytes", info.total_size);
-      json_u64(j, "procs_alive", info.procs_live);
-      json_u64(j, "procs_dead", info.procs_dead);
-      json_bool(j, "hugepages", info.hugepages);
-      json_bool(j, "index_hugepages", info.hugepages || info.index_hugepages);
-      json_str(j, "status", "ok");
+      jb_u64(j, "slot_count", info.slot_count);
+      jb_u64(j, "slot_size", info.slot_size);
+      jb_u64(j, "total_bytes", info.total_size);
+      jb_u64(j, "procs_alive", info.procs_live);
+      jb_u64(j, "procs_dead", info.procs_dead);
+      jb_bool(j, "hugepages", info.hugepages);
+      jb_bool(j, "index_hugepages", info.hugepages || info.index_hugepages);
+      jb_str(j, "status", "ok");
     } else {
-      json_str(j, "status", umbp_last_error());
+      jb_str(j, "status", umbp_last_error());
     }
-    json_end_obj(j);
+    jb_end_obj(j);
   } else if (rc == 0) {
     char procs[16];
     snprintf(procs, sizeof procs, "%u", info.procs_live);
@@ -580,10 +595,10 @@ static int pool_ls(int argc, char **argv) {
     cli_error("cannot list /dev/shm: %s", strerror(errno));
     return CLI_RUNTIME;
   }
-  struct json j;
+  struct jb j;
   if (json) {
-    json_begin(&j, stdout);
-    json_arr(&j, NULL);
+    jb_begin(&j, stdout);
+    jb_arr(&j, NULL);
   } else {
     printf("%-24s %10s %10s %8s %5s %6s  %s\n", "NAME", "SLOTS", "SLOT", "SEGMENT", "INDEX", "PROCS", "STATUS");
   }
@@ -610,8 +625,8 @@ static int pool_ls(int argc, char **argv) {
     closedir(d);
   }
   if (json) {
-    json_end_arr(&j);
-    json_finish(&j);
+    jb_end_arr(&j);
+    jb_finish(&j);
   } else if (!count) {
     printf("(no pools)\n");
   }

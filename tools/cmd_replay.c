@@ -203,35 +203,35 @@ static void drop_outputs(FILE *plot_f, const char *plot_path, FILE *csv_f, const
   }
 }
 
-static void json_run(struct json *j, const struct rp_config *cfg, const struct rp_result *r) {
-  json_u64(j, "capacity_bytes", r->capacity);
-  json_u64(j, "slots", r->slots);
-  json_u64(j, "pool_segment_bytes", r->segment_bytes);
-  json_bool(j, "unbounded", r->unbounded);
-  json_u64(j, "requests", r->requests);
-  json_dbl(j, "avg_input_tokens", ratio(r->input_tokens, r->requests));
-  json_dbl(j, "avg_output_tokens", ratio(r->output_tokens, r->requests));
-  json_u64(j, "input_tokens", r->input_tokens);
-  json_u64(j, "output_tokens", r->output_tokens);
-  json_u64(j, "blocks_total", r->blocks_total);
-  json_u64(j, "blocks_hit", r->blocks_hit);
-  json_dbl(j, "cache_ratio", ratio(r->blocks_hit, r->blocks_total));
-  json_dbl(j, "token_ratio", ratio(r->blocks_hit * cfg->block_tokens, r->input_tokens));
-  json_u64(j, "blocks_stored", r->blocks_stored);
-  json_u64(j, "blocks_loaded", r->blocks_loaded);
-  json_u64(j, "bytes_stored", r->bytes_stored);
-  json_u64(j, "bytes_loaded", r->bytes_loaded);
-  json_u64(j, "evictions", r->evictions);
-  json_u64(j, "verify_failures", r->verify_failures);
-  json_u64(j, "lookup_keys", r->keys_probed);
-  json_dbl(j, "lookup_seconds", (double)r->probe_ns / 1e9);
-  json_dbl(j, "lookup_keys_per_s", r->probe_ns ? (double)r->keys_probed * 1e9 / (double)r->probe_ns : 0.0);
-  json_u64(j, "copy_bytes", r->copy_bytes);
-  json_dbl(j, "copy_seconds", (double)r->copy_ns / 1e9);
-  json_dbl(j, "copy_gb_per_s", r->copy_ns ? (double)r->copy_bytes / (double)r->copy_ns : 0.0);
-  json_dbl(j, "pool_time_p50_ms", r->pool_p50_ms);
-  json_dbl(j, "pool_time_p99_ms", r->pool_p99_ms);
-  json_dbl(j, "wall_seconds", r->wall_s);
+static void json_run(struct jb *j, const struct rp_config *cfg, const struct rp_result *r) {
+  jb_u64(j, "capacity_bytes", r->capacity);
+  jb_u64(j, "slots", r->slots);
+  jb_u64(j, "pool_segment_bytes", r->segment_bytes);
+  jb_bool(j, "unbounded", r->unbounded);
+  jb_u64(j, "requests", r->requests);
+  jb_dbl(j, "avg_input_tokens", ratio(r->input_tokens, r->requests));
+  jb_dbl(j, "avg_output_tokens", ratio(r->output_tokens, r->requests));
+  jb_u64(j, "input_tokens", r->input_tokens);
+  jb_u64(j, "output_tokens", r->output_tokens);
+  jb_u64(j, "blocks_total", r->blocks_total);
+  jb_u64(j, "blocks_hit", r->blocks_hit);
+  jb_dbl(j, "cache_ratio", ratio(r->blocks_hit, r->blocks_total));
+  jb_dbl(j, "token_ratio", ratio(r->blocks_hit * cfg->block_tokens, r->input_tokens));
+  jb_u64(j, "blocks_stored", r->blocks_stored);
+  jb_u64(j, "blocks_loaded", r->blocks_loaded);
+  jb_u64(j, "bytes_stored", r->bytes_stored);
+  jb_u64(j, "bytes_loaded", r->bytes_loaded);
+  jb_u64(j, "evictions", r->evictions);
+  jb_u64(j, "verify_failures", r->verify_failures);
+  jb_u64(j, "lookup_keys", r->keys_probed);
+  jb_dbl(j, "lookup_seconds", (double)r->probe_ns / 1e9);
+  jb_dbl(j, "lookup_keys_per_s", r->probe_ns ? (double)r->keys_probed * 1e9 / (double)r->probe_ns : 0.0);
+  jb_u64(j, "copy_bytes", r->copy_bytes);
+  jb_dbl(j, "copy_seconds", (double)r->copy_ns / 1e9);
+  jb_dbl(j, "copy_gb_per_s", r->copy_ns ? (double)r->copy_bytes / (double)r->copy_ns : 0.0);
+  jb_dbl(j, "pool_time_p50_ms", r->pool_p50_ms);
+  jb_dbl(j, "pool_time_p99_ms", r->pool_p99_ms);
+  jb_dbl(j, "wall_seconds", r->wall_s);
 }
 
 static void print_run(const struct rp_config *cfg, const struct rp_result *r) {
@@ -287,15 +287,22 @@ static int do_write(const char *path, const struct trace *t) {
   return CLI_OK;
 }
 
-int cmd_replay(int argc, char **argv) {
-  if (argc >= 2 && !strcmp(argv[1], "--worker")) return rp_worker_main(argc, argv);
-
-  struct rp_config cfg = {.tp = 1, .block_tokens = 512, .bytes_per_token = 128};
+/* Everything the command line says. */
+struct replay_opts {
+  struct rp_config cfg;
   struct gen_params gp;
-  gen_params_init(&gp);
-  bool json = false, unbounded = false, have_cap = false, generate = false, gen_opt = false;
-  uint64_t capacity = 0;
-  const char *sweep_arg = NULL, *output = NULL, *gen_opt_name = NULL, *plot_path = NULL, *csv_path = NULL;
+  bool json, unbounded, have_cap, generate;
+  uint64_t capacity;
+  const char *path, *sweep_arg, *output, *plot_path, *csv_path;
+};
+
+/* Parse and cross-check the options into o: -1 to go on, or the exit code
+ * (CLI_OK after --help, CLI_USAGE with the message printed). */
+static int parse_opts(int argc, char **argv, struct replay_opts *o) {
+  *o = (struct replay_opts){.cfg = {.tp = 1, .block_tokens = 512, .bytes_per_token = 128}};
+  gen_params_init(&o->gp);
+  bool gen_opt = false;
+  const char *gen_opt_name = NULL;
   uint64_t v;
   double d;
 
@@ -321,45 +328,45 @@ int cmd_replay(int argc, char **argv) {
       case OPT_TP:
         if (parse_uint(optarg, 1, RP_MAX_TP, &v))
           return cli_usage_error("replay", "--tp '%s' is not a rank count: use 1 to %d", optarg, RP_MAX_TP);
-        cfg.tp = (unsigned)v;
+        o->cfg.tp = (unsigned)v;
         break;
       case OPT_CAPACITY:
-        if (cli_parse_size(optarg, &capacity) || !capacity)
+        if (cli_parse_size(optarg, &o->capacity) || !o->capacity)
           return cli_usage_error("replay", "--capacity '%s' is not a size: use e.g. 512MiB or 2GiB", optarg);
-        have_cap = true;
+        o->have_cap = true;
         break;
-      case OPT_UNBOUNDED: unbounded = true; break;
-      case OPT_SWEEP: sweep_arg = optarg; break;
+      case OPT_UNBOUNDED: o->unbounded = true; break;
+      case OPT_SWEEP: o->sweep_arg = optarg; break;
       case OPT_BLOCK_TOKENS:
         if (parse_uint(optarg, 1, 1u << 20, &v))
           return cli_usage_error("replay", "--block-tokens '%s' is not a block size: use 1 to %u tokens (512 for "
                                            "Mooncake's traces)", optarg, 1u << 20);
-        cfg.block_tokens = (unsigned)v;
+        o->cfg.block_tokens = (unsigned)v;
         break;
       case OPT_BPT:
         if (cli_parse_size(optarg, &v) || v == 0 || v > (1u << 24))
           return cli_usage_error("replay", "--bytes-per-token '%s' is not a size: use 1 to 16MiB, e.g. 128", optarg);
-        cfg.bytes_per_token = v;
+        o->cfg.bytes_per_token = v;
         break;
       case OPT_SPEED:
         if (parse_dbl(optarg, 0, 1e12, &d))
           return cli_usage_error("replay", "--speed '%s' is not a factor: use 0 (as fast as possible) or a positive "
                                            "number such as 10", optarg);
-        cfg.speed = d;
+        o->cfg.speed = d;
         break;
-      case OPT_JSON: json = true; break;
-      case OPT_PLOT: plot_path = optarg; break;
-      case OPT_CSV: csv_path = optarg; break;
+      case OPT_JSON: o->json = true; break;
+      case OPT_PLOT: o->plot_path = optarg; break;
+      case OPT_CSV: o->csv_path = optarg; break;
       case OPT_GENERATE:
         if (strcmp(optarg, "chat"))
           return cli_usage_error("replay", "--generate '%s' is not a generator: the one there is is 'chat'", optarg);
-        generate = true;
+        o->generate = true;
         break;
-      case OPT_OUTPUT: output = optarg; gen_opt = true; gen_opt_name = "--output"; break;
+      case OPT_OUTPUT: o->output = optarg; gen_opt = true; gen_opt_name = "--output"; break;
       case OPT_SEED:
         if (parse_uint(optarg, 0, UINT64_MAX, &v))
           return cli_usage_error("replay", "--seed '%s' is not a non-negative integer", optarg);
-        gp.seed = v;
+        o->gp.seed = v;
         gen_opt = true;
         gen_opt_name = "--seed";
         break;
@@ -369,8 +376,8 @@ int cmd_replay(int argc, char **argv) {
         if (parse_uint(optarg, lo, hi, &v))
           return cli_usage_error("replay", "%s '%s' is out of range: use an integer from %llu to %llu", name, optarg,
                                  (unsigned long long)lo, (unsigned long long)hi);
-        unsigned *dst = c == OPT_CONV ? &gp.conversations : c == OPT_TURNS ? &gp.turns : c == OPT_SYSP ? &gp.system_prompts
-                        : c == OPT_SYST ? &gp.system_tokens : c == OPT_USERT ? &gp.user_tokens : &gp.output_tokens;
+        unsigned *dst = c == OPT_CONV ? &o->gp.conversations : c == OPT_TURNS ? &o->gp.turns : c == OPT_SYSP ? &o->gp.system_prompts
+                        : c == OPT_SYST ? &o->gp.system_tokens : c == OPT_USERT ? &o->gp.user_tokens : &o->gp.output_tokens;
         *dst = (unsigned)v;
         gen_opt = true;
         gen_opt_name = name;
@@ -379,14 +386,14 @@ int cmd_replay(int argc, char **argv) {
       case OPT_RATE:
         if (parse_dbl(optarg, 1e-6, 1e6, &d) || d <= 0)
           return cli_usage_error("replay", "--rate '%s' is not a rate: use conversations per second > 0, e.g. 2", optarg);
-        gp.rate = d;
+        o->gp.rate = d;
         gen_opt = true;
         gen_opt_name = "--rate";
         break;
       case OPT_THINK:
         if (parse_dbl(optarg, 0, 1e6, &d))
           return cli_usage_error("replay", "--think '%s' is not a time: use seconds >= 0, e.g. 30", optarg);
-        gp.think_s = d;
+        o->gp.think_s = d;
         gen_opt = true;
         gen_opt_name = "--think";
         break;
@@ -396,51 +403,60 @@ int cmd_replay(int argc, char **argv) {
         return cli_usage_error("replay", "unknown option '%s'", name);
     }
   }
-  const char *path = optind < argc ? argv[optind] : NULL;
-  if (gen_opt && !generate) return cli_usage_error("replay", "%s belongs to the generator: add --generate chat", gen_opt_name);
+  o->path = optind < argc ? argv[optind] : NULL;
+  if (gen_opt && !o->generate) return cli_usage_error("replay", "%s belongs to the generator: add --generate chat", gen_opt_name);
   if (optind + 1 < argc) return cli_usage_error("replay", "one trace file at most (got '%s' too)", argv[optind + 1]);
-  if (path && generate)
+  if (o->path && o->generate)
     return cli_usage_error("replay", "give a TRACE file or --generate chat, not both");
-  if (!path && !generate)
+  if (!o->path && !o->generate)
     return cli_usage_error("replay", "no workload: give a TRACE.jsonl file or --generate chat");
-  if ((have_cap + unbounded + (sweep_arg != NULL)) > 1)
+  if ((o->have_cap + o->unbounded + (o->sweep_arg != NULL)) > 1)
     return cli_usage_error("replay", "--capacity, --unbounded and --capacity-sweep exclude each other: pick one");
-  if (!have_cap && !sweep_arg) unbounded = true;
-  if ((plot_path || csv_path) && !sweep_arg)
+  if (!o->have_cap && !o->sweep_arg) o->unbounded = true;
+  if ((o->plot_path || o->csv_path) && !o->sweep_arg)
     return cli_usage_error("replay", "%s draws the curve of a sweep: add --capacity-sweep LIST (e.g. "
-                                     "256MiB,1GiB,4GiB,unbounded)", plot_path ? "--plot" : "--csv");
-  if ((plot_path && !*plot_path) || (csv_path && !*csv_path))
-    return cli_usage_error("replay", "%s needs a file name", plot_path && !*plot_path ? "--plot" : "--csv");
-  if (output && (plot_path || csv_path))
+                                     "256MiB,1GiB,4GiB,unbounded)", o->plot_path ? "--plot" : "--csv");
+  if ((o->plot_path && !*o->plot_path) || (o->csv_path && !*o->csv_path))
+    return cli_usage_error("replay", "%s needs a file name", o->plot_path && !*o->plot_path ? "--plot" : "--csv");
+  if (o->output && (o->plot_path || o->csv_path))
     return cli_usage_error("replay", "--output writes the generated workload and exits: drop --plot and --csv");
 
-  /* sizes: a rank's shard of a block and the pool's slot */
-  uint64_t block_all = (uint64_t)cfg.block_tokens * cfg.bytes_per_token;
-  cfg.block_bytes = (block_all + cfg.tp - 1) / cfg.tp;
-  cfg.block_bytes = (cfg.block_bytes + 7) / 8 * 8;
-  if (cfg.block_bytes > (1ull << 30))
+  return -1;
+}
+
+/* A rank's shard of a block and the pool's slot, into cfg: -1, or CLI_USAGE
+ * with the message printed. */
+static int size_blocks(struct rp_config *cfg) {
+  uint64_t block_all = (uint64_t)cfg->block_tokens * cfg->bytes_per_token;
+  cfg->block_bytes = (block_all + cfg->tp - 1) / cfg->tp;
+  cfg->block_bytes = (cfg->block_bytes + 7) / 8 * 8;
+  if (cfg->block_bytes > (1ull << 30))
     return cli_usage_error("replay", "a block shard of %llu bytes (block-tokens %u * bytes-per-token %llu / tp %u) is "
                                      "over 1 GiB: lower --bytes-per-token or --block-tokens",
-                           (unsigned long long)cfg.block_bytes, cfg.block_tokens,
-                           (unsigned long long)cfg.bytes_per_token, cfg.tp);
-  cfg.slot_size = (cfg.block_bytes + 63) / 64 * 64;
-  if (cfg.slot_size < 4096) cfg.slot_size = 4096;
+                           (unsigned long long)cfg->block_bytes, cfg->block_tokens,
+                           (unsigned long long)cfg->bytes_per_token, cfg->tp);
+  cfg->slot_size = (cfg->block_bytes + 63) / 64 * 64;
+  if (cfg->slot_size < 4096) cfg->slot_size = 4096;
+  return -1;
+}
 
-  /* capacities */
-  uint64_t caps[SWEEP_MAX + 1]; /* + the unbounded run that --plot and --csv add */
-  bool unb[SWEEP_MAX + 1];
+/* The capacities to replay into caps and unb (SWEEP_MAX + 1 entries: a sweep
+ * for --plot or --csv gains an unbounded reference run), their count into
+ * *ret_n; an unbounded entry's capacity is 0 until the trace is read. -1, or
+ * CLI_USAGE with the message printed. */
+static int capacities(const struct replay_opts *o, uint64_t *caps, bool *unb, unsigned *ret_n) {
   unsigned ncap = 0;
-  if (sweep_arg && !*sweep_arg)
+  if (o->sweep_arg && !*o->sweep_arg)
     return cli_usage_error("replay", "--capacity-sweep '' is empty: give a list of sizes, e.g. 256MiB,1GiB,unbounded");
-  if (sweep_arg) {
-    const char *p = sweep_arg;
+  if (o->sweep_arg) {
+    const char *p = o->sweep_arg;
     while (*p) {
       const char *e = strchr(p, ',');
       size_t l = e ? (size_t)(e - p) : strlen(p);
       char tok[64];
       if (l == 0 || l >= sizeof tok || ncap == SWEEP_MAX)
         return cli_usage_error("replay", "--capacity-sweep '%s' is not a list of up to %d sizes: use e.g. "
-                                         "256MiB,1GiB,unbounded", sweep_arg, SWEEP_MAX);
+                                         "256MiB,1GiB,unbounded", o->sweep_arg, SWEEP_MAX);
       memcpy(tok, p, l);
       tok[l] = 0;
       if (!strcmp(tok, "unbounded")) {
@@ -454,31 +470,125 @@ int cmd_replay(int argc, char **argv) {
       p += l;
       if (*p == ',') {
         p++;
-        if (!*p) return cli_usage_error("replay", "--capacity-sweep '%s' ends with a comma", sweep_arg);
+        if (!*p) return cli_usage_error("replay", "--capacity-sweep '%s' ends with a comma", o->sweep_arg);
       }
     }
   } else {
-    unb[0] = unbounded;
-    caps[0] = capacity;
+    unb[0] = o->unbounded;
+    caps[0] = o->capacity;
     ncap = 1;
   }
   unsigned nbounded = 0, nunb = 0;
   for (unsigned i = 0; i < ncap; i++) unb[i] ? nunb++ : nbounded++;
-  if (plot_path && nbounded < 2)
+  if (o->plot_path && nbounded < 2)
     return cli_usage_error("replay", "--plot needs two capacities or more besides 'unbounded' in --capacity-sweep, "
                                      "e.g. 256MiB,1GiB,4GiB");
-  if ((plot_path || csv_path) && !nunb) { /* the reference the curve is judged against */
+  if ((o->plot_path || o->csv_path) && !nunb) { /* the reference the curve is judged against */
     unb[ncap] = true;
     caps[ncap++] = 0;
   }
 
   for (unsigned i = 0; i < ncap; i++)
-    if (!unb[i] && caps[i] / cfg.slot_size < cfg.tp) {
+    if (!unb[i] && caps[i] / o->cfg.slot_size < o->cfg.tp) {
       char a[32], b[32];
       return cli_usage_error("replay", "capacity %s holds %llu slots of %s: at least %u (one per rank) are needed",
-                             cli_fmt_size(caps[i], a, sizeof a), (unsigned long long)(caps[i] / cfg.slot_size),
-                             cli_fmt_size(cfg.slot_size, b, sizeof b), cfg.tp);
+                             cli_fmt_size(caps[i], a, sizeof a), (unsigned long long)(caps[i] / o->cfg.slot_size),
+                             cli_fmt_size(o->cfg.slot_size, b, sizeof b), o->cfg.tp);
     }
+  *ret_n = ncap;
+  return -1;
+}
+
+/* The sweep's curve: its points, the unbounded run's cache ratio and the
+ * first point reaching 95% of it (-1: none); have is false without a sweep or
+ * an unbounded run. */
+struct curve_sum {
+  const struct curve_point *pts;
+  double unb_ratio;
+  int knee;
+  bool have;
+};
+
+/* --json: the setup, the curve's summary and the run (or each of a sweep). */
+static void report_json(const struct rp_config *cfg, uint64_t distinct, const struct rp_result *res, unsigned ran,
+                        bool sweep, const struct curve_sum *k) {
+  struct jb j;
+  jb_begin(&j, stdout);
+  jb_obj(&j, NULL);
+  jb_str(&j, "trace", cfg->trace_name);
+  jb_u64(&j, "tp", cfg->tp);
+  jb_u64(&j, "block_tokens", cfg->block_tokens);
+  jb_u64(&j, "bytes_per_token", cfg->bytes_per_token);
+  jb_u64(&j, "block_bytes_per_rank", cfg->block_bytes);
+  jb_u64(&j, "slot_size", cfg->slot_size);
+  jb_u64(&j, "distinct_blocks", distinct);
+  if (k->have) {
+    jb_dbl(&j, "unbounded_cache_ratio", k->unb_ratio);
+    if (k->knee >= 0) jb_u64(&j, "capacity_for_95pct_bytes", k->pts[k->knee].capacity);
+    else jb_null(&j, "capacity_for_95pct_bytes");
+  }
+  if (sweep) {
+    jb_arr(&j, "sweep");
+    for (unsigned i = 0; i < ran; i++) {
+      jb_obj(&j, NULL);
+      json_run(&j, cfg, &res[i]);
+      jb_end_obj(&j);
+    }
+    jb_end_arr(&j);
+  } else {
+    json_run(&j, cfg, &res[0]);
+  }
+  jb_end_obj(&j);
+  jb_finish(&j);
+}
+
+/* The table of a sweep and the capacity reaching 95% of the unbounded ratio. */
+static void report_sweep(const struct rp_config *cfg, const struct rp_result *res, unsigned ran,
+                         const struct curve_sum *k, const char *plot_path, const char *csv_path) {
+  char a[32];
+  const struct rp_result *r0 = &res[0];
+  printf("requests     %llu, average input %.2f tokens, average output %.2f tokens\n",
+         (unsigned long long)r0->requests, ratio(r0->input_tokens, r0->requests),
+         ratio(r0->output_tokens, r0->requests));
+  printf("\n%-22s %10s %12s %12s %12s %10s\n", "capacity", "slots", "cache ratio", "token ratio", "evictions",
+         "wall");
+  for (unsigned i = 0; i < ran; i++) {
+    const struct rp_result *r = &res[i];
+    char cap[40];
+    if (r->unbounded) snprintf(cap, sizeof cap, "%s (unbounded)", cli_fmt_size(r->capacity, a, sizeof a));
+    else cli_fmt_size(r->capacity, cap, sizeof cap);
+    printf("%-22s %10llu %11.2f%% %11.2f%% %12llu %9.2fs\n", cap, (unsigned long long)r->slots,
+           100 * ratio(r->blocks_hit, r->blocks_total),
+           100 * ratio(r->blocks_hit * cfg->block_tokens, r->input_tokens), (unsigned long long)r->evictions,
+           r->wall_s);
+  }
+  if (k->have && k->knee >= 0)
+    printf("\n95%% of the unbounded cache ratio (%.2f%%) is reached at %s (%.2f%%)\n", 100 * k->unb_ratio,
+           cli_fmt_size(k->pts[k->knee].capacity, a, sizeof a), 100 * k->pts[k->knee].cache_ratio);
+  else if (k->have)
+    printf("\nno capacity of the sweep reaches 95%% of the unbounded cache ratio (%.2f%%): add larger ones\n",
+           100 * k->unb_ratio);
+  if (plot_path) printf("curve drawn in %s\n", plot_path);
+  if (csv_path) printf("curve written to %s\n", csv_path);
+}
+
+int cmd_replay(int argc, char **argv) {
+  if (argc >= 2 && !strcmp(argv[1], "--worker")) return rp_worker_main(argc, argv);
+
+  struct replay_opts o;
+  int prc = parse_opts(argc, argv, &o);
+  if (prc < 0) prc = size_blocks(&o.cfg);
+  uint64_t caps[SWEEP_MAX + 1]; /* + the unbounded run that --plot and --csv add */
+  bool unb[SWEEP_MAX + 1];
+  unsigned ncap = 0;
+  if (prc < 0) prc = capacities(&o, caps, unb, &ncap);
+  if (prc >= 0) return prc;
+  struct rp_config cfg = o.cfg;
+  struct gen_params gp = o.gp;
+  bool json = o.json, generate = o.generate;
+  const char *path = o.path, *sweep_arg = o.sweep_arg, *output = o.output, *plot_path = o.plot_path,
+             *csv_path = o.csv_path;
+  uint64_t block_all = (uint64_t)cfg.block_tokens * cfg.bytes_per_token;
 
   /* the output files are opened before the replays, so a bad path costs no run */
   FILE *plot_f = NULL, *csv_f = NULL;
@@ -591,63 +701,10 @@ int cmd_replay(int argc, char **argv) {
     out_rc = CLI_RUNTIME;
   }
 
-  if (json) {
-    struct json j;
-    json_begin(&j, stdout);
-    json_obj(&j, NULL);
-    json_str(&j, "trace", cfg.trace_name);
-    json_u64(&j, "tp", cfg.tp);
-    json_u64(&j, "block_tokens", cfg.block_tokens);
-    json_u64(&j, "bytes_per_token", cfg.bytes_per_token);
-    json_u64(&j, "block_bytes_per_rank", cfg.block_bytes);
-    json_u64(&j, "slot_size", cfg.slot_size);
-    json_u64(&j, "distinct_blocks", distinct);
-    if (have_knee) {
-      json_dbl(&j, "unbounded_cache_ratio", unb_ratio);
-      if (knee >= 0) json_u64(&j, "capacity_for_95pct_bytes", pts[knee].capacity);
-      else json_null(&j, "capacity_for_95pct_bytes");
-    }
-    if (sweep_arg) {
-      json_arr(&j, "sweep");
-      for (unsigned i = 0; i < ran; i++) {
-        json_obj(&j, NULL);
-        json_run(&j, &cfg, &res[i]);
-        json_end_obj(&j);
-      }
-      json_end_arr(&j);
-    } else {
-      json_run(&j, &cfg, &res[0]);
-    }
-    json_end_obj(&j);
-    json_finish(&j);
-  } else if (sweep_arg) {
-    const struct rp_result *r0 = &res[0];
-    printf("requests     %llu, average input %.2f tokens, average output %.2f tokens\n",
-           (unsigned long long)r0->requests, ratio(r0->input_tokens, r0->requests),
-           ratio(r0->output_tokens, r0->requests));
-    printf("\n%-22s %10s %12s %12s %12s %10s\n", "capacity", "slots", "cache ratio", "token ratio", "evictions",
-           "wall");
-    for (unsigned i = 0; i < ran; i++) {
-      const struct rp_result *r = &res[i];
-      char cap[40];
-      if (r->unbounded) snprintf(cap, sizeof cap, "%s (unbounded)", cli_fmt_size(r->capacity, a, sizeof a));
-      else cli_fmt_size(r->capacity, cap, sizeof cap);
-      printf("%-22s %10llu %11.2f%% %11.2f%% %12llu %9.2fs\n", cap, (unsigned long long)r->slots,
-             100 * ratio(r->blocks_hit, r->blocks_total),
-             100 * ratio(r->blocks_hit * cfg.block_tokens, r->input_tokens), (unsigned long long)r->evictions,
-             r->wall_s);
-    }
-    if (have_knee && knee >= 0)
-      printf("\n95%% of the unbounded cache ratio (%.2f%%) is reached at %s (%.2f%%)\n", 100 * unb_ratio,
-             cli_fmt_size(pts[knee].capacity, a, sizeof a), 100 * pts[knee].cache_ratio);
-    else if (have_knee)
-      printf("\nno capacity of the sweep reaches 95%% of the unbounded cache ratio (%.2f%%): add larger ones\n",
-             100 * unb_ratio);
-    if (plot_path) printf("curve drawn in %s\n", plot_path);
-    if (csv_path) printf("curve written to %s\n", csv_path);
-  } else {
-    print_run(&cfg, &res[0]);
-  }
+  struct curve_sum k = {.pts = pts, .unb_ratio = unb_ratio, .knee = knee, .have = have_knee};
+  if (json) report_json(&cfg, distinct, res, ran, sweep_arg != NULL, &k);
+  else if (sweep_arg) report_sweep(&cfg, res, ran, &k, plot_path, csv_path);
+  else print_run(&cfg, &res[0]);
   for (unsigned i = 0; i < ran; i++)
     if (res[i].unbounded && res[i].evictions)
       cli_error("replay: warning: %llu evictions in an unbounded run (capacity %s): this is a bug, please report it",

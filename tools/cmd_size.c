@@ -28,14 +28,122 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "model_config.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
+
+/* ---- the model's config.json -------------------------------------------- */
+/* The fields umbp size needs; mla when kv_lora_rank and qk_rope_head_dim are
+ * both present (then heads, kv_heads and head_dim are 0). */
+struct model {
+  char name[128];
+  long long layers, heads, kv_heads, head_dim, hidden, kv_lora_rank, qk_rope;
+  bool mla;
+  char dtype[32]; /* config's torch_dtype, "" when absent */
+};
+
+/* An integer field: 1 present (and > 0), 0 absent, -1 present but not a
+ * positive integer. */
+static int get_int(json_t *o, const char *key, long long *out) {
+  json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_integer(v) || json_integer_value(v) <= 0) return -1;
+  *out = json_integer_value(v);
+  return 1;
+}
+
+/* Read path into m. 0; -EIO when the file cannot be read, is not JSON or not
+ * an object; -EINVAL when a field the formula needs is missing or not a
+ * positive integer. On error err holds a sentence naming the cause and the fix. */
+static int model_config_read(const char *path, struct model *m, char *err, size_t errn) {
+  json_error_t e;
+  json_t *root = json_load_file(path, 0, &e);
+  if (!root) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+      snprintf(err, errn, "cannot read --model-config %s: %s: give the path of the model's config.json", path,
+               strerror(errno));
+      return -EIO;
+    }
+    fclose(f);
+    snprintf(err, errn, "--model-config %s is not JSON (line %d, column %d: %s): give the model's config.json", path,
+             e.line, e.column, e.text);
+    return -EIO;
+  }
+  int rc = -EINVAL;
+  json_t *o = root;
+  if (!json_is_object(o)) {
+    snprintf(err, errn, "--model-config %s is JSON but not an object: give the model's config.json", path);
+    rc = -EIO;
+    goto out;
+  }
+  memset(m, 0, sizeof *m);
+  json_t *arch = json_object_get(o, "architectures");
+  const char *an = json_is_array(arch) ? json_string_value(json_array_get(arch, 0)) : NULL;
+  if (!an) an = json_string_value(json_object_get(o, "model_type"));
+  snprintf(m->name, sizeof m->name, "%s", an ? an : "?");
+  json_t *dt = json_object_get(o, "torch_dtype");
+  if (!json_is_string(dt)) dt = json_object_get(o, "dtype");
+  /* multimodal configs keep the language model's shape in text_config */
+  json_t *tc = json_object_get(o, "text_config");
+  if (json_is_object(tc) && !json_object_get(o, "num_hidden_layers")) {
+    o = tc;
+    if (!json_is_string(dt)) dt = json_object_get(o, "torch_dtype");
+  }
+  snprintf(m->dtype, sizeof m->dtype, "%s", json_is_string(dt) ? json_string_value(dt) : "");
+
+  static const char *bad = "%s: '%s' is not a positive integer: fix the file or give another config.json";
+  static const char *missing = "%s has no '%s'%s: give the config.json of a decoder model (it is in the "
+                               "model's Hugging Face repository)";
+  int g;
+  if ((g = get_int(o, "num_hidden_layers", &m->layers)) <= 0) {
+    snprintf(err, errn, g ? bad : missing, path, "num_hidden_layers", g ? "" : " (the number of layers)");
+    goto out;
+  }
+  int lr = get_int(o, "kv_lora_rank", &m->kv_lora_rank), qr = get_int(o, "qk_rope_head_dim", &m->qk_rope);
+  if (lr < 0 || qr < 0) {
+    snprintf(err, errn, bad, path, lr < 0 ? "kv_lora_rank" : "qk_rope_head_dim");
+    goto out;
+  }
+  m->mla = lr > 0 && qr > 0;
+  if (!m->mla) {
+    if ((g = get_int(o, "num_attention_heads", &m->heads)) <= 0) {
+      snprintf(err, errn, g ? bad : missing, path, "num_attention_heads", g ? "" : " (the number of attention heads)");
+      goto out;
+    }
+    if ((g = get_int(o, "num_key_value_heads", &m->kv_heads)) < 0) {
+      snprintf(err, errn, bad, path, "num_key_value_heads");
+      goto out;
+    }
+    if (g == 0) m->kv_heads = m->heads; /* multi-head attention: one KV head per head */
+    if ((g = get_int(o, "head_dim", &m->head_dim)) < 0) {
+      snprintf(err, errn, bad, path, "head_dim");
+      goto out;
+    }
+    if (g == 0) {
+      if ((g = get_int(o, "hidden_size", &m->hidden)) <= 0) {
+        snprintf(err, errn, g ? bad : missing, path, "hidden_size", g ? "" : " nor 'head_dim'");
+        goto out;
+      }
+      if (m->hidden % m->heads) {
+        snprintf(err, errn, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld and there is no "
+                  "head_dim: add the model's head_dim to the file",
+                 path, m->hidden, m->heads);
+        goto out;
+      }
+      m->head_dim = m->hidden / m->heads;
+    }
+  }
+  rc = 0;
+out:
+  json_decref(root);
+  return rc;
+}
 
 static const char *size_usage =
     "Usage: umbp size --model-config FILE [--tp N] [--block-size T]\n"
@@ -220,46 +328,46 @@ int cmd_size(int argc, char **argv) {
   cli_fmt_size_arg(slot, slot_s, sizeof slot_s);
   cli_fmt_size_arg(cap_round, cap_s, sizeof cap_s);
   if (json) {
-    struct json j;
-    json_begin(&j, stdout);
-    json_obj(&j, NULL);
-    json_str(&j, "model", m.name);
-    json_str(&j, "model_config", cfg);
-    json_i64(&j, "layers", m.layers);
-    json_bool(&j, "mla", m.mla);
+    struct jb j;
+    jb_begin(&j, stdout);
+    jb_obj(&j, NULL);
+    jb_str(&j, "model", m.name);
+    jb_str(&j, "model_config", cfg);
+    jb_i64(&j, "layers", m.layers);
+    jb_bool(&j, "mla", m.mla);
     if (m.mla) {
-      json_i64(&j, "kv_lora_rank", m.kv_lora_rank);
-      json_i64(&j, "qk_rope_head_dim", m.qk_rope);
+      jb_i64(&j, "kv_lora_rank", m.kv_lora_rank);
+      jb_i64(&j, "qk_rope_head_dim", m.qk_rope);
     } else {
-      json_i64(&j, "kv_heads", m.kv_heads);
-      json_i64(&j, "heads_per_rank", hpr);
-      json_i64(&j, "head_dim", m.head_dim);
+      jb_i64(&j, "kv_heads", m.kv_heads);
+      jb_i64(&j, "heads_per_rank", hpr);
+      jb_i64(&j, "head_dim", m.head_dim);
     }
-    json_str(&j, "dtype", dtname);
-    json_u64(&j, "dtype_bytes", eb);
-    json_i64(&j, "tp", tp);
-    json_i64(&j, "block_size", bs);
-    json_u64(&j, "block_bytes_per_rank", obj);
-    json_u64(&j, "slot_size", slot);
-    json_u64(&j, "blocks_per_gib", per_gib);
-    json_u64(&j, "bytes_per_token_all_ranks", bpt);
-    json_i64(&j, "tokens", tokens);
-    json_u64(&j, "capacity_bytes", capacity);
-    json_u64(&j, "capacity_rounded_bytes", cap_round);
-    json_obj(&j, "kv_connector_extra_config");
-    json_str(&j, "slot_size", slot_s);
-    json_str(&j, "capacity_bytes", cap_s);
-    json_end_obj(&j);
+    jb_str(&j, "dtype", dtname);
+    jb_u64(&j, "dtype_bytes", eb);
+    jb_i64(&j, "tp", tp);
+    jb_i64(&j, "block_size", bs);
+    jb_u64(&j, "block_bytes_per_rank", obj);
+    jb_u64(&j, "slot_size", slot);
+    jb_u64(&j, "blocks_per_gib", per_gib);
+    jb_u64(&j, "bytes_per_token_all_ranks", bpt);
+    jb_i64(&j, "tokens", tokens);
+    jb_u64(&j, "capacity_bytes", capacity);
+    jb_u64(&j, "capacity_rounded_bytes", cap_round);
+    jb_obj(&j, "kv_connector_extra_config");
+    jb_str(&j, "slot_size", slot_s);
+    jb_str(&j, "capacity_bytes", cap_s);
+    jb_end_obj(&j);
     if (pool) {
-      json_obj(&j, "pool");
-      json_str(&j, "name", pool);
-      json_u64(&j, "slot_size", pslot);
-      json_u64(&j, "slot_count", pcount);
-      json_bool(&j, "fits", fits);
-      json_end_obj(&j);
+      jb_obj(&j, "pool");
+      jb_str(&j, "name", pool);
+      jb_u64(&j, "slot_size", pslot);
+      jb_u64(&j, "slot_count", pcount);
+      jb_bool(&j, "fits", fits);
+      jb_end_obj(&j);
     }
-    json_end_obj(&j);
-    json_finish(&j);
+    jb_end_obj(&j);
+    jb_finish(&j);
   } else {
     printf("model        %s (%s): %lld layers, ", m.name, cfg, m.layers);
     if (m.mla)

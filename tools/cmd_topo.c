@@ -165,10 +165,10 @@ static void fmt_list(const unsigned *v, int n, char *buf, size_t len) {
   }
 }
 
-static void json_uarr(struct json *j, const char *key, const unsigned *v, int n) {
-  json_arr(j, key);
-  for (int i = 0; i < n; i++) json_u64(j, NULL, v[i]);
-  json_end_arr(j);
+static void json_uarr(struct jb *j, const char *key, const unsigned *v, int n) {
+  jb_arr(j, key);
+  for (int i = 0; i < n; i++) jb_u64(j, NULL, v[i]);
+  jb_end_arr(j);
 }
 
 static const char *gpu_source_name(int s) {
@@ -187,101 +187,101 @@ struct bufs {
 };
 
 static int print_json(const umbp_topo *t, const umbp_topo_plan *p, struct bufs *b) {
-  struct json j;
-  json_begin(&j, stdout);
-  json_obj(&j, NULL);
-  json_str(&j, "schema", "umbp-topo/1");
-  json_obj(&j, "machine");
-  json_str(&j, "source", umbp_topo_source(t));
-  json_bool(&j, "live", umbp_topo_is_live(t));
-  json_i64(&j, "packages", umbp_topo_package_count(t));
-  json_i64(&j, "cores", umbp_topo_core_count(t));
-  json_i64(&j, "pus", umbp_topo_pu_count(t));
-  json_arr(&j, "numa_nodes");
+  struct jb j;
+  jb_begin(&j, stdout);
+  jb_obj(&j, NULL);
+  jb_str(&j, "schema", "umbp-topo/1");
+  jb_obj(&j, "machine");
+  jb_str(&j, "source", umbp_topo_source(t));
+  jb_bool(&j, "live", umbp_topo_is_live(t));
+  jb_i64(&j, "packages", umbp_topo_package_count(t));
+  jb_i64(&j, "cores", umbp_topo_core_count(t));
+  jb_i64(&j, "pus", umbp_topo_pu_count(t));
+  jb_arr(&j, "numa_nodes");
   for (int i = 0; i < umbp_topo_numa_count(t); i++) {
     umbp_topo_numa_info ni;
     if (umbp_topo_numa_info_get(t, i, &ni) < 0) return -1;
     int n = umbp_topo_numa_pus(t, i, b->a, b->cap);
     if (n < 0) return -1;
-    json_obj(&j, NULL);
-    json_u64(&j, "os_index", ni.os_index);
-    json_u64(&j, "memory_bytes", ni.memory_bytes);
-    json_i64(&j, "cores", ni.ncores);
+    jb_obj(&j, NULL);
+    jb_u64(&j, "os_index", ni.os_index);
+    jb_u64(&j, "memory_bytes", ni.memory_bytes);
+    jb_i64(&j, "cores", ni.ncores);
     json_uarr(&j, "pus", b->a, n);
-    json_end_obj(&j);
+    jb_end_obj(&j);
   }
-  json_end_arr(&j);
-  json_arr(&j, "gpus");
+  jb_end_arr(&j);
+  jb_arr(&j, "gpus");
   for (int g = 0; g < umbp_topo_gpu_count(t); g++) {
     umbp_topo_gpu_info gi;
     if (umbp_topo_gpu_info_get(t, g, &gi) < 0) return -1;
-    json_obj(&j, NULL);
-    json_i64(&j, "index", gi.index);
-    json_str(&j, "name", gi.name);
-    json_str(&j, "pci_bus_id", gi.pci_bus_id);
-    json_str(&j, "vendor", gi.vendor);
-    json_str(&j, "model", gi.model);
+    jb_obj(&j, NULL);
+    jb_i64(&j, "index", gi.index);
+    jb_str(&j, "name", gi.name);
+    jb_str(&j, "pci_bus_id", gi.pci_bus_id);
+    jb_str(&j, "vendor", gi.vendor);
+    jb_str(&j, "model", gi.model);
     if (gi.cuda_ordinal >= 0)
-      json_i64(&j, "cuda_ordinal", gi.cuda_ordinal);
+      jb_i64(&j, "cuda_ordinal", gi.cuda_ordinal);
     else
-      json_null(&j, "cuda_ordinal");
-    json_str(&j, "source", gpu_source_name(gi.source));
-    json_bool(&j, "placed", gi.placed);
+      jb_null(&j, "cuda_ordinal");
+    jb_str(&j, "source", gpu_source_name(gi.source));
+    jb_bool(&j, "placed", gi.placed);
     int n = umbp_topo_gpu_numa_nodes(t, g, b->a, b->cap);
     if (n < 0) return -1;
     json_uarr(&j, "numa_nodes", b->a, n);
     n = umbp_topo_gpu_pus(t, g, b->a, b->cap);
     if (n < 0) return -1;
     json_uarr(&j, "local_pus", b->a, n);
-    json_end_obj(&j);
+    jb_end_obj(&j);
   }
-  json_end_arr(&j);
-  json_arr(&j, "notes");
-  for (int i = 0; i < umbp_topo_note_count(t); i++) json_str(&j, NULL, umbp_topo_note(t, i));
-  json_end_arr(&j);
-  json_end_obj(&j);
+  jb_end_arr(&j);
+  jb_arr(&j, "notes");
+  for (int i = 0; i < umbp_topo_note_count(t); i++) jb_str(&j, NULL, umbp_topo_note(t, i));
+  jb_end_arr(&j);
+  jb_end_obj(&j);
 
-  json_obj(&j, "plan");
-  json_i64(&j, "threads_per_rank", umbp_topo_plan_threads_per_rank(p));
+  jb_obj(&j, "plan");
+  jb_i64(&j, "threads_per_rank", umbp_topo_plan_threads_per_rank(p));
   int n = umbp_topo_plan_numa_nodes(p, b->a, b->cap);
   if (n < 0) return -1;
   json_uarr(&j, "numa_nodes", b->a, n);
-  json_arr(&j, "ranks");
+  jb_arr(&j, "ranks");
   for (int r = 0; r < umbp_topo_plan_nranks(p); r++) {
     umbp_topo_rank_info ri;
     if (umbp_topo_plan_rank(p, r, &ri) < 0) return -1;
-    json_obj(&j, NULL);
-    json_i64(&j, "rank", ri.rank);
-    json_i64(&j, "gpu", ri.gpu);
+    jb_obj(&j, NULL);
+    jb_i64(&j, "rank", ri.rank);
+    jb_i64(&j, "gpu", ri.gpu);
     if (ri.gpu >= 0) {
       umbp_topo_gpu_info gi;
       if (umbp_topo_gpu_info_get(t, ri.gpu, &gi) < 0) return -1;
-      json_str(&j, "gpu_name", gi.name);
+      jb_str(&j, "gpu_name", gi.name);
     } else {
-      json_null(&j, "gpu_name");
+      jb_null(&j, "gpu_name");
     }
-    json_u64(&j, "numa_node", ri.numa_node);
-    json_bool(&j, "gpu_local", ri.gpu_local);
+    jb_u64(&j, "numa_node", ri.numa_node);
+    jb_bool(&j, "gpu_local", ri.gpu_local);
     n = umbp_topo_plan_rank_cpus(p, r, b->a, b->cap);
     if (n < 0) return -1;
     json_uarr(&j, "cpus", b->a, n);
-    json_bool(&j, "shared_cpus", ri.shared_cpus);
-    json_str(&j, "mempolicy", umbp_topo_mempolicy_name(ri.mempolicy));
+    jb_bool(&j, "shared_cpus", ri.shared_cpus);
+    jb_str(&j, "mempolicy", umbp_topo_mempolicy_name(ri.mempolicy));
     n = umbp_topo_plan_rank_mem_nodes(p, r, b->a, b->cap);
     if (n < 0) return -1;
     json_uarr(&j, "mem_nodes", b->a, n);
-    json_arr(&j, "notes");
-    for (int k = 0; k < ri.nnotes; k++) json_str(&j, NULL, umbp_topo_plan_rank_note(p, r, k));
-    json_end_arr(&j);
-    json_end_obj(&j);
+    jb_arr(&j, "notes");
+    for (int k = 0; k < ri.nnotes; k++) jb_str(&j, NULL, umbp_topo_plan_rank_note(p, r, k));
+    jb_end_arr(&j);
+    jb_end_obj(&j);
   }
-  json_end_arr(&j);
-  json_arr(&j, "notes");
-  for (int i = 0; i < umbp_topo_plan_note_count(p); i++) json_str(&j, NULL, umbp_topo_plan_note(p, i));
-  json_end_arr(&j);
-  json_end_obj(&j);
-  json_end_obj(&j);
-  json_finish(&j);
+  jb_end_arr(&j);
+  jb_arr(&j, "notes");
+  for (int i = 0; i < umbp_topo_plan_note_count(p); i++) jb_str(&j, NULL, umbp_topo_plan_note(p, i));
+  jb_end_arr(&j);
+  jb_end_obj(&j);
+  jb_end_obj(&j);
+  jb_finish(&j);
   return 0;
 }
 

@@ -48,10 +48,18 @@ static void test_valid(void **state) {
   /* no timestamp, empty prompt */
   assert_int_equal(parse(&t, "{\"input_length\": 0, \"output_length\": 3, \"hash_ids\": []}", err, sizeof err), 0);
   assert_int_equal(t.req[2].n_whole, 0);
+  /* numbers jansson cannot hold: ids above INT64_MAX, and any number in a field that is skipped */
+  assert_int_equal(parse(&t,
+                         "{\"x\": [1e400, -99999999999999999999], \"input_length\": 1024, \"output_length\": 1,"
+                         " \"hash_ids\": [9223372036854775808, 18446744073709551614]}",
+                         err, sizeof err),
+                   0);
+  assert_true(t.ids[t.req[3].ids_off] == 9223372036854775808ull);
+  assert_true(t.ids[t.req[3].ids_off + 1] == UINT64_MAX - 1);
   /* blank lines */
   assert_int_equal(parse(&t, "", err, sizeof err), 1);
   assert_int_equal(parse(&t, "  \t ", err, sizeof err), 1);
-  assert_int_equal(t.n, 3);
+  assert_int_equal(t.n, 4);
   assert_int_equal(t.max_whole, 2);
   trace_free(&t);
 }
@@ -61,9 +69,9 @@ static const struct {
 } bad[] = {
     {"hello", "column 1: expected '{'"},
     {"[1]", "expected '{'"},
-    {"{", "expected a field name"},
-    {"{\"input_length\" 5}", "expected ':'"},
-    {"{\"input_length\": 5 \"x\": 1}", "expected ',' or '}'"},
+    {"{", "column 1: string or '}' expected"},
+    {"{\"input_length\" 5}", "column 17: ':' expected"},
+    {"{\"input_length\": 5 \"x\": 1}", "column 22: '}' expected"},
     {"{\"input_length\": 5, \"output_length\": 1}", "no \"hash_ids\" field"},
     {"{\"hash_ids\": [], \"output_length\": 1}", "no \"input_length\" field"},
     {"{\"hash_ids\": [], \"input_length\": 1}", "no \"output_length\" field"},
@@ -71,26 +79,35 @@ static const struct {
     {"{\"input_length\": 5.0, \"output_length\": 1, \"hash_ids\": [1]}", "input_length must be"},
     {"{\"input_length\": \"5\", \"output_length\": 1, \"hash_ids\": [1]}", "input_length must be"},
     {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": 3}", "hash_ids must be an array"},
-    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1 2]}", "expected ',' or ']'"},
+    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1 2]}", "column 56: ']' expected"},
     {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1, \"a\"]}", "a hash id must be"},
     {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [18446744073709551616]}", "does not fit in 64 bits"},
-    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [01]}", "leading zeros"},
+    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [01]}", "column 54: invalid token near '0'"},
     {"{\"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [1]}", "needs 2"},
     {"{\"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [1, 2, 3]}", "needs 1 or 2"},
-    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]} {}", "after the object"},
-    {"{\"input_length\": 5, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "appears twice"},
-    {"{\"x\": tru, \"input_length\": 5}", "unknown word"},
-    {"{\"x\": \"abc, \"input_length\": 5}", "expected ',' or '}' after a field"},
-    {"{\"x\": \"abc", "string not closed"},
-    {"{\"x\": \"\\q\"}", "unknown escape"},
-    {"{\"x\": \"\\u12G4\"}", "4 hex digits"},
-    {"{\"x\": \"a\x01\"}", "control byte 0x01"},
-    {"{\"x\": 1., \"input_length\": 5}", "decimal point"},
-    {"{\"x\": 1e, \"input_length\": 5}", "exponent"},
-    {"{\"x\": [1, 2,], \"input_length\": 5}", "expected a value"},
+    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]} {}", "column 58: unexpected '{' after the object"},
+    {"{\"input_length\": 5, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "column 34: a field appears twice"},
+    {"{\"x\": tru, \"input_length\": 5}", "column 9: invalid token near 'tru'"},
+    {"{\"x\": \"abc, \"input_length\": 5}", "column 18: '}' expected"},
+    {"{\"x\": \"abc", "column 10: premature end of input"},
+    {"{\"x\": \"\\q\"}", "column 9: invalid escape"},
+    {"{\"x\": \"\\u12G4\"}", "column 12: invalid escape"},
+    {"{\"x\": \"a\x01\"}", "column 8: control character 0x1"},
+    {"{\"x\": 1., \"input_length\": 5}", "column 8: invalid token near '1.'"},
+    {"{\"x\": 1e, \"input_length\": 5}", "column 8: invalid token near '1e'"},
+    {"{\"x\": [1, 2,], \"input_length\": 5}", "column 13: unexpected token near ']'"},
     {"{\"timestamp\": -1, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "timestamp must be"},
     {"{\"timestamp\": \"now\"}", "timestamp must be a number"},
-    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]", "expected ',' or '}'"},
+    /* numbers beyond jansson's int64/double, swapped for placeholders (trace.c) */
+    {"{\"timestamp\": 1e400, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}",
+     "timestamp must be a non-negative number of milliseconds, found 1e400"},
+    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [-99999999999999999999]}",
+     "a hash id must be a non-negative integer, found -99999999999999999999"},
+    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [\"#0\", 18446744073709551615]}",
+     "column 79: too big integer"}, /* a '#' in the line: no placeholder */
+    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [18446744073709551615, \"\\u00230\"]}",
+     "column 73: too big integer"},
+    {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]", "column 55: '}' expected near end of file"},
 };
 
 static void test_errors(void **state) {
@@ -126,7 +143,7 @@ static void test_errors(void **state) {
   /* a NUL byte inside the line is a byte like any other */
   const char nul[] = "{\"x\": \"a\0b\", \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}";
   assert_int_equal(trace_parse_line(&t, nul, sizeof nul - 1, 512, err, sizeof err), -EINVAL);
-  assert_non_null(strstr(err, "control byte 0x00"));
+  assert_non_null(strstr(err, "column 8: control character 0x0"));
   trace_free(&t);
 }
 

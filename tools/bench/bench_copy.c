@@ -439,6 +439,135 @@ static int run_pull(const struct bcase *c, const char *pool_name, umbp_dp_engine
 }
 #endif
 
+/* The case's KV regions (R/2 layers of K and V, nb blocks each) on the host or
+ * cuda:0, filled with a pattern. 0 or -ENOMEM; free_regions frees what was
+ * allocated either way. */
+static int alloc_regions(const struct bcase *c, unsigned nb, bool cuda, umbp_kv_region *reg) {
+  for (unsigned r = 0; r < c->nreg; r++) {
+    uint64_t bb = region_bytes(c, r);
+    reg[r] = (umbp_kv_region){.block_bytes = bb, .stride = bb, .block_count = nb, .group = 0, .layer = r / 2,
+                              .kind = (int)(r % 2), .device = cuda ? UMBP_DP_CUDA : UMBP_DP_CPU};
+#if UMBP_HAVE_CUDA
+    if (cuda) {
+      if (cudaMalloc(&reg[r].base, bb * nb) != cudaSuccess) {
+        cli_error("bench copy: cudaMalloc of %llu bytes failed", (unsigned long long)(bb * nb));
+        return -ENOMEM;
+      }
+      cudaMemset(reg[r].base, r & 0xff, bb * nb);
+      continue;
+    }
+#endif
+    reg[r].base = malloc(bb * nb);
+    if (!reg[r].base) {
+      return -ENOMEM;
+    }
+    memset(reg[r].base, (int)(r * 7 + 1), bb * nb);
+  }
+  return 0;
+}
+
+static void free_regions(const struct bcase *c, bool cuda, umbp_kv_region *reg) {
+  for (unsigned r = 0; r < c->nreg; r++) {
+#if UMBP_HAVE_CUDA
+    if (cuda) {
+      if (reg[r].base) cudaFree(reg[r].base);
+      continue;
+    }
+#endif
+    free(reg[r].base);
+  }
+}
+
+/* What one case's repetitions share. */
+struct copy_run {
+  const struct bcase *c;
+  umbp_pool *pool;
+  uint32_t ns;
+  unsigned nb;
+  bool cuda;
+  umbp_dp_engine *e;
+  umbp_kv_layout *lay;
+  uint32_t *ids, *pins;
+  umbp_key *keys;
+  char **slotp;
+  char *refbuf, *devref; /* the reference's host buffer, and its device one with --cuda */
+  struct ref *ref;
+  double gb;             /* GB moved per job */
+  double **v;            /* GB/s per rep: store, store ref, load, load ref; victim slowdowns */
+#if UMBP_HAVE_BENCH_VICTIM
+  struct victim *vic;
+#endif
+};
+
+/* Repetition rep (0: the warm-up, not recorded): store every block, load it
+ * back, time the references beside them, then empty the pool for the next.
+ * 0 or a negative errno. */
+static int copy_rep(struct copy_run *x, unsigned rep) {
+  int rc;
+  for (unsigned i = 0; i < x->nb; i++) {
+    x->keys[i].ns = x->ns;
+    x->keys[i].hash_len = 16;
+    memcpy(x->keys[i].hash, &rep, sizeof rep);
+    memcpy(x->keys[i].hash + 4, &i, sizeof i);
+  }
+  umbp_dp_job *j;
+  double t0 = now_s();
+  if ((rc = umbp_dp_store(x->e, x->lay, 0, 0, x->nb, x->ids, x->keys, 0, &j))) return rc;
+#if UMBP_HAVE_BENCH_VICTIM
+  if (victim_on) victim_start(x->vic); /* the job's copies are queued: the victim runs beside them */
+#endif
+  if ((rc = run_job(j, "store"))) return rc;
+  double ts = now_s() - t0;
+#if UMBP_HAVE_BENCH_VICTIM
+  if (victim_on && rep) x->v[4][rep - 1] = victim_ms(x->vic) / x->vic->alone_ms;
+#endif
+  if (umbp_lookup_pin_bulk(x->pool, x->nb, x->keys, x->pins) != (int)x->nb) {
+    cli_error("bench copy: stored keys not found");
+    return -EIO;
+  }
+  for (unsigned i = 0; i < x->nb; i++) x->slotp[i] = umbp_slot_ptr(x->pool, x->pins[i]);
+  double tsr = 0, tlr = 0;
+#if UMBP_HAVE_CUDA
+  if (x->cuda) {
+    t0 = now_s();
+    cudaMemcpy(x->devref, x->refbuf, x->c->obj * x->nb, cudaMemcpyHostToDevice);
+    tlr = now_s() - t0;
+    t0 = now_s();
+    cudaMemcpy(x->refbuf, x->devref, x->c->obj * x->nb, cudaMemcpyDeviceToHost);
+    tsr = now_s() - t0;
+  } else
+#endif
+    tsr = ref_run(x->ref, 0);
+  t0 = now_s();
+  if ((rc = umbp_dp_load(x->e, x->lay, 0, x->nb, x->keys, x->ids, &j))) return rc;
+#if UMBP_HAVE_BENCH_VICTIM
+  if (victim_on) victim_start(x->vic);
+#endif
+  if ((rc = run_job(j, "load"))) return rc;
+  double tl = now_s() - t0;
+#if UMBP_HAVE_BENCH_VICTIM
+  if (victim_on && rep) x->v[5][rep - 1] = victim_ms(x->vic) / x->vic->alone_ms;
+#endif
+  if (!x->cuda) tlr = ref_run(x->ref, 1);
+  umbp_unpin_bulk(x->pool, x->nb, x->pins);
+  umbp_clear_ns(x->pool, x->ns);
+  for (int k = 0; k < 1000 && umbp_reclaim(x->pool) >= 0; k++) {
+    umbp_partition_info pi;
+    umbp_pool_info info;
+    if (umbp_pool_get_info(x->pool, &info) == 0) {
+      pi = info.partitions[0];
+      if (pi.free_slots >= x->nb) break;
+    }
+    usleep(100);
+  }
+  if (rep == 0) return 0;
+  x->v[0][rep - 1] = x->gb / ts;
+  x->v[1][rep - 1] = x->gb / tsr;
+  x->v[2][rep - 1] = x->gb / tl;
+  x->v[3][rep - 1] = x->gb / tlr;
+  return 0;
+}
+
 static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpus, unsigned ncpus, unsigned reps,
                     uint64_t bytes, bool cuda, struct result *res) {
   unsigned nb = (unsigned)((bytes + c->obj - 1) / c->obj);
@@ -474,28 +603,7 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
 #if UMBP_HAVE_BENCH_VICTIM
   struct victim vic = {0};
 #endif
-  for (unsigned r = 0; r < c->nreg; r++) {
-    uint64_t bb = region_bytes(c, r);
-    reg[r] = (umbp_kv_region){.block_bytes = bb, .stride = bb, .block_count = nb, .group = 0, .layer = r / 2,
-                              .kind = (int)(r % 2), .device = cuda ? UMBP_DP_CUDA : UMBP_DP_CPU};
-#if UMBP_HAVE_CUDA
-    if (cuda) {
-      if (cudaMalloc(&reg[r].base, bb * nb) != cudaSuccess) {
-        cli_error("bench copy: cudaMalloc of %llu bytes failed", (unsigned long long)(bb * nb));
-        rc = -ENOMEM;
-        goto out;
-      }
-      cudaMemset(reg[r].base, r & 0xff, bb * nb);
-      continue;
-    }
-#endif
-    reg[r].base = malloc(bb * nb);
-    if (!reg[r].base) {
-      rc = -ENOMEM;
-      goto out;
-    }
-    memset(reg[r].base, (int)(r * 7 + 1), bb * nb);
-  }
+  if ((rc = alloc_regions(c, nb, cuda, reg))) goto out;
   if ((rc = umbp_kv_layout_create(pool, reg, c->nreg, &lay))) {
     cli_error("bench copy: %s", umbp_last_error());
     goto out;
@@ -555,71 +663,14 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
   if (victim_on) rc = victim_open(&vic); /* on failure the loop below does not run */
   res->victim_ms = vic.alone_ms;
 #endif
-  double gb = (double)c->obj * nb / 1e9;
-  for (unsigned rep = 0; rep <= reps && !rc; rep++) { /* rep 0: warm-up, not counted */
-    for (unsigned i = 0; i < nb; i++) {
-      keys[i].ns = ns;
-      keys[i].hash_len = 16;
-      memcpy(keys[i].hash, &rep, sizeof rep);
-      memcpy(keys[i].hash + 4, &i, sizeof i);
-    }
-    umbp_dp_job *j;
-    double t0 = now_s();
-    if ((rc = umbp_dp_store(e, lay, 0, 0, nb, ids, keys, 0, &j))) break;
+  struct copy_run x = {.c = c, .pool = pool, .ns = ns, .nb = nb, .cuda = cuda, .e = e, .lay = lay, .ids = ids,
+                       .pins = pins, .keys = keys, .slotp = slotp, .refbuf = refbuf, .devref = devref, .ref = &ref,
+                       .gb = (double)c->obj * nb / 1e9, .v = v,
 #if UMBP_HAVE_BENCH_VICTIM
-    if (victim_on) victim_start(&vic); /* the job's copies are queued: the victim runs beside them */
+                       .vic = &vic
 #endif
-    if ((rc = run_job(j, "store"))) break;
-    double ts = now_s() - t0;
-#if UMBP_HAVE_BENCH_VICTIM
-    if (victim_on && rep) v[4][rep - 1] = victim_ms(&vic) / vic.alone_ms;
-#endif
-    if (umbp_lookup_pin_bulk(pool, nb, keys, pins) != (int)nb) {
-      cli_error("bench copy: stored keys not found");
-      rc = -EIO;
-      break;
-    }
-    for (unsigned i = 0; i < nb; i++) slotp[i] = umbp_slot_ptr(pool, pins[i]);
-    double tsr = 0, tlr = 0;
-#if UMBP_HAVE_CUDA
-    if (cuda) {
-      t0 = now_s();
-      cudaMemcpy(devref, refbuf, c->obj * nb, cudaMemcpyHostToDevice);
-      tlr = now_s() - t0;
-      t0 = now_s();
-      cudaMemcpy(refbuf, devref, c->obj * nb, cudaMemcpyDeviceToHost);
-      tsr = now_s() - t0;
-    } else
-#endif
-      tsr = ref_run(&ref, 0);
-    t0 = now_s();
-    if ((rc = umbp_dp_load(e, lay, 0, nb, keys, ids, &j))) break;
-#if UMBP_HAVE_BENCH_VICTIM
-    if (victim_on) victim_start(&vic);
-#endif
-    if ((rc = run_job(j, "load"))) break;
-    double tl = now_s() - t0;
-#if UMBP_HAVE_BENCH_VICTIM
-    if (victim_on && rep) v[5][rep - 1] = victim_ms(&vic) / vic.alone_ms;
-#endif
-    if (!cuda) tlr = ref_run(&ref, 1);
-    umbp_unpin_bulk(pool, nb, pins);
-    umbp_clear_ns(pool, ns);
-    for (int k = 0; k < 1000 && umbp_reclaim(pool) >= 0; k++) {
-      umbp_partition_info pi;
-      umbp_pool_info info;
-      if (umbp_pool_get_info(pool, &info) == 0) {
-        pi = info.partitions[0];
-        if (pi.free_slots >= nb) break;
-      }
-      usleep(100);
-    }
-    if (rep == 0) continue;
-    v[0][rep - 1] = gb / ts;
-    v[1][rep - 1] = gb / tsr;
-    v[2][rep - 1] = gb / tl;
-    v[3][rep - 1] = gb / tlr;
-  }
+  };
+  for (unsigned rep = 0; rep <= reps && !rc; rep++) rc = copy_rep(&x, rep); /* rep 0: warm-up, not counted */
   if (!cuda) ref_stop(&ref);
   free(rargs);
   if (!rc) {
@@ -650,15 +701,7 @@ out:
   if (pull_on) umbp_dp_ipc_unlink(name); /* the exporter's table; absent when it never exported */
 #endif
   umbp_kv_layout_free(lay);
-  for (unsigned r = 0; r < c->nreg; r++) {
-#if UMBP_HAVE_CUDA
-    if (cuda) {
-      if (reg[r].base) cudaFree(reg[r].base);
-      continue;
-    }
-#endif
-    free(reg[r].base);
-  }
+  free_regions(c, cuda, reg);
 #if UMBP_HAVE_CUDA
   if (cuda && refbuf) cudaFreeHost(refbuf);
   else
@@ -684,6 +727,92 @@ static int parse_case(const char *s, struct bcase *c) {
   c->nreg = (unsigned)r;
   snprintf(c->name, sizeof c->name, "%s", s);
   return 0;
+}
+
+/* The figures of every case, for --json and the table. */
+struct copy_report {
+  bool cuda;
+  unsigned threads, reps, nc;
+  uint64_t bytes;
+  const char *refname;
+  uint64_t nbatch, nrange, nkern; /* the CUDA backend's copy calls */
+  const struct bcase *cases;
+  const struct result *res;
+};
+
+static void print_copy_json(const struct copy_report *r) {
+  struct jb j;
+  jb_begin(&j, stdout);
+  jb_obj(&j, NULL);
+  jb_str(&j, "backend", r->cuda ? "cuda" : "host");
+  jb_u64(&j, "threads", r->threads);
+  jb_u64(&j, "reps", r->reps);
+  jb_u64(&j, "bytes_per_job", r->bytes);
+  jb_str(&j, "reference", r->refname);
+  if (r->cuda) {
+    jb_u64(&j, "cuda_batch_calls", r->nbatch);
+    jb_u64(&j, "cuda_range_calls", r->nrange);
+    jb_u64(&j, "cuda_kernel_launches", r->nkern);
+    jb_str(&j, "cuda_copy", copy_names[cuda_copy]);
+    jb_u64(&j, "cuda_kernel_ctas", cuda_ctas ? cuda_ctas : 16);
+  }
+  jb_arr(&j, "cases");
+  for (unsigned i = 0; i < r->nc; i++) {
+    jb_obj(&j, NULL);
+    jb_str(&j, "case", r->cases[i].name);
+    jb_u64(&j, "object_bytes", r->cases[i].obj);
+    jb_u64(&j, "regions", r->cases[i].nreg);
+    jb_u64(&j, "blocks", r->res[i].blocks);
+    jb_dbl(&j, "store_gbps", r->res[i].store);
+    jb_dbl(&j, "store_ref_gbps", r->res[i].store_ref);
+    jb_dbl(&j, "store_ratio", r->res[i].store / r->res[i].store_ref);
+    jb_dbl(&j, "load_gbps", r->res[i].load);
+    jb_dbl(&j, "load_ref_gbps", r->res[i].load_ref);
+    jb_dbl(&j, "load_ratio", r->res[i].load / r->res[i].load_ref);
+    if (pull_on) {
+      jb_dbl(&j, "pull_gbps", r->res[i].pull);
+      jb_dbl(&j, "pull_ref_gbps", r->res[i].pull_ref);
+      jb_dbl(&j, "pull_ratio", r->res[i].pull / r->res[i].pull_ref);
+      if (victim_on) jb_dbl(&j, "pull_victim_slowdown", r->res[i].pull_vx);
+    }
+    if (victim_on) {
+      jb_dbl(&j, "victim_alone_ms", r->res[i].victim_ms);
+      jb_dbl(&j, "store_victim_slowdown", r->res[i].store_vx);
+      jb_dbl(&j, "load_victim_slowdown", r->res[i].load_vx);
+    }
+    jb_end_obj(&j);
+  }
+  jb_end_arr(&j);
+  jb_end_obj(&j);
+  jb_finish(&j);
+}
+
+static void print_copy_table(const struct copy_report *r) {
+  printf("umbp bench copy: %s backend, %u thread%s, median of %u reps, %llu MiB per job, reference %s\n",
+         r->cuda ? "CUDA" : "host", r->threads, r->threads > 1 ? "s" : "", r->reps,
+         (unsigned long long)(r->bytes >> 20), r->refname);
+  printf("%-12s %7s %6s | %10s %10s %6s | %10s %10s %6s%s\n", "case", "regions", "blocks", "store GB/s", "ref GB/s",
+         "ratio", "load GB/s", "ref GB/s", "ratio", victim_on ? " | victim ms  store x   load x" : "");
+  if (pull_on)
+    printf("%-12s pull: IPC pull GB/s, reference cudaMemcpy device-to-device GB/s%s\n", "",
+           victim_on ? ", victim slowdown" : "");
+  for (unsigned i = 0; i < r->nc; i++) {
+    const struct result *x = &r->res[i];
+    printf("%-12s %7u %6u | %10.2f %10.2f %6.2f | %10.2f %10.2f %6.2f", r->cases[i].name, r->cases[i].nreg,
+           x->blocks, x->store, x->store_ref, x->store / x->store_ref, x->load, x->load_ref, x->load / x->load_ref);
+    if (victim_on) printf(" | %9.3f %8.2f %8.2f", x->victim_ms, x->store_vx, x->load_vx);
+    printf("\n");
+    if (pull_on) {
+      printf("%-12s pull %10.2f %10.2f %6.2f", "", x->pull, x->pull_ref, x->pull / x->pull_ref);
+      if (victim_on) printf(" | victim x %.2f", x->pull_vx);
+      printf("\n");
+    }
+  }
+  if (r->cuda)
+    printf("CUDA copy mode %s: %llu copy-kernel launches, %llu chunks as one cudaMemcpyBatchAsync each, %llu ranges "
+           "as one cudaMemcpyAsync each\n",
+           copy_names[cuda_copy], (unsigned long long)r->nkern, (unsigned long long)r->nbatch,
+           (unsigned long long)r->nrange);
 }
 
 int bench_copy_main(int argc, char **argv) {
@@ -786,78 +915,10 @@ int bench_copy_main(int argc, char **argv) {
   struct result res[32];
   for (unsigned i = 0; i < nc; i++)
     if (run_case(&cases[i], threads, ncpus ? cpus : NULL, ncpus, reps, bytes, cuda, &res[i])) return CLI_RUNTIME;
-  const char *refname = cuda ? "cudaMemcpy of pinned buffers" : "memcpy";
-  uint64_t nbatch = 0, nrange = 0, nkern = 0;
-  dp_cuda_copy_calls(&nbatch, &nrange, &nkern);
-  if (json) {
-    struct json j;
-    json_begin(&j, stdout);
-    json_obj(&j, NULL);
-    json_str(&j, "backend", cuda ? "cuda" : "host");
-    json_u64(&j, "threads", threads);
-    json_u64(&j, "reps", reps);
-    json_u64(&j, "bytes_per_job", bytes);
-    json_str(&j, "reference", refname);
-    if (cuda) {
-      json_u64(&j, "cuda_batch_calls", nbatch);
-      json_u64(&j, "cuda_range_calls", nrange);
-      json_u64(&j, "cuda_kernel_launches", nkern);
-      json_str(&j, "cuda_copy", copy_names[cuda_copy]);
-      json_u64(&j, "cuda_kernel_ctas", cuda_ctas ? cuda_ctas : 16);
-    }
-    json_arr(&j, "cases");
-    for (unsigned i = 0; i < nc; i++) {
-      json_obj(&j, NULL);
-      json_str(&j, "case", cases[i].name);
-      json_u64(&j, "object_bytes", cases[i].obj);
-      json_u64(&j, "regions", cases[i].nreg);
-      json_u64(&j, "blocks", res[i].blocks);
-      json_dbl(&j, "store_gbps", res[i].store);
-      json_dbl(&j, "store_ref_gbps", res[i].store_ref);
-      json_dbl(&j, "store_ratio", res[i].store / res[i].store_ref);
-      json_dbl(&j, "load_gbps", res[i].load);
-      json_dbl(&j, "load_ref_gbps", res[i].load_ref);
-      json_dbl(&j, "load_ratio", res[i].load / res[i].load_ref);
-      if (pull_on) {
-        json_dbl(&j, "pull_gbps", res[i].pull);
-        json_dbl(&j, "pull_ref_gbps", res[i].pull_ref);
-        json_dbl(&j, "pull_ratio", res[i].pull / res[i].pull_ref);
-        if (victim_on) json_dbl(&j, "pull_victim_slowdown", res[i].pull_vx);
-      }
-      if (victim_on) {
-        json_dbl(&j, "victim_alone_ms", res[i].victim_ms);
-        json_dbl(&j, "store_victim_slowdown", res[i].store_vx);
-        json_dbl(&j, "load_victim_slowdown", res[i].load_vx);
-      }
-      json_end_obj(&j);
-    }
-    json_end_arr(&j);
-    json_end_obj(&j);
-    json_finish(&j);
-    return CLI_OK;
-  }
-  printf("umbp bench copy: %s backend, %u thread%s, median of %u reps, %llu MiB per job, reference %s\n",
-         cuda ? "CUDA" : "host", threads, threads > 1 ? "s" : "", reps, (unsigned long long)(bytes >> 20), refname);
-  printf("%-12s %7s %6s | %10s %10s %6s | %10s %10s %6s%s\n", "case", "regions", "blocks", "store GB/s", "ref GB/s",
-         "ratio", "load GB/s", "ref GB/s", "ratio", victim_on ? " | victim ms  store x   load x" : "");
-  if (pull_on)
-    printf("%-12s pull: IPC pull GB/s, reference cudaMemcpy device-to-device GB/s%s\n", "",
-           victim_on ? ", victim slowdown" : "");
-  for (unsigned i = 0; i < nc; i++) {
-    printf("%-12s %7u %6u | %10.2f %10.2f %6.2f | %10.2f %10.2f %6.2f", cases[i].name, cases[i].nreg,
-           res[i].blocks, res[i].store, res[i].store_ref, res[i].store / res[i].store_ref, res[i].load,
-           res[i].load_ref, res[i].load / res[i].load_ref);
-    if (victim_on) printf(" | %9.3f %8.2f %8.2f", res[i].victim_ms, res[i].store_vx, res[i].load_vx);
-    printf("\n");
-    if (pull_on) {
-      printf("%-12s pull %10.2f %10.2f %6.2f", "", res[i].pull, res[i].pull_ref, res[i].pull / res[i].pull_ref);
-      if (victim_on) printf(" | victim x %.2f", res[i].pull_vx);
-      printf("\n");
-    }
-  }
-  if (cuda)
-    printf("CUDA copy mode %s: %llu copy-kernel launches, %llu chunks as one cudaMemcpyBatchAsync each, %llu ranges "
-           "as one cudaMemcpyAsync each\n",
-           copy_names[cuda_copy], (unsigned long long)nkern, (unsigned long long)nbatch, (unsigned long long)nrange);
+  struct copy_report rep = {.cuda = cuda, .threads = threads, .reps = reps, .nc = nc, .bytes = bytes,
+                            .refname = cuda ? "cudaMemcpy of pinned buffers" : "memcpy", .cases = cases, .res = res};
+  dp_cuda_copy_calls(&rep.nbatch, &rep.nrange, &rep.nkern);
+  if (json) print_copy_json(&rep);
+  else print_copy_table(&rep);
   return CLI_OK;
 }

@@ -1345,54 +1345,49 @@ static void print_table(const struct opts *o) {
            below[1] ? "; below: " : "", belowlist[1]);
 }
 
-static void json_num(struct json *j, const char *key, double v) {
-  if (isnan(v)) json_null(j, key);
-  else json_dbl(j, key, v);
-}
-
 static void print_json(const struct opts *o) {
-  struct json j;
-  json_begin(&j, stdout);
-  json_obj(&j, NULL);
-  json_u64(&j, "keys", o->keys);
-  json_u64(&j, "reps", o->reps);
-  json_dbl(&j, "seconds", o->seconds);
-  json_bool(&j, "dpdk", g_dpdk);
-  json_str(&j, "dpdk_note", g_dpdk_note);
+  struct jb j;
+  jb_begin(&j, stdout);
+  jb_obj(&j, NULL);
+  jb_u64(&j, "keys", o->keys);
+  jb_u64(&j, "reps", o->reps);
+  jb_dbl(&j, "seconds", o->seconds);
+  jb_bool(&j, "dpdk", g_dpdk);
+  jb_str(&j, "dpdk_note", g_dpdk_note);
   if (g_ours_note[0]) {
-    json_str(&j, "ours_index_pages", g_ours_index_huge ? "2MiB" : "4KiB");
-    json_str(&j, "ours_note", g_ours_note);
+    jb_str(&j, "ours_index_pages", g_ours_index_huge ? "2MiB" : "4KiB");
+    jb_str(&j, "ours_note", g_ours_note);
   } else {
-    json_null(&j, "ours_index_pages");
-    json_null(&j, "ours_note");
+    jb_null(&j, "ours_index_pages");
+    jb_null(&j, "ours_note");
   }
-  json_arr(&j, "cases");
+  jb_arr(&j, "cases");
   for (unsigned i = 0; i < n_cases; i++) {
     const struct case_res *c = &cases[i];
-    json_obj(&j, NULL);
-    json_str(&j, "name", c->name);
-    json_str(&j, "unit", c->unit);
-    json_num(&j, "ours_mops", c->v[IMPL_OURS]);
-    json_num(&j, "rte_hash_mops", c->v[IMPL_RTE]);
-    json_num(&j, "cds_lfht_mops", c->v[IMPL_LFHT]);
-    json_num(&j, "ratio_rte_hash", ratio(c, IMPL_RTE));
-    json_num(&j, "ratio_cds_lfht", ratio(c, IMPL_LFHT));
+    jb_obj(&j, NULL);
+    jb_str(&j, "name", c->name);
+    jb_str(&j, "unit", c->unit);
+    jb_dbl(&j, "ours_mops", c->v[IMPL_OURS]);
+    jb_dbl(&j, "rte_hash_mops", c->v[IMPL_RTE]);
+    jb_dbl(&j, "cds_lfht_mops", c->v[IMPL_LFHT]);
+    jb_dbl(&j, "ratio_rte_hash", ratio(c, IMPL_RTE));
+    jb_dbl(&j, "ratio_cds_lfht", ratio(c, IMPL_LFHT));
     static const char *const rep_keys[IMPL_N] = {[IMPL_OURS] = "ours_reps", [IMPL_RTE] = "rte_hash_reps",
                                                  [IMPL_LFHT] = "cds_lfht_reps"};
     for (int impl = 0; impl < IMPL_N; impl++) {
       if (!c->rv[impl]) {
-        json_null(&j, rep_keys[impl]);
+        jb_null(&j, rep_keys[impl]);
         continue;
       }
-      json_arr(&j, rep_keys[impl]);
-      for (unsigned k = 0; k < c->nrep; k++) json_num(&j, NULL, c->rv[impl][k]);
-      json_end_arr(&j);
+      jb_arr(&j, rep_keys[impl]);
+      for (unsigned k = 0; k < c->nrep; k++) jb_dbl(&j, NULL, c->rv[impl][k]);
+      jb_end_arr(&j);
     }
-    json_end_obj(&j);
+    jb_end_obj(&j);
   }
-  json_end_arr(&j);
-  json_end_obj(&j);
-  json_finish(&j);
+  jb_end_arr(&j);
+  jb_end_obj(&j);
+  jb_finish(&j);
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */
@@ -1512,20 +1507,18 @@ static int parse_double(const char *s, double *ret) {
   return 0;
 }
 
-int bench_index_main(int argc, char **argv) {
-  for (int i = 1; i < argc; i++)
-    if (!strcmp(argv[i], "--child")) return child_main(argc, argv);
-
-  struct opts o;
-  memset(&o, 0, sizeof o);
-  o.keys = 1u << 20;
-  o.seconds = 0.3;
-  o.reps = 5;
-  o.seed = 1;
-  o.lf[0] = 0.5;
-  o.lf[1] = 0.9;
-  o.n_lf = 2;
-  for (int i = 0; i < IMPL_N; i++) o.impl_on[i] = true;
+/* The options into o (defaults first): -1 to go on, or the exit code (CLI_OK
+ * after --help, CLI_USAGE with the message printed). */
+static int parse_opts(int argc, char **argv, struct opts *o) {
+  memset(o, 0, sizeof *o);
+  o->keys = 1u << 20;
+  o->seconds = 0.3;
+  o->reps = 5;
+  o->seed = 1;
+  o->lf[0] = 0.5;
+  o->lf[1] = 0.9;
+  o->n_lf = 2;
+  for (int i = 0; i < IMPL_N; i++) o->impl_on[i] = true;
 
   enum { O_KEYS = 256, O_SECONDS, O_REPS, O_LF, O_FILTER, O_IMPLS, O_SEED, O_NODPDK, O_JSON, O_IPAGES, O_RTEHUGE };
   static const struct option lo[] = {
@@ -1545,37 +1538,37 @@ int bench_index_main(int argc, char **argv) {
       uint64_t v;
       if (cli_parse_size(optarg, &v) || v < 64 || v > (1ull << 28))
         return cli_usage_error("bench index", "--keys '%s': give a table size from 64 to 268435456", optarg);
-      o.keys = v;
+      o->keys = v;
       break;
     }
     case O_SECONDS:
-      if (parse_double(optarg, &o.seconds) || o.seconds <= 0 || o.seconds > 60)
+      if (parse_double(optarg, &o->seconds) || o->seconds <= 0 || o->seconds > 60)
         return cli_usage_error("bench index", "--seconds '%s': give a duration in (0, 60]", optarg);
       break;
     case O_REPS:
       errno = 0;
-      o.reps = (unsigned)strtoul(optarg, &end, 10);
-      if (errno || *end || end == optarg || o.reps < 1 || o.reps > 1000)
+      o->reps = (unsigned)strtoul(optarg, &end, 10);
+      if (errno || *end || end == optarg || o->reps < 1 || o->reps > 1000)
         return cli_usage_error("bench index", "--reps '%s': give 1 to 1000", optarg);
       break;
     case O_LF: {
-      o.n_lf = 0;
+      o->n_lf = 0;
       char buf[256];
       snprintf(buf, sizeof buf, "%s", optarg);
       for (char *sp, *t = strtok_r(buf, ",", &sp); t; t = strtok_r(NULL, ",", &sp)) {
         double v;
-        if (o.n_lf == MAX_LF || parse_double(t, &v) || v <= 0 || v > 1)
+        if (o->n_lf == MAX_LF || parse_double(t, &v) || v <= 0 || v > 1)
           return cli_usage_error("bench index", "--lf '%s': give up to %d load factors in (0, 1]", optarg, MAX_LF);
-        o.lf[o.n_lf++] = v;
+        o->lf[o->n_lf++] = v;
       }
-      if (!o.n_lf) return cli_usage_error("bench index", "--lf: give at least one load factor");
+      if (!o->n_lf) return cli_usage_error("bench index", "--lf: give at least one load factor");
       break;
     }
     case O_FILTER:
-      o.filter = optarg;
+      o->filter = optarg;
       break;
     case O_IMPLS: {
-      for (int i = 0; i < IMPL_N; i++) o.impl_on[i] = false;
+      for (int i = 0; i < IMPL_N; i++) o->impl_on[i] = false;
       char buf[128];
       snprintf(buf, sizeof buf, "%s", optarg);
       for (char *sp, *t = strtok_r(buf, ",", &sp); t; t = strtok_r(NULL, ",", &sp)) {
@@ -1583,26 +1576,26 @@ int bench_index_main(int argc, char **argv) {
         for (int i = 0; i < IMPL_N; i++)
           if (!strcmp(t, impl_names[i])) k = i;
         if (k < 0) return cli_usage_error("bench index", "--impls: unknown table '%s' (ours, rte_hash, cds_lfht)", t);
-        o.impl_on[k] = true;
+        o->impl_on[k] = true;
       }
       break;
     }
     case O_SEED:
       errno = 0;
-      o.seed = strtoull(optarg, &end, 0);
+      o->seed = strtoull(optarg, &end, 0);
       if (errno || *end || end == optarg) return cli_usage_error("bench index", "--seed '%s': give an integer", optarg);
       break;
     case O_NODPDK:
-      o.no_dpdk = true;
+      o->no_dpdk = true;
       break;
     case O_RTEHUGE:
-      o.rte_huge = true;
+      o->rte_huge = true;
       break;
     case O_JSON:
-      o.json = true;
+      o->json = true;
       break;
     case O_IPAGES:
-      if (cli_parse_index_pages(optarg, &o.index_pages))
+      if (cli_parse_index_pages(optarg, &o->index_pages))
         return cli_usage_error("bench index", "--index-pages '%s': use try, huge or small", optarg);
       break;
     case 'h':
@@ -1613,23 +1606,38 @@ int bench_index_main(int argc, char **argv) {
     }
   }
   if (optind < argc) return cli_usage_error("bench index", "unexpected argument '%s'", argv[optind]);
+  return -1;
+}
 
-  g_progress = cli_stderr_tty();
-  /* rough count of rows for the progress line */
-  g_total = 0;
-  for (unsigned l = 0; l < o.n_lf; l++) {
+/* The rows o selects (a rough count, for the progress line). */
+static unsigned count_rows(const struct opts *o) {
+  unsigned total = 0;
+  for (unsigned l = 0; l < o->n_lf; l++) {
     char lfs[16], name[64];
-    lf_label(o.lf[l], lfs, sizeof lfs);
+    lf_label(o->lf[l], lfs, sizeof lfs);
     for (int op = 0; op < OP_N; op++)
       for (unsigned par = 1; par <= 2; par++) {
         snprintf(name, sizeof name, "%s-%s-p%u", op_names[op], lfs, par);
-        g_total += case_selected(&o, name);
+        total += case_selected(o, name);
       }
     for (unsigned par = 1; par <= 2; par++) {
       snprintf(name, sizeof name, "churn-%s-p%u", lfs, par);
-      g_total += 2 * case_selected(&o, name);
+      total += 2 * case_selected(o, name);
     }
   }
+  return total;
+}
+
+int bench_index_main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--child")) return child_main(argc, argv);
+
+  struct opts o;
+  int prc = parse_opts(argc, argv, &o);
+  if (prc >= 0) return prc;
+
+  g_progress = cli_stderr_tty();
+  g_total = count_rows(&o);
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);

@@ -255,6 +255,156 @@ static void log_cb(void *arg, int level, const char *msg) {
   cli_error("%s: %s", level == UMBP_LOG_ERROR ? "error" : "warning", msg);
 }
 
+/* The run's private pool (of capacity bytes, r->cfg's slots) and its
+ * namespace, into r; the slot count and segment size into res. 0, or 1 with
+ * the message printed (r->pool NULL when the pool was not created). */
+static int open_pool(struct run *r, uint64_t capacity, bool unbounded, struct rp_result *res) {
+  const struct rp_config *cfg = r->cfg;
+  umbp_pool_params pp;
+  umbp_pool_params_init(&pp);
+  pp.capacity = capacity;
+  pp.slot_size = cfg->slot_size;
+  pp.no_prefault = true; /* pages fault in as blocks are stored: faster than pre-faulting all */
+  pp.event_capacity = 1024;
+  int rc = umbp_pool_create(r->name, &pp, &r->pool);
+  if (rc != 0) {
+    if (unbounded && (rc == -ENOSPC || rc == -ENOMEM || rc == -E2BIG || rc == -EFBIG)) {
+      /* no --capacity was given, so the library's "choose a smaller
+       * --capacity" is not the fix: a sweep of what fits is */
+      char a[32], e[32];
+      struct statvfs sv;
+      uint64_t shm_free = statvfs("/dev/shm", &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : capacity / 2;
+      /* the largest power-of-two MiB in half of what is free, and its half and quarter */
+      uint64_t top = 4ull << 20;
+      while (top * 2 <= shm_free / 2) top *= 2;
+      char s1[32], s2[32], s3[32];
+      cli_fmt_size_arg(top / 4, s1, sizeof s1);
+      cli_fmt_size_arg(top / 2, s2, sizeof s2);
+      cli_fmt_size_arg(top, s3, sizeof s3);
+      cli_error("replay: the unbounded pool (a slot for every distinct block of the trace on every rank: %s) cannot "
+                "be created: %s\n"
+                "No --capacity was given, so measure the hit-ratio curve in what fits instead: "
+                "--capacity-sweep %s,%s,%s (/dev/shm has %s free), or replay a smaller workload "
+                "(--bytes-per-token, --conversations)",
+                cli_fmt_size(capacity, a, sizeof a), umbp_last_error(), s1, s2, s3, cli_fmt_size(shm_free, e, sizeof e));
+    } else {
+      cli_error("replay: cannot create pool '%s' of %llu bytes: %s", r->name, (unsigned long long)capacity,
+                umbp_last_error());
+    }
+    r->pool = NULL;
+    return 1;
+  }
+  {
+    umbp_pool_info info;
+    if (umbp_pool_get_info(r->pool, &info) == 0) {
+      res->slots = info.slot_count;
+      res->segment_bytes = info.total_size;
+    }
+  }
+  if (res->slots < cfg->tp) {
+    cli_error("replay: pool '%s' has %llu slots, fewer than the %u ranks: use a larger --capacity", r->name,
+              (unsigned long long)res->slots, cfg->tp);
+    return 1;
+  }
+  if (umbp_ns_register(r->pool, RP_NS_NAME, &r->ns) != 0) {
+    cli_error("replay: cannot register namespace '%s': %s", RP_NS_NAME, umbp_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+/* Request i of the trace, started at a (ns): probe the prefix on every rank,
+ * load the hit blocks on every rank, store the rest (one rank after another
+ * when the pool is bounded, so that ranks evict in turn). The hit prefix into
+ * *ret_hit and the counts into res. 0, or the nonzero exit code with the
+ * message printed. */
+static int replay_request(struct run *r, size_t i, uint64_t a, umbp_key *keys, bool serial_store,
+                          struct rp_result *res, uint32_t *ret_hit) {
+  const struct rp_config *cfg = r->cfg;
+  const struct trace_req *q = &r->t->req[i];
+  const uint64_t *ids = r->t->ids + q->ids_off;
+  int rc;
+  /* 1. probe: one call per rank; rank r > 0 only over the prefix so far */
+  uint32_t hit = q->n_whole;
+  for (unsigned rk = 0; rk < cfg->tp && hit; rk++) {
+    for (uint32_t k = 0; k < hit; k++) rp_key(&keys[k], r->ns, rk, ids[k]);
+    int p = umbp_prefix_probe(r->pool, hit, keys);
+    if (p < 0) {
+      cli_error("replay: umbp_prefix_probe: %s", umbp_last_error());
+      return 1;
+    }
+    res->keys_probed += (uint64_t)p < hit ? (uint64_t)p + 1 : hit;
+    hit = (uint32_t)p;
+  }
+  uint64_t b = now_ns();
+  res->probe_ns += b - a;
+  /* 2. load the hit prefix on every rank */
+  struct rp_reply sum = {0};
+  if (hit) {
+    for (unsigned rk = 0; rk < cfg->tp; rk++)
+      if ((rc = send_msg(r, rk, RP_MSG_LOAD, i, hit, ids)) != 0) return rc;
+    if ((rc = wait_replies(r, 0, cfg->tp, RP_MSG_LOAD, &sum)) != 0) {
+      if (sum.bad) cli_error("replay: %u loaded blocks failed verification in request %zu", sum.bad, i + 1);
+      res->verify_failures += sum.bad;
+      return rc;
+    }
+    res->blocks_loaded += sum.ok;
+    res->bytes_loaded += sum.bytes;
+    res->copy_bytes += sum.bytes;
+    res->copy_ns += sum.copy_ns;
+  }
+  /* 3. store the rest of the whole blocks */
+  if (q->n_whole > hit) {
+    struct rp_reply st = {0};
+    uint32_t n = q->n_whole - hit;
+    if (serial_store) {
+      for (unsigned rk = 0; rk < cfg->tp; rk++) {
+        if ((rc = send_msg(r, rk, RP_MSG_STORE, i, n, ids + hit)) != 0) return rc;
+        if ((rc = wait_replies(r, rk, rk + 1, RP_MSG_STORE, &st)) != 0) return rc;
+      }
+    } else {
+      for (unsigned rk = 0; rk < cfg->tp; rk++)
+        if ((rc = send_msg(r, rk, RP_MSG_STORE, i, n, ids + hit)) != 0) return rc;
+      if ((rc = wait_replies(r, 0, cfg->tp, RP_MSG_STORE, &st)) != 0) return rc;
+    }
+    res->blocks_stored += st.ok;
+    res->blocks_dup += st.dup;
+    res->blocks_unstored += st.unstored;
+    res->bytes_stored += (uint64_t)st.ok * cfg->block_bytes;
+    res->copy_bytes += st.bytes;
+    res->copy_ns += st.copy_ns;
+  }
+  *ret_hit = hit;
+  return 0;
+}
+
+/* An orderly goodbye: QUIT to every worker, then reap each (10 s at most;
+ * one still running is killed by rp_run's cleanup). 0, or 1 when one could not
+ * be told or did not exit 0. */
+static int stop_workers(struct run *r) {
+  const struct rp_config *cfg = r->cfg;
+  int rc = 0;
+  for (unsigned i = 0; i < cfg->tp; i++)
+    if (r->w[i].pid && send_msg(r, i, RP_MSG_QUIT, 0, 0, NULL) != 0) rc = 1;
+  for (unsigned i = 0; i < cfg->tp; i++) {
+    if (!r->w[i].pid) continue;
+    int st = 0;
+    pid_t got = 0;
+    for (int k = 0; k < 1000 && (got = waitpid(r->w[i].pid, &st, WNOHANG)) == 0; k++) {
+      struct timespec ts = {0, 10000000};
+      nanosleep(&ts, NULL);
+    }
+    if (got == r->w[i].pid && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+      r->w[i].pid = 0;
+    } else if (got == r->w[i].pid) {
+      r->w[i].pid = 0;
+      cli_error("replay: worker rank %u did not finish cleanly (status 0x%x)", i, (unsigned)st);
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
 int rp_run(const struct rp_config *cfg, const struct trace *t, uint64_t capacity, bool unbounded, unsigned step,
            struct rp_result *res) {
   struct run r;
@@ -288,58 +438,7 @@ int rp_run(const struct rp_config *cfg, const struct trace *t, uint64_t capacity
     goto out;
   }
 
-  umbp_pool_params pp;
-  umbp_pool_params_init(&pp);
-  pp.capacity = capacity;
-  pp.slot_size = cfg->slot_size;
-  pp.no_prefault = true; /* pages fault in as blocks are stored: faster than pre-faulting all */
-  pp.event_capacity = 1024;
-  if ((rc = umbp_pool_create(r.name, &pp, &r.pool)) != 0) {
-    if (unbounded && (rc == -ENOSPC || rc == -ENOMEM || rc == -E2BIG || rc == -EFBIG)) {
-      /* no --capacity was given, so the library's "choose a smaller
-       * --capacity" is not the fix: a sweep of what fits is */
-      char a[32], e[32];
-      struct statvfs sv;
-      uint64_t shm_free = statvfs("/dev/shm", &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : capacity / 2;
-      /* the largest power-of-two MiB in half of what is free, and its half and quarter */
-      uint64_t top = 4ull << 20;
-      while (top * 2 <= shm_free / 2) top *= 2;
-      char s1[32], s2[32], s3[32];
-      cli_fmt_size_arg(top / 4, s1, sizeof s1);
-      cli_fmt_size_arg(top / 2, s2, sizeof s2);
-      cli_fmt_size_arg(top, s3, sizeof s3);
-      cli_error("replay: the unbounded pool (a slot for every distinct block of the trace on every rank: %s) cannot "
-                "be created: %s\n"
-                "No --capacity was given, so measure the hit-ratio curve in what fits instead: "
-                "--capacity-sweep %s,%s,%s (/dev/shm has %s free), or replay a smaller workload "
-                "(--bytes-per-token, --conversations)",
-                cli_fmt_size(capacity, a, sizeof a), umbp_last_error(), s1, s2, s3, cli_fmt_size(shm_free, e, sizeof e));
-    } else {
-      cli_error("replay: cannot create pool '%s' of %llu bytes: %s", r.name, (unsigned long long)capacity,
-                umbp_last_error());
-    }
-    r.pool = NULL;
-    rc = 1;
-    goto out;
-  }
-  {
-    umbp_pool_info info;
-    if (umbp_pool_get_info(r.pool, &info) == 0) {
-      res->slots = info.slot_count;
-      res->segment_bytes = info.total_size;
-    }
-  }
-  if (res->slots < cfg->tp) {
-    cli_error("replay: pool '%s' has %llu slots, fewer than the %u ranks: use a larger --capacity", r.name,
-              (unsigned long long)res->slots, cfg->tp);
-    rc = 1;
-    goto out;
-  }
-  if ((rc = umbp_ns_register(r.pool, RP_NS_NAME, &r.ns)) != 0) {
-    cli_error("replay: cannot register namespace '%s': %s", RP_NS_NAME, umbp_last_error());
-    rc = 1;
-    goto out;
-  }
+  if ((rc = open_pool(&r, capacity, unbounded, res)) != 0) goto out;
   for (unsigned i = 0; i < cfg->tp; i++) {
     int e = spawn_worker(&r, i);
     if (e) {
@@ -362,63 +461,13 @@ int rp_run(const struct rp_config *cfg, const struct trace *t, uint64_t capacity
       goto out;
     }
     const struct trace_req *q = &t->req[i];
-    const uint64_t *ids = t->ids + q->ids_off;
     if (cfg->speed > 0) {
       double dt = (q->timestamp_ms - ts0) / cfg->speed;
       if (dt > 0) sleep_until(t0 + (uint64_t)(dt * 1e6));
     }
     uint64_t a = now_ns();
-    /* 1. probe: one call per rank; rank r > 0 only over the prefix so far */
-    uint32_t hit = q->n_whole;
-    for (unsigned rk = 0; rk < cfg->tp && hit; rk++) {
-      for (uint32_t k = 0; k < hit; k++) rp_key(&keys[k], r.ns, rk, ids[k]);
-      int p = umbp_prefix_probe(r.pool, hit, keys);
-      if (p < 0) {
-        cli_error("replay: umbp_prefix_probe: %s", umbp_last_error());
-        rc = 1;
-        goto out;
-      }
-      res->keys_probed += (uint64_t)p < hit ? (uint64_t)p + 1 : hit;
-      hit = (uint32_t)p;
-    }
-    uint64_t b = now_ns();
-    res->probe_ns += b - a;
-    /* 2. load the hit prefix on every rank */
-    struct rp_reply sum = {0};
-    if (hit) {
-      for (unsigned rk = 0; rk < cfg->tp; rk++)
-        if ((rc = send_msg(&r, rk, RP_MSG_LOAD, i, hit, ids)) != 0) goto out;
-      if ((rc = wait_replies(&r, 0, cfg->tp, RP_MSG_LOAD, &sum)) != 0) {
-        if (sum.bad) cli_error("replay: %u loaded blocks failed verification in request %zu", sum.bad, i + 1);
-        res->verify_failures += sum.bad;
-        goto out;
-      }
-      res->blocks_loaded += sum.ok;
-      res->bytes_loaded += sum.bytes;
-      res->copy_bytes += sum.bytes;
-      res->copy_ns += sum.copy_ns;
-    }
-    /* 3. store the rest of the whole blocks */
-    if (q->n_whole > hit) {
-      struct rp_reply st = {0};
-      uint32_t n = q->n_whole - hit;
-      if (serial_store) {
-        for (unsigned rk = 0; rk < cfg->tp; rk++) {
-          if ((rc = send_msg(&r, rk, RP_MSG_STORE, i, n, ids + hit)) != 0) goto out;
-          if ((rc = wait_replies(&r, rk, rk + 1, RP_MSG_STORE, &st)) != 0) goto out;
-        }
-      } else {
-        for (unsigned rk = 0; rk < cfg->tp; rk++)
-          if ((rc = send_msg(&r, rk, RP_MSG_STORE, i, n, ids + hit)) != 0) goto out;
-        if ((rc = wait_replies(&r, 0, cfg->tp, RP_MSG_STORE, &st)) != 0) goto out;
-      }
-      res->blocks_stored += st.ok;
-      res->blocks_dup += st.dup;
-      res->blocks_unstored += st.unstored;
-      res->bytes_stored += (uint64_t)st.ok * cfg->block_bytes;
-      res->copy_bytes += st.bytes;
-      res->copy_ns += st.copy_ns;
-    }
+    uint32_t hit;
+    if ((rc = replay_request(&r, i, a, keys, serial_store, res, &hit)) != 0) goto out;
     pool_ns[i] = now_ns() - a;
     res->requests++;
     res->input_tokens += q->input_len;
@@ -437,25 +486,7 @@ int rp_run(const struct rp_config *cfg, const struct trace *t, uint64_t capacity
   qsort(pool_ns, t->n, sizeof *pool_ns, cmp_u64);
   res->pool_p50_ms = pct_ms(pool_ns, t->n, 0.50);
   res->pool_p99_ms = pct_ms(pool_ns, t->n, 0.99);
-  /* orderly goodbye */
-  for (unsigned i = 0; i < cfg->tp; i++)
-    if (r.w[i].pid && send_msg(&r, i, RP_MSG_QUIT, 0, 0, NULL) != 0) rc = 1;
-  for (unsigned i = 0; i < cfg->tp; i++) {
-    if (!r.w[i].pid) continue;
-    int st = 0;
-    pid_t got = 0;
-    for (int k = 0; k < 1000 && (got = waitpid(r.w[i].pid, &st, WNOHANG)) == 0; k++) {
-      struct timespec ts = {0, 10000000};
-      nanosleep(&ts, NULL);
-    }
-    if (got == r.w[i].pid && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-      r.w[i].pid = 0;
-    } else if (got == r.w[i].pid) {
-      r.w[i].pid = 0;
-      cli_error("replay: worker rank %u did not finish cleanly (status 0x%x)", i, (unsigned)st);
-      rc = 1;
-    }
-  }
+  if (stop_workers(&r)) rc = 1;
 
 out:
   if (cfg->progress && rc) fputs("\r\033[K", stderr);

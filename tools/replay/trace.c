@@ -1,16 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * trace.c — a small recursive-descent JSON reader for one trace line.
+ * trace.c — one trace line through jansson, then the request's checks.
  *
- * Only the four fields of a request are decoded; every other value is parsed
- * for validity and skipped, whatever its type. The grammar is RFC 8259's
- * (numbers, strings with escapes, literals, nested arrays and objects up to
- * TRACE_MAX_DEPTH levels). The reader never reads past the line's end, never
- * recurses deeper than the limit, and reports the first error with its column.
+ * jansson parses the line (RFC 8259, UTF-8, nesting bounded by its own
+ * JSON_PARSER_MAX_DEPTH) and reports a syntax error with its column; this
+ * file then enforces what the replay needs: one object per line, nesting of at
+ * most TRACE_MAX_DEPTH, the four fields' types and ranges, and hash_ids
+ * covering input_length. jansson's integers are signed 64-bit, and a trace's
+ * ids may use all 64 bits, so a number jansson cannot hold is swapped for a
+ * string of the same length that names it (see hold_big) and read back here.
  */
 #include "replay/trace.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,270 +27,170 @@ void trace_free(struct trace *t) {
   memset(t, 0, sizeof *t);
 }
 
-struct jp {
-  const char *s, *p, *e;
-  char *err;
-  size_t errlen;
-  int rc;
-};
-
-__attribute__((format(printf, 2, 3))) static int jp_fail(struct jp *j, const char *fmt, ...) {
-  if (j->rc) return j->rc;
-  int n = snprintf(j->err, j->errlen, "column %zu: ", (size_t)(j->p - j->s) + 1);
-  if (n < 0) n = 0;
-  if ((size_t)n < j->errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(j->err + n, j->errlen - (size_t)n, fmt, ap);
-    va_end(ap);
-  }
-  j->rc = -EINVAL;
-  return j->rc;
-}
-
-/* Describe the byte at p for an error message. */
-static const char *jp_what(struct jp *j, char *buf, size_t n) {
-  if (j->p >= j->e) return "the end of the line";
-  unsigned char c = (unsigned char)*j->p;
+/* Describe the byte at p (of a line ending at e) for an error message. */
+static const char *byte_what(const char *p, const char *e, char *buf, size_t n) {
+  if (p >= e) return "the end of the line";
+  unsigned char c = (unsigned char)*p;
   if (c >= 0x20 && c < 0x7f) snprintf(buf, n, "'%c'", c);
   else snprintf(buf, n, "byte 0x%02x", c);
   return buf;
 }
 
-static void jp_ws(struct jp *j) {
-  while (j->p < j->e && (*j->p == ' ' || *j->p == '\t' || *j->p == '\r' || *j->p == '\n')) j->p++;
+static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return -EINVAL;
 }
 
-static int jp_expect(struct jp *j, char c, const char *ctx) {
-  jp_ws(j);
-  if (j->p < j->e && *j->p == c) {
-    j->p++;
-    return 0;
-  }
-  char b[16];
-  return jp_fail(j, "expected '%c' %s, found %s", c, ctx, jp_what(j, b, sizeof b));
-}
+/* ---- numbers jansson cannot hold ----------------------------------------------
+ * Above INT64_MAX (an id may be up to 2^64 - 1) or a real beyond DBL_MAX,
+ * jansson stops with json_error_numeric_overflow just after the token. We
+ * replace the token in a copy of the line by a string of the same length,
+ * "#K" padded with spaces (K: its index in big[]), so that every later column
+ * stays right, and parse again. A line that holds '#' or "u0023" itself could
+ * decode to such a string, so there the overflow stays an error. */
+#define TRACE_MAX_BIG 64
 
-static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-/* Parse a string at p (which is '"'). The decoded bytes go to out (up to
- * outcap - 1, NUL-terminated; *ret_len gets the full decoded length) when out
- * is not NULL. */
-static int jp_string(struct jp *j, char *out, size_t outcap, size_t *ret_len) {
-  size_t len = 0;
-  j->p++; /* opening quote */
-  for (;;) {
-    if (j->p >= j->e) return jp_fail(j, "string not closed before the end of the line");
-    unsigned char c = (unsigned char)*j->p;
-    if (c == '"') {
-      j->p++;
-      break;
-    }
-    if (c < 0x20) return jp_fail(j, "control byte 0x%02x inside a string (escape it)", c);
-    uint32_t cp = c;
-    int nbytes = 1;
-    if (c == '\\') {
-      if (j->e - j->p < 2) return jp_fail(j, "escape not finished before the end of the line");
-      char x = j->p[1];
-      j->p += 2;
-      switch (x) {
-        case '"': cp = '"'; break;
-        case '\\': cp = '\\'; break;
-        case '/': cp = '/'; break;
-        case 'b': cp = '\b'; break;
-        case 'f': cp = '\f'; break;
-        case 'n': cp = '\n'; break;
-        case 'r': cp = '\r'; break;
-        case 't': cp = '\t'; break;
-        case 'u': {
-          if (j->e - j->p < 4) return jp_fail(j, "\\u escape needs 4 hex digits");
-          cp = 0;
-          for (int i = 0; i < 4; i++) {
-            int h = hexval(j->p[i]);
-            if (h < 0) return jp_fail(j, "\\u escape needs 4 hex digits");
-            cp = cp << 4 | (uint32_t)h;
-          }
-          j->p += 4;
-          break;
-        }
-        default:
-          j->p -= 1;
-          return jp_fail(j, "unknown escape '\\%c' in a string", x >= 0x20 && x < 0x7f ? x : '?');
-      }
-      nbytes = cp < 0x80 ? 1 : cp < 0x800 ? 2 : 3;
-    } else {
-      j->p++;
-    }
-    if (out && len + (size_t)nbytes < outcap) {
-      if (nbytes == 1) out[len] = (char)cp;
-      else if (nbytes == 2) {
-        out[len] = (char)(0xc0 | cp >> 6);
-        out[len + 1] = (char)(0x80 | (cp & 0x3f));
-      } else {
-        out[len] = (char)(0xe0 | cp >> 12);
-        out[len + 1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        out[len + 2] = (char)(0x80 | (cp & 0x3f));
-      }
-    }
-    len += (size_t)nbytes;
-  }
-  if (out) out[len < outcap ? len : outcap - 1] = 0;
-  if (ret_len) *ret_len = len;
-  return 0;
-}
-
-struct jnum {
-  const char *b, *e;
-  bool neg, frac, exp;
+struct bigs {
+  char *copy;        /* the line with the tokens replaced, or NULL */
+  unsigned n;
+  struct { const char *text; size_t len; } tok[TRACE_MAX_BIG]; /* in the original line */
 };
 
-static bool isdig(char c) { return c >= '0' && c <= '9'; }
+static bool is_num_byte(char c) { return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E'; }
 
-static int jp_number(struct jp *j, struct jnum *n) {
-  memset(n, 0, sizeof *n);
-  n->b = j->p;
-  if (j->p < j->e && *j->p == '-') {
-    n->neg = true;
-    j->p++;
+/* 0 when the token ending at byte end of line could be swapped, else -1. */
+static int hold_big(struct bigs *b, const char *line, size_t len, size_t end) {
+  if (b->n == TRACE_MAX_BIG || end > len || memchr(line, '#', len) || memmem(line, len, "u0023", 5)) return -1;
+  size_t beg = end;
+  while (beg > 0 && is_num_byte(line[beg - 1])) beg--;
+  char mark[16];
+  int ml = snprintf(mark, sizeof mark, "\"#%u\"", b->n);
+  if (end - beg < (size_t)ml) return -1;
+  if (!b->copy) {
+    if (!(b->copy = malloc(len))) return -1;
+    memcpy(b->copy, line, len);
   }
-  if (j->p >= j->e || !isdig(*j->p)) return jp_fail(j, "a number needs a digit here");
-  if (*j->p == '0') {
-    j->p++;
-    if (j->p < j->e && isdig(*j->p)) return jp_fail(j, "numbers must not have leading zeros");
-  } else {
-    while (j->p < j->e && isdig(*j->p)) j->p++;
-  }
-  if (j->p < j->e && *j->p == '.') {
-    n->frac = true;
-    j->p++;
-    if (j->p >= j->e || !isdig(*j->p)) return jp_fail(j, "a digit must follow the decimal point");
-    while (j->p < j->e && isdig(*j->p)) j->p++;
-  }
-  if (j->p < j->e && (*j->p == 'e' || *j->p == 'E')) {
-    n->exp = true;
-    j->p++;
-    if (j->p < j->e && (*j->p == '+' || *j->p == '-')) j->p++;
-    if (j->p >= j->e || !isdig(*j->p)) return jp_fail(j, "a digit must follow the exponent");
-    while (j->p < j->e && isdig(*j->p)) j->p++;
-  }
-  n->e = j->p;
+  memset(b->copy + beg, ' ', end - beg);
+  memcpy(b->copy + beg, mark, (size_t)ml - 1);
+  b->copy[end - 1] = '"';
+  b->tok[b->n].text = line + beg;
+  b->tok[b->n].len = end - beg;
+  b->n++;
   return 0;
 }
 
-/* A non-negative JSON integer that fits 64 bits. */
-static int jnum_u64(struct jp *j, const struct jnum *n, const char *what, uint64_t *ret) {
-  if (n->neg || n->frac || n->exp) {
-    const char *save = j->p;
-    j->p = n->b;
-    int rc = jp_fail(j, "%s must be a non-negative integer, found %.*s", what, (int)(n->e - n->b > 40 ? 40 : n->e - n->b),
-                     n->b);
-    j->p = save;
-    return rc;
+/* The token a placeholder string stands for, or NULL. */
+static const char *big_token(const struct bigs *b, json_t *v, size_t *ret_len) {
+  const char *s = json_string_value(v);
+  if (!s || s[0] != '#') return NULL;
+  char *end;
+  unsigned long k = strtoul(s + 1, &end, 10);
+  while (*end == ' ') end++;
+  if (*end || end == s + 1 || k >= b->n) return NULL;
+  *ret_len = b->tok[k].len;
+  return b->tok[k].text;
+}
+
+/* A JSON value for an error message: "-5", "5.0", "a string", "an array" ... */
+static const char *value_what(const struct bigs *b, json_t *v, char *buf, size_t n) {
+  size_t tl;
+  const char *t = big_token(b, v, &tl);
+  if (t) snprintf(buf, n, "%.*s", (int)(tl > 40 ? 40 : tl), t);
+  else if (json_is_integer(v)) snprintf(buf, n, "%lld", (long long)json_integer_value(v));
+  else if (json_is_real(v)) {
+    int l = snprintf(buf, n, "%.17g", json_real_value(v));
+    if (l > 0 && (size_t)l + 2 < n && !strpbrk(buf, ".en")) strcpy(buf + l, ".0"); /* 5.0, not 5 */
   }
-  uint64_t v = 0;
-  for (const char *c = n->b; c < n->e; c++) {
-    unsigned d = (unsigned)(*c - '0');
-    if (v > (UINT64_MAX - d) / 10) {
-      j->p = n->b;
-      return jp_fail(j, "%s does not fit in 64 bits", what);
+  else if (json_is_string(v)) return "a string";
+  else if (json_is_array(v)) return "an array";
+  else if (json_is_object(v)) return "an object";
+  else if (json_is_boolean(v)) return json_is_true(v) ? "true" : "false";
+  else return "null";
+  return buf;
+}
+
+/* A non-negative integer that fits 64 bits. */
+static int get_u64(const struct bigs *b, json_t *v, const char *what, uint64_t *ret, char *err, size_t errlen) {
+  size_t tl;
+  const char *t = big_token(b, v, &tl);
+  size_t digits = 0;
+  while (t && digits < tl && t[digits] >= '0' && t[digits] <= '9') digits++;
+  if (t && digits == tl) { /* above INT64_MAX: read here */
+    uint64_t x = 0;
+    for (size_t i = 0; i < tl; i++) {
+      unsigned d = (unsigned)(t[i] - '0');
+      if (x > (UINT64_MAX - d) / 10) return fail(err, errlen, "%s does not fit in 64 bits", what);
+      x = x * 10 + d;
     }
-    v = v * 10 + d;
-  }
-  *ret = v;
-  return 0;
-}
-
-static int jnum_dbl(struct jp *j, const struct jnum *n, const char *what, double *ret) {
-  char buf[64];
-  size_t l = (size_t)(n->e - n->b);
-  if (l >= sizeof buf) {
-    j->p = n->b;
-    return jp_fail(j, "%s has too many digits", what);
-  }
-  memcpy(buf, n->b, l);
-  buf[l] = 0;
-  double v = strtod(buf, NULL);
-  if (n->neg || !(v >= 0 && v < 1e300)) {
-    j->p = n->b;
-    return jp_fail(j, "%s must be a non-negative number of milliseconds", what);
-  }
-  *ret = v;
-  return 0;
-}
-
-static int jp_skip_value(struct jp *j, int depth);
-
-static int jp_skip_container(struct jp *j, int depth, char close) {
-  if (depth >= TRACE_MAX_DEPTH) return jp_fail(j, "values nested deeper than %d levels", TRACE_MAX_DEPTH);
-  j->p++; /* [ or { */
-  jp_ws(j);
-  if (j->p < j->e && *j->p == close) {
-    j->p++;
+    *ret = x;
     return 0;
   }
-  for (;;) {
-    jp_ws(j);
-    if (close == '}') {
-      char b[16];
-      if (j->p >= j->e || *j->p != '"') return jp_fail(j, "expected a field name in quotes, found %s", jp_what(j, b, sizeof b));
-      if (jp_string(j, NULL, 0, NULL)) return j->rc;
-      if (jp_expect(j, ':', "after a field name")) return j->rc;
-    }
-    if (jp_skip_value(j, depth + 1)) return j->rc;
-    jp_ws(j);
-    if (j->p < j->e && *j->p == ',') {
-      j->p++;
-      continue;
-    }
-    if (j->p < j->e && *j->p == close) {
-      j->p++;
-      return 0;
-    }
-    char b[16];
-    return jp_fail(j, "expected ',' or '%c', found %s", close, jp_what(j, b, sizeof b));
+  if (!json_is_integer(v) || json_integer_value(v) < 0) {
+    char buf[48];
+    return fail(err, errlen, "%s must be a non-negative integer, found %s", what, value_what(b, v, buf, sizeof buf));
   }
-}
-
-static int jp_literal(struct jp *j, const char *lit) {
-  size_t l = strlen(lit);
-  if ((size_t)(j->e - j->p) < l || memcmp(j->p, lit, l)) return jp_fail(j, "unknown word (expected a JSON value)");
-  j->p += l;
+  *ret = (uint64_t)json_integer_value(v);
   return 0;
 }
 
-static int jp_skip_value(struct jp *j, int depth) {
-  jp_ws(j);
-  char b[16];
-  if (j->p >= j->e) return jp_fail(j, "expected a value, found the end of the line");
-  switch (*j->p) {
-    case '{': return jp_skip_container(j, depth, '}');
-    case '[': return jp_skip_container(j, depth, ']');
-    case '"': return jp_string(j, NULL, 0, NULL);
-    case 't': return jp_literal(j, "true");
-    case 'f': return jp_literal(j, "false");
-    case 'n': return jp_literal(j, "null");
-    default:
-      if (*j->p == '-' || isdig(*j->p)) {
-        struct jnum n;
-        return jp_number(j, &n);
-      }
-      return jp_fail(j, "expected a value, found %s", jp_what(j, b, sizeof b));
+/* Column (1-based byte) of the first '[' or '{' nested deeper than
+ * TRACE_MAX_DEPTH below the line's object, 0 if none. The line is valid JSON
+ * here, so a '"' outside a string opens one and "\\" escapes one byte. */
+static size_t too_deep(const char *line, size_t len) {
+  int depth = -1; /* the line's own object is depth 0 */
+  bool in_str = false;
+  for (size_t i = 0; i < len; i++) {
+    char c = line[i];
+    if (in_str) {
+      if (c == '\\') i++;
+      else if (c == '"') in_str = false;
+    } else if (c == '"') {
+      in_str = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth >= TRACE_MAX_DEPTH) return i + 1;
+    } else if (c == ']' || c == '}') {
+      depth--;
+    }
   }
+  return 0;
 }
 
-static int jp_u64_field(struct jp *j, const char *what, uint64_t *ret) {
-  jp_ws(j);
-  char b[16];
-  if (j->p >= j->e || !(*j->p == '-' || isdig(*j->p)))
-    return jp_fail(j, "%s must be a non-negative integer, found %s", what, jp_what(j, b, sizeof b));
-  struct jnum n;
-  if (jp_number(j, &n)) return j->rc;
-  return jnum_u64(j, &n, what, ret);
+/* Parse the line with jansson into *ret, swapping numbers it cannot hold (b).
+ * 0, or -EINVAL / -ENOMEM with "column C: ..." in err. */
+static int load_line(const char *line, size_t len, struct bigs *b, json_t **ret, char *err, size_t errlen) {
+  for (;;) {
+    json_error_t e;
+    const char *text = b->copy ? b->copy : line;
+    json_t *root = json_loadb(text, len, JSON_DISABLE_EOF_CHECK | JSON_REJECT_DUPLICATES, &e);
+    if (root) {
+      size_t p = (size_t)e.position; /* just after the object */
+      while (p < len && is_ws(line[p])) p++;
+      char w[16];
+      size_t col = too_deep(text, len);
+      int rc = 0;
+      if (p < len)
+        rc = fail(err, errlen, "column %zu: unexpected %s after the object (one object per line)", p + 1,
+                  byte_what(line + p, line + len, w, sizeof w));
+      else if (col)
+        rc = fail(err, errlen, "column %zu: values nested deeper than %d levels", col, TRACE_MAX_DEPTH);
+      if (rc) json_decref(root);
+      else *ret = root;
+      return rc;
+    }
+    enum json_error_code code = json_error_code(&e);
+    if (code == json_error_numeric_overflow && hold_big(b, line, len, (size_t)e.position) == 0) continue;
+    if (code == json_error_out_of_memory) {
+      snprintf(err, errlen, "out of memory parsing the line");
+      return -ENOMEM;
+    }
+    return fail(err, errlen, "column %d: %s%s", e.column > 0 ? e.column : e.position + 1,
+                code == json_error_duplicate_key ? "a field appears twice: " : "", e.text);
+  }
 }
 
 static int ids_push(struct trace *t, uint64_t v) {
@@ -302,158 +205,96 @@ static int ids_push(struct trace *t, uint64_t v) {
   return 0;
 }
 
+/* The request's fields from the line's object o into r and t->ids: each field
+ * present is checked, then that none is missing, then that the ids cover
+ * input_length. */
+static int read_request(struct trace *t, const struct bigs *b, json_t *o, unsigned block_tokens, struct trace_req *r,
+                        char *err, size_t errlen) {
+  char buf[48];
+  json_t *ts = json_object_get(o, "timestamp"), *in = json_object_get(o, "input_length"),
+         *out = json_object_get(o, "output_length"), *ids = json_object_get(o, "hash_ids");
+  if (ts) {
+    size_t tl;
+    if (!json_is_number(ts) && !big_token(b, ts, &tl))
+      return fail(err, errlen, "timestamp must be a number of milliseconds, found %s", value_what(b, ts, buf, sizeof buf));
+    r->timestamp_ms = json_is_number(ts) ? json_number_value(ts) : -1; /* a swapped number is out of range */
+    if (!(r->timestamp_ms >= 0 && r->timestamp_ms < 1e300))
+      return fail(err, errlen, "timestamp must be a non-negative number of milliseconds, found %s",
+                  value_what(b, ts, buf, sizeof buf));
+  }
+  if ((in && get_u64(b, in, "input_length", &r->input_len, err, errlen)) ||
+      (out && get_u64(b, out, "output_length", &r->output_len, err, errlen)))
+    return -EINVAL;
+  if (ids && !json_is_array(ids))
+    return fail(err, errlen, "hash_ids must be an array of block ids, found %s", value_what(b, ids, buf, sizeof buf));
+  if (json_array_size(ids) > TRACE_MAX_IDS_PER_REQ)
+    return fail(err, errlen, "more than %u hash ids in one request", TRACE_MAX_IDS_PER_REQ);
+  size_t i;
+  json_t *v;
+  json_array_foreach(ids, i, v) {
+    uint64_t id;
+    if (get_u64(b, v, "a hash id", &id, err, errlen)) return -EINVAL;
+    if (ids_push(t, id)) {
+      snprintf(err, errlen, "out of memory reading hash ids");
+      return -ENOMEM;
+    }
+  }
+  const char *missing = !in ? "input_length" : !out ? "output_length" : !ids ? "hash_ids" : NULL;
+  if (missing)
+    return fail(err, errlen,
+                "the request has no \"%s\" field (each line needs input_length, output_length and hash_ids)", missing);
+  uint64_t n = json_array_size(ids), whole = r->input_len / block_tokens;
+  uint64_t all = whole + (r->input_len % block_tokens != 0);
+  if (n < whole || n > all) {
+    char want[64];
+    if (whole == all) snprintf(want, sizeof want, "%llu", (unsigned long long)whole);
+    else snprintf(want, sizeof want, "%llu or %llu", (unsigned long long)whole, (unsigned long long)all);
+    return fail(err, errlen,
+                "hash_ids has %llu ids but input_length %llu in blocks of %u tokens needs %s: the trace's block "
+                "size is not %u tokens (see --block-tokens) or the line is damaged",
+                (unsigned long long)n, (unsigned long long)r->input_len, block_tokens, want, block_tokens);
+  }
+  r->n_ids = (uint32_t)n;
+  r->n_whole = (uint32_t)whole;
+  return 0;
+}
+
 int trace_parse_line(struct trace *t, const char *line, size_t len, unsigned block_tokens, char *err, size_t errlen) {
-  struct jp j = {.s = line, .p = line, .e = line + len, .err = err, .errlen = errlen, .rc = 0};
   if (errlen) err[0] = 0;
-  if (block_tokens == 0) return jp_fail(&j, "block size is 0 tokens");
-  jp_ws(&j);
-  if (j.p == j.e) return 1;
-  char b[16];
-  if (*j.p != '{') return jp_fail(&j, "expected '{' (one JSON object per line), found %s", jp_what(&j, b, sizeof b));
-  j.p++;
+  if (block_tokens == 0) return fail(err, errlen, "block size is 0 tokens");
+  size_t lead = 0;
+  while (lead < len && is_ws(line[lead])) lead++;
+  if (lead == len) return 1;
+  char w[16];
+  if (line[lead] != '{') /* before jansson, which would name the end of the first token */
+    return fail(err, errlen, "column %zu: expected '{' (one JSON object per line), found %s", lead + 1,
+                byte_what(line + lead, line + len, w, sizeof w));
+  struct bigs b = {.copy = NULL, .n = 0};
+  json_t *o = NULL;
   size_t ids_start = t->n_ids;
   struct trace_req r = {.ids_off = ids_start};
-  bool have_ts = false, have_in = false, have_out = false, have_ids = false;
-  jp_ws(&j);
-  if (j.p < j.e && *j.p == '}') {
-    j.p++;
-  } else {
-    for (;;) {
-      jp_ws(&j);
-      if (j.p >= j.e || *j.p != '"') {
-        jp_fail(&j, "expected a field name in quotes, found %s", jp_what(&j, b, sizeof b));
-        goto fail;
-      }
-      const char *kp = j.p;
-      char key[32];
-      size_t klen;
-      if (jp_string(&j, key, sizeof key, &klen)) goto fail;
-      if (jp_expect(&j, ':', "after a field name")) goto fail;
-      bool *seen = NULL;
-      if (klen == 9 && !strcmp(key, "timestamp")) seen = &have_ts;
-      else if (klen == 12 && !strcmp(key, "input_length")) seen = &have_in;
-      else if (klen == 13 && !strcmp(key, "output_length")) seen = &have_out;
-      else if (klen == 8 && !strcmp(key, "hash_ids")) seen = &have_ids;
-      if (seen && *seen) {
-        j.p = kp;
-        jp_fail(&j, "field \"%s\" appears twice", key);
-        goto fail;
-      }
-      if (seen) *seen = true;
-      if (seen == &have_ts) {
-        jp_ws(&j);
-        if (j.p >= j.e || !(*j.p == '-' || isdig(*j.p))) {
-          jp_fail(&j, "timestamp must be a number of milliseconds, found %s", jp_what(&j, b, sizeof b));
-          goto fail;
-        }
-        struct jnum n;
-        if (jp_number(&j, &n) || jnum_dbl(&j, &n, "timestamp", &r.timestamp_ms)) goto fail;
-      } else if (seen == &have_in) {
-        if (jp_u64_field(&j, "input_length", &r.input_len)) goto fail;
-      } else if (seen == &have_out) {
-        if (jp_u64_field(&j, "output_length", &r.output_len)) goto fail;
-      } else if (seen == &have_ids) {
-        jp_ws(&j);
-        if (j.p >= j.e || *j.p != '[') {
-          jp_fail(&j, "hash_ids must be an array of block ids, found %s", jp_what(&j, b, sizeof b));
-          goto fail;
-        }
-        j.p++;
-        jp_ws(&j);
-        if (j.p < j.e && *j.p == ']') {
-          j.p++;
-        } else {
-          for (;;) {
-            uint64_t v;
-            if (jp_u64_field(&j, "a hash id", &v)) goto fail;
-            if (t->n_ids - ids_start >= TRACE_MAX_IDS_PER_REQ) {
-              jp_fail(&j, "more than %u hash ids in one request", TRACE_MAX_IDS_PER_REQ);
-              goto fail;
-            }
-            if (ids_push(t, v)) {
-              j.rc = -ENOMEM;
-              snprintf(err, errlen, "out of memory reading hash ids");
-              goto fail;
-            }
-            jp_ws(&j);
-            if (j.p < j.e && *j.p == ',') {
-              j.p++;
-              continue;
-            }
-            if (j.p < j.e && *j.p == ']') {
-              j.p++;
-              break;
-            }
-            jp_fail(&j, "expected ',' or ']' in hash_ids, found %s", jp_what(&j, b, sizeof b));
-            goto fail;
-          }
-        }
-      } else {
-        if (jp_skip_value(&j, 1)) goto fail;
-      }
-      jp_ws(&j);
-      if (j.p < j.e && *j.p == ',') {
-        j.p++;
-        continue;
-      }
-      if (j.p < j.e && *j.p == '}') {
-        j.p++;
-        break;
-      }
-      jp_fail(&j, "expected ',' or '}' after a field, found %s", jp_what(&j, b, sizeof b));
-      goto fail;
-    }
-  }
-  jp_ws(&j);
-  if (j.p != j.e) {
-    jp_fail(&j, "unexpected %s after the object (one object per line)", jp_what(&j, b, sizeof b));
-    goto fail;
-  }
-  {
-    const char *missing = !have_in ? "input_length" : !have_out ? "output_length" : !have_ids ? "hash_ids" : NULL;
-    if (missing) {
-      j.p = j.s;
-      snprintf(err, errlen, "the request has no \"%s\" field (each line needs input_length, output_length and hash_ids)",
-               missing);
-      j.rc = -EINVAL;
-      goto fail;
-    }
-  }
-  {
-    uint64_t n = t->n_ids - ids_start;
-    uint64_t whole = r.input_len / block_tokens;
-    uint64_t all = whole + (r.input_len % block_tokens != 0);
-    if (n < whole || n > all) {
-      char need[64];
-      if (whole == all) snprintf(need, sizeof need, "%llu", (unsigned long long)whole);
-      else snprintf(need, sizeof need, "%llu or %llu", (unsigned long long)whole, (unsigned long long)all);
-      snprintf(err, errlen,
-               "hash_ids has %llu ids but input_length %llu in blocks of %u tokens needs %s: the trace's block "
-               "size is not %u tokens (see --block-tokens) or the line is damaged",
-               (unsigned long long)n, (unsigned long long)r.input_len, block_tokens, need, block_tokens);
-      j.rc = -EINVAL;
-      goto fail;
-    }
-    r.n_ids = (uint32_t)n;
-    r.n_whole = (uint32_t)whole;
-  }
-  if (t->n == t->cap) {
+  int rc = load_line(line, len, &b, &o, err, errlen);
+  if (!rc) rc = read_request(t, &b, o, block_tokens, &r, err, errlen);
+  if (!rc && t->n == t->cap) {
     size_t nc = t->cap ? t->cap * 2 : 1024;
     struct trace_req *nr = realloc(t->req, nc * sizeof *nr);
-    if (!nr) {
-      j.rc = -ENOMEM;
+    if (nr) {
+      t->req = nr;
+      t->cap = nc;
+    } else {
       snprintf(err, errlen, "out of memory reading requests");
-      goto fail;
+      rc = -ENOMEM;
     }
-    t->req = nr;
-    t->cap = nc;
   }
-  t->req[t->n++] = r;
-  if (r.n_whole > t->max_whole) t->max_whole = r.n_whole;
-  return 0;
-fail:
-  t->n_ids = ids_start;
-  return j.rc ? j.rc : -EINVAL;
+  if (!rc) {
+    t->req[t->n++] = r;
+    if (r.n_whole > t->max_whole) t->max_whole = r.n_whole;
+  } else {
+    t->n_ids = ids_start;
+  }
+  json_decref(o);
+  free(b.copy);
+  return rc;
 }
 
 int trace_load(const char *path, unsigned block_tokens, struct trace *t, char *err, size_t errlen) {

@@ -1,14 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * trace.h — serving traces in Mooncake's JSONL format, parsed without a JSON
- * library, and the chat workload generator that writes the same format.
+ * trace.h — serving traces in Mooncake's JSONL format, parsed with jansson,
+ * and the chat workload generator that writes the same format.
  *
  * One request per line: {"timestamp": MS, "input_length": TOKENS,
  * "output_length": TOKENS, "hash_ids": [ID, ...]} with one id per block of
  * the prompt (the last one may cover a partial block). Unknown fields of any
- * JSON type are skipped. The parser is written for hostile input: every byte
- * is bounds-checked, nesting is limited, and every error names the line, the
- * column and what was expected.
+ * JSON type are skipped. The parser is written for hostile input: nesting and
+ * ids per request are limited, and a syntax error names the line, the column
+ * and what was expected (jansson's words); a field of the wrong type or range
+ * names the field.
  */
 #ifndef UMBP_TOOLS_REPLAY_TRACE_H
 #define UMBP_TOOLS_REPLAY_TRACE_H
@@ -44,8 +45,8 @@ void trace_free(struct trace *t);
 
 /* Parse one line (len bytes, need not be NUL-terminated) and append the
  * request to t. Returns 0, 1 for a blank line (nothing appended), or -EINVAL
- * with a message in err ("column 12: expected ':' after a field name"), or
- * -ENOMEM. block_tokens is used for the whole-block count and the check that
+ * with a message in err ("column 17: ':' expected near '5'", "input_length
+ * must be a non-negative integer, found -5"), or -ENOMEM. block_tokens is used for the whole-block count and the check that
  * hash_ids covers input_length. */
 int trace_parse_line(struct trace *t, const char *line, size_t len, unsigned block_tokens, char *err, size_t errlen);
 
