@@ -51,7 +51,6 @@ struct umbp_index {
   struct umbp_ring_geo ev_geo;
   uint32_t slot_count;
   uint64_t slot_size;
-  char *arena_base; /* unused: slots are addressed through partitions */
   bool memb;        /* readers rely on the writers' membarrier */
   _Atomic bool ev_stored;
   _Alignas(64) pthread_mutex_t limbo_mu;

@@ -106,7 +106,7 @@ struct umbp_shm_header {
   uint32_t max_procs;
   uint32_t max_threads;
   uint32_t max_namespaces;
-  uint32_t n_buckets;      /* power of two */
+  uint32_t n_buckets;      /* any count (UMBP_BUCKETS_FOR(slots)); homes by multiply-shift */
   uint32_t event_capacity; /* power of two */
   uint8_t uuid[16];
   uint64_t created_ns;
