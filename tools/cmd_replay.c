@@ -77,6 +77,9 @@ static const char *replay_usage =
     "  --speed X            replay the trace's timestamps at X times real time\n"
     "                       (default 0: as fast as possible). Only the pacing\n"
     "                       changes, never the figures.\n"
+    "  --reply-timeout S    a worker that sends no reply for S seconds (stopped,\n"
+    "                       hung) fails the replay (default 60); after 5 s the\n"
+    "                       rank, pid and /proc state are printed every 5 s.\n"
     "  --json               print one JSON object instead of the text summary.\n"
     "  -h, --help           this text.\n"
     "\n";
@@ -138,7 +141,7 @@ static const char *replay_usage_out =
 #define SWEEP_MAX 64
 
 enum {
-  OPT_TP = 256, OPT_CAPACITY, OPT_UNBOUNDED, OPT_SWEEP, OPT_BLOCK_TOKENS, OPT_BPT, OPT_SPEED, OPT_JSON, OPT_GENERATE,
+  OPT_TP = 256, OPT_CAPACITY, OPT_UNBOUNDED, OPT_SWEEP, OPT_BLOCK_TOKENS, OPT_BPT, OPT_SPEED, OPT_WORKER_TIMEOUT, OPT_JSON, OPT_GENERATE,
   OPT_SEED, OPT_CONV, OPT_TURNS, OPT_SYSP, OPT_SYST, OPT_USERT, OPT_OUTT, OPT_RATE, OPT_THINK, OPT_OUTPUT,
   OPT_PLOT, OPT_CSV,
 };
@@ -151,6 +154,7 @@ static const struct option long_opts[] = {
     {"block-tokens", required_argument, NULL, OPT_BLOCK_TOKENS},
     {"bytes-per-token", required_argument, NULL, OPT_BPT},
     {"speed", required_argument, NULL, OPT_SPEED},
+    {"reply-timeout", required_argument, NULL, OPT_WORKER_TIMEOUT},
     {"json", no_argument, NULL, OPT_JSON},
     {"plot", required_argument, NULL, OPT_PLOT},
     {"csv", required_argument, NULL, OPT_CSV},
@@ -353,6 +357,11 @@ static int parse_opts(int argc, char **argv, struct replay_opts *o) {
           return cli_usage_error("replay", "--speed '%s' is not a factor: use 0 (as fast as possible) or a positive "
                                            "number such as 10", optarg);
         o->cfg.speed = d;
+        break;
+      case OPT_WORKER_TIMEOUT:
+        if (parse_uint(optarg, 1, 86400, &v))
+          return cli_usage_error("replay", "--reply-timeout '%s' is not a time: use 1 to 86400 seconds", optarg);
+        o->cfg.worker_timeout_s = (unsigned)v;
         break;
       case OPT_JSON: o->json = true; break;
       case OPT_PLOT: o->plot_path = optarg; break;

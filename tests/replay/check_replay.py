@@ -210,6 +210,34 @@ def start_slow():
     return p
 
 
+@check("a SIGSTOPped worker: the rank, pid and state are printed, the replay fails after --reply-timeout")
+def _():
+    p = subprocess.Popen([TOOL, "replay", "--generate", "chat", "--conversations", "40", "--tp", "2",
+                          "--speed", "1", "--reply-timeout", "7"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(400):
+        if segments(p.pid):
+            break
+        time.sleep(0.05)
+    with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+        workers = [int(x) for x in f.read().split()]
+    assert len(workers) == 2, workers
+    os.kill(workers[1], signal.SIGSTOP)
+    try:
+        out, err = p.communicate(timeout=60)
+    finally:
+        for w in workers:
+            try:
+                os.kill(w, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert p.returncode == 1, f"exit {p.returncode}: {err}"
+    assert f"waiting 5 s for worker rank 1 (pid {workers[1]}, state T, stopped" in err, err
+    assert f"worker rank 1 (pid {workers[1]}, state T, stopped" in err and "sent no reply for 7 s" in err, err
+    assert f"kill -CONT {workers[1]}" in err and "--reply-timeout" in err, err
+    assert not segments(p.pid), segments(p.pid)
+
+
 @check("SIGINT: exit 130, workers reaped, pool removed")
 def _():
     p = start_slow()

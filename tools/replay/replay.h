@@ -107,6 +107,11 @@ static inline long rp_verify(const void *src, size_t n, uint64_t id, unsigned ra
 }
 
 /* ---- the scheduler ---------------------------------------------------------- */
+/* How long the scheduler waits for a worker's reply before it says which
+ * rank it waits for, and (default) before it gives up. */
+#define RP_WAIT_NOTE_S 5
+#define RP_WORKER_TIMEOUT_DEFAULT_S 60
+
 struct rp_config {
   const char *trace_name;    /* shown in the summary */
   unsigned tp;
@@ -115,6 +120,7 @@ struct rp_config {
   uint64_t block_bytes;      /* bytes of one block on one rank (payload) */
   uint64_t slot_size;        /* pool slot: block_bytes rounded up to 64, >= 4096 */
   double speed;              /* 0: as fast as possible */
+  unsigned worker_timeout_s; /* a rank silent this long fails the replay (0: default) */
   bool progress;             /* draw progress on stderr */
 };
 

@@ -158,8 +158,32 @@ static int send_msg(struct run *r, unsigned rank, uint32_t type, uint64_t seq, u
   return 1;
 }
 
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The state letter and its meaning from /proc/PID/stat ("T (stopped)"). */
+static void proc_state(pid_t pid, char *out, size_t n) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f) fclose(f);
+  buf[got] = 0;
+  const char *rp = strrchr(buf, ')'); /* the command may contain spaces and ')' */
+  char c = rp && rp[1] == ' ' ? rp[2] : '?';
+  const char *what = c == 'T' ? "stopped (SIGSTOP or a job-control stop)" : c == 't' ? "stopped by a tracer"
+                     : c == 'D' ? "in uninterruptible sleep" : c == 'R' ? "running" : c == 'S' ? "sleeping"
+                     : c == 'Z' ? "a zombie" : "in an unknown state";
+  snprintf(out, n, "%c, %s", c, what);
+}
+
 /* Wait for one reply from every rank in [lo, hi). 0, 1 (error reported), or
- * 128+signal. Replies are summed into sum. */
+ * 128+signal. Replies are summed into sum. A rank that has not replied after
+ * RP_WAIT_NOTE_S seconds is named on stderr (pid and /proc state) every
+ * RP_WAIT_NOTE_S seconds; after cfg.worker_timeout_s the replay fails. */
 static int wait_replies(struct run *r, unsigned lo, unsigned hi, uint32_t type, struct rp_reply *sum) {
   bool pending[RP_MAX_TP] = {false};
   unsigned left = 0;
@@ -168,8 +192,30 @@ static int wait_replies(struct run *r, unsigned lo, unsigned hi, uint32_t type, 
     left++;
   }
   int rc = 0;
+  uint64_t t0 = mono_ns(), next_note = t0 + RP_WAIT_NOTE_S * 1000000000ull;
+  unsigned limit_s = r->cfg->worker_timeout_s ? r->cfg->worker_timeout_s : RP_WORKER_TIMEOUT_DEFAULT_S;
   while (left) {
     if (g_sig) return 128 + g_sig;
+    uint64_t now = mono_ns();
+    if (now >= next_note) {
+      bool over = now - t0 >= (uint64_t)limit_s * 1000000000ull;
+      for (unsigned i = lo; i < hi; i++) {
+        if (!pending[i]) continue;
+        char st[96];
+        proc_state(r->w[i].pid, st, sizeof st);
+        if (over) {
+          cli_error("replay: worker rank %u (pid %d, state %s) sent no reply for %u s during request %zu of %zu; "
+                    "stopping the replay and removing pool '%s' (resume a stopped worker with 'kill -CONT %d', or "
+                    "allow more time with --reply-timeout)", i, (int)r->w[i].pid, st, limit_s, r->done + 1,
+                    r->t->n, r->name, (int)r->w[i].pid);
+          return 1;
+        }
+        fprintf(stderr, "umbp replay: waiting %.0f s for worker rank %u (pid %d, state %s); giving up after %u s\n",
+                (double)(now - t0) / 1e9, i, (int)r->w[i].pid, st, limit_s);
+      }
+      next_note = now + RP_WAIT_NOTE_S * 1000000000ull;
+      if (next_note > t0 + (uint64_t)limit_s * 1000000000ull) next_note = t0 + (uint64_t)limit_s * 1000000000ull;
+    }
     struct pollfd pf[RP_MAX_TP];
     unsigned idx[RP_MAX_TP], np = 0;
     for (unsigned i = lo; i < hi; i++)
