@@ -462,6 +462,7 @@ def synthetic():
     path = os.path.join(DATA, "traces", "synthetic_trace.jsonl")
     if not os.path.exists(path):
         return f"SKIP {path} not found (../shared/data is not beside the clone)"
+    t0 = time.time()
     d = run_json(path, "--unbounded", timeout=900)
     wall = time.time() - t0
     assert d["requests"] == 3993, d["requests"]
