@@ -138,9 +138,12 @@ typedef struct umbp_conn_event {
 
 typedef struct umbp_conn_events umbp_conn_events;
 
-/* New empty container with one worker. 0 or -ENOMEM. */
+/* New empty container with one worker: 0 and *ret (the caller owns it; free
+ * with umbp_conn_events_free()), -EINVAL (NULL ret) or -ENOMEM. */
 UMBP_API int umbp_conn_events_create(umbp_conn_events **ret);
-UMBP_API void umbp_conn_events_free(umbp_conn_events *ev); /* accepts NULL */
+/* Free ev and the events it holds. Accepts NULL. Its owner thread only, after
+ * its last use. */
+UMBP_API void umbp_conn_events_free(umbp_conn_events *ev);
 /* Merge ev[0..n): each event not equal to one held already (or earlier in
  * the same batch) is appended in order. Returns how many were appended, or
  * -EINVAL / -ENOMEM. */
@@ -156,6 +159,7 @@ UMBP_API unsigned umbp_conn_events_get(const umbp_conn_events *ev, umbp_conn_eve
 UMBP_API unsigned umbp_conn_events_pop_common(umbp_conn_events *ev, umbp_conn_event *out, unsigned max);
 /* Add count (> 0) workers: 0, or -EINVAL when count <= 0 (nothing changes). */
 UMBP_API int umbp_conn_events_increment_workers(umbp_conn_events *ev, int count);
+/* Workers whose events were added since the last reset (>= 1), 0 for NULL. */
 UMBP_API unsigned umbp_conn_events_workers(const umbp_conn_events *ev);
 /* The events are already merged when added: reset the worker count to 1. */
 UMBP_API void umbp_conn_events_aggregate(umbp_conn_events *ev);
@@ -174,8 +178,11 @@ typedef struct umbp_conn_stats_snapshot {
 
 typedef struct umbp_conn_stats umbp_conn_stats;
 
+/* New zeroed counters: 0 and *ret (the caller owns it; free with
+ * umbp_conn_stats_free()), -EINVAL (NULL ret) or -ENOMEM. */
 UMBP_API int umbp_conn_stats_create(umbp_conn_stats **ret);
-UMBP_API void umbp_conn_stats_free(umbp_conn_stats *st); /* accepts NULL */
+/* Free st. Accepts NULL. No thread may still update it. */
+UMBP_API void umbp_conn_stats_free(umbp_conn_stats *st);
 /* Count a finished or submitted batch: -EINVAL for an op out of range. */
 UMBP_API int umbp_conn_stats_add(umbp_conn_stats *st, int op, uint64_t submitted,
                                  uint64_t completed, uint64_t failed, uint64_t bytes);

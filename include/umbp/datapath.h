@@ -123,7 +123,9 @@ typedef struct umbp_kv_layout umbp_kv_layout;
  * process; free it after the last job that uses it is done. */
 UMBP_API int umbp_kv_layout_create(umbp_pool *pool, const umbp_kv_region *regions, unsigned n,
                                    umbp_kv_layout **ret_layout);
-UMBP_API void umbp_kv_layout_free(umbp_kv_layout *layout); /* accepts NULL */
+/* Free a layout. Accepts NULL. Only after the last job that uses it has
+ * completed; the regions' memory stays the caller's. */
+UMBP_API void umbp_kv_layout_free(umbp_kv_layout *layout);
 /* Bytes of group's block object (the sum of its regions' block_bytes), 0 if
  * the layout has no such group. */
 UMBP_API uint64_t umbp_kv_layout_object_bytes(const umbp_kv_layout *layout, uint16_t group);
@@ -178,6 +180,9 @@ enum umbp_dp_cuda_copy {
  * otherwise the copy engines run. */
 #define UMBP_DP_KERNEL_AUTO_MAX (256u << 10)
 
+/* Fill defaults: 2 host threads not bound, 2 CUDA streams, cuda_register
+ * true, UMBP_DP_CUDA_COPY_AUTO, 16 kernel CTAs (0 means 16). Never fails;
+ * o must not be NULL. */
 UMBP_API void umbp_dp_opts_init(umbp_dp_opts *o);
 
 /* Start an engine on an attached read-write pool: its host threads and, when

@@ -3,20 +3,50 @@
  * index.h — the block index: find, add, pin and evict blocks in a pool with no
  * server and no lock on the read path.
  *
- * Slot lifecycle (see src/index/index.c for the design note):
+ * Slot lifecycle (design notes: src/index/table.c, readers.c, pins.c, reserve.c,
+ * evict.c):
  *
  *   umbp_reserve()  → write bytes at umbp_slot_ptr() → umbp_publish(key)
  *   umbp_lookup_pin(key) → read bytes → umbp_unpin()
  *   umbp_remove(key), umbp_clear_ns(ns), eviction (CLOCK) → removed event
  *
- * Every function here may be called by any thread of any process attached
- * read-write, concurrently with every other; lookups and probes also work on
- * read-only handles. Lookups are lock-free and write no line that another
- * thread writes. A removed block's slot is reused only after every reader in
- * every process that could have seen it has left its read section.
+ * Names. The slot and lookup verbs keep short names (umbp_reserve,
+ * umbp_publish, umbp_lookup_pin, umbp_unpin, umbp_remove, ...) rather than
+ * umbp_index_<verb>: they are the hot-path calls an engine makes per block,
+ * and the index is the pool's main purpose. Every other module prefixes its
+ * name (umbp_pool_, umbp_dp_, umbp_conn_, umbp_topo_, umbp_ns_, umbp_events_).
+ *
+ * Calling context, for every function below unless its comment says more:
+ *  - Any thread of any process holding a read-write handle, concurrently with
+ *    every other call, except during umbp_pool_detach() of that handle.
+ *  - Read-only handles (umbp_attach_opts.read_only): the calls that write
+ *    return -EROFS; umbp_contains*, umbp_prefix_probe, umbp_ns_lookup/name/
+ *    info_get/count, the counters, census and stats calls work (loads only).
+ *  - A handle inherited through fork(): every call that writes, and
+ *    umbp_lookup_pin*, umbp_contains* and umbp_prefix_probe, return -ECHILD
+ *    (attach again in the child); the loads-only calls above still read.
+ *  - -EUSERS: the calling thread is the 65th thread of its process to use
+ *    this pool (UMBP_MAX_THREADS reader lines per process), or it already
+ *    uses 8 other pools. Any call that enters a read section or counts can
+ *    return it (every call taking a read-write handle, umbp_contains* and
+ *    umbp_prefix_probe included).
+ *  - Not async-signal-safe: a thread's first call takes a process mutex, and
+ *    errors format a message.
+ *  - umbp_publish(), umbp_ns_register() and eviction spin on short locks in
+ *    the segment; a dead holder's lock is taken over, a stopped (SIGSTOP)
+ *    holder's is waited for.
+ *
+ * Lookups take no lock and write no key or bucket line; they write only the
+ * calling thread's reader line (and counters), and a pin also writes the
+ * process's pin byte for the slot and sets the slot's reference bit
+ * (meta.ref) when it is clear. A removed block's slot is reused only after
+ * every reader in every process that could have seen it has left its read
+ * section.
  *
  * Results go out through ret_ pointers written only on success; errors are
- * negative errno codes with details in umbp_last_error().
+ * negative errno codes and set umbp_last_error() (thread-local) to a message
+ * naming the cause, except a lookup miss (-ENOENT from umbp_lookup_pin),
+ * which is an answer, not a failure, and leaves it alone.
  */
 #ifndef UMBP_INDEX_H
 #define UMBP_INDEX_H
@@ -44,12 +74,19 @@ typedef struct umbp_key {
 
 /* ---- namespaces ----------------------------------------------------------- */
 /* Map a name (1..128 bytes) to its 32-bit id, registering it on first use. The
- * same name gets the same id from every process. 0, -EINVAL, -ENOSPC (table
- * full: UMBP_MAX_NAMESPACES), -EROFS. */
+ * same name gets the same id from every process, for the pool's life (ids are
+ * never reused). Returns 0 and *ret_id; -EINVAL (NULL argument, name length);
+ * -ENOSPC (all UMBP_MAX_NAMESPACES ids taken); -EROFS (read-only handle, name
+ * not yet registered); -ECHILD. Registration is a release store: a process
+ * that then finds the name (acquire) sees it whole. */
 UMBP_API int umbp_ns_register(umbp_pool *pool, const char *name, uint32_t *ret_id);
-/* Look a name up without registering it: 0 or -ENOENT. */
+/* Look a name up without registering it: 0 and *ret_id, -EINVAL (NULL
+ * argument, name length), -ENOENT (not registered). Loads only; read-only
+ * handles too. */
 UMBP_API int umbp_ns_lookup(umbp_pool *pool, const char *name, uint32_t *ret_id);
-/* Name of namespace id into buf (NUL-terminated): 0 or -ENOENT. */
+/* Name of namespace id into buf (NUL-terminated, truncated to n - 1 bytes):
+ * 0, -EINVAL (NULL pool or buf, n == 0, id >= UMBP_MAX_NAMESPACES), -ENOENT
+ * (id not registered). Loads only; read-only handles too. */
 UMBP_API int umbp_ns_name(umbp_pool *pool, uint32_t id, char *buf, size_t n);
 typedef struct umbp_ns_info {
   uint32_t id;
@@ -58,73 +95,135 @@ typedef struct umbp_ns_info {
   uint64_t bytes;       /* blocks * slot size */
   uint64_t quota_bytes; /* 0: none */
 } umbp_ns_info;
-/* Describe namespace id: 0 or -ENOENT. Read-only handles too. */
+/* Describe namespace id: 0 and *ret, -EINVAL (NULL argument, id out of
+ * range), -ENOENT (not registered). Loads only (relaxed: blocks is a
+ * snapshot); read-only handles too. */
 UMBP_API int umbp_ns_info_get(umbp_pool *pool, uint32_t id, umbp_ns_info *ret);
-/* Number of registered namespaces (ids are 0..UMBP_MAX_NAMESPACES-1, not dense). */
+/* Number of registered namespaces (>= 0; ids are 0..UMBP_MAX_NAMESPACES-1,
+ * not dense), or -EINVAL for a NULL pool. Loads only; read-only handles too. */
 UMBP_API int umbp_ns_count(umbp_pool *pool);
 
-/* Quota in bytes (0: none). A namespace over its quota evicts its own blocks
- * first when it needs a slot. */
+/* Set namespace id's quota in bytes (0: none). A namespace over its quota
+ * evicts its own blocks first when it reserves. 0, -EINVAL (id out of range),
+ * -ENOENT (not registered), -EROFS, -ECHILD. Relaxed store: other processes'
+ * reserves apply it soon, not at once. */
 UMBP_API int umbp_ns_set_quota(umbp_pool *pool, uint32_t id, uint64_t bytes);
 
 /* ---- slots ---------------------------------------------------------------- */
 /* Reserve a free slot on partition `part` (-1: the partition with the most
  * free slots) for a block of namespace `ns`. When the partition has none, the
- * call evicts unpinned blocks (bounded effort) and fails with -ENOSPC if that
- * frees nothing. The slot belongs to the caller's process until published or
- * aborted; if the process dies, the reaper frees it. */
+ * call reclaims retired slots, evicts unpinned blocks and reaps dead
+ * processes (bounded effort: a few rounds of 2 ms waits) and then fails. Returns 0 and
+ * *ret_slot; -EINVAL (NULL argument, no such partition, ns out of range);
+ * -ENOSPC (nothing could be freed: the message names what holds the slots,
+ * e.g. a stopped reader); -EROFS; -ECHILD; -EUSERS. Ownership: the slot and
+ * its bytes belong to the calling process (any of its threads) until it
+ * publishes or aborts it; if the process dies first, a reaper frees it. */
 UMBP_API int umbp_reserve(umbp_pool *pool, int part, uint32_t ns, uint32_t *ret_slot);
-/* Reserve up to n slots; returns how many were reserved (>= 0) or -errno. */
+/* Reserve up to n slots into ret_slots[0..k); returns k (>= 1, or 0 for
+ * n == 0), or the errors of umbp_reserve() when none could be reserved
+ * (-ENOSPC). Ownership as umbp_reserve(). */
 UMBP_API int umbp_reserve_bulk(umbp_pool *pool, int part, uint32_t ns, unsigned n, uint32_t *ret_slots);
-/* Give a reserved, unpublished slot back. 0 or -EINVAL (not reserved by us). */
+/* Give a reserved, unpublished slot back to the free queue: 0, -EINVAL (slot
+ * out of range or not reserved by this process), -EROFS, -ECHILD, -EUSERS.
+ * The caller must not touch the slot's bytes afterwards. */
 UMBP_API int umbp_abort(umbp_pool *pool, uint32_t slot);
-/* This process's address of slot's bytes (slot_size of them), NULL if out of range. */
+/* This process's address of slot's bytes (umbp_slot_size() of them), or NULL
+ * if pool is NULL or slot out of range. Valid until umbp_pool_detach(). It
+ * grants nothing: write only a slot this process reserved; read only one it
+ * has pinned. Read-only handles too (the mapping is then PROT_READ). */
 UMBP_API void *umbp_slot_ptr(umbp_pool *pool, uint32_t slot);
+/* Bytes per slot (fixed at creation), 0 for a NULL pool. Any handle. */
 UMBP_API uint64_t umbp_slot_size(const umbp_pool *pool);
+/* Slots in the pool (fixed at creation), 0 for a NULL pool. Any handle. */
 UMBP_API uint32_t umbp_slot_count(const umbp_pool *pool);
-/* Partition holding slot, or -1. */
+/* Partition holding slot, or -1 (NULL pool, slot out of range). Any handle. */
 UMBP_API int umbp_slot_partition(const umbp_pool *pool, uint32_t slot);
 
 /* Publish a reserved slot under key. First writer wins: if key is present
- * already, returns -EEXIST and gives the slot back (it is free again). The
- * bytes written before this call are visible to every process that finds the
- * key (release/acquire). 0, -EEXIST, -EINVAL. */
+ * already, returns -EEXIST and gives the slot back (it is free again; do not
+ * touch its bytes). Returns 0; -EEXIST; -EINVAL (NULL or bad key, slot not
+ * reserved by this process, namespace not registered); -ENOSPC (the key's
+ * bucket neighbourhood is full; the slot is freed); -EROFS; -ECHILD; -EUSERS.
+ * Ordering: the bytes written before this call are visible to every thread of
+ * every process that then finds the key (release CAS of the bucket way, paired
+ * with the lookup's acquire load). Ownership: on 0 the block belongs to the
+ * pool; its bytes must not be written again. */
 UMBP_API int umbp_publish(umbp_pool *pool, uint32_t slot, const umbp_key *key);
-/* Publish n slots; rc[i] gets each result. Returns how many were published. */
+/* Publish n slots, rc[i] (if rc is not NULL) getting each umbp_publish()
+ * result. Returns how many were published (>= 0), or -EINVAL for a NULL pool
+ * or NULL slots/keys with n > 0. Each slot as umbp_publish(). */
 UMBP_API int umbp_publish_bulk(umbp_pool *pool, unsigned n, const uint32_t *slots, const umbp_key *keys, int *rc);
 
 /* ---- lookups -------------------------------------------------------------- */
 /* Find key and pin its slot: while pinned it is neither evicted nor reused.
- * 0 and *ret_slot, -ENOENT, -EOVERFLOW (this process holds 255 pins on it). */
+ * Returns 0 and *ret_slot; -ENOENT (absent; sets no message); -EOVERFLOW
+ * (this process holds 255 pins on that slot); -EINVAL (NULL or bad key,
+ * NULL ret_slot); -EROFS (read-only handles cannot pin: use umbp_contains);
+ * -ECHILD; -EUSERS. Ordering: on 0, the block's bytes as published are
+ * visible (acquire). Ownership: the pin belongs to the calling process (any
+ * of its threads may unpin it); a process that dies or detaches drops its
+ * pins. Lock-free; writes the thread's reader line, the process's pin byte
+ * and, when clear, the slot's reference bit. */
 UMBP_API int umbp_lookup_pin(umbp_pool *pool, const umbp_key *key, uint32_t *ret_slot);
-/* Pin up to n keys; ret_slots[i] = slot or UMBP_NO_SLOT. Returns the number of hits. */
+/* Pin up to n keys; ret_slots[i] = slot or UMBP_NO_SLOT. Returns the number
+ * of hits (>= 0), or the errors of umbp_lookup_pin() other than -ENOENT and
+ * -EOVERFLOW (a key that hits either gets UMBP_NO_SLOT); on an error no pin
+ * is left held. Ordering and ownership as umbp_lookup_pin(). */
 UMBP_API int umbp_lookup_pin_bulk(umbp_pool *pool, unsigned n, const umbp_key *keys, uint32_t *ret_slots);
-/* Drop one pin taken by this process. 0 or -EINVAL (no pin of ours). */
+/* Drop one pin this process holds on slot: 0; -EINVAL (slot out of range, or
+ * this process holds no pin on it); -EROFS; -ECHILD. Ordering: release — the
+ * caller's reads of the block happen before an evictor can see the pin gone.
+ * The caller must not read the block afterwards. */
 UMBP_API int umbp_unpin(umbp_pool *pool, uint32_t slot);
+/* Unpin each slots[i] that is not UMBP_NO_SLOT (all are tried): 0, or the
+ * first error umbp_unpin() gave; -EINVAL (NULL slots with n > 0), -EROFS,
+ * -ECHILD. */
 UMBP_API int umbp_unpin_bulk(umbp_pool *pool, unsigned n, const uint32_t *slots);
-/* 1 if present, 0 if not (or -errno). Pins nothing. */
+/* 1 if key is published, 0 if not; -EINVAL (NULL or bad key), -ECHILD,
+ * -EUSERS. Pins nothing: the block may be evicted right after, so this
+ * orders nothing about its bytes. Read-only handles too (no read section:
+ * bounds-checked loads that may see a slot being reused, never crash). */
 UMBP_API int umbp_contains(umbp_pool *pool, const umbp_key *key);
-/* Presence of n keys into present[i] (0/1); returns the number present. */
+/* Presence of n keys into present[i] (0/1, if present is not NULL); returns
+ * the number present (>= 0) or the errors of umbp_contains(). */
 UMBP_API int umbp_contains_bulk(umbp_pool *pool, unsigned n, const umbp_key *keys, uint8_t *present);
-/* How many of keys[0..n), in order, are present: the index of the first miss. */
+/* How many of keys[0..n), in order, are present: the index of the first miss
+ * (>= 0), or the errors of umbp_contains(). Pins nothing (as umbp_contains()). */
 UMBP_API int umbp_prefix_probe(umbp_pool *pool, unsigned n, const umbp_key *keys);
 
 /* ---- removal and eviction ------------------------------------------------- */
-/* Remove key: 0, -ENOENT, -EBUSY (pinned). Emits a removed event. */
+/* Remove key: 0; -ENOENT (absent); -EBUSY (pinned by some process); -EINVAL
+ * (NULL or bad key); -EROFS; -ECHILD; -EUSERS. On 0 later lookups miss and a
+ * removed event is emitted; the slot is reused only after every reader that
+ * could have seen it has left its read section. */
 UMBP_API int umbp_remove(umbp_pool *pool, const umbp_key *key);
-/* Remove every unpinned block of ns; returns how many (pinned ones stay). */
+/* Remove every unpinned published block of ns; returns how many (>= 0;
+ * pinned ones stay), or -EINVAL (NULL pool), -EROFS, -ECHILD, -EUSERS. A
+ * block published concurrently may stay. */
 UMBP_API int umbp_clear_ns(umbp_pool *pool, uint32_t ns);
-/* Evict up to `want` unpinned blocks from partition part (-1: all) by CLOCK;
- * returns how many were evicted. */
+/* Evict up to `want` unpinned blocks from partition part (-1: all) by CLOCK
+ * (namespaces over quota first); returns how many were evicted (>= 0), or
+ * -EINVAL (NULL pool, no such partition), -EROFS, -ECHILD, -EUSERS. Each
+ * eviction emits a removed event. */
 UMBP_API int umbp_evict(umbp_pool *pool, int part, unsigned want);
-/* Reclaim retired slots whose grace period has passed; returns how many went
- * back to the free queues. Never waits for a reader. */
+/* Return this process's retired slots whose grace period has passed to the
+ * free queues; returns how many (>= 0), or -EINVAL (NULL pool), -EROFS,
+ * -ECHILD, -EUSERS. Never waits for a reader: a slot some reader could still
+ * see waits for a later call. May issue one membarrier (an IPI to every CPU
+ * running a pool process) when it has retired slots. */
 UMBP_API int umbp_reclaim(umbp_pool *pool);
 
-/* Background eviction thread of this process: keeps every partition's free
- * slots between low_pct and high_pct of its slots (defaults 5 and 10), and
- * reclaims retired slots. One per process; stop with umbp_evictor_stop(). */
+/* Start this process's background eviction thread: keeps every partition's
+ * free slots between low_pct and high_pct of its slots (0: defaults 5 and 10)
+ * and reclaims retired slots every period_ms (0: 10). Returns 0; -EBUSY (one
+ * already runs in this process for this handle); -EINVAL (NULL pool, low_pct
+ * >= high_pct or high_pct > 100); -EROFS; -ECHILD; or pthread_create's error
+ * (-EAGAIN). Owned by the handle: umbp_pool_detach() stops it. */
 UMBP_API int umbp_evictor_start(umbp_pool *pool, unsigned low_pct, unsigned high_pct, unsigned period_ms);
+/* Stop the evictor thread and wait for it to exit (at most about one
+ * period). No effect if none runs or pool is NULL. Not from the evictor
+ * thread itself; not concurrently with umbp_evictor_start() on the handle. */
 UMBP_API void umbp_evictor_stop(umbp_pool *pool);
 
 /* ---- events --------------------------------------------------------------- */
@@ -133,24 +232,35 @@ typedef struct umbp_event {
   int type;
   umbp_key key;
 } umbp_event;
-/* Take up to max events (oldest first); each event goes to one drainer.
- * Returns how many. When the ring is full the oldest events are dropped and
- * counted (umbp_events_dropped); eviction never waits for drainers. */
+/* Take up to max events (oldest first) into out; each event goes to exactly
+ * one drainer, in any process. Returns how many (>= 0), or -EINVAL (NULL
+ * pool, NULL out with max > 0), -EROFS, -ECHILD. When the ring is full the
+ * oldest events are dropped and counted (umbp_events_dropped); eviction never
+ * waits for drainers. A removed event is emitted before its slot can be
+ * reused, and a remover killed midway has its event emitted by the reaper. */
 UMBP_API int umbp_events_drain(umbp_pool *pool, umbp_event *out, unsigned max);
+/* Events dropped because the ring was full, since creation (all processes;
+ * 0 for a NULL pool). Loads only; read-only handles too. */
 UMBP_API uint64_t umbp_events_dropped(umbp_pool *pool);
-/* Enable stored events too (removed events are always emitted). */
+/* Emit stored events too, for this process's publishes (removed events are
+ * always emitted). No effect on a NULL, read-only or fork()ed handle. */
 UMBP_API void umbp_events_enable_stored(umbp_pool *pool, bool on);
 
 /* ---- counters and accounting --------------------------------------------- */
 typedef struct umbp_counters {
   uint64_t lookups, hits, misses, inserts, duplicates, evictions, removes, pins;
 } umbp_counters;
-/* Sums over every process (live and reaped). ns = UINT32_MAX: all namespaces.
- * Counters of live processes are flushed every 64 operations, so a figure may
- * lag by up to 64 operations per thread. */
+/* Sums over every process (live and reaped) for namespace ns (UINT32_MAX: all
+ * namespaces): 0 and *ret, or -EINVAL (NULL argument, ns out of range). Flushes
+ * the calling thread's pending counts first; other live threads' counts are
+ * flushed every 64 operations, so a figure may lag by up to 64 operations per
+ * thread. Relaxed loads; read-only handles too. */
 UMBP_API int umbp_counters_ns(umbp_pool *pool, uint32_t ns, umbp_counters *ret);
+/* The same per partition (inserts, evictions, removes and hits by slot
+ * partition): 0 and *ret, or -EINVAL (NULL argument, no such partition). */
 UMBP_API int umbp_counters_part(umbp_pool *pool, unsigned part, umbp_counters *ret);
-/* Flush this thread's pending counter increments into the segment. */
+/* Flush the calling thread's pending counter increments into the segment
+ * (relaxed adds). No effect on a NULL, read-only or fork()ed handle. */
 UMBP_API void umbp_counters_flush(umbp_pool *pool);
 
 typedef struct umbp_slot_census {
@@ -158,7 +268,9 @@ typedef struct umbp_slot_census {
   uint64_t pinned;   /* published slots with at least one pin */
   uint64_t in_rings; /* slot ids currently on the free queues */
 } umbp_slot_census;
-/* Count slots by state (walks every slot; for tools and tests). */
+/* Count slots by state, walking every slot (for tools and tests): 0 and *ret,
+ * or -EINVAL (NULL argument). Loads only; read-only handles too; a scan, not
+ * an instant. */
 UMBP_API int umbp_census(umbp_pool *pool, umbp_slot_census *ret);
 /* The same for partition `part`'s slots and free ring only. Loads only: any
  * thread of any process, a read-only handle included, may call it; the figures
@@ -166,7 +278,10 @@ UMBP_API int umbp_census(umbp_pool *pool, umbp_slot_census *ret);
  * for a NULL argument or part >= the pool's partitions; -EBADMSG when the
  * header's partition table points outside the slots. */
 UMBP_API int umbp_census_part(umbp_pool *pool, unsigned part, umbp_slot_census *ret);
-/* Entries in the index and a probe-length histogram: hist[d] = entries found d buckets from home. */
+/* Entries in the index and a probe-length histogram: hist[d] (d < nhist; hist
+ * may be NULL) = entries found d buckets from home. 0 and *ret_entries, or
+ * -EINVAL (NULL pool or ret_entries). Loads only; a scan; read-only handles
+ * too. */
 UMBP_API int umbp_index_stats(umbp_pool *pool, uint64_t *ret_entries, uint64_t *hist, unsigned nhist);
 
 #ifdef __cplusplus

@@ -113,6 +113,8 @@ typedef struct umbp_attach_opts {
   unsigned timeout_ms;  /* wait for a creator still initialising; 0: 10000 */
 } umbp_attach_opts;
 
+/* Fill defaults: read-write, UMBP_ROLE_OTHER, rank -1, timeout_ms 10000. Accepts
+ * NULL (does nothing). */
 UMBP_API void umbp_attach_opts_init(umbp_attach_opts *o);
 
 /* Create pool `name` and attach to it read-write as its first process.
@@ -137,12 +139,16 @@ UMBP_API void umbp_pool_detach(umbp_pool *pool);
 /* Unlink pool `name` (existing mappings stay valid). 0, -ENOENT, -EACCES. */
 UMBP_API int umbp_pool_destroy(const char *name);
 
-/* Free registry slots of dead processes and the state hung on them. Returns
- * the number of slots reaped (>= 0) or -EROFS on a read-only handle. Any
- * thread, any process, concurrently with everything else. */
+/* Free registry slots of dead processes and the state hung on them (pins,
+ * reservations, reader lines, locks, half-done ring operations). Returns the
+ * number of slots reaped (>= 0), or -EINVAL (NULL pool), -EROFS (read-only
+ * handle), -ECHILD (handle inherited through fork()). Any thread, any
+ * process, concurrently with everything else. */
 UMBP_API int umbp_pool_reap(umbp_pool *pool);
 
-/* Record that this process is alive and working (heartbeat_ns). Cheap. */
+/* Record that this process is alive and working (heartbeat_ns, a relaxed
+ * store to its registry slot). Cheap; any thread. No effect on a NULL or
+ * read-only handle. */
 UMBP_API void umbp_pool_heartbeat(umbp_pool *pool);
 
 /* Check that `name` is a valid pool name: 0 or -EINVAL (with message). */
@@ -196,12 +202,15 @@ typedef struct umbp_proc_info {
 } umbp_proc_info;
 
 /* Fill up to max entries with the claimed registry slots; returns the number
- * written (>= 0). Any thread; read-only handles too. */
+ * written (>= 0), or -EINVAL (NULL pool, NULL out with max > 0). Any thread;
+ * read-only handles too. A snapshot: processes attach and die meanwhile. */
 UMBP_API int umbp_pool_list_procs(umbp_pool *pool, umbp_proc_info *out, unsigned max);
 
-/* This handle's registry slot, or -1 for a read-only handle. */
+/* This handle's registry slot, or -1 for a read-only handle or NULL. */
 UMBP_API int umbp_pool_proc_slot(const umbp_pool *pool);
 
+/* Static name of an enum umbp_role value ("other" for unknown values); never NULL,
+ * never freed. Any thread. */
 UMBP_API const char *umbp_role_name(int role);
 
 #ifdef __cplusplus

@@ -120,8 +120,11 @@ UMBP_API const char *umbp_topo_source(const umbp_topo *topo);
 
 /* Counts of packages (sockets), physical cores and PUs (hardware threads,
  * only those this process is allowed to use on the live machine). */
+/* Packages (>= 0), or -EINVAL for a NULL topo. */
 UMBP_API int umbp_topo_package_count(const umbp_topo *topo);
+/* Physical cores with at least one usable PU (>= 0), or -EINVAL for NULL. */
 UMBP_API int umbp_topo_core_count(const umbp_topo *topo);
+/* Usable PUs (>= 0), or -EINVAL for a NULL topo. */
 UMBP_API int umbp_topo_pu_count(const umbp_topo *topo);
 
 /* NUMA nodes with memory, in OS-index order; index i in [0, count). When the
@@ -133,7 +136,10 @@ typedef struct umbp_topo_numa_info {
   int ncores;            /* cores with at least one PU local to the node */
 } umbp_topo_numa_info;
 
+/* NUMA nodes with memory (>= 1 on a loaded topology), or -EINVAL for NULL. */
 UMBP_API int umbp_topo_numa_count(const umbp_topo *topo);
+/* Describe node index i (not the OS index): 0 and *ret_info, or -EINVAL (NULL
+ * argument, i out of range). */
 UMBP_API int umbp_topo_numa_info_get(const umbp_topo *topo, int i, umbp_topo_numa_info *ret_info);
 /* PUs local to NUMA node i, ascending OS indexes. Returns the count. */
 UMBP_API int umbp_topo_numa_pus(const umbp_topo *topo, int i, unsigned *out, int max);
@@ -166,7 +172,10 @@ typedef struct umbp_topo_gpu_info {
   int npus;                                    /* local PUs */
 } umbp_topo_gpu_info;
 
+/* GPUs the planner can use (>= 0), or -EINVAL for a NULL topo. */
 UMBP_API int umbp_topo_gpu_count(const umbp_topo *topo);
+/* Describe GPU index gpu: 0 and *ret_info (a copy the caller owns), or
+ * -EINVAL (NULL argument, gpu out of range; the message says how many exist). */
 UMBP_API int umbp_topo_gpu_info_get(const umbp_topo *topo, int gpu, umbp_topo_gpu_info *ret_info);
 /* The GPU's local NUMA nodes with memory: the nodeset of the GPU's first
  * non-I/O ancestor (the package, group or node its PCI tree hangs off).
@@ -178,7 +187,10 @@ UMBP_API int umbp_topo_gpu_pus(const umbp_topo *topo, int gpu, unsigned *out, in
 /* Sentences about discovery: how GPUs were found, GPUs that were skipped
  * (display GPUs without a CUDA device), CUDA runtime errors. i in
  * [0, count); NULL when out of range. Owned by topo. */
+/* Number of notes (>= 0), or -EINVAL for a NULL topo. */
 UMBP_API int umbp_topo_note_count(const umbp_topo *topo);
+/* Note i, valid until umbp_topo_free() of the last reference; NULL when topo
+ * is NULL or i is out of range (sets no error). */
 UMBP_API const char *umbp_topo_note(const umbp_topo *topo, int i);
 
 /* ---------------------------------------------------------------------------
@@ -262,6 +274,8 @@ typedef struct umbp_topo_rank_info {
 UMBP_API int umbp_topo_plan_nranks(const umbp_topo_plan *plan);
 /* Copy threads per rank the plan was made for (the default resolved). */
 UMBP_API int umbp_topo_plan_threads_per_rank(const umbp_topo_plan *plan);
+/* Describe rank: 0 and *ret_info (a copy the caller owns), or -EINVAL (NULL
+ * plan or ret_info, rank out of range). Any thread; the plan is immutable. */
 UMBP_API int umbp_topo_plan_rank(const umbp_topo_plan *plan, int rank, umbp_topo_rank_info *ret_info);
 /* The rank's copy-thread PUs (OS indexes), in the order threads should take
  * them: physical cores first. Returns the count. */
@@ -275,7 +289,10 @@ UMBP_API const char *umbp_topo_plan_rank_note(const umbp_topo_plan *plan, int ra
 
 /* Plan-level notes: defaults taken and fallbacks (no GPU, one NUMA node, a
  * GPU hwloc cannot place, GPUs shared by ranks, scarce cores). */
+/* Number of plan-level notes (>= 0), or -EINVAL for a NULL plan. */
 UMBP_API int umbp_topo_plan_note_count(const umbp_topo_plan *plan);
+/* Plan note i, owned by the plan (valid until it is freed); NULL when plan is
+ * NULL or i is out of range (sets no error). */
 UMBP_API const char *umbp_topo_plan_note(const umbp_topo_plan *plan, int i);
 
 /* The NUMA nodes the plan's pool partitions live on, ascending and without

@@ -46,8 +46,10 @@ UMBP_API size_t umbp_abi_struct_size(const char *name);
 UMBP_API const char *umbp_strerror(int code);
 
 /* The message of the last failed call made by the calling thread, or "" when
- * none failed yet. The buffer is thread-local and valid until the thread's
- * next failing umbp call. */
+ * none failed yet: it names the cause and the fix. Every failing call sets it
+ * except a lookup miss (-ENOENT from umbp_lookup_pin), which is an answer;
+ * successful calls leave it as it was. The buffer is thread-local and valid
+ * until the thread's next failing umbp call. */
 UMBP_API const char *umbp_last_error(void);
 
 enum umbp_log_level { UMBP_LOG_ERROR = 0, UMBP_LOG_WARN = 1, UMBP_LOG_INFO = 2, UMBP_LOG_DEBUG = 3 };

@@ -149,7 +149,7 @@ static void scan_ring(umbp_pool *p, unsigned part, uint8_t *on_ring, uint8_t *cl
 }
 
 UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
-  if (!p || !ret) return -EINVAL;
+  if (!p || !ret) return umbp_fail(-EINVAL, "umbp_pool_check: pool and ret are required");
   const struct umbp_shm_header *h = p->hdr;
   const uint32_t n = h->slot_count, nb = h->n_buckets;
   const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);

@@ -76,8 +76,9 @@ static void sum_row(const struct umbp_counter_row *rows, bool part, unsigned id,
 }
 
 UMBP_API int umbp_counters_ns(umbp_pool *p, uint32_t ns, umbp_counters *ret) {
-  if (!p || !ret) return -EINVAL;
-  if (ns != UINT32_MAX && ns >= UMBP_MAX_NAMESPACES) return -EINVAL;
+  if (!p || !ret) return umbp_fail(-EINVAL, "umbp_counters_ns: pool and ret are required");
+  if (ns != UINT32_MAX && ns >= UMBP_MAX_NAMESPACES)
+    return umbp_fail(-EINVAL, "namespace id %u is out of range (UINT32_MAX: all)", ns);
   umbp_counters_flush(p);
   umbp_counters c;
   memset(&c, 0, sizeof c);
@@ -91,7 +92,9 @@ UMBP_API int umbp_counters_ns(umbp_pool *p, uint32_t ns, umbp_counters *ret) {
 }
 
 UMBP_API int umbp_counters_part(umbp_pool *p, unsigned part, umbp_counters *ret) {
-  if (!p || !ret || part >= p->hdr->n_partitions) return -EINVAL;
+  if (!p || !ret) return umbp_fail(-EINVAL, "umbp_counters_part: pool and ret are required");
+  if (part >= p->hdr->n_partitions)
+    return umbp_fail(-EINVAL, "partition %u does not exist (the pool has %u)", part, p->hdr->n_partitions);
   umbp_counters_flush(p);
   umbp_counters c;
   memset(&c, 0, sizeof c);
@@ -130,7 +133,7 @@ static void census_range(umbp_pool *p, uint32_t first, uint32_t n, unsigned p0, 
 }
 
 UMBP_API int umbp_census(umbp_pool *p, umbp_slot_census *ret) {
-  if (!p || !ret) return -EINVAL;
+  if (!p || !ret) return umbp_fail(-EINVAL, "umbp_census: pool and ret are required");
   umbp_slot_census c;
   census_range(p, 0, p->hdr->slot_count, 0, p->hdr->n_partitions, &c);
   *ret = c;
@@ -138,9 +141,14 @@ UMBP_API int umbp_census(umbp_pool *p, umbp_slot_census *ret) {
 }
 
 UMBP_API int umbp_census_part(umbp_pool *p, unsigned part, umbp_slot_census *ret) {
-  if (!p || !ret || part >= p->hdr->n_partitions) return -EINVAL;
+  if (!p || !ret) return umbp_fail(-EINVAL, "umbp_census_part: pool and ret are required");
+  if (part >= p->hdr->n_partitions)
+    return umbp_fail(-EINVAL, "partition %u does not exist (the pool has %u)", part, p->hdr->n_partitions);
   const struct umbp_partition_desc *d = &p->hdr->partitions[part];
-  if (d->first_slot > p->hdr->slot_count || d->slot_count > p->hdr->slot_count - d->first_slot) return -EBADMSG;
+  if (d->first_slot > p->hdr->slot_count || d->slot_count > p->hdr->slot_count - d->first_slot)
+    return umbp_fail(-EBADMSG, "pool '%s': partition %u's slot range lies outside the slots (header corrupted): "
+                               "recreate the pool",
+                     p->name, part);
   umbp_slot_census c;
   census_range(p, d->first_slot, d->slot_count, part, part + 1, &c);
   *ret = c;
@@ -148,7 +156,7 @@ UMBP_API int umbp_census_part(umbp_pool *p, unsigned part, umbp_slot_census *ret
 }
 
 UMBP_API int umbp_index_stats(umbp_pool *p, uint64_t *ret_entries, uint64_t *hist, unsigned nhist) {
-  if (!p || !ret_entries) return -EINVAL;
+  if (!p || !ret_entries) return umbp_fail(-EINVAL, "umbp_index_stats: pool and ret_entries are required");
   const struct umbp_bucket *b = umbp_pool_region(p, UMBP_REG_BUCKETS);
   const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
   uint32_t nb = p->hdr->n_buckets;

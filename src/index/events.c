@@ -38,7 +38,7 @@ static void key_from_shm(const struct umbp_key_shm *s, umbp_key *k) {
 }
 
 UMBP_API int umbp_events_drain(umbp_pool *p, umbp_event *out, unsigned max) {
-  if (!p || (!out && max)) return -EINVAL;
+  if (!p || (!out && max)) return umbp_fail(-EINVAL, "umbp_events_drain: pool, and out for max = %u, are required", max);
   if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only || !p->index) return umbp_fail(-EROFS, "draining events needs a read-write attachment");
   unsigned n = 0;

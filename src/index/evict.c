@@ -67,7 +67,7 @@ UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
   rd_lock(ix, r);
   uint32_t s = probe(ix, &k, h, &st);
   rd_unlock(r);
-  if (s == UMBP_NO_SLOT) return -ENOENT;
+  if (s == UMBP_NO_SLOT) return umbp_fail(-ENOENT, "umbp_remove: no block has this key in namespace %u", k.ns);
   rc = try_remove(p, t, s, st, UMBP_CTR_REMOVES);
   if (rc == -EBUSY) return umbp_fail(-EBUSY, "the block is pinned by a reader: retry after it is unpinned");
   /* reclaim in batches: each grace period costs one membarrier */
@@ -153,7 +153,7 @@ static void *evictor_main(void *arg) {
 
 UMBP_API int umbp_evictor_start(umbp_pool *p, unsigned low_pct, unsigned high_pct, unsigned period_ms) {
   if (p && p->forked) return umbp_pool_forked_fail(p); /* a fork() child's copy of the handle */
-  if (!p || !p->index) return -EINVAL;
+  if (!p || !p->index) return umbp_ix_fail(p);      /* -EINVAL (NULL) or -EROFS (read-only) */
   struct umbp_index *ix = p->index;
   if (ix->ev_running) return umbp_fail(-EBUSY, "this process already runs an evictor on pool '%s'", p->name);
   if (!low_pct) low_pct = 5;

@@ -141,7 +141,7 @@ int umbp_index_attach_hook(umbp_pool *p) {
   /* 64-byte aligned: the writers' fields have lines of their own (index_internal.h) */
   size_t ixsz = (sizeof(struct umbp_index) + 63) & ~(size_t)63;
   struct umbp_index *ix = aligned_alloc(64, ixsz);
-  if (!ix) return -ENOMEM;
+  if (!ix) return umbp_fail(-ENOMEM, "pool '%s': no memory for this process's index state", p->name);
   memset(ix, 0, ixsz);
   struct umbp_shm_header *h = p->hdr;
   ix->p = p;

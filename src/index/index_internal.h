@@ -214,6 +214,7 @@ UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_fail(umbp_pool *p);
 
 /* table.c */
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_key_fail(const umbp_key *k);
+UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_pin_overflow_fail(uint32_t s);
 UMBP_IX_HIDDEN uint32_t umbp_ix_probe_far(struct umbp_index *ix, const struct umbp_key_shm *k, uint32_t home,
                                           uint16_t sig, unsigned ovf, uint64_t *ret_st, bool pin);
 UMBP_IX_HIDDEN bool umbp_ix_relink_hint(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h);

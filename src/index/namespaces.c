@@ -107,7 +107,7 @@ static int ns_check_name(const char *name, size_t *len) {
 
 UMBP_API int umbp_ns_lookup(umbp_pool *p, const char *name, uint32_t *ret_id) {
   size_t len;
-  if (!p || !ret_id) return -EINVAL;
+  if (!p || !ret_id) return umbp_fail(-EINVAL, "umbp_ns_lookup: pool and ret_id are required");
   int rc = ns_check_name(name, &len);
   if (rc) return rc;
   struct umbp_ns_shm *ns = umbp_pool_region(p, UMBP_REG_NAMESPACES);
@@ -118,7 +118,7 @@ UMBP_API int umbp_ns_lookup(umbp_pool *p, const char *name, uint32_t *ret_id) {
       return 0;
     }
   }
-  return -ENOENT;
+  return umbp_fail(-ENOENT, "namespace '%s' is not registered: register it with umbp_ns_register()", name);
 }
 
 UMBP_API int umbp_ns_register(umbp_pool *p, const char *name, uint32_t *ret_id) {
@@ -155,9 +155,11 @@ UMBP_API int umbp_ns_register(umbp_pool *p, const char *name, uint32_t *ret_id) 
 }
 
 UMBP_API int umbp_ns_name(umbp_pool *p, uint32_t id, char *buf, size_t n) {
-  if (!p || !buf || !n || id >= UMBP_MAX_NAMESPACES) return -EINVAL;
+  if (!p || !buf || !n) return umbp_fail(-EINVAL, "umbp_ns_name: pool and a buffer of n >= 1 bytes are required");
+  if (id >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", id);
   struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + id;
-  if (atomic_load_explicit(&ns->state, memory_order_acquire) != 1) return -ENOENT;
+  if (atomic_load_explicit(&ns->state, memory_order_acquire) != 1)
+    return umbp_fail(-ENOENT, "namespace %u is not registered", id);
   size_t l = ns->name_len < 128 ? ns->name_len : 128;
   if (l >= n) l = n - 1;
   memcpy(buf, ns->name, l);
@@ -166,9 +168,11 @@ UMBP_API int umbp_ns_name(umbp_pool *p, uint32_t id, char *buf, size_t n) {
 }
 
 UMBP_API int umbp_ns_info_get(umbp_pool *p, uint32_t id, umbp_ns_info *ret) {
-  if (!p || !ret || id >= UMBP_MAX_NAMESPACES) return -EINVAL;
+  if (!p || !ret) return umbp_fail(-EINVAL, "umbp_ns_info_get: pool and ret are required");
+  if (id >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", id);
   struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + id;
-  if (atomic_load_explicit(&ns->state, memory_order_acquire) != 1) return -ENOENT;
+  if (atomic_load_explicit(&ns->state, memory_order_acquire) != 1)
+    return umbp_fail(-ENOENT, "namespace %u is not registered", id);
   umbp_ns_info i;
   memset(&i, 0, sizeof i);
   i.id = id;
@@ -182,7 +186,7 @@ UMBP_API int umbp_ns_info_get(umbp_pool *p, uint32_t id, umbp_ns_info *ret) {
 }
 
 UMBP_API int umbp_ns_count(umbp_pool *p) {
-  if (!p) return -EINVAL;
+  if (!p) return umbp_fail(-EINVAL, "pool is NULL");
   const struct umbp_ns_shm *ns = umbp_pool_region(p, UMBP_REG_NAMESPACES);
   int n = 0;
   for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++) n += atomic_load_explicit(&ns[i].state, memory_order_acquire) == 1;
@@ -192,7 +196,7 @@ UMBP_API int umbp_ns_count(umbp_pool *p) {
 UMBP_API int umbp_ns_set_quota(umbp_pool *p, uint32_t id, uint64_t bytes) {
   if (!p || id >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", id);
   if (p->forked) return umbp_pool_forked_fail(p);
-  if (p->read_only) return -EROFS;
+  if (p->read_only || !p->index) return umbp_ix_fail(p); /* -EROFS */
   struct umbp_ns_shm *ns = (struct umbp_ns_shm *)umbp_pool_region(p, UMBP_REG_NAMESPACES) + id;
   if (atomic_load_explicit(&ns->state, memory_order_acquire) != 1)
     return umbp_fail(-ENOENT, "namespace %u is not registered", id);

@@ -50,7 +50,7 @@ __attribute__((noinline, cold)) void umbp_ix_pin_bit_set(struct umbp_index *ix) 
 
 UMBP_API int umbp_unpin(umbp_pool *p, uint32_t slot) {
   if (p && p->forked) return umbp_pool_forked_fail(p); /* a fork() child's copy of the handle */
-  if (!p || !p->index) return -EINVAL;
+  if (!p || !p->index) return umbp_ix_fail(p);      /* -EINVAL (NULL) or -EROFS (read-only) */
   if (slot >= p->hdr->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
   _Atomic uint8_t *pb = pin_at(p->index->pins, p->index->pin_stride, p->proc_slot, slot);
   /* only this process writes its pin byte, but its threads race: a byte that
@@ -64,7 +64,8 @@ UMBP_API int umbp_unpin(umbp_pool *p, uint32_t slot) {
 }
 
 UMBP_API int umbp_unpin_bulk(umbp_pool *p, unsigned n, const uint32_t *slots) {
-  if (!p || (n && !slots)) return -EINVAL;
+  if (!p || !p->index) return umbp_ix_fail(p);
+  if (n && !slots) return umbp_fail(-EINVAL, "umbp_unpin_bulk: slots is NULL for n = %u", n);
   int rc = 0;
   for (unsigned i = 0; i < n; i++)
     if (slots[i] != UMBP_NO_SLOT) {

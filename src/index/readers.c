@@ -229,10 +229,10 @@ uint64_t umbp_ix_readers_min_epoch(umbp_pool *p, bool memb) {
 
 UMBP_API int umbp_reclaim(umbp_pool *p) {
   if (p && p->forked) return umbp_pool_forked_fail(p); /* a fork() child's copy of the handle */
-  if (!p || !p->index) return -EINVAL;
+  if (!p || !p->index) return umbp_ix_fail(p);      /* -EINVAL (NULL) or -EROFS (read-only) */
   struct umbp_index *ix = p->index;
   struct tl_slot *t = thread_slot(ix);
-  if (!t) return -EUSERS;
+  if (!t) return -EUSERS; /* thread_slot() set the message */
   if (!limbo_count(ix)) return 0; /* a slot retired meanwhile waits for the next call, as it would anyway */
   pthread_mutex_lock(&ix->limbo_mu);
   if (!ix->nlimbo) {

@@ -172,7 +172,7 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
   struct tl_slot *t;
   int rc = ix_get(p, &ix, &t);
   if (rc) return rc;
-  if (n && !ret_slots) return -EINVAL;
+  if (n && !ret_slots) return umbp_fail(-EINVAL, "umbp_reserve_bulk: ret_slots is NULL for n = %u", n);
   if (part >= (int)p->hdr->n_partitions || part < -1)
     return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u)", part, p->hdr->n_partitions);
   if (ns >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", ns);
@@ -258,7 +258,9 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
     bucket_unlock(&hb->lock);
     umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
     count_ns(ix, t, k.ns, UMBP_CTR_DUPLICATES, 1);
-    return -EEXIST;
+    return umbp_fail(-EEXIST, "umbp_publish: the key is already published (slot %u holds it); slot %u is free "
+                              "again: use the published copy",
+                     other, slot);
   }
   uint16_t sig = umbp_key_sig(h);
   bool placed = false;
@@ -307,7 +309,8 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
 }
 
 UMBP_API int umbp_publish_bulk(umbp_pool *p, unsigned n, const uint32_t *slots, const umbp_key *keys, int *rc) {
-  if (!p || (n && (!slots || !keys))) return -EINVAL;
+  if (!p) return umbp_fail(-EINVAL, "pool is NULL");
+  if (n && (!slots || !keys)) return umbp_fail(-EINVAL, "umbp_publish_bulk: slots or keys is NULL for n = %u", n);
   int ok = 0;
   for (unsigned i = 0; i < n; i++) {
     int r = umbp_publish(p, slots[i], &keys[i]);

@@ -54,6 +54,10 @@
 
 /* The error of a NULL or invalid key (key_load(), index_inline.h): out of
  * line and cold, so that the inlined key copy stays short. */
+__attribute__((noinline, cold)) int umbp_ix_pin_overflow_fail(uint32_t s) {
+  return umbp_fail(-EOVERFLOW, "umbp_lookup_pin: this process holds 255 pins on slot %u already: unpin some", s);
+}
+
 __attribute__((noinline, cold)) int umbp_ix_key_fail(const umbp_key *k) {
   if (!k) return umbp_fail(-EINVAL, "key is NULL");
   return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_HASH_MAX);
@@ -88,7 +92,7 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
   if (rc) return rc;
   uint64_t h, st = 0;
   if ((rc = key_load(key, &k, &h))) return rc;
-  if (!ret_slot) return -EINVAL;
+  if (!ret_slot) return umbp_fail(-EINVAL, "umbp_lookup_pin: ret_slot is NULL");
   struct umbp_reader_shm *r = reader_of(ix, t);
   rd_lock(ix, r);
   uint32_t s = probe_x(ix, &k, h, &st, true);
@@ -97,6 +101,9 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
   rd_unlock(r);
   count_single(ix, t, r, k.ns, rc == 0, true, rc == 0 ? slot_part(p, s) : -1);
   if (rc == 0) *ret_slot = s;
+  /* A miss (-ENOENT) sets no message: it is an answer, not a failure, and the
+   * formatting would cost more than the probe. */
+  if (UMBP_UNLIKELY(rc == -EOVERFLOW)) return umbp_ix_pin_overflow_fail(s);
   return rc;
 }
 
@@ -210,7 +217,8 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
   struct tl_slot *t;
   int rc = ix_get(p, &ix, &t);
   if (rc) return rc;
-  if (n && (!keys || !ret_slots)) return -EINVAL;
+  if (n && (!keys || !ret_slots))
+    return umbp_fail(-EINVAL, "umbp_lookup_pin_bulk: keys or ret_slots is NULL for n = %u", n);
   struct umbp_reader_shm *r = reader_of(ix, t);
   int hits = 0;
   for (unsigned off = 0; off < n; off += BULK_CHUNK) {
@@ -240,15 +248,16 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
 }
 
 static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t *present, bool prefix) {
-  if (!p) return -EINVAL;
-  if (n && !keys) return -EINVAL;
+  if (!p) return umbp_fail(-EINVAL, "pool is NULL");
+  if (p->forked) return umbp_pool_forked_fail(p);
+  if (n && !keys) return umbp_fail(-EINVAL, "keys is NULL for n = %u", n);
   struct umbp_index *ix = p->index;
   struct tl_slot *t = NULL;
   struct umbp_reader_shm *r = &ro_reader;
   struct umbp_index tmp;
   if (ix) {
     t = thread_slot(ix);
-    if (!t) return -EUSERS;
+    if (!t) return -EUSERS; /* thread_slot() set the message */
     r = reader_of(ix, t);
   } else {
     /* read-only handle: a transient view of the regions */
@@ -299,7 +308,7 @@ UMBP_API int umbp_contains(umbp_pool *p, const umbp_key *key) {
   /* the single-key path, kept short: it is the scheduler's most frequent call */
   struct umbp_index *ix = p->index;
   struct tl_slot *t = thread_slot(ix);
-  if (UMBP_UNLIKELY(!t)) return -EUSERS;
+  if (UMBP_UNLIKELY(!t)) return -EUSERS; /* thread_slot() set the message */
   struct umbp_key_shm k;
   uint64_t h, st;
   int rc = key_load(key, &k, &h);

@@ -343,6 +343,55 @@ static void test_census_part(void **state) {
   umbp_unpin(f->p, held);
 }
 
+/* Each failing call leaves its own cause in umbp_last_error(), not an earlier
+ * failure's: between two failures of different causes, the second message
+ * must name the second cause. A read-only handle gets -EROFS from every call
+ * that writes, umbp_unpin() and umbp_reclaim() included. */
+static void test_error_messages_belong_to_the_call(void **state) {
+  struct fx *f = *state;
+  umbp_key k = itu_key(f->ns, 3, 0);
+  uint32_t s = put(f->p, &k), id;
+  /* unpin of a slot this process did not pin, after a namespace miss */
+  assert_int_equal(umbp_ns_lookup(f->p, "no-such-ns", &id), -ENOENT);
+  assert_non_null(strstr(umbp_last_error(), "no-such-ns"));
+  assert_int_equal(umbp_unpin(f->p, s), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "not pinned by this process"));
+  /* a bad namespace id */
+  umbp_ns_info info;
+  assert_int_equal(umbp_ns_info_get(f->p, 4096, &info), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "namespace id 4096 is out of range"));
+  assert_int_equal(umbp_ns_name(f->p, 77, (char[8]){0}, 8), -ENOENT);
+  assert_non_null(strstr(umbp_last_error(), "namespace 77 is not registered"));
+  /* removing a key that is absent */
+  umbp_key absent = itu_key(f->ns, 4, 0);
+  assert_int_equal(umbp_remove(f->p, &absent), -ENOENT);
+  assert_non_null(strstr(umbp_last_error(), "umbp_remove: no block has this key"));
+  /* a duplicate publish */
+  uint32_t s2;
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s2), 0);
+  assert_int_equal(umbp_publish(f->p, s2, &k), -EEXIST);
+  assert_non_null(strstr(umbp_last_error(), "already published"));
+  /* a read-only handle: reserve, unpin and reclaim all say -EROFS and why */
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true;
+  umbp_pool *r;
+  assert_int_equal(umbp_pool_attach(f->name, &o, &r), 0);
+  assert_int_equal(umbp_counters_part(f->p, 999, &(umbp_counters){0}), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "partition 999 does not exist"));
+  assert_int_equal(umbp_reserve(r, -1, f->ns, &s2), -EROFS);
+  assert_non_null(strstr(umbp_last_error(), "read-only"));
+  assert_int_equal(umbp_remove(f->p, &absent), -ENOENT); /* another cause in between */
+  assert_int_equal(umbp_unpin(r, s), -EROFS);
+  assert_non_null(strstr(umbp_last_error(), "read-only"));
+  assert_int_equal(umbp_remove(f->p, &absent), -ENOENT);
+  assert_int_equal(umbp_reclaim(r), -EROFS);
+  assert_non_null(strstr(umbp_last_error(), "read-only"));
+  assert_int_equal(umbp_contains(r, &k), 1); /* lookups still work read-only */
+  umbp_pool_detach(r);
+  census_ok(f->p);
+}
+
 static void test_errors(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 2, 0);
@@ -1135,6 +1184,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_nospace_names_stuck_reader, setup, teardown),
       cmocka_unit_test_setup_teardown(test_background_evictor, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_error_messages_belong_to_the_call, setup, teardown),
   };
   return cmocka_run_group_tests_name("index", tests, NULL, NULL);
 }
