@@ -674,6 +674,7 @@ class _ReqState:
     stored_upto: int = 0          # blocks [0, stored_upto) planned for store
     local_computed: int = 0
     in_pool: int = 0              # leading blocks the last probe found on every rank
+    counted: bool = False         # counted in the lookup metrics
     load: list[LoadSpec] | None = None
     pending_events: set[int] = field(default_factory=set)
     finished: bool = False
@@ -803,9 +804,13 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         # prefix again each time.
         st.stored_upto = max(st.stored_upto, st.in_pool)
         if self.kv_role != "kv_producer" and self.ns_id is not None:
-            # counted when the request is scheduled (a resumed preempted one again)
-            self._sched_stats["lookups"] += 1
-            self._sched_stats["lookup_tokens"] += request.num_prompt_tokens
+            # A request counts once, when it is first scheduled (vLLM calls this
+            # again when an asynchronous load has ended, and after a
+            # preemption); matched tokens count every load, a reload included.
+            if not st.counted:
+                st.counted = True
+                self._sched_stats["lookups"] += 1
+                self._sched_stats["lookup_tokens"] += request.num_prompt_tokens
             self._sched_stats["matched_tokens"] += max(0, num_external_tokens)
         if num_external_tokens <= 0:
             return
