@@ -44,11 +44,6 @@ struct umbp_index {
   struct umbp_counter_row *ctr;    /* this process's row */
   void *events;
   void *rings[UMBP_MAX_PARTITIONS];
-  /* the rings' geometry, copied from their headers once at attach (validated):
-   * ring operations index cells with these, never with the shared headers,
-   * which a co-tenant may rewrite (shm/ring.h, "Trust") */
-  struct umbp_ring_geo ring_geo[UMBP_MAX_PARTITIONS];
-  struct umbp_ring_geo ev_geo;
   uint32_t slot_count;
   uint64_t slot_size;
   bool memb;        /* readers rely on the writers' membarrier */
@@ -62,6 +57,13 @@ struct umbp_index {
   bool ev_running;
   _Atomic bool ev_stop;
   unsigned ev_low, ev_high, ev_period_ms;
+  /* the rings' geometry, copied from their headers once at attach (validated):
+   * ring operations index cells with these, never with the shared headers,
+   * which a co-tenant may rewrite (shm/ring.h, "Trust"). Last, after the
+   * writers' lines, so that what every lookup reads stays on the struct's
+   * first lines. */
+  struct umbp_ring_geo ring_geo[UMBP_MAX_PARTITIONS];
+  struct umbp_ring_geo ev_geo;
 };
 
 /* 64-bit key hash (not cryptographic: the block hash is already one). */
