@@ -326,6 +326,35 @@ def plan_placement(cfg: UMBPConfig, tp_size: int, tp_rank: int, cuda_device: int
     return Placement(threads, cpus, nodes, src, notes)
 
 
+def layout_and_engine(pool: _Pool, regs: list, cfg: UMBPConfig, tp_size: int, tp_rank: int,
+                      cuda_device: int | None):
+    """The KV layout over regs and a data-path engine placed by the topology
+    plan: (layout, Placement, engine), as umbp.vllm's workers and the in-tree
+    connector's runtime (umbp.vllm_runtime) both make them. A layout the C
+    side refuses raises ValueError with its reason."""
+    lib = L.lib()
+    arr = (L.KVRegion * len(regs))(*regs)
+    lay = C.c_void_p()
+    rc = lib.umbp_kv_layout_create(pool.h, arr, len(regs), C.byref(lay))
+    if rc == -errno.EINVAL:
+        raise ValueError("UMBP: " + lib.umbp_last_error().decode())
+    L.check(rc, "kv layout")
+    pl = plan_placement(cfg, tp_size, tp_rank, cuda_device)
+    o = L.DPOpts()
+    lib.umbp_dp_opts_init(C.byref(o))
+    o.threads = pl.copy_threads
+    o.cuda_copy = _CUDA_COPY[cfg.cuda_copy]
+    if pl.copy_cpus:  # read only by umbp_dp_engine_create, which binds the threads
+        cpus = (C.c_uint * len(pl.copy_cpus))(*pl.copy_cpus)
+        o.cpus, o.n_cpus = C.cast(cpus, C.POINTER(C.c_uint)), len(pl.copy_cpus)
+    eng = C.c_void_p()
+    rc = lib.umbp_dp_engine_create(pool.h, C.byref(o), C.byref(eng))
+    if rc < 0:
+        lib.umbp_kv_layout_free(lay)
+    L.check(rc, "data path")
+    return lay, pl, eng
+
+
 # ---- events and stats --------------------------------------------------------
 
 class UMBPStoreKVEvents(KVConnectorKVEvents):
@@ -1018,25 +1047,8 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 r.block_count = nb
                 r.device, r.device_id, r.group, r.layer, r.kind = dev, devid, g, layer, kind
                 regs.append(r)
-        arr = (L.KVRegion * len(regs))(*regs)
-        lay = C.c_void_p()
-        rc = self.lib.umbp_kv_layout_create(self.pool.h, arr, len(regs), C.byref(lay))
-        if rc == -errno.EINVAL:
-            raise ValueError("UMBP: " + self.lib.umbp_last_error().decode())
-        L.check(rc, "kv layout")
-        self._layout = lay
-        pl = self.placement = plan_placement(self.cfg, self.tp_size, self.tp_rank, cuda_dev)
-        o = L.DPOpts()
-        self.lib.umbp_dp_opts_init(C.byref(o))
-        o.threads = pl.copy_threads
-        o.cuda_copy = _CUDA_COPY[self.cfg.cuda_copy]
-        if pl.copy_cpus:
-            cpus = (C.c_uint * len(pl.copy_cpus))(*pl.copy_cpus)
-            self._cpus = cpus
-            o.cpus, o.n_cpus = C.cast(cpus, C.POINTER(C.c_uint)), len(pl.copy_cpus)
-        eng = C.c_void_p()
-        L.check(self.lib.umbp_dp_engine_create(self.pool.h, C.byref(o), C.byref(eng)), "data path")
-        self._engine = eng
+        self._layout, self.placement, self._engine = layout_and_engine(
+            self.pool, regs, self.cfg, self.tp_size, self.tp_rank, cuda_dev)
         if not self.cfg.key_namespace:
             self._bind_namespace(derive_namespace(self._vllm_config, self.kv_cache_config, self.cfg))
 

@@ -79,7 +79,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
 from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import UMBPRuntimeConfig
 
 from . import _lib as L
-from .vllm import _CONFIG_KEYS, _CUDA_COPY, UMBPConfig, _Pool, plan_placement
+from .vllm import _CONFIG_KEYS, UMBPConfig, _Pool, layout_and_engine, plan_placement
 
 logger = logging.getLogger("vllm.umbp.runtime")
 
@@ -316,24 +316,8 @@ class UMBPWorkerHandle:
                 self._region_of[(region.layer_name, seg)] = (t.data_ptr() + off, stride)
         if not regs:
             raise ValueError("UMBP runtime: the KV layout has no regions to transfer")
-        arr = (L.KVRegion * len(regs))(*regs)
-        lay = C.c_void_p()
-        rc = self.lib.umbp_kv_layout_create(self.pool.h, arr, len(regs), C.byref(lay))
-        if rc == -errno.EINVAL:
-            raise ValueError("UMBP: " + self.lib.umbp_last_error().decode())
-        L.check(rc, "kv layout")
-        self._layout = lay
-        pl = self.placement = plan_placement(self.cfg, self.topology.tp_size, self.topology.tp_rank, cuda_dev)
-        o = L.DPOpts()
-        self.lib.umbp_dp_opts_init(C.byref(o))
-        o.threads = pl.copy_threads
-        o.cuda_copy = _CUDA_COPY[self.cfg.cuda_copy]
-        if pl.copy_cpus:
-            self._cpus = (C.c_uint * len(pl.copy_cpus))(*pl.copy_cpus)
-            o.cpus, o.n_cpus = C.cast(self._cpus, C.POINTER(C.c_uint)), len(pl.copy_cpus)
-        eng = C.c_void_p()
-        L.check(self.lib.umbp_dp_engine_create(self.pool.h, C.byref(o), C.byref(eng)), "data path")
-        self._engine = eng
+        self._layout, self.placement, self._engine = layout_and_engine(
+            self.pool, regs, self.cfg, self.topology.tp_size, self.topology.tp_rank, cuda_dev)
 
     # ---- submission ----------------------------------------------------------
     @staticmethod
