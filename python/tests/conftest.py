@@ -4,6 +4,8 @@ and SchedulerOutput objects (the wheel ships no tests/, so these build them)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 
 # vLLM 0.34 selects CpuPlatform with VLLM_TARGET_DEVICE=cpu, which then requires
@@ -101,3 +103,16 @@ def pool_name(request):
     yield name
     from umbp import _lib as L
     L.lib().umbp_pool_destroy(name.encode())
+
+
+def stop_daemon(d: subprocess.Popen, timeout: float = 30) -> int | None:
+    """SIGTERM a `umbp daemon` process and reap it: its exit status, or None
+    when it had to be killed after `timeout` seconds."""
+    if d.poll() is None:
+        d.send_signal(signal.SIGTERM)
+    try:
+        return d.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        d.kill()
+        d.wait()
+        return None

@@ -13,12 +13,10 @@ KV caches (worker_proc.py, command init_intree)."""
 from __future__ import annotations
 
 import ctypes as C
-import signal
-import subprocess
 
 import pytest
 
-from conftest import BLOCK
+from conftest import BLOCK, stop_daemon
 from intree_util import EXTRA, NS, make_kv_cache_config, register_plugin
 from test_connector import Worker
 from test_scheduler import TP, Engine, model_dir, req, start_daemon
@@ -226,13 +224,7 @@ def test_intree_standalone_daemon_pool_across_engines(tmp_path, pool_name):
         finally:
             e2.close()
     finally:
-        if d.poll() is None:
-            d.send_signal(signal.SIGTERM)
-        try:
-            d.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
+        stop_daemon(d)
 
 
 def test_backend_umbp_without_libumbp_names_the_fix(pool_name, monkeypatch):

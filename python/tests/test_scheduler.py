@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes as C
 import json
 import queue
-import signal
 import subprocess
 import threading
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BLOCK, HEAD, HEADS, LAYERS, NUM_BLOCKS, make_kv_cache_config
+from conftest import BLOCK, HEAD, HEADS, LAYERS, NUM_BLOCKS, make_kv_cache_config, stop_daemon
 from test_connector import Worker
 
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
@@ -506,13 +505,7 @@ def test_standalone_daemon_pool_across_engines(tmp_path, pool_name):
         finally:
             e2.close()
     finally:
-        if d.poll() is None:
-            d.send_signal(signal.SIGTERM)
-        try:
-            rc = d.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
+        rc = stop_daemon(d)
     while (x := lines.get(timeout=5)) is not None:
         log.append(x)
     assert rc == 0, f"daemon exit status {rc}: {log}"
