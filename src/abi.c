@@ -11,8 +11,10 @@
 
 #include "umbp/connector.h"
 #include "umbp/datapath.h"
+#include "umbp/feed.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
+#include "umbp/tier.h"
 #include "umbp/topo.h"
 #include "umbp/umbp.h"
 
@@ -27,6 +29,8 @@ static const struct {
     ROW(umbp_slot_census),   ROW(umbp_topo_plan_opts),  ROW(umbp_topo_rank_info),
     ROW(umbp_ns_info),       ROW(umbp_counters),        ROW(umbp_pool_info),
     ROW(umbp_proc_info),     ROW(umbp_partition_info),
+    ROW(umbp_feed_opts),     ROW(umbp_feed_entry),      ROW(umbp_feed_info),
+    ROW(umbp_tier_params),   ROW(umbp_tier_job),        ROW(umbp_tier_info),
 };
 
 UMBP_API size_t umbp_abi_struct_size(const char *name) {

@@ -180,6 +180,7 @@ int umbp_index_attach_hook(umbp_pool *p) {
     }
   }
   pthread_mutex_init(&ix->limbo_mu, NULL);
+  umbp_ix_feed_init(ix);
   umbp_ix_instance_add(ix);
   p->index = ix;
   /* adopt retired slots a reaper left under our id */
@@ -209,6 +210,7 @@ void umbp_index_forget(umbp_pool *p) {
   struct umbp_index *ix = p->forked_index;
   if (!ix) return;
   p->forked_index = NULL;
+  umbp_ix_feed_fini(ix);
   free(ix->limbo);
   free(ix);
 }
@@ -237,6 +239,7 @@ void umbp_index_detach_hook(umbp_pool *p) {
   umbp_ix_instance_remove(ix);
   if (p->proc_slot >= 0) atomic_store_explicit(&p->procs[p->proc_slot].thread_bits, 0, memory_order_release);
   pthread_mutex_destroy(&ix->limbo_mu);
+  umbp_ix_feed_fini(ix);
   free(ix->limbo);
   free(ix);
   p->index = NULL;

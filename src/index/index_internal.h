@@ -64,6 +64,17 @@ struct umbp_index {
    * first lines. */
   struct umbp_ring_geo ring_geo[UMBP_MAX_PARTITIONS];
   struct umbp_ring_geo ev_geo;
+  /* events.c. ev_stored (above) makes publishes call umbp_ix_emit() (set at
+   * attach, so that the published-key feed sees every publish); ev_ring_stored
+   * is umbp_events_enable_stored(): stored events go into the event ring too.
+   * feed: this process's mapping of the feed file, replaced when the pool
+   * header's feed_gen moves (older mappings stay on feed_old until detach,
+   * since another thread may still be appending through them). */
+  _Atomic bool ev_ring_stored;
+  _Atomic(struct umbp_feed_map *) feed;
+  _Atomic uint32_t feed_tried; /* the feed_gen last tried (mapped or refused) */
+  pthread_mutex_t feed_mu;
+  struct umbp_feed_map *feed_old;
 };
 
 /* 64-bit key hash (not cryptographic: the block hash is already one). */
@@ -250,6 +261,9 @@ UMBP_IX_HIDDEN bool umbp_ix_ns_over_quota(struct umbp_index *ix, uint32_t ns);
 
 /* events.c */
 UMBP_IX_HIDDEN void umbp_ix_emit(struct umbp_index *ix, int type, const struct umbp_key_shm *k);
+/* Set up / tear down this process's feed state (attach and detach hooks). */
+UMBP_IX_HIDDEN void umbp_ix_feed_init(struct umbp_index *ix);
+UMBP_IX_HIDDEN void umbp_ix_feed_fini(struct umbp_index *ix);
 
 /* evict.c */
 UMBP_IX_HIDDEN int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned want,

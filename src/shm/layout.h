@@ -119,7 +119,12 @@ struct umbp_shm_header {
   /* ---- mutable part, not checksummed ---- */
   _Atomic uint64_t run_generation __attribute__((aligned(64)));
   _Atomic uint32_t owner_slot; /* registry slot + 1 of the owning daemon, 0: none */
-  uint32_t reserved1;
+  /* Generation of the published-key feed (/dev/shm/umbp.NAME.feed), 0: none.
+   * Written by src/index/events.c under lock byte UMBP_LOCK_FEED after the
+   * feed file is complete (release), read by every publish (acquire). It
+   * was reserved1, always 0: a build without feeds ignores it and never
+   * appends, and this build reads 0 from an older pool as "no feed yet". */
+  _Atomic uint32_t feed_gen;
 };
 
 _Static_assert(sizeof(struct umbp_shm_header) <= UMBP_HEADER_BYTES, "header fits its page");
@@ -165,5 +170,6 @@ _Static_assert(sizeof(struct umbp_proc_slot) == 512, "proc slot frozen");
 #define UMBP_LOCK_PROC_BASE 0    /* byte i: registry slot i */
 #define UMBP_LOCK_DAEMON 4096    /* byte held by the pool's daemon */
 #define UMBP_LOCK_CREATE 4097    /* byte held by the creator until it has stored the magic */
+#define UMBP_LOCK_FEED 4098      /* byte held while the published-key feed is opened or re-created (events.c) */
 
 #endif

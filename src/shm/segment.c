@@ -1393,7 +1393,7 @@ UMBP_API void umbp_pool_detach(umbp_pool *p) {
 UMBP_API int umbp_pool_destroy(const char *name) {
   int rc = umbp_pool_name_valid(name);
   if (rc) return rc;
-  char shm_name[UMBP_NAME_MAX + 8];
+  char shm_name[UMBP_NAME_MAX + 16];
   snprintf(shm_name, sizeof shm_name, "/umbp.%s", name);
   char dir[160], path[256];
   bool hdir = umbp_hugetlbfs_mount(dir, sizeof dir) == 0;
@@ -1408,7 +1408,15 @@ UMBP_API int umbp_pool_destroy(const char *name) {
     index_file_path(dir, name, path, sizeof path);
     if (unlink(path) == 0) e = 0;
   }
-  if (e == 0) return 0;
+  if (e == 0) {
+    /* files that live beside the pool: the published-key feed (index/events.c)
+     * and the tier's request table (tier/tierq.c); mappings stay valid */
+    snprintf(shm_name, sizeof shm_name, "/umbp.%s.feed", name);
+    shm_unlink(shm_name);
+    snprintf(shm_name, sizeof shm_name, "/umbp.%s.tier", name);
+    shm_unlink(shm_name);
+    return 0;
+  }
   if (e == ENOENT) return umbp_fail(-ENOENT, "no pool named '%s' (see 'umbp pool ls')", name);
   if (e == EACCES || e == EPERM)
     return umbp_fail(-EACCES, "cannot remove pool '%s': it belongs to another user", name);

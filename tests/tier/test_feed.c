@@ -1,0 +1,433 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The published-key feed (feed.h, src/index/events.c) and the tier's request
+ * table (tier.h, src/tier/tierq.c): one process (suite unit) and exec'd
+ * processes that publish, consume, stop and die (suite mp).
+ */
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "test_util.h"
+
+#include "umbp/feed.h"
+#include "umbp/index.h"
+#include "umbp/pool.h"
+#include "umbp/tier.h"
+
+struct fx {
+  const char *name;
+  umbp_pool *p;
+  uint32_t ns;
+};
+
+static umbp_pool *mk_pool(const char *name, uint64_t slots) {
+  umbp_pool_params pp;
+  umbp_pool_params_init(&pp);
+  pp.slot_size = 4096;
+  pp.capacity = slots * 4096;
+  pp.no_prefault = true;
+  pp.index_pages = UMBP_INDEX_PAGES_SMALL;
+  umbp_pool *p;
+  int rc = umbp_pool_create(name, &pp, &p);
+  if (rc) fprintf(stderr, "create: %s\n", umbp_last_error());
+  assert_int_equal(rc, 0);
+  return p;
+}
+
+static int setup(void **state) {
+  struct fx *f = calloc(1, sizeof *f);
+  f->name = strdup(tu_name("feed"));
+  f->p = mk_pool(f->name, 4096);
+  assert_int_equal(umbp_ns_register(f->p, "feed-model", &f->ns), 0);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  struct fx *f = *state;
+  umbp_pool_detach(f->p);
+  umbp_pool_destroy(f->name);
+  free((void *)f->name);
+  free(f);
+  return 0;
+}
+
+static void mkkey(umbp_key *k, uint32_t ns, uint64_t id) {
+  memset(k, 0, sizeof *k);
+  k->ns = ns;
+  k->hash_len = 8;
+  memcpy(k->hash, &id, 8);
+}
+static uint64_t key_id(const umbp_key *k) {
+  uint64_t id;
+  memcpy(&id, k->hash, 8);
+  return id;
+}
+
+static void publish(struct fx *f, uint64_t first, unsigned n) {
+  for (unsigned i = 0; i < n; i++) {
+    uint32_t s;
+    umbp_key k;
+    mkkey(&k, f->ns, first + i);
+    assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s), 0);
+    assert_int_equal(umbp_publish(f->p, s, &k), 0);
+  }
+}
+
+static const char *helper(void) {
+  static char b[512];
+  const char *dir = getenv("UMBP_TEST_HELPER_DIR");
+  snprintf(b, sizeof b, "%s/tier/tier_helper", dir ? dir : ".");
+  return b;
+}
+
+static void feed_path(const char *pool, char *b, size_t n) { snprintf(b, n, "/dev/shm/umbp.%s.feed", pool); }
+
+/* Every publish and removal reaches each consumer in order, with its owner;
+ * the event ring keeps giving removals only (stored events stay opt-in). */
+static void test_feed_broadcast(void **state) {
+  struct fx *f = *state;
+  umbp_feed_info fi;
+  assert_int_equal(umbp_feed_info_get(f->p, &fi), -ENOENT);
+  publish(f, 1, 10); /* before any feed: nobody sees these */
+  umbp_feed *a, *b;
+  assert_int_equal(umbp_feed_open(f->p, "a", NULL, &a), 0);
+  assert_int_equal(umbp_feed_open(f->p, "b", NULL, &b), 0);
+  umbp_feed *dup;
+  assert_int_equal(umbp_feed_open(f->p, "a", NULL, &dup), -EBUSY);
+  assert_int_equal(umbp_feed_open(f->p, "bad name", NULL, &dup), -EINVAL);
+  publish(f, 100, 50);
+  umbp_key k;
+  mkkey(&k, f->ns, 120);
+  assert_int_equal(umbp_remove(f->p, &k), 0);
+  umbp_feed_entry e[128];
+  uint64_t lost = 99;
+  for (int c = 0; c < 2; c++) {
+    umbp_feed *x = c ? b : a;
+    int n = umbp_feed_read(x, e, 128, &lost);
+    assert_int_equal(n, 51);
+    assert_int_equal(lost, 0);
+    for (int i = 0; i < 50; i++) {
+      assert_int_equal(e[i].type, UMBP_EV_STORED);
+      assert_int_equal(key_id(&e[i].key), 100 + i);
+      assert_int_equal(e[i].key.ns, f->ns);
+      assert_int_equal(e[i].owner, umbp_pool_proc_slot(f->p) + 1);
+      if (i) assert_int_equal(e[i].pos, e[i - 1].pos + 1);
+    }
+    assert_int_equal(e[50].type, UMBP_EV_REMOVED);
+    assert_int_equal(key_id(&e[50].key), 120);
+    assert_int_equal(umbp_feed_read(x, e, 128, &lost), 0);
+  }
+  umbp_event ev[64];
+  int n = umbp_events_drain(f->p, ev, 64);
+  assert_int_equal(n, 1);
+  assert_int_equal(ev[0].type, UMBP_EV_REMOVED);
+  umbp_events_enable_stored(f->p, true);
+  publish(f, 300, 2);
+  assert_int_equal(umbp_events_drain(f->p, ev, 64), 2);
+  umbp_events_enable_stored(f->p, false);
+  assert_int_equal(umbp_feed_read(a, e, 128, NULL), 2);
+  assert_int_equal(umbp_feed_info_get(f->p, &fi), 0);
+  assert_int_equal(fi.n_consumers, 2);
+  assert_int_equal(fi.head, 53);
+  assert_true(fi.consumers[0].alive);
+  assert_int_equal(fi.consumers[0].delivered, 53);
+  umbp_feed_close(a);
+  umbp_feed_close(b);
+  assert_int_equal(umbp_feed_info_get(f->p, &fi), 0);
+  assert_false(fi.consumers[0].alive);
+  assert_int_equal(umbp_feed_open(f->p, "a", NULL, &a), 0); /* free again */
+  umbp_feed_close(a);
+}
+
+/* A consumer that falls a lap behind loses the oldest entries and is told
+ * how many; it never holds back a producer. */
+static void test_feed_overrun(void **state) {
+  struct fx *f = *state;
+  umbp_feed_opts o;
+  umbp_feed_opts_init(&o);
+  o.capacity = 64;
+  umbp_feed *a;
+  assert_int_equal(umbp_feed_open(f->p, "slow", &o, &a), 0);
+  publish(f, 1000, 200);
+  umbp_feed_entry e[256];
+  uint64_t lost = 0;
+  int n = umbp_feed_read(a, e, 256, &lost);
+  assert_int_equal(n, 64);
+  assert_int_equal(lost, 136);
+  assert_int_equal(key_id(&e[0].key), 1136);
+  assert_int_equal(key_id(&e[63].key), 1199);
+  uint64_t cur, tl, behind;
+  assert_int_equal(umbp_feed_position(a, &cur, &tl, &behind), 0);
+  assert_int_equal(cur, 200);
+  assert_int_equal(tl, 136);
+  assert_int_equal(behind, 0);
+  umbp_feed_close(a);
+}
+
+/* A name resumes at its committed position; FROM_OLDEST and FROM_NOW. */
+static void test_feed_resume(void **state) {
+  struct fx *f = *state;
+  umbp_feed *a;
+  assert_int_equal(umbp_feed_open(f->p, "r", NULL, &a), 0);
+  publish(f, 1, 20);
+  umbp_feed_entry e[64];
+  assert_int_equal(umbp_feed_read(a, e, 64, NULL), 20);
+  assert_int_equal(umbp_feed_commit(a, e[9].pos + 1), 0); /* processed the first 10 only */
+  umbp_feed_close(a);
+  publish(f, 100, 5);
+  assert_int_equal(umbp_feed_open(f->p, "r", NULL, &a), 0);
+  assert_int_equal(umbp_feed_read(a, e, 64, NULL), 15);
+  assert_int_equal(key_id(&e[0].key), 11);
+  umbp_feed_close(a);
+  umbp_feed_opts o;
+  umbp_feed_opts_init(&o);
+  o.start = UMBP_FEED_FROM_NOW;
+  assert_int_equal(umbp_feed_open(f->p, "r", &o, &a), 0);
+  assert_int_equal(umbp_feed_read(a, e, 64, NULL), 0);
+  umbp_feed_close(a);
+  o.start = UMBP_FEED_FROM_OLDEST;
+  assert_int_equal(umbp_feed_open(f->p, "r2", &o, &a), 0);
+  assert_int_equal(umbp_feed_read(a, e, 64, NULL), 25);
+  umbp_feed_close(a);
+}
+
+/* A producer that claimed a position and never completed it (stopped or
+ * killed right after its fetch-add) costs a reader at most 100 ms, then the
+ * entry is skipped and counted; what follows is delivered. */
+static void test_feed_stalled_producer(void **state) {
+  struct fx *f = *state;
+  umbp_feed *a;
+  assert_int_equal(umbp_feed_open(f->p, "st", NULL, &a), 0);
+  char path[256];
+  feed_path(f->name, path, sizeof path);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  assert_true(m != MAP_FAILED);
+  _Atomic uint64_t *head = (_Atomic uint64_t *)((char *)m + 64); /* feed header line 1 */
+  publish(f, 1, 3);
+  atomic_fetch_add(head, 1); /* a producer's claim, never completed */
+  publish(f, 10, 3);
+  umbp_feed_entry e[16];
+  uint64_t lost = 0;
+  assert_int_equal(umbp_feed_read(a, e, 16, &lost), 3);
+  assert_int_equal(lost, 0);
+  assert_int_equal(umbp_feed_read(a, e, 16, &lost), 0); /* waits for the writer */
+  struct timespec ts = {0, 120 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  assert_int_equal(umbp_feed_read(a, e, 16, &lost), 3);
+  assert_int_equal(lost, 1);
+  assert_int_equal(key_id(&e[0].key), 10);
+  munmap(m, 4096);
+  close(fd);
+  umbp_feed_close(a);
+}
+
+/* A feed file left by an earlier pool of the same name is replaced, not
+ * trusted; publishers of the new pool append to the new one. */
+static void test_feed_stale_file(void **state) {
+  struct fx *f = *state;
+  umbp_feed *a;
+  assert_int_equal(umbp_feed_open(f->p, "x", NULL, &a), 0);
+  umbp_feed_close(a);
+  char path[256], keep[300];
+  feed_path(f->name, path, sizeof path);
+  snprintf(keep, sizeof keep, "%s.keep", path);
+  assert_int_equal(rename(path, keep), 0); /* destroy would remove it: keep it aside */
+  umbp_pool_detach(f->p);
+  assert_int_equal(umbp_pool_destroy(f->name), 0);
+  assert_int_equal(rename(keep, path), 0);
+  f->p = mk_pool(f->name, 4096);
+  assert_int_equal(umbp_ns_register(f->p, "feed-model", &f->ns), 0);
+  umbp_feed_info fi;
+  assert_int_equal(umbp_feed_info_get(f->p, &fi), -ENOENT); /* the new pool has none yet */
+  assert_int_equal(umbp_feed_open(f->p, "x", NULL, &a), 0);
+  publish(f, 1, 4);
+  umbp_feed_entry e[16];
+  assert_int_equal(umbp_feed_read(a, e, 16, NULL), 4);
+  umbp_feed_close(a);
+  assert_int_equal(umbp_pool_destroy(f->name), 0);
+  assert_int_equal(access(path, F_OK), -1); /* destroy removes the feed with the pool */
+}
+
+/* ---- the tier's request table ---- */
+
+static void test_tier_table(void **state) {
+  struct fx *f = *state;
+  umbp_tier *c, *s;
+  assert_int_equal(umbp_tier_attach(f->p, &c), -ENOENT);
+  umbp_tier_params tp;
+  umbp_tier_params_init(&tp);
+  tp.records = 2;
+  tp.keys_per_record = 8;
+  assert_int_equal(umbp_tier_serve(f->p, &tp, &s), 0);
+  umbp_tier *s2;
+  assert_int_equal(umbp_tier_serve(f->p, &tp, &s2), -EBUSY);
+  assert_int_equal(umbp_tier_attach(f->p, &c), 0);
+  assert_int_equal(umbp_tier_max_blocks(c, 2), 4);
+  umbp_key keys[8], got[8];
+  for (int i = 0; i < 8; i++) mkkey(&keys[i], f->ns, 500 + i);
+  uint64_t t1, t2, t3;
+  unsigned nb;
+  assert_int_equal(umbp_tier_request(c, keys, 4, 2, 0, &t1, &nb), -ENOTCONN); /* still connecting */
+  assert_int_equal(umbp_tier_set_state(s, UMBP_TIER_CONNECTED, "ok"), 0);
+  assert_int_equal(umbp_tier_request(c, keys, 6, 2, 0, &t1, &nb), 0);
+  assert_int_equal(nb, 4); /* clamped to what a record holds */
+  unsigned blocks = 99;
+  assert_int_equal(umbp_tier_poll(c, t1, &blocks), -EINPROGRESS);
+  umbp_tier_job j;
+  assert_int_equal(umbp_tier_take(s, &j, got, 8), 1);
+  assert_int_equal(j.n_blocks, 4);
+  assert_int_equal(j.n_ranks, 2);
+  assert_int_equal(j.client, umbp_pool_proc_slot(f->p) + 1);
+  assert_memory_equal(got, keys, sizeof keys);
+  assert_int_equal(umbp_tier_take(s, &j, got, 8), 0);
+  assert_int_equal(umbp_tier_complete(s, j.ticket, 3, NULL), 0);
+  assert_int_equal(umbp_tier_poll(c, t1, &blocks), 0);
+  assert_int_equal(blocks, 3);
+  assert_int_equal(umbp_tier_poll(c, t1, &blocks), -ESTALE);
+  /* full table */
+  assert_int_equal(umbp_tier_request(c, keys, 1, 1, 0, &t1, NULL), 0);
+  assert_int_equal(umbp_tier_request(c, keys, 1, 1, 0, &t2, NULL), 0);
+  assert_int_equal(umbp_tier_request(c, keys, 1, 1, 0, &t3, NULL), -EAGAIN);
+  /* a cancelled request: the tier's answer is refused, the record free */
+  assert_int_equal(umbp_tier_take(s, &j, got, 8), 1);
+  umbp_tier_cancel(c, j.ticket);
+  assert_int_equal(umbp_tier_complete(s, j.ticket, 1, NULL), -ESTALE);
+  /* an error answer reaches the client with the tier's message */
+  assert_int_equal(umbp_tier_take(s, &j, got, 8), 1);
+  assert_int_equal(umbp_tier_complete(s, j.ticket, -EIO, "store refused"), 0);
+  assert_true(j.ticket == t1 || j.ticket == t2);
+  assert_int_equal(umbp_tier_poll(c, j.ticket, &blocks), -EIO);
+  assert_non_null(strstr(umbp_last_error(), "store refused"));
+  /* a deadline that passes while nobody serves: the poll cancels */
+  assert_int_equal(umbp_tier_request(c, keys, 1, 1, 30, &t1, NULL), 0);
+  struct timespec ts = {0, 40 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  assert_int_equal(umbp_tier_poll(c, t1, &blocks), -ETIMEDOUT);
+  assert_int_equal(umbp_tier_take(s, &j, got, 8), 0);
+  umbp_tier_stat_add(s, UMBP_TIER_ST_REQUESTS, 5);
+  umbp_tier_info ti;
+  assert_int_equal(umbp_tier_info_get(f->p, &ti), 0);
+  assert_true(ti.alive);
+  assert_int_equal(ti.state, UMBP_TIER_CONNECTED);
+  assert_int_equal(ti.records, 2);
+  assert_int_equal(ti.free_, 2);
+  assert_int_equal(ti.stats[UMBP_TIER_ST_REQUESTS], 5);
+  /* the tier goes away: requests are refused at once, pending polls end */
+  assert_int_equal(umbp_tier_request(c, keys, 1, 1, 0, &t1, NULL), 0);
+  umbp_tier_close(s);
+  assert_int_equal(umbp_tier_poll(c, t1, &blocks), -ENOTCONN);
+  assert_int_equal(umbp_tier_request(c, keys, 1, 1, 0, &t1, NULL), -ENOTCONN);
+  assert_int_equal(umbp_tier_info_get(f->p, &ti), 0);
+  assert_false(ti.alive);
+  umbp_tier_close(c);
+}
+
+/* ---- several processes ---- */
+
+/* Publishers that attached before the feed existed, in other processes,
+ * start appending when it appears; a consumer stopped (SIGSTOP) holds no one
+ * back; a killed consumer's name is free again at once. */
+static void test_mp_feed(void **state) {
+  struct fx *f = *state;
+  int fd;
+  char line[256];
+  char *cons[] = {(char *)helper(), "consume", (char *)f->name, "stopped", NULL};
+  pid_t cpid = tu_spawn(cons, &fd);
+  assert_true(cpid > 0);
+  assert_true(tu_readline(fd, line, sizeof line) >= 0);
+  assert_string_equal(line, "open");
+  close(fd);
+  kill(cpid, SIGSTOP);
+  umbp_feed *a;
+  assert_int_equal(umbp_feed_open(f->p, "live", NULL, &a), 0);
+  char *pub[] = {(char *)helper(), "publish", (char *)f->name, "7000", "3000", NULL};
+  pid_t ppid = tu_spawn(pub, &fd);
+  assert_true(ppid > 0);
+  assert_true(tu_readline(fd, line, sizeof line) >= 0);
+  int owner = 0;
+  assert_int_equal(sscanf(line, "owner %d", &owner), 1);
+  assert_true(tu_readline(fd, line, sizeof line) >= 0);
+  assert_string_equal(line, "done");
+  close(fd);
+  assert_int_equal(tu_wait(ppid), 0);
+  umbp_feed_entry *e = calloc(4096, sizeof *e);
+  uint64_t lost = 0;
+  int n = umbp_feed_read(a, e, 4096, &lost);
+  assert_int_equal(n, 3000);
+  assert_int_equal(lost, 0);
+  for (int i = 0; i < n; i++) {
+    assert_int_equal(key_id(&e[i].key), 7000 + i);
+    assert_int_equal(e[i].owner, owner);
+  }
+  free(e);
+  umbp_feed *dup;
+  assert_int_equal(umbp_feed_open(f->p, "stopped", NULL, &dup), -EBUSY); /* stopped, not dead */
+  kill(cpid, SIGKILL);
+  tu_wait(cpid);
+  assert_int_equal(umbp_feed_open(f->p, "stopped", NULL, &dup), 0);
+  umbp_feed_close(dup);
+  umbp_feed_close(a);
+}
+
+/* A tier killed holding a request: the client's poll says -ENOTCONN at
+ * once; the next tier adopts the table. */
+static void test_mp_tier_killed(void **state) {
+  struct fx *f = *state;
+  int fd;
+  char line[256];
+  char *sv[] = {(char *)helper(), "serve-take", (char *)f->name, NULL};
+  pid_t spid = tu_spawn(sv, &fd);
+  assert_true(spid > 0);
+  assert_true(tu_readline(fd, line, sizeof line) >= 0);
+  assert_string_equal(line, "serving");
+  umbp_tier *c;
+  assert_int_equal(umbp_tier_attach(f->p, &c), 0);
+  umbp_key k[2];
+  mkkey(&k[0], f->ns, 1);
+  mkkey(&k[1], f->ns, 2);
+  uint64_t t;
+  assert_int_equal(umbp_tier_request(c, k, 2, 1, 10000, &t, NULL), 0);
+  assert_true(tu_readline(fd, line, sizeof line) >= 0);
+  assert_string_equal(line, "took 2");
+  close(fd);
+  unsigned blocks;
+  assert_int_equal(umbp_tier_poll(c, t, &blocks), -EINPROGRESS);
+  kill(spid, SIGKILL);
+  tu_wait(spid);
+  assert_int_equal(umbp_tier_poll(c, t, &blocks), -ENOTCONN);
+  umbp_tier *s;
+  assert_int_equal(umbp_tier_serve(f->p, NULL, &s), 0);
+  assert_int_equal(umbp_tier_set_state(s, UMBP_TIER_CONNECTED, NULL), 0);
+  assert_int_equal(umbp_tier_request(c, k, 2, 1, 0, &t, NULL), 0);
+  umbp_tier_job j;
+  umbp_key got[1024];
+  assert_int_equal(umbp_tier_take(s, &j, got, 1024), 1);
+  assert_int_equal(umbp_tier_complete(s, j.ticket, 2, NULL), 0);
+  assert_int_equal(umbp_tier_poll(c, t, &blocks), 0);
+  assert_int_equal(blocks, 2);
+  umbp_tier_close(c);
+  umbp_tier_close(s);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest unit[] = {
+      cmocka_unit_test_setup_teardown(test_feed_broadcast, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_feed_overrun, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_feed_resume, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_feed_stalled_producer, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_feed_stale_file, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_tier_table, setup, teardown),
+  };
+  const struct CMUnitTest mp[] = {
+      cmocka_unit_test_setup_teardown(test_mp_feed, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_mp_tier_killed, setup, teardown),
+  };
+  if (argc > 1 && !strcmp(argv[1], "mp")) return cmocka_run_group_tests_name("tier-mp", mp, NULL, NULL);
+  return cmocka_run_group_tests_name("tier", unit, NULL, NULL);
+}
