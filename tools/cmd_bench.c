@@ -5,6 +5,7 @@
 
 #include "bench/bench.h"
 #include "cli.h"
+#include "cmd_tier.h"
 
 struct bench_sub {
   const char *name;
@@ -18,6 +19,8 @@ static const struct bench_sub subs[] = {
     /* `umbp bench copy` (tools/bench/bench_copy.c) */
     {"copy", "copy bandwidth between the pool and host/GPU memory", bench_copy_main},
 #endif
+    /* `umbp bench tier` (tools/cmd_tier.c, python/umbp/bench_tier.py) */
+    {"tier", "bring a remote prefix into the pool vs Mooncake Store's own get; TTFT", cmd_bench_tier},
 };
 
 static void usage(FILE *f) {

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cmd_tier.h"
 #include "umbp/umbp.h"
 
 static const struct cli_command commands[] = {
@@ -14,6 +15,7 @@ static const struct cli_command commands[] = {
     {"daemon", "create or adopt a pool and own it: reap, evict, quotas", cmd_daemon},
     {"inspect", "show (read-only) everything in a pool; --check verifies its invariants", cmd_inspect},
     {"size", "a model's block, slot and pool size from its config.json", cmd_size},
+    {"tier", "keep the pool in front of a Mooncake Store shared by several hosts", cmd_tier},
 };
 
 static void usage(FILE *f) {

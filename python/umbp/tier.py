@@ -1,0 +1,308 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The pool as a host tier over Mooncake Store: bindings, store keys, client.
+
+``umbp tier POOL`` (``python -m umbp.tier POOL``) runs one tier per host: it
+writes blocks published in the host's pool to a Mooncake Store shared by
+several hosts, and brings blocks other hosts wrote into the pool when a
+scheduler's probe misses them (docs/cluster.md). This module holds what the
+tier and its clients share, and imports nothing beyond ctypes:
+
+- ctypes declarations of the published-key feed (include/umbp/feed.h) and the
+  tier's request table (include/umbp/tier.h), checked against the library's
+  struct sizes like umbp._lib's;
+- :func:`store_key`, the store's name of a pool key: host-independent, since
+  it names the namespace by its name (model, revision, layout, ranks), not by
+  the pool's id for it;
+- :class:`TierClient`, what a scheduler uses to ask for a missing prefix
+  (``umbp.vllm`` does, with ``"tier": true`` in kv_connector_extra_config).
+
+The tier process itself is :mod:`umbp.tier_server` (it imports Mooncake).
+"""
+from __future__ import annotations
+
+import ctypes as C
+import errno
+import os
+import sys
+import time
+
+from . import _lib as L
+
+FEED_NAME_MAX = 31
+FEED_MAX_CONSUMERS = 16
+EV_STORED, EV_REMOVED = 1, 2
+FEED_RESUME, FEED_FROM_NOW, FEED_FROM_OLDEST = 0, 1, 2
+STOPPED, CONNECTING, CONNECTED, DISCONNECTED = 0, 1, 2, 3
+STATE_NAMES = {STOPPED: "stopped", CONNECTING: "connecting", CONNECTED: "connected",
+               DISCONNECTED: "disconnected"}
+# enum umbp_tier_stat, in order
+STATS = ("requests", "blocks_fetched", "keys_fetched", "bytes_fetched", "remote_misses", "fetch_errors",
+         "expired", "wb_queued", "wb_written", "wb_bytes", "wb_skipped", "wb_dropped", "wb_errors",
+         "reconnects")
+ST = {name: i for i, name in enumerate(STATS)}
+STAT_COUNT = 16
+
+
+class FeedOpts(C.Structure):
+    _fields_ = [("capacity", C.c_uint32), ("start", C.c_int)]
+
+
+class FeedEntry(C.Structure):
+    _fields_ = [("pos", C.c_uint64), ("type", C.c_int), ("owner", C.c_uint16), ("key", L.Key)]
+
+
+class FeedConsumerInfo(C.Structure):
+    _fields_ = [("name", C.c_char * (FEED_NAME_MAX + 1)), ("pid", C.c_int), ("alive", C.c_bool),
+                ("committed", C.c_uint64), ("read", C.c_uint64), ("lost", C.c_uint64),
+                ("delivered", C.c_uint64), ("active_ns", C.c_uint64)]
+
+
+class FeedInfo(C.Structure):
+    _fields_ = [("capacity", C.c_uint32), ("generation", C.c_uint32), ("head", C.c_uint64),
+                ("overtaken", C.c_uint64), ("n_consumers", C.c_uint),
+                ("consumers", FeedConsumerInfo * FEED_MAX_CONSUMERS)]
+
+
+class TierParams(C.Structure):
+    _fields_ = [("records", C.c_uint32), ("keys_per_record", C.c_uint32), ("default_timeout_ms", C.c_uint32)]
+
+
+class TierJob(C.Structure):
+    _fields_ = [("ticket", C.c_uint64), ("n_blocks", C.c_uint), ("n_ranks", C.c_uint), ("client", C.c_uint16),
+                ("deadline_ns", C.c_uint64), ("age_ns", C.c_uint64)]
+
+
+class TierInfo(C.Structure):
+    _fields_ = [("alive", C.c_bool), ("pid", C.c_int), ("state", C.c_int), ("message", C.c_char * 200),
+                ("state_age_ns", C.c_uint64), ("heartbeat_age_ns", C.c_uint64), ("records", C.c_uint32),
+                ("keys_per_record", C.c_uint32), ("default_timeout_ms", C.c_uint32), ("free_", C.c_uint32),
+                ("ready", C.c_uint32), ("working", C.c_uint32), ("done", C.c_uint32),
+                ("stats", C.c_uint64 * STAT_COUNT)]
+
+
+class PartitionInfo(C.Structure):
+    _fields_ = [("numa_node", C.c_int), ("mempolicy", C.c_int), ("first_slot", C.c_uint32),
+                ("slot_count", C.c_uint32), ("bytes", C.c_uint64), ("free_slots", C.c_uint64)]
+
+
+class PoolInfo(C.Structure):
+    _fields_ = [("name", C.c_char * 65), ("path", C.c_char * 256), ("layout_major", C.c_uint16),
+                ("layout_minor", C.c_uint16), ("compat_features", C.c_uint64), ("incompat_features", C.c_uint64),
+                ("abi_fingerprint", C.c_uint64), ("total_size", C.c_uint64), ("slot_size", C.c_uint64),
+                ("slot_count", C.c_uint32), ("n_partitions", C.c_uint32),
+                ("partitions", PartitionInfo * L.UMBP_MAX_PARTITIONS), ("uuid", C.c_uint8 * 16),
+                ("run_generation", C.c_uint64), ("created_ns", C.c_uint64), ("creator_pid", C.c_int),
+                ("creator_uid", C.c_uint32), ("hugepages", C.c_bool), ("index_hugepages", C.c_bool),
+                ("index_huge_bytes", C.c_uint64), ("max_procs", C.c_uint32), ("procs_live", C.c_uint32),
+                ("procs_dead", C.c_uint32)]
+
+
+_P, _I, _U = C.c_void_p, C.c_int, C.c_uint
+_SIGS = {
+    "umbp_feed_opts_init": (None, [C.POINTER(FeedOpts)]),
+    "umbp_feed_open": (_I, [_P, C.c_char_p, C.POINTER(FeedOpts), C.POINTER(_P)]),
+    "umbp_feed_read": (_I, [_P, C.POINTER(FeedEntry), _U, C.POINTER(C.c_uint64)]),
+    "umbp_feed_commit": (_I, [_P, C.c_uint64]),
+    "umbp_feed_position": (_I, [_P, C.POINTER(C.c_uint64), C.POINTER(C.c_uint64), C.POINTER(C.c_uint64)]),
+    "umbp_feed_close": (None, [_P]),
+    "umbp_feed_info_get": (_I, [_P, C.POINTER(FeedInfo)]),
+    "umbp_tier_attach": (_I, [_P, C.POINTER(_P)]),
+    "umbp_tier_request": (_I, [_P, C.POINTER(L.Key), _U, _U, C.c_uint32, C.POINTER(C.c_uint64),
+                               C.POINTER(_U)]),
+    "umbp_tier_poll": (_I, [_P, C.c_uint64, C.POINTER(_U)]),
+    "umbp_tier_cancel": (None, [_P, C.c_uint64]),
+    "umbp_tier_max_blocks": (_U, [_P, _U]),
+    "umbp_tier_close": (None, [_P]),
+    "umbp_tier_params_init": (None, [C.POINTER(TierParams)]),
+    "umbp_tier_serve": (_I, [_P, C.POINTER(TierParams), C.POINTER(_P)]),
+    "umbp_tier_take": (_I, [_P, C.POINTER(TierJob), C.POINTER(L.Key), _U]),
+    "umbp_tier_complete": (_I, [_P, C.c_uint64, _I, C.c_char_p]),
+    "umbp_tier_wait": (_I, [_P, C.c_uint32]),
+    "umbp_tier_set_state": (_I, [_P, _I, C.c_char_p]),
+    "umbp_tier_stat_add": (None, [_P, _U, C.c_uint64]),
+    "umbp_tier_info_get": (_I, [_P, C.POINTER(TierInfo)]),
+    "umbp_tier_state_name": (C.c_char_p, [_I]),
+    "umbp_pool_get_info": (_I, [_P, C.POINTER(PoolInfo)]),
+    "umbp_pool_proc_slot": (_I, [_P]),
+    "umbp_pool_heartbeat": (None, [_P]),
+    "umbp_pool_reap": (_I, [_P]),
+    "umbp_ns_name": (_I, [_P, C.c_uint32, C.c_char_p, C.c_size_t]),
+    "umbp_ns_lookup": (_I, [_P, C.c_char_p, C.POINTER(C.c_uint32)]),
+    "umbp_slot_ptr": (_P, [_P, C.c_uint32]),
+    "umbp_publish_bulk": (_I, [_P, _U, C.POINTER(C.c_uint32), C.POINTER(L.Key), C.POINTER(_I)]),
+    "umbp_prefix_probe": (_I, [_P, _U, C.POINTER(L.Key)]),
+}
+_C_NAMES = {FeedOpts: "umbp_feed_opts", FeedEntry: "umbp_feed_entry", FeedInfo: "umbp_feed_info",
+            TierParams: "umbp_tier_params", TierJob: "umbp_tier_job", TierInfo: "umbp_tier_info",
+            PoolInfo: "umbp_pool_info"}
+_ready = False
+
+
+def lib():
+    """umbp._lib's library with this module's prototypes declared as well
+    (struct sizes checked against the library's, as umbp._lib does)."""
+    global _ready
+    h = L.lib()
+    if not _ready:
+        size = h.umbp_abi_struct_size
+        for cls, name in _C_NAMES.items():
+            if size(name.encode()) != C.sizeof(cls):
+                raise ImportError(f"struct {name} is {size(name.encode())} bytes in {h._name} but "
+                                  f"{C.sizeof(cls)} in {__file__}: the library and the Python package are of "
+                                  "different versions; rebuild or reinstall both from one version")
+        for name, (res, args) in _SIGS.items():
+            fn = getattr(h, name)
+            fn.restype, fn.argtypes = res, args
+        _ready = True
+    return h
+
+
+def last_error() -> str:
+    return L.lib().umbp_last_error().decode(errors="replace")
+
+
+# ---- store keys ----------------------------------------------------------------
+
+_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:")
+
+
+def _quote(s: bytes) -> str:
+    return "".join(chr(c) if c in _SAFE else f"%{c:02x}" for c in s)
+
+
+def store_key(prefix: str, ns_name: bytes | str, key: L.Key) -> str:
+    """The store's name of a pool key: PREFIX/NAMESPACE/GROUP/TP.PCP.DCP.PP/HASH,
+    the namespace by its (percent-escaped) name and the hash in hex, so that
+    every host names a block alike whatever ids its own pool gave the
+    namespace."""
+    ns = ns_name.encode() if isinstance(ns_name, str) else ns_name
+    h = bytes(key.hash[: key.hash_len]).hex()
+    return (f"{prefix}/{_quote(ns)}/{key.group}/{key.tp_rank}.{key.pcp_rank}.{key.dcp_rank}."
+            f"{key.pp_rank}/{h}")
+
+
+class NsNames:
+    """Pool namespace id -> name, cached (ids are never reused in a pool)."""
+
+    def __init__(self, pool_h):
+        self.h = pool_h
+        self.names: dict[int, bytes] = {}
+
+    def __call__(self, ns: int) -> bytes | None:
+        n = self.names.get(ns)
+        if n is None:
+            buf = C.create_string_buffer(136)
+            if lib().umbp_ns_name(self.h, ns, buf, len(buf)) != 0:
+                return None
+            n = self.names[ns] = buf.value
+        return n
+
+
+# ---- the client ------------------------------------------------------------------
+
+class TierClient:
+    """A scheduler's side of the request table: ask for a prefix, poll for it.
+
+    Never raises on the request path: a missing or stopped tier, a full table
+    or a deadline all come back as "no blocks" (with the reason in .last).
+    The table is opened lazily and re-opened when the tier restarts."""
+
+    def __init__(self, pool_h, timeout_ms: int = 0):
+        self.pool = pool_h
+        self.timeout_ms = timeout_ms
+        self.h = None
+        self.last = ""
+        self._retry_at = 0.0
+
+    def _open(self) -> bool:
+        if self.h is not None:
+            return True
+        now = time.monotonic()
+        if now < self._retry_at:
+            return False
+        h = C.c_void_p()
+        rc = lib().umbp_tier_attach(self.pool, C.byref(h))
+        if rc:
+            self.last = last_error()
+            self._retry_at = now + 1.0  # no tier yet: look again in a second, not on every probe
+            return False
+        self.h = h
+        return True
+
+    def max_blocks(self, n_ranks: int) -> int:
+        return int(lib().umbp_tier_max_blocks(self.h, n_ranks)) if self._open() else 0
+
+    def request(self, keys, n_blocks: int, n_ranks: int) -> tuple[int, int] | None:
+        """Ask for blocks [0, n_blocks) of keys (block-major, n_ranks shards a
+        block): (ticket, blocks asked) or None (the reason in .last)."""
+        if not self._open():
+            return None
+        t, nb = C.c_uint64(), C.c_uint()
+        rc = lib().umbp_tier_request(self.h, keys, n_blocks, n_ranks, self.timeout_ms, C.byref(t), C.byref(nb))
+        if rc == -errno.ENOTCONN:
+            self.last = last_error()
+            # the tier may have been restarted with a new table: re-open soon
+            self.close()
+            self._retry_at = time.monotonic() + 0.5
+            return None
+        if rc:
+            self.last = last_error()
+            return None
+        return t.value, nb.value
+
+    def poll(self, ticket: int) -> int | None:
+        """Blocks now in the pool (>= 0), None while in progress, or -errno
+        (the request ended without blocks: timeout, no tier, tier error)."""
+        if self.h is None:
+            return -errno.ENOTCONN
+        n = C.c_uint()
+        rc = lib().umbp_tier_poll(self.h, ticket, C.byref(n))
+        if rc == -errno.EINPROGRESS:
+            return None
+        if rc:
+            self.last = last_error()
+            return rc
+        return n.value
+
+    def cancel(self, ticket: int) -> None:
+        if self.h is not None:
+            lib().umbp_tier_cancel(self.h, ticket)
+
+    def close(self) -> None:
+        if self.h is not None:
+            lib().umbp_tier_close(self.h)
+            self.h = None
+
+
+def tier_info(pool_h) -> dict | None:
+    """The tier table's state and counters (None: no tier ever served)."""
+    i = TierInfo()
+    if lib().umbp_tier_info_get(pool_h, C.byref(i)):
+        return None
+    return {"alive": i.alive, "pid": i.pid, "state": STATE_NAMES.get(i.state, "unknown"),
+            "message": i.message.decode(errors="replace"), "state_age_s": i.state_age_ns / 1e9,
+            "heartbeat_age_s": i.heartbeat_age_ns / 1e9, "records": i.records,
+            "keys_per_record": i.keys_per_record, "default_timeout_ms": i.default_timeout_ms,
+            "requests_in_table": {"free": i.free_, "ready": i.ready, "working": i.working, "done": i.done},
+            "stats": {name: int(i.stats[k]) for k, name in enumerate(STATS)}}
+
+
+def feed_info(pool_h) -> dict | None:
+    """The published-key feed's head and consumers (None: no feed)."""
+    i = FeedInfo()
+    if lib().umbp_feed_info_get(pool_h, C.byref(i)):
+        return None
+    return {"capacity": i.capacity, "generation": i.generation, "head": i.head, "overtaken": i.overtaken,
+            "consumers": [{"name": c.name.decode(), "pid": c.pid, "alive": c.alive, "committed": c.committed,
+                           "read": c.read, "behind": max(0, i.head - c.read), "lost": c.lost,
+                           "delivered": c.delivered}
+                          for c in i.consumers[: i.n_consumers]]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .tier_server import main as server_main
+    return server_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

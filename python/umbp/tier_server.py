@@ -1,0 +1,695 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``umbp tier``: the host's pool as a tier in front of a Mooncake Store.
+
+One process per host, beside the pool's daemon. Three threads:
+
+- the **request loop** (main thread) sleeps on the request table's doorbell
+  (include/umbp/tier.h), takes a scheduler's request for a missing prefix,
+  asks the store which of its blocks exist (one ``batch_is_exist``), reserves
+  pool slots for the shards the pool lacks, has the store write them straight
+  into the slots (``batch_get_into`` into the registered pool arena: no
+  staging copy), publishes every shard of a block only once all of that
+  block's shards arrived whole, and answers with the number of leading
+  blocks now in the pool on every rank. A shard that fails or arrives short
+  is never published; its slot goes back to the pool.
+- the **write-back thread** reads the pool's published-key feed (feed.h) as
+  consumer "tier", queues keys published by other processes (bounded: the
+  oldest are dropped and counted) and writes them in batches straight from
+  their pinned slots into the store (``batch_put_from``), skipping keys the
+  store already holds. Policy ``all`` writes every block; ``evict`` holds
+  them until the pool's free slots fall below --evict-free-pct and then
+  writes the oldest first (the ones CLOCK is about to evict); ``off`` writes
+  nothing. Its feed cursor is committed only past written (or dropped) keys,
+  so a restarted tier re-reads what it had not written yet.
+- the **connection thread** sets the store client up (Mooncake's setup
+  retries for about 85 s against an unreachable master, so it runs here),
+  probes it every second while it is unhealthy, and publishes the tier's
+  state in the table. Schedulers only send requests while the state is
+  ``connected``; a request that fails with an RPC error marks the tier
+  ``disconnected`` at once, and the probe marks it ``connected`` again when
+  the master answers (a restarted master re-learns this client's segment by
+  itself). A client that stays unhealthy for --reconnect-after-s is replaced
+  by a fresh one.
+
+Nothing here can hold an engine: requests carry deadlines that the scheduler's
+own poll enforces, and everything the tier holds in the pool (reservations,
+pins) is released by the pool's reaper if the tier is killed.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes as C
+import errno
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from . import _lib as L
+from . import tier as T
+
+# Mooncake's codes (mooncake-store/include/types.h)
+MC_NO_AVAILABLE_HANDLE = -200  # the store has no room
+MC_OBJECT_NOT_FOUND = -704
+MC_OBJECT_ALREADY_EXISTS = -705
+MC_LEASE_EXPIRED = -707
+MC_TRANSFER_FAIL = -800
+MC_RPC_FAIL = -900
+_UNREACHABLE = {MC_RPC_FAIL}
+# Test hook (tests/cluster): after the transfer into reserved slots and before
+# publishing them, create this file and stop, so that a test can kill the tier
+# "mid-transfer" at a known point.
+_PAUSE_BEFORE_PUBLISH = os.environ.get("UMBP_TIER_TEST_PAUSE_BEFORE_PUBLISH")
+
+DESCRIPTION = """\
+Keep this host's umbp pool in front of a Mooncake Store shared by several
+hosts, so that a prefix computed on one host is a hit on another.
+
+Blocks published in the pool are written to the store (write-back), keyed by
+their pool key with the namespace named by its name, which every host derives
+alike from model, revision, layout and ranks. When a scheduler's probe
+misses part of a prompt, the connector (kv_connector_extra_config
+{"tier": true}) asks this tier through a request table in shared memory
+beside the pool (/dev/shm/umbp.POOL.tier; no RPC from the scheduler); the
+tier brings every rank's shard of the blocks the store holds into the pool as
+ordinary published blocks, straight from the store into the pool's slots,
+and answers. Requests are bounded by a deadline (--timeout-ms) that the
+scheduler enforces itself: a stopped, slow or killed tier, or an unreachable
+master, never holds an engine longer than that, and the pool keeps working at
+local speed.
+
+The tier lends --global-segment-size bytes of this host's memory to the
+store (Mooncake keeps objects in the segments its clients lend). Every host
+that shares a store must use the same --key-prefix and pools of the same slot
+size. Run one tier per pool, beside its daemon (umbp daemon POOL)."""
+
+EPILOG = """\
+faults:
+  master unreachable, restarted or slow
+                   state 'disconnected' within one failed call; schedulers stop
+                   asking (their probes answer from the local pool alone);
+                   write-back keeps queueing (bounded) and resumes when a probe
+                   succeeds. Objects a restarted master forgot are simply misses.
+  tier killed      schedulers' pending requests end at once (-ENOTCONN) or at
+                   their deadline; the pool's reaper frees the slots the tier
+                   had reserved or pinned: no half-fetched block is ever
+                   published. A restarted tier adopts the request table and
+                   resumes the feed at its last committed position.
+  store full       puts refused with NO_AVAILABLE_HANDLE are counted (wb_errors)
+                   and dropped; nothing else changes.
+
+files:
+  /dev/shm/umbp.POOL.tier   request table (created by the tier, kept for its successor)
+  /dev/shm/umbp.POOL.feed   published-key feed (created by the first consumer)
+  both are removed by 'umbp pool destroy POOL'.
+
+exit status:
+  0 stopped by SIGTERM or SIGINT; 1 runtime error (no such pool, a tier already
+  serves it, Mooncake not installed); 2 usage error.
+
+examples:
+  mooncake_master --rpc_port 50051 &                      # once, on any host
+  umbp daemon kv --capacity 64GiB &
+  umbp tier kv --master 10.0.0.5:50051 --local-hostname 10.0.0.7
+  umbp tier kv --config mooncake.json                     # Mooncake's JSON (MOONCAKE_CONFIG_PATH)
+  umbp tier kv --status                                   # state, counters, feed lag
+  umbp tier kv --writeback evict --evict-free-pct 10      # write only blocks about to go
+
+See docs/cluster.md for the deployment picture and when to use it."""
+
+
+def parse_size(s: str) -> int:
+    t = str(s).strip().lower().replace("ib", "").replace("b", "")
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    try:
+        if t and t[-1] in mult:
+            return int(float(t[:-1]) * mult[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a size (bytes, or a number with K/M/G/T: 1GiB)") from None
+
+
+def segment_size(s: str) -> int:
+    v = parse_size(s)
+    if 0 < v < 16 << 20:
+        raise argparse.ArgumentTypeError(f"{s}: Mooncake lends segments of 16MiB or more (or 0: lend none)")
+    return v
+
+
+def positive(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a whole number") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{s} must be above 0")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="umbp tier", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("pool", help="the pool to serve (it must exist: umbp daemon POOL or umbp pool create)")
+    p.add_argument("--status", action="store_true",
+                   help="print the running tier's state, counters and feed lag, then exit")
+    p.add_argument("--json", action="store_true", help="with --status: one JSON object")
+    m = p.add_argument_group("Mooncake Store (the names in parentheses are Mooncake's own)")
+    m.add_argument("--config", metavar="FILE", default=os.environ.get("MOONCAKE_CONFIG_PATH"),
+                   help="Mooncake client JSON (as MOONCAKE_CONFIG_PATH, the default); the options below "
+                        "override its keys")
+    m.add_argument("--master", metavar="HOST:PORT",
+                   help="master's RPC address (master_server_address); default 127.0.0.1:50051")
+    m.add_argument("--metadata", metavar="URL",
+                   help="metadata service (metadata_server): P2PHANDSHAKE, etcd://..., http://...; "
+                        "default P2PHANDSHAKE")
+    m.add_argument("--protocol", choices=("tcp", "rdma"), help="transfer protocol (protocol); default tcp")
+    m.add_argument("--local-hostname", metavar="HOST",
+                   help="address other hosts reach this one at (local_hostname); default 127.0.0.1, "
+                        "for a trial on one machine")
+    m.add_argument("--device-name", metavar="DEVS", help="RDMA devices (device_name); default none")
+    m.add_argument("--global-segment-size", metavar="SIZE", type=segment_size,
+                   help="memory this host lends the store (global_segment_size): 0, or 16MiB and more; "
+                        "default 1GiB")
+    m.add_argument("--local-buffer-size", metavar="SIZE", type=parse_size,
+                   help="client staging buffer (local_buffer_size; transfers to and from the pool "
+                        "bypass it); default 16MiB")
+    w = p.add_argument_group("write-back")
+    w.add_argument("--writeback", choices=("all", "evict", "off"), default="all",
+                   help="which published blocks go to the store: all (default), evict (only once the "
+                        "pool runs short of free slots, oldest first), off")
+    w.add_argument("--evict-free-pct", type=float, default=15.0, metavar="PCT",
+                   help="with --writeback evict: write while fewer than PCT%% of slots are free "
+                        "(default 15; the daemon evicts below 5)")
+    w.add_argument("--queue", type=positive, default=65536, metavar="N",
+                   help="keys waiting for write-back at most; the oldest are dropped (default 65536)")
+    w.add_argument("--batch", type=positive, default=32, metavar="N", help="keys per put (default 32)")
+    w.add_argument("--feed-capacity", type=positive, default=65536, metavar="N",
+                   help="entries of the published-key feed, if this tier creates it (default 65536)")
+    r = p.add_argument_group("read-through")
+    r.add_argument("--timeout-ms", type=positive, default=2000, metavar="MS",
+                   help="deadline of a request that gives none (default 2000)")
+    r.add_argument("--records", type=positive, default=64, metavar="N",
+                   help="request records in the table (default 64)")
+    r.add_argument("--keys-per-record", type=positive, default=1024, metavar="N",
+                   help="keys one request can carry: blocks x ranks (default 1024)")
+    o = p.add_argument_group("other")
+    o.add_argument("--key-prefix", default="umbp", metavar="STR",
+                   help="first component of every store key (default umbp); hosts sharing a store and "
+                        "its blocks use the same")
+    o.add_argument("--reconnect-after-s", type=positive, default=30, metavar="S",
+                   help="replace a store client that has been unhealthy this long (default 30)")
+    o.add_argument("--log", metavar="FILE", help="append the log here instead of stderr")
+    o.add_argument("-v", "--verbose", action="store_true", help="log every request; keep Mooncake's own log")
+    return p
+
+
+def mooncake_config(a) -> dict:
+    cfg = {}
+    if a.config:
+        try:
+            with open(a.config) as f:
+                cfg = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"umbp tier: cannot read Mooncake config {a.config}: {e}")
+    def size(v, default):
+        return parse_size(v) if isinstance(v, str) else int(v if v is not None else default)
+    out = {
+        "local_hostname": a.local_hostname or cfg.get("local_hostname") or "127.0.0.1",
+        "metadata_server": a.metadata or cfg.get("metadata_server") or "P2PHANDSHAKE",
+        "protocol": a.protocol or cfg.get("protocol") or "tcp",
+        "rdma_devices": a.device_name if a.device_name is not None else cfg.get("device_name", ""),
+        "master_server_addr": a.master or cfg.get("master_server_address") or "127.0.0.1:50051",
+        "global_segment_size": a.global_segment_size if a.global_segment_size is not None
+        else size(cfg.get("global_segment_size"), 1 << 30),
+        "local_buffer_size": a.local_buffer_size if a.local_buffer_size is not None
+        else size(cfg.get("local_buffer_size"), 16 << 20),
+    }
+    return out
+
+
+class Log:
+    def __init__(self, path: str | None, verbose: bool):
+        self.f = open(path, "a", buffering=1) if path else sys.stderr
+        self.verbose = verbose
+
+    def __call__(self, msg: str, debug: bool = False) -> None:
+        if debug and not self.verbose:
+            return
+        self.f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + f"umbp tier[{os.getpid()}]: {msg}\n")
+        self.f.flush()
+
+
+class Tier:
+    def __init__(self, a, log: Log):
+        self.a, self.log = a, log
+        self.lib = T.lib()
+        self.mc = mooncake_config(a)
+        o = L.AttachOpts()
+        self.lib.umbp_attach_opts_init(C.byref(o))
+        h = C.c_void_p()
+        if self.lib.umbp_pool_attach(a.pool.encode(), C.byref(o), C.byref(h)):
+            raise RuntimeError(T.last_error())
+        self.pool = h
+        self.me = self.lib.umbp_pool_proc_slot(h) + 1
+        self.slot_size = int(self.lib.umbp_slot_size(h))
+        self.slot_count = int(self.lib.umbp_slot_count(h))
+        self.base = int(self.lib.umbp_slot_ptr(h, 0))
+        self.span = int(self.lib.umbp_slot_ptr(h, self.slot_count - 1)) + self.slot_size - self.base
+        self.names = T.NsNames(h)
+        tp = T.TierParams(a.records, a.keys_per_record, a.timeout_ms)
+        t = C.c_void_p()
+        if self.lib.umbp_tier_serve(h, C.byref(tp), C.byref(t)):
+            err = T.last_error()
+            self.lib.umbp_pool_detach(h)
+            raise RuntimeError(err)
+        self.t = t
+        self.feed = None
+        if a.writeback != "off":
+            fo = T.FeedOpts()
+            self.lib.umbp_feed_opts_init(C.byref(fo))
+            fo.capacity = a.feed_capacity
+            f = C.c_void_p()
+            if self.lib.umbp_feed_open(h, b"tier", C.byref(fo), C.byref(f)):
+                err = T.last_error()
+                self.close()
+                raise RuntimeError(err)
+            self.feed = f
+        self.store = None
+        self.state = T.CONNECTING
+        self.unhealthy_since: float | None = None
+        self.stop = threading.Event()
+        self.q: collections.deque = collections.deque()
+        self.q_lock = threading.Lock()
+        self.keys = (L.Key * a.keys_per_record)()
+        self.first_connect = True
+        self.signalled = False
+
+    # ---- state ----
+    def set_state(self, state: int, msg: str) -> None:
+        if state != self.state:
+            self.log(f"{T.STATE_NAMES[state]}: {msg}")
+        self.state = state
+        self.lib.umbp_tier_set_state(self.t, state, msg.encode()[:199])
+
+    def stat(self, name: str, n: int = 1) -> None:
+        if n:
+            self.lib.umbp_tier_stat_add(self.t, T.ST[name], n)
+
+    def rpc_failed(self, code: int) -> None:
+        """A call said the master is unreachable: stop taking requests now."""
+        if self.unhealthy_since is None:
+            self.unhealthy_since = time.monotonic()
+        if self.state == T.CONNECTED:
+            self.set_state(T.DISCONNECTED, f"master {self.mc['master_server_addr']} unreachable "
+                                           f"(Mooncake {code}); probing every second")
+
+    # ---- connection thread ----
+    def connect_loop(self) -> None:
+        from mooncake.store import MooncakeDistributedStore
+        backoff = 1.0
+        while not self.stop.is_set():
+            st = self.store
+            if st is None:
+                self.set_state(T.CONNECTING if self.first_connect else T.DISCONNECTED,
+                               f"setting up a Mooncake client of master {self.mc['master_server_addr']}")
+                st = MooncakeDistributedStore()
+                rc = st.setup(self.mc)
+                if self.stop.is_set():
+                    break
+                if rc != 0:
+                    self.set_state(T.DISCONNECTED, f"Mooncake setup failed ({rc}) against master "
+                                                   f"{self.mc['master_server_addr']}; retrying in {backoff:.0f} s")
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                rc = st.register_buffer(self.base, self.span)
+                if rc != 0:
+                    self.set_state(T.DISCONNECTED, f"registering the pool's {self.span} bytes with Mooncake "
+                                                   f"failed ({rc}); retrying in {backoff:.0f} s")
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                backoff = 1.0
+                if not self.first_connect:
+                    self.stat("reconnects")
+                self.first_connect = False
+                self.store = st
+                self.unhealthy_since = None
+                self.set_state(T.CONNECTED, f"master {self.mc['master_server_addr']}, "
+                                            f"{self.mc['global_segment_size'] >> 20} MiB lent to the store")
+                continue
+            self.stop.wait(1.0)
+            if self.stop.is_set():
+                break
+            if self.state == T.CONNECTED and self.unhealthy_since is None:
+                continue
+            r = st.batch_is_exist([f"{self.a.key_prefix}/.probe"])
+            if r and r[0] >= 0:
+                self.unhealthy_since = None
+                self.set_state(T.CONNECTED, f"master {self.mc['master_server_addr']} answers again")
+                continue
+            self.rpc_failed(r[0] if r else MC_RPC_FAIL)
+            if time.monotonic() - (self.unhealthy_since or time.monotonic()) > self.a.reconnect_after_s:
+                self.log(f"replacing the Mooncake client, unhealthy for {self.a.reconnect_after_s} s")
+                self.store = None  # in-flight calls keep their reference; it is freed after them
+
+    # ---- read-through (main thread) ----
+    def serve_loop(self) -> None:
+        job = T.TierJob()
+        last_beat = 0.0
+        while not self.signalled:
+            self.lib.umbp_tier_wait(self.t, 100)
+            now = time.monotonic()
+            if now - last_beat > 0.5:
+                last_beat = now
+                self.lib.umbp_pool_heartbeat(self.pool)
+                self.lib.umbp_tier_set_state(self.t, self.state, None)
+            while not self.signalled:
+                n = self.lib.umbp_tier_take(self.t, C.byref(job), self.keys, len(self.keys))
+                if n <= 0:
+                    break
+                self.stat("requests")
+                try:
+                    result, msg = self.fetch(job)
+                except Exception as e:  # never leave a client waiting for its deadline
+                    result, msg = -errno.EIO, f"tier error: {e!r}"
+                self.lib.umbp_tier_complete(self.t, job.ticket, result, msg.encode()[:199] if msg else None)
+                self.log(f"request {job.n_blocks}x{job.n_ranks} from {job.client}: {result}"
+                         f"{' (' + msg + ')' if msg else ''} in {(time.monotonic() - now) * 1e3:.1f} ms",
+                         debug=True)
+
+    def fetch(self, job) -> tuple[int, str | None]:
+        nb, nr = job.n_blocks, job.n_ranks
+        n = nb * nr
+        st = self.store
+        if st is None or self.state != T.CONNECTED:
+            return -errno.ENOTCONN, "the tier is not connected to its store"
+        keys = self.keys
+        present = (C.c_uint8 * n)()
+        if self.lib.umbp_contains_bulk(self.pool, n, keys, present) < 0:
+            return -errno.EIO, T.last_error()
+        names: list[str | None] = []
+        for i in range(n):
+            ns = self.names(keys[i].ns)
+            names.append(T.store_key(self.a.key_prefix, ns, keys[i]) if ns is not None else None)
+        need = [i for i in range(n) if not present[i] and names[i] is not None]
+        avail = [bool(present[i]) for i in range(n)]
+        if need:
+            ex = st.batch_is_exist([names[i] for i in need])
+            if any(e in _UNREACHABLE or e == -1 for e in ex):
+                self.rpc_failed(MC_RPC_FAIL)
+                return -errno.ENOTCONN, "the store's master did not answer"
+            for i, e in zip(need, ex):
+                avail[i] = e == 1
+        lead = 0
+        while lead < nb and all(avail[lead * nr + r] for r in range(nr)):
+            lead += 1
+        self.stat("remote_misses", nb - lead)
+        want = [i for i in need if i < lead * nr]
+        if not want:
+            return lead, None
+        # a slot per missing shard, in its namespace
+        slots: dict[int, int] = {}
+        by_ns: dict[int, list[int]] = collections.defaultdict(list)
+        for i in want:
+            by_ns[keys[i].ns].append(i)
+        for ns, idx in by_ns.items():
+            buf = (C.c_uint32 * len(idx))()
+            got = self.lib.umbp_reserve_bulk(self.pool, -1, ns, len(idx), buf)
+            for j in range(max(0, got)):
+                slots[idx[j]] = buf[j]
+        # blocks whose shards all got a slot, from the front
+        fetchable = 0
+        while fetchable < lead and all(avail[fetchable * nr + r] and (present[fetchable * nr + r]
+                                       or (fetchable * nr + r) in slots) for r in range(nr)):
+            fetchable += 1
+        go = [i for i in want if i < fetchable * nr]
+        for i in want:
+            if i >= fetchable * nr and i in slots:
+                self.lib.umbp_abort(self.pool, slots.pop(i))
+        ok = set()
+        if go:
+            ptrs = [int(self.lib.umbp_slot_ptr(self.pool, slots[i])) for i in go]
+            res = st.batch_get_into([names[i] for i in go], ptrs, [self.slot_size] * len(go))
+            for i, r in zip(go, res):
+                if r == self.slot_size:
+                    ok.add(i)
+                elif r in _UNREACHABLE:
+                    self.rpc_failed(r)
+            self.stat("fetch_errors", len(go) - len(ok))
+        if _PAUSE_BEFORE_PUBLISH and go:
+            open(_PAUSE_BEFORE_PUBLISH, "w").close()
+            while True:
+                time.sleep(1)
+        # publish whole blocks, from the front, up to the first incomplete one
+        done = 0
+        while done < fetchable and all(present[done * nr + r] or (done * nr + r) in ok for r in range(nr)):
+            done += 1
+        pub = [i for i in go if i < done * nr]
+        for i in go:
+            if i >= done * nr:
+                self.lib.umbp_abort(self.pool, slots[i])
+        if pub:
+            ps = (C.c_uint32 * len(pub))(*[slots[i] for i in pub])
+            pk = (L.Key * len(pub))(*[keys[i] for i in pub])
+            rc = (C.c_int * len(pub))()
+            self.lib.umbp_publish_bulk(self.pool, len(pub), ps, pk, rc)
+            failed = {pub[j] for j in range(len(pub)) if rc[j] not in (0, -errno.EEXIST)}
+            if failed:  # the pool refused (a full bucket neighbourhood): the block ends the prefix
+                done = min(done, min(failed) // nr)
+            fetched = sum(1 for j in range(len(pub)) if rc[j] == 0)
+            self.stat("keys_fetched", fetched)
+            self.stat("bytes_fetched", fetched * self.slot_size)
+        self.stat("blocks_fetched", max(0, done - sum(1 for b in range(done)
+                                                      if all(present[b * nr + r] for r in range(nr)))))
+        msg = None
+        if done < lead:
+            msg = f"{lead - done} of {lead} remote blocks could not be brought in (slots or transfers failed)"
+        return done, msg
+
+    # ---- write-back thread ----
+    def pressure(self) -> bool:
+        if self.a.writeback != "evict":
+            return True
+        info = T.PoolInfo()
+        if self.lib.umbp_pool_get_info(self.pool, C.byref(info)):
+            return True
+        free = sum(info.partitions[i].free_slots for i in range(info.n_partitions))
+        return free * 100.0 < self.a.evict_free_pct * max(1, info.slot_count)
+
+    def writeback_loop(self) -> None:
+        entries = (T.FeedEntry * 1024)()
+        lost = C.c_uint64()
+        batch = self.a.batch
+        last_pressure, under = 0.0, True
+        while not self.stop.is_set():
+            n = self.lib.umbp_feed_read(self.feed, entries, len(entries), C.byref(lost))
+            if n == -errno.ESTALE:  # the feed was re-created: open it again
+                self.log("the published-key feed was re-created; re-opening it")
+                self.lib.umbp_feed_close(self.feed)
+                f = C.c_void_p()
+                if self.lib.umbp_feed_open(self.pool, b"tier", None, C.byref(f)):
+                    self.log(f"cannot re-open the feed: {T.last_error()}; write-back stops")
+                    self.feed = None
+                    return
+                self.feed = f
+                continue
+            if lost.value:
+                self.stat("wb_dropped", lost.value)
+            with self.q_lock:
+                for e in entries[: max(0, n)]:
+                    if e.type != T.EV_STORED or e.owner == self.me:
+                        continue  # removals, and blocks this tier itself brought from the store
+                    k = L.Key()
+                    C.pointer(k)[0] = e.key
+                    self.q.append((e.pos, k))
+                    self.stat("wb_queued")
+                over = len(self.q) - self.a.queue
+                for _ in range(max(0, over)):
+                    self.q.popleft()
+                self.stat("wb_dropped", max(0, over))
+            now = time.monotonic()
+            if now - last_pressure > 0.1:
+                last_pressure, under = now, self.pressure()
+            wrote = 0
+            if self.q and under and self.state == T.CONNECTED and self.store is not None:
+                wrote = self.write_batch(batch)
+            self.commit()
+            if n <= 0 and not wrote:
+                self.stop.wait(0.005 if self.q and under and self.state == T.CONNECTED else 0.02)
+
+    def commit(self) -> None:
+        with self.q_lock:
+            head = self.q[0][0] if self.q else None
+        if head is None:
+            cur = C.c_uint64()
+            self.lib.umbp_feed_position(self.feed, C.byref(cur), None, None)
+            head = cur.value
+        self.lib.umbp_feed_commit(self.feed, head)
+
+    def write_batch(self, batch: int) -> int:
+        st = self.store
+        with self.q_lock:
+            items = [self.q.popleft() for _ in range(min(batch, len(self.q)))]
+        if not items:
+            return 0
+        k = len(items)
+        keys = (L.Key * k)(*[it[1] for it in items])
+        slots = (C.c_uint32 * k)()
+        if self.lib.umbp_lookup_pin_bulk(self.pool, k, keys, slots) < 0:
+            self.log(f"write-back lookup failed: {T.last_error()}")
+            self.stat("wb_errors", k)
+            return k
+        live = []
+        for i in range(k):
+            if slots[i] == L.UMBP_NO_SLOT:
+                continue  # evicted or removed before we got to it
+            ns = self.names(keys[i].ns)
+            if ns is None:
+                continue
+            live.append((i, T.store_key(self.a.key_prefix, ns, keys[i])))
+        self.stat("wb_skipped", k - len(live))
+        retry = []
+        try:
+            if live:
+                ex = st.batch_is_exist([nm for _, nm in live])
+                if any(e in _UNREACHABLE or e == -1 for e in ex):
+                    self.rpc_failed(MC_RPC_FAIL)
+                    retry = [items[i] for i, _ in live]
+                    live = []
+                else:
+                    self.stat("wb_skipped", sum(1 for e in ex if e == 1))
+                    live = [x for x, e in zip(live, ex) if e != 1]
+            if live:
+                res = st.batch_put_from([nm for _, nm in live],
+                                        [int(self.lib.umbp_slot_ptr(self.pool, slots[i])) for i, _ in live],
+                                        [self.slot_size] * len(live))
+                for (i, _), r in zip(live, res):
+                    if r == 0:
+                        self.stat("wb_written")
+                        self.stat("wb_bytes", self.slot_size)
+                    elif r == MC_OBJECT_ALREADY_EXISTS:
+                        self.stat("wb_skipped")
+                    elif r in _UNREACHABLE:
+                        retry.append(items[i])
+                    else:  # NO_AVAILABLE_HANDLE (store full) and the rest: counted, dropped
+                        self.stat("wb_errors")
+                if any(r in _UNREACHABLE for r in res):
+                    self.rpc_failed(MC_RPC_FAIL)
+        finally:
+            self.lib.umbp_unpin_bulk(self.pool, k, slots)
+        if retry:  # back at the front, for after the reconnection
+            with self.q_lock:
+                self.q.extendleft(reversed(retry))
+        return k
+
+    # ---- life ----
+    def run(self) -> int:
+        # The handler only sets a flag: Event.set() takes a lock, and a second
+        # signal arriving inside the first one's set() would deadlock on it
+        def on_signal(*_):
+            self.signalled = True
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+        self.log(f"serving pool {self.a.pool} ({self.slot_count} slots of {self.slot_size} B), master "
+                 f"{self.mc['master_server_addr']}, write-back {self.a.writeback}")
+        threads = [threading.Thread(target=self.connect_loop, name="tier-connect", daemon=True)]
+        if self.feed is not None:
+            threads.append(threading.Thread(target=self.writeback_loop, name="tier-writeback", daemon=True))
+        for th in threads:
+            th.start()
+        try:
+            self.serve_loop()
+        finally:
+            self.stop.set()
+            for th in threads[1:]:
+                th.join(10)
+            self.close()
+        self.log("stopped")
+        return 0
+
+    def close(self) -> None:
+        if self.feed is not None:
+            self.lib.umbp_feed_close(self.feed)
+            self.feed = None
+        if self.t is not None:
+            self.lib.umbp_tier_close(self.t)
+            self.t = None
+        # the connection thread may still be inside Mooncake's setup: the
+        # process exits without waiting for it (daemon thread). A connected
+        # client is closed here: it unmounts the segment this host lent, so
+        # the master forgets it now rather than after its client TTL (1 s,
+        # where leaving it to the destructor at exit takes 2)
+        st, self.store = self.store, None
+        if st is not None:
+            try:
+                st.close()
+            except Exception as e:
+                self.log(f"closing the Mooncake client: {e!r}")
+        if self.pool is not None:
+            self.lib.umbp_pool_detach(self.pool)
+            self.pool = None
+
+
+def status(a) -> int:
+    lib = T.lib()
+    o = L.AttachOpts()
+    lib.umbp_attach_opts_init(C.byref(o))
+    o.read_only = True
+    h = C.c_void_p()
+    if lib.umbp_pool_attach(a.pool.encode(), C.byref(o), C.byref(h)):
+        print(f"umbp tier: {T.last_error()}", file=sys.stderr)
+        return 1
+    try:
+        ti, fi = T.tier_info(h), T.feed_info(h)
+    finally:
+        lib.umbp_pool_detach(h)
+    if a.json:
+        print(json.dumps({"pool": a.pool, "tier": ti, "feed": fi}, indent=1))
+        return 0 if ti else 1
+    if ti is None:
+        print(f"pool {a.pool}: no tier has served it (start: umbp tier {a.pool})")
+        return 1
+    s = ti["stats"]
+    print(f"pool {a.pool}: tier {ti['state']} (pid {ti['pid']}, {'alive' if ti['alive'] else 'not running'}) "
+          f"for {ti['state_age_s']:.0f} s: {ti['message']}")
+    print(f"  read-through: {s['requests']} requests, {s['blocks_fetched']} blocks "
+          f"({s['bytes_fetched'] / 2**20:.1f} MiB) brought in, {s['remote_misses']} remote misses, "
+          f"{s['fetch_errors']} failed transfers, {s['expired']} expired")
+    print(f"  write-back:   {s['wb_written']} written ({s['wb_bytes'] / 2**20:.1f} MiB), {s['wb_skipped']} "
+          f"skipped, {s['wb_dropped']} dropped, {s['wb_errors']} refused; {s['reconnects']} reconnects")
+    if fi:
+        for c in fi["consumers"]:
+            print(f"  feed consumer {c['name']}: {'alive' if c['alive'] else 'gone'}, {c['behind']} behind, "
+                  f"{c['lost']} lost")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.status:
+        return status(a)
+    log = Log(a.log, a.verbose)
+    if not a.verbose:
+        # Mooncake's INFO lines (several per call); its errors stay, ours say the same once
+        os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+    try:
+        import mooncake.store  # noqa: F401
+    except ImportError as e:
+        print(f"umbp tier: the Mooncake Store client is not importable by {sys.executable} ({e}): "
+              "pip install mooncake-transfer-engine-non-cuda (or mooncake-transfer-engine with CUDA), or set "
+              "UMBP_PYTHON to a Python that has it", file=sys.stderr)
+        return 1
+    try:
+        tier = Tier(a, log)
+    except (RuntimeError, OSError) as e:
+        print(f"umbp tier: {e}", file=sys.stderr)
+        return 1
+    return tier.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Suite 'cluster': two "hosts" on this machine (two pools, two daemons, two
+`umbp tier`s) and one real mooncake_master on 127.0.0.1, started here.
+
+- blocks stored by host A's TP-2 workers are loaded byte-identically by host
+  B's TP-2 workers after B's probe missed and its tier brought them in;
+- a prefix that is nowhere is answered after one existence check;
+- the master killed and restarted, a tier killed in the middle of a
+  transfer, a store that refuses puts: no worker fails, the pools pass
+  `umbp inspect --check`, no block is published half-written, requests are
+  never held past their deadline, the tiers reconnect by themselves.
+"""
+from __future__ import annotations
+
+import errno
+import signal
+import time
+
+import pytest
+
+from cluster_util import Host, Master, Scheduler, dump_logs, json_status, wait_for
+
+NS = "cluster-model-tp2"
+TP = 2
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    master = Master(tmp_path)
+    hosts = []
+
+    def host(name, **kw):
+        h = Host(name, tmp_path, **kw)
+        hosts.append(h)
+        return h
+    try:
+        yield master, host, tmp_path
+    finally:
+        for h in hosts:  # the tiers' Mooncake clients close in parallel (1 s each)
+            if h.tier is not None and h.tier.poll() is None:
+                h.tier.send_signal(signal.SIGTERM)
+        try:
+            for h in hosts:
+                h.close()
+        finally:
+            master.kill()
+
+
+def store_on(host: Host, ns: str, first: int, count: int) -> None:
+    for r in range(TP):
+        p = host.worker("store", ns, r, first, count)
+        assert p.returncode == 0, p.stderr
+
+
+def load_on(host: Host, ns: str, first: int, count: int) -> None:
+    for r in range(TP):
+        p = host.worker("load", ns, r, first, count)
+        assert p.returncode == 0, f"rank {r}: {p.stderr}"
+
+
+def probe(host: Host, ns: str, first: int, count: int) -> int:
+    p = host.worker("probe", ns, TP, first, count)
+    assert p.returncode == 0, p.stderr
+    return int(p.stdout.strip())
+
+
+def written(host: Host) -> int:
+    return host.status().get("stats", {}).get("wb_written", 0)
+
+
+def test_two_hosts_tp2(cluster):
+    master, host, work = cluster
+    a, b = host("a"), host("b")
+    a.start_tier(master)
+    b.start_tier(master)
+    a.wait_state("connected")
+    b.wait_state("connected")
+    try:
+        store_on(a, NS, 0, 24)
+        wait_for(lambda: written(a) >= 24 * TP, 30, "host A's write-back of 48 shards")
+        assert probe(b, NS, 0, 24) == 0  # B's probe misses locally
+        s = Scheduler(b)
+        try:
+            blocks, secs = s.fetch(NS, TP, 0, 24)
+        finally:
+            s.close()
+        assert blocks == 24
+        assert probe(b, NS, 0, 24) == 24
+        load_on(b, NS, 0, 24)  # byte-identical on every rank
+        st = json_status(b)  # the CLI's view
+        assert st["tier"]["stats"]["blocks_fetched"] == 24
+        assert st["tier"]["stats"]["keys_fetched"] == 48
+        # blocks B brought in are not written back again (not B's own)
+        time.sleep(0.3)
+        assert b.status()["stats"]["wb_written"] == 0
+        # a prefix partly remote: the answer stops at the first block missing on some rank
+        store_on(a, NS, 100, 4)
+        p = a.worker("store", NS, 0, 104, 2)  # block 104-105 on rank 0 only
+        assert p.returncode == 0
+        wait_for(lambda: written(a) >= 24 * TP + 4 * TP + 2, 30, "write-back")
+        s = Scheduler(b)
+        try:
+            assert s.fetch(NS, TP, 100, 6)[0] == 4
+        finally:
+            s.close()
+        for h in (a, b):
+            c = h.check()
+            assert c.returncode == 0, c.stdout + c.stderr
+    except BaseException:
+        print(dump_logs(work))
+        raise
+
+
+def test_nowhere_costs_one_existence_check(cluster):
+    master, host, work = cluster
+    b = host("b")
+    b.start_tier(master)
+    b.wait_state("connected")
+    s = Scheduler(b)
+    try:
+        times = []
+        for i in range(5):
+            blocks, secs = s.fetch("nowhere-model", TP, 1000 * i, 32)
+            assert blocks == 0
+            times.append(secs)
+        times.sort()
+        # one batch_is_exist on loopback: well under the request deadline
+        assert times[len(times) // 2] < 0.1, times
+        assert b.status()["stats"]["remote_misses"] == 5 * 32
+    except BaseException:
+        print(dump_logs(work))
+        raise
+    finally:
+        s.close()
+
+
+def test_master_killed_and_restarted(cluster):
+    master, host, work = cluster
+    a, b = host("a"), host("b")
+    a.start_tier(master)
+    b.start_tier(master)
+    a.wait_state("connected")
+    b.wait_state("connected")
+    s = Scheduler(b)
+    try:
+        master.kill()
+        # the next request finds the master gone: answered within its deadline,
+        # and the tier turns 'disconnected'
+        keys_first = 500
+        try:
+            blocks, secs = s.fetch(NS, TP, keys_first, 4, timeout=15)
+            assert blocks < 0 or blocks == 0
+        except RuntimeError:
+            pass  # refused at once: already disconnected
+        b.wait_state("disconnected", 30)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="disconnected|not connected"):
+            s.fetch(NS, TP, keys_first, 4)
+        assert time.monotonic() - t0 < 0.05  # refused at once, no wait
+        # engines keep working at local speed, on both hosts
+        store_on(b, NS, 600, 8)
+        load_on(b, NS, 600, 8)
+        store_on(a, NS, 700, 8)  # queued for write-back while the master is away
+        master.start()
+        a.wait_state("connected", 60)
+        b.wait_state("connected", 60)
+        wait_for(lambda: written(a) >= 8 * TP, 60, "A's queued write-back after the restart")
+        assert probe(b, NS, 700, 8) == 0
+        blocks, _ = s.fetch(NS, TP, 700, 8)
+        assert blocks == 8
+        load_on(b, NS, 700, 8)
+        for h in (a, b):
+            c = h.check()
+            assert c.returncode == 0, c.stdout + c.stderr
+    except BaseException:
+        print(dump_logs(work))
+        raise
+    finally:
+        s.close()
+
+
+def test_tier_killed_mid_transfer(cluster):
+    master, host, work = cluster
+    a, b = host("a"), host("b")
+    a.start_tier(master)
+    a.wait_state("connected")
+    store_on(a, NS, 0, 8)
+    wait_for(lambda: written(a) >= 8 * TP, 30, "write-back")
+    pause = work / "paused"
+    # the test hook stops B's tier after the transfer into its reserved slots,
+    # before it publishes them
+    b.start_tier(master, env={"UMBP_TIER_TEST_PAUSE_BEFORE_PUBLISH": str(pause)})
+    b.wait_state("connected")
+    s = Scheduler(b)
+    try:
+        keys = s.keys(NS, TP, 0, 8)
+        r = s.client.request(keys, 8, TP)
+        assert r is not None, s.client.last
+        ticket = r[0]
+        wait_for(pause.exists, 30, "B's tier to hold the fetched shards unpublished")
+        assert s.client.poll(ticket) is None  # in progress
+        b.kill_tier()
+        t0 = time.monotonic()
+        rc = s.client.poll(ticket)
+        assert rc == -errno.ENOTCONN and time.monotonic() - t0 < 0.05
+        # nothing half-fetched is in the pool, and the reaper frees the slots
+        assert probe(b, NS, 0, 8) == 0
+        wait_for(lambda: b.check().returncode == 0, 20, "B's pool to pass its check after the reap")
+        # a new tier adopts the table and serves
+        pause.unlink()
+        b.start_tier(master)
+        b.wait_state("connected")
+        s.client.close()
+        blocks, _ = s.fetch(NS, TP, 0, 8)
+        assert blocks == 8
+        load_on(b, NS, 0, 8)
+    except BaseException:
+        print(dump_logs(work))
+        raise
+    finally:
+        s.close()
+
+
+def test_store_refuses_puts(cluster):
+    master, host, work = cluster
+    # a store of 2 x 16 MiB segments (Mooncake's smallest); host A publishes 40 MiB
+    a = host("a", capacity="64MiB", slot_size="256KiB")
+    b = host("b", capacity="64MiB", slot_size="256KiB")
+    a.start_tier(master, "--global-segment-size", "16MiB")
+    b.start_tier(master, "--global-segment-size", "16MiB")
+    a.wait_state("connected")
+    b.wait_state("connected")
+    s = Scheduler(b)
+    try:
+        store_on(a, NS, 0, 80)
+        wait_for(lambda: (lambda st: st.get("wb_written", 0) + st.get("wb_errors", 0) >= 160)(a.status()["stats"]),
+                 30, "every put answered")
+        st = a.status()["stats"]
+        assert st["wb_errors"] > 0 and st["wb_written"] < 160, st
+        load_on(a, NS, 0, 80)  # host A's engines never noticed
+        blocks, _ = s.fetch(NS, TP, 0, 80)
+        assert 0 <= blocks < 80  # whatever fitted, from the front
+        if blocks:
+            load_on(b, NS, 0, blocks)
+        assert a.status()["state"] == "connected"
+        for h in (a, b):
+            c = h.check()
+            assert c.returncode == 0, c.stdout + c.stderr
+    except BaseException:
+        print(dump_logs(work))
+        raise
+    finally:
+        s.close()
+
+
+def test_master_stopped_requests_bounded(cluster):
+    """A master that stops answering (SIGSTOP: a slow one, at the limit) holds
+    no request past its deadline; the pool serves locally meanwhile."""
+    master, host, work = cluster
+    a, b = host("a"), host("b")
+    a.start_tier(master)
+    b.start_tier(master)
+    a.wait_state("connected")
+    b.wait_state("connected")
+    store_on(a, NS, 0, 4)
+    wait_for(lambda: written(a) >= 4 * TP, 30, "write-back")
+    s = Scheduler(b, timeout_ms=800)
+    try:
+        master.proc.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            blocks, secs = s.fetch(NS, TP, 0, 4, timeout=10)
+        except RuntimeError:
+            blocks, secs = -errno.ENOTCONN, time.monotonic() - t0
+        assert blocks in (-errno.ETIMEDOUT, -errno.ENOTCONN), blocks
+        assert secs < 0.8 + 0.2, secs  # the deadline, not the master, bounds the wait
+        store_on(b, NS, 50, 4)  # the local pool works meanwhile
+        load_on(b, NS, 50, 4)
+        master.proc.send_signal(signal.SIGCONT)
+        def fetched():
+            try:
+                return s.fetch(NS, TP, 0, 4, timeout=10)[0] == 4
+            except RuntimeError:
+                return False
+        wait_for(fetched, 60, "B to bring the prefix in once the master answers again", 0.2)
+        load_on(b, NS, 0, 4)
+        for h in (a, b):
+            c = h.check()
+            assert c.returncode == 0, c.stdout + c.stderr
+    except BaseException:
+        master.proc.send_signal(signal.SIGCONT)
+        print(dump_logs(work))
+        raise
+    finally:
+        s.close()
