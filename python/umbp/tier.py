@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes as C
 import errno
-import os
 import sys
 import time
 
@@ -131,6 +130,7 @@ _SIGS = {
     "umbp_slot_ptr": (_P, [_P, C.c_uint32]),
     "umbp_publish_bulk": (_I, [_P, _U, C.POINTER(C.c_uint32), C.POINTER(L.Key), C.POINTER(_I)]),
     "umbp_prefix_probe": (_I, [_P, _U, C.POINTER(L.Key)]),
+    "umbp_reclaim": (_I, [_P]),
 }
 _C_NAMES = {FeedOpts: "umbp_feed_opts", FeedEntry: "umbp_feed_entry", FeedInfo: "umbp_feed_info",
             TierParams: "umbp_tier_params", TierJob: "umbp_tier_job", TierInfo: "umbp_tier_info",
@@ -272,6 +272,80 @@ class TierClient:
         if self.h is not None:
             lib().umbp_tier_close(self.h)
             self.h = None
+
+
+class ReadThrough:
+    """A scheduler's read-through for vLLM's asynchronous lookup
+    (get_num_new_matched_tokens may answer "not yet": None).
+
+    For each vLLM request whose probe missed part of its prompt, one request
+    to the tier for the missing blocks (every rank's and group's shard of
+    each); while it is pending the lookup answers "not yet" and vLLM asks
+    again on a later step; once answered (or refused, timed out, failed) the
+    request is probed again and never asked for again. The first answer is
+    waited for up to wait_ms in the same call, so that a prefix that exists
+    nowhere (one existence check at the tier) costs no extra step."""
+
+    WAIT, DONE, FETCHED = 0, 1, 2
+
+    def __init__(self, pool_h, timeout_ms: int, wait_ms: float):
+        self.client = TierClient(pool_h, timeout_ms)
+        self.wait_s = max(0.0, wait_ms) / 1000.0
+        self.pending: dict[str, int] = {}   # vLLM request id -> ticket
+        self.done: set[str] = set()
+        self.stats = {"asked": 0, "fetched_blocks": 0, "unavailable": 0}
+
+    def lookup(self, req_id: str, make_keys, in_pool: int, n_blocks: int, n_shards: int) -> int:
+        """WAIT (answer vLLM "not yet"), DONE (nothing new: use the probe
+        as it is) or FETCHED (blocks arrived: probe again). make_keys(first,
+        count) builds the keys of blocks [first, first + count), block-major."""
+        if req_id in self.done:
+            return self.DONE
+        t = self.pending.get(req_id)
+        if t is None:
+            if in_pool >= n_blocks:
+                return self.DONE
+            cap = self.client.max_blocks(n_shards)
+            if cap <= 0:  # no tier, or a block has more shards than a record holds
+                self.done.add(req_id)
+                self.stats["unavailable"] += 1
+                return self.DONE
+            count = min(n_blocks - in_pool, cap)
+            r = self.client.request(make_keys(in_pool, count), count, n_shards)
+            if r is None:
+                self.done.add(req_id)
+                self.stats["unavailable"] += 1
+                return self.DONE
+            t = self.pending[req_id] = r[0]
+            self.stats["asked"] += 1
+            end = time.monotonic() + self.wait_s
+            while True:
+                v = self.client.poll(t)
+                if v is not None or time.monotonic() >= end:
+                    break
+                time.sleep(0.0001)
+        else:
+            v = self.client.poll(t)
+        if v is None:
+            return self.WAIT
+        del self.pending[req_id]
+        self.done.add(req_id)
+        if v > 0:
+            self.stats["fetched_blocks"] += v
+            return self.FETCHED
+        return self.DONE
+
+    def forget(self, req_id: str) -> None:
+        t = self.pending.pop(req_id, None)
+        if t is not None:
+            self.client.cancel(t)
+        self.done.discard(req_id)
+
+    def close(self) -> None:
+        for t in self.pending.values():
+            self.client.cancel(t)
+        self.pending.clear()
+        self.client.close()
 
 
 def tier_info(pool_h) -> dict | None:

@@ -77,6 +77,9 @@ _CONFIG_KEYS = {
     "no_prefault": False,         # embedded: skip pre-faulting (tests)
     "cuda_copy": "auto",          # CUDA tensors: auto (kernel loads/pulls, copy-engine stores) | kernel | dma
     "index_pages": "try",         # embedded: index on 2 MiB pages: try | huge | small
+    "tier": False,                # read-through: ask the host's `umbp tier` for missing prefixes (docs/cluster.md)
+    "tier_timeout_ms": 2000,      # a tier request not answered by then is given up (the prompt is computed)
+    "tier_wait_ms": 2,            # wait this long in the lookup for the tier's answer before "not yet"
 }
 _CUDA_COPY = {"auto": 0, "dma": 1, "kernel": 2}  # enum umbp_dp_cuda_copy
 # vLLM minor versions the connector is tested with: 0.34 (PyPI `vllm`: the
@@ -131,6 +134,9 @@ class UMBPConfig:
     load_async: bool = False
     cuda_copy: str = "auto"
     index_pages: str = "try"
+    tier: bool = False
+    tier_timeout_ms: int = 2000
+    tier_wait_ms: float = 2.0
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> UMBPConfig:
@@ -160,7 +166,8 @@ class UMBPConfig:
                    numa_nodes=list(c["numa_nodes"]) if c["numa_nodes"] else None,
                    load_timeout_ms=int(c["load_timeout_ms"]), no_prefault=bool(c["no_prefault"]),
                    load_async=bool(c["load_async"]), cuda_copy=c["cuda_copy"],
-                   index_pages=c["index_pages"])
+                   index_pages=c["index_pages"], tier=bool(c["tier"]),
+                   tier_timeout_ms=int(c["tier_timeout_ms"]), tier_wait_ms=float(c["tier_wait_ms"]))
 
 
 # ---- pool handling -----------------------------------------------------------
@@ -763,6 +770,10 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._delayed: list[str] = []
         self._cancelled: list[str] = []
         self._is_scheduler = sched
+        self._tier = None
+        if sched and self.cfg.tier:
+            from .tier import ReadThrough
+            self._tier = ReadThrough(self.pool.h, self.cfg.tier_timeout_ms, self.cfg.tier_wait_ms)
         self._sched_stats = dict.fromkeys(_SCHED_FIELDS, 0)
         self._backlog_reported: int | None = None
         # worker state
@@ -815,12 +826,32 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         for i, (r, g) in enumerate(itertools.product(range(self.tp_size), self.groups)):
             ranks[i] = self._tmpl(r, g)
         blocks = C.c_uint32()
-        n = self.lib.umbp_conn_probe_matched(self.pool.h, ranks, len(ranks), b"".join(hashes),
-                                             len(hashes[0]), len(hashes), self.block_size,
-                                             request.num_tokens, num_computed_tokens, C.byref(blocks))
-        n = max(0, int(n))
+
+        def probe() -> int:
+            return max(0, int(self.lib.umbp_conn_probe_matched(
+                self.pool.h, ranks, len(ranks), b"".join(hashes), len(hashes[0]), len(hashes), self.block_size,
+                request.num_tokens, num_computed_tokens, C.byref(blocks))))
+        n = probe()
         st.in_pool = blocks.value
+        if self._tier is not None:  # read-through: the blocks the pool lacks, from the host tier
+            r = self._tier.lookup(request.request_id, lambda first, count: self._tier_keys(ranks, hashes, first, count),
+                                  blocks.value, min(len(hashes), (request.num_tokens - 1) // self.block_size),
+                                  len(ranks))
+            if r == self._tier.WAIT:
+                return None, False
+            if r == self._tier.FETCHED:
+                n = probe()
+                st.in_pool = blocks.value
         return n, bool(n and self.cfg.load_async)
+
+    def _tier_keys(self, ranks, hashes, first: int, count: int):
+        """Keys of blocks [first, first + count) on every rank and group, block-major."""
+        per = [_keys(ranks[j], hashes[first:first + count]) for j in range(len(ranks))]
+        out = (L.Key * (count * len(ranks)))()
+        for b in range(count):
+            for j in range(len(ranks)):
+                out[b * len(ranks) + j] = per[j][b]
+        return out
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         st = self._reqs.get(request.request_id)
@@ -946,6 +977,8 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
             self._events_out.append_events(ev.get_all_events())
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
+        if self._tier is not None:
+            self._tier.forget(request.request_id)
         st = self._reqs.get(request.request_id)
         if st is None:
             return False, None
@@ -1283,4 +1316,7 @@ class UMBPStoreConnector(KVConnectorBase_V1, SupportsHMA):
         if self._stats is not None:
             self.lib.umbp_conn_stats_free(self._stats)
             self._stats = None
+        if self._tier is not None:
+            self._tier.close()
+            self._tier = None
         self.pool.close()
