@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The connector's read-through (kv_connector_extra_config "tier": true) in
+vLLM's real classes, against the real request table (include/umbp/tier.h).
+The test plays the tier's part itself through the table's serving calls, so
+each step is deterministic; tests/cluster runs the real `umbp tier` against
+a real Mooncake master."""
+from __future__ import annotations
+
+import ctypes as C
+import time
+
+from conftest import BLOCK, make_kv_cache_config, make_request, make_vllm_config
+
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+from umbp import _lib as L
+from umbp import tier as T
+
+
+def sched(pool, tp=1, **extra):
+    return KVConnectorFactory.create_connector(make_vllm_config(pool, tp=tp, **extra),
+                                               KVConnectorRole.SCHEDULER, make_kv_cache_config())
+
+
+def test_no_tier_answers_at_once(pool_name):
+    """tier: true without a tier running: the lookup answers from the pool
+    alone, in the same call, and never asks again for that request."""
+    s = sched(pool_name, tier=True, tier_wait_ms=50)
+    try:
+        r = make_request("A", list(range(100, 100 + 4 * BLOCK + 3)))
+        t0 = time.monotonic()
+        assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+        assert time.monotonic() - t0 < 0.05
+        assert s._tier.stats["unavailable"] == 1
+        assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+        assert s._tier.stats["asked"] == 0
+    finally:
+        s.shutdown()
+
+
+def _publish(pool_h, keys, n) -> None:
+    lib = T.lib()
+    slots = (C.c_uint32 * n)()
+    assert lib.umbp_reserve_bulk(pool_h, -1, keys[0].ns, n, slots) == n
+    rc = (C.c_int * n)()
+    assert lib.umbp_publish_bulk(pool_h, n, slots, keys, rc) == n
+
+
+def test_read_through_waits_then_hits(pool_name):
+    """TP 2: the lookup sends one request for every rank's shard of the
+    missing blocks (block-major), answers "not yet" (None) while it is
+    pending, and counts the blocks once the tier answered."""
+    s = sched(pool_name, tp=2, tier=True, tier_wait_ms=0)
+    lib = T.lib()
+    tier = C.c_void_p()
+    L.check(lib.umbp_tier_serve(s.pool.h, None, C.byref(tier)), "serve")
+    try:
+        L.check(lib.umbp_tier_set_state(tier, T.CONNECTED, b"test"), "state")
+        tokens = list(range(500, 500 + 5 * BLOCK + 3))  # 5 whole blocks
+        r = make_request("B", tokens)
+        assert s.get_num_new_matched_tokens(r, 0) == (None, False)
+        assert s.get_num_new_matched_tokens(r, 0) == (None, False)  # still pending: no second request
+        job = T.TierJob()
+        keys = (L.Key * 1024)()
+        assert lib.umbp_tier_take(tier, C.byref(job), keys, 1024) == 1
+        assert (job.n_blocks, job.n_ranks) == (5, 2)
+        assert lib.umbp_tier_take(tier, C.byref(job), keys, 1024) == 0  # one request, not two
+        want = [bytes(h) for h in r.block_hashes[:5]]
+        for b in range(5):
+            for rank in range(2):
+                k = keys[b * 2 + rank]
+                assert k.tp_rank == rank and bytes(k.hash[:k.hash_len]) == want[b]
+        # the "tier" brings 3 blocks (both ranks) into the pool and answers 3
+        _publish(s.pool.h, keys, 6)
+        L.check(lib.umbp_tier_complete(tier, job.ticket, 3, None), "complete")
+        assert s.get_num_new_matched_tokens(r, 0) == (3 * BLOCK, False)
+        assert s._tier.stats == {"asked": 1, "fetched_blocks": 3, "unavailable": 0}
+        # the request finished: its state goes
+        s.request_finished(r, [])
+        assert "B" not in s._tier.done
+    finally:
+        s.shutdown()
+        lib.umbp_tier_close(tier)
+
+
+def test_read_through_deadline(pool_name):
+    """A tier that takes the request and never answers holds the request for
+    tier_timeout_ms at most; then the lookup answers from the pool alone."""
+    s = sched(pool_name, tier=True, tier_wait_ms=0, tier_timeout_ms=100)
+    lib = T.lib()
+    tier = C.c_void_p()
+    L.check(lib.umbp_tier_serve(s.pool.h, None, C.byref(tier)), "serve")
+    try:
+        L.check(lib.umbp_tier_set_state(tier, T.CONNECTED, b"test"), "state")
+        r = make_request("C", list(range(900, 900 + 3 * BLOCK + 1)))
+        t0 = time.monotonic()
+        assert s.get_num_new_matched_tokens(r, 0) == (None, False)
+        job, keys = T.TierJob(), (L.Key * 1024)()
+        assert lib.umbp_tier_take(tier, C.byref(job), keys, 1024) == 1  # taken, never answered
+        while s.get_num_new_matched_tokens(r, 0) == (None, False):
+            assert time.monotonic() - t0 < 2
+            time.sleep(0.01)
+        assert 0.09 < time.monotonic() - t0 < 1.0
+        assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+    finally:
+        s.shutdown()
+        lib.umbp_tier_close(tier)
