@@ -106,3 +106,57 @@ def test_read_through_deadline(pool_name):
     finally:
         s.shutdown()
         lib.umbp_tier_close(tier)
+
+
+def test_intree_runtime_read_through(pool_name):
+    """vLLM's in-tree connector on umbp's runtime ("backend": "umbp", "tier":
+    true): a lookup that misses asks the tier for the blocks from the first
+    miss, waits for the answer (the in-tree connector's lookup_async runs it
+    on a thread) and answers with what the tier brought."""
+    import threading
+
+    from intree_util import register_plugin
+    from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
+        BlockIdentityCodec, KVLayoutDescriptor, RankTopology, UMBPNamespace)
+    from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import (
+        UMBPRuntimeConfig, UMBPRuntimeFactory)
+    register_plugin()
+    opts = {"backend": "umbp", "pool": pool_name, "capacity_bytes": 4 << 20, "no_prefault": True,
+            "key_namespace": "rt-ns", "tier": True, "tier_timeout_ms": 2000}
+    rt = UMBPRuntimeFactory.build(UMBPRuntimeConfig(mode="embedded", options=opts))
+    topo = RankTopology(tp_rank=0, tp_size=2)
+    # the pool exists once a worker made it (embedded); the scheduler attaches to it
+    worker = rt.create_worker_handle("rt-ns", RankTopology(tp_rank=0, tp_size=2), KVLayoutDescriptor((), topo))
+    sch = rt.create_scheduler_handle("rt-ns", topo, KVLayoutDescriptor((), topo))
+    codec = BlockIdentityCodec(UMBPNamespace("rt-ns"))
+    lib = T.lib()
+    tier = C.c_void_p()
+    L.check(lib.umbp_tier_serve(sch.pool.h, None, C.byref(tier)), "serve")
+    served = {}
+
+    def serve():
+        job, keys = T.TierJob(), (L.Key * 1024)()
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            if lib.umbp_tier_take(tier, C.byref(job), keys, 1024) == 1:
+                served["shape"] = (job.n_blocks, job.n_ranks)
+                _publish(sch.pool.h, keys, 4)  # the first two blocks, both ranks
+                lib.umbp_tier_complete(tier, job.ticket, 2, None)
+                return
+            lib.umbp_tier_wait(tier, 10)
+    try:
+        L.check(lib.umbp_tier_set_state(tier, T.CONNECTED, b"test"), "state")
+        th = threading.Thread(target=serve)
+        th.start()
+        keys = []
+        for i in range(3):  # block-major, rank-minor, as the in-tree scheduler builds them
+            for r in range(2):
+                keys.append(codec.key(bytes([7, i]) * 16, 0).replace(":tp0:", f":tp{r}:"))
+        hits = list(sch.lookup(keys))
+        th.join()
+        assert served["shape"] == (3, 2)
+        assert hits == [True] * 4 + [False] * 2
+    finally:
+        lib.umbp_tier_close(tier)
+        sch.close()
+        worker.close()

@@ -61,6 +61,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -194,14 +195,22 @@ def _attach_existing(cfg: UMBPConfig, role: int, rank: int) -> _Pool | None:
 
 
 class UMBPSchedulerHandle:
-    """Scheduler side: existence of key strings by one bulk probe of the pool."""
+    """Scheduler side: existence of key strings by one bulk probe of the pool.
 
-    def __init__(self, cfg: UMBPConfig, namespace: str):
+    With ``"tier": true`` a lookup that misses also asks the host's
+    `umbp tier` for the missing blocks (docs/cluster.md) and waits for the
+    answer, up to tier_timeout_ms, before it probes again: meant for the
+    in-tree connector's ``lookup_async`` (its lookups run on a thread pool and
+    the request waits as "not yet"); without it the scheduler itself waits."""
+
+    def __init__(self, cfg: UMBPConfig, namespace: str, rank_count: int = 1):
         self.cfg = cfg
         self.namespace = namespace
+        self.rank_count = max(1, rank_count)
         self.pool: _Pool | None = None
         self._lock = threading.Lock()   # lookup_async runs lookups on a thread pool
         self._codec: KeyCodec | None = None
+        self._tier = None
         self._attach()
 
     def _attach(self) -> bool:
@@ -224,7 +233,37 @@ class UMBPSchedulerHandle:
             present = (C.c_uint8 * max(1, n))()
             if n:
                 L.check(self.pool.lib.umbp_contains_bulk(self.pool.h, n, arr, present), "lookup")
+            if n and self.cfg.tier and not all(present[:n]) and n % self.rank_count == 0:
+                if self._read_through(arr, present, n):
+                    L.check(self.pool.lib.umbp_contains_bulk(self.pool.h, n, arr, present), "lookup")
             return [bool(v) for v in present[:n]]
+
+    def _read_through(self, arr, present, n: int) -> bool:
+        """Ask the tier for the blocks from the first one missing on some rank
+        (the keys are group-, then block-major with rank_count shards a block,
+        as the in-tree connector builds them) and wait for its answer."""
+        from .tier import TierClient
+        if self._tier is None:
+            self._tier = TierClient(self.pool.h, self.cfg.tier_timeout_ms)
+        r = self.rank_count
+        first = next(i for i in range(n) if not present[i]) // r * r
+        cap = self._tier.max_blocks(r)
+        count = min((n - first) // r, cap)
+        if count <= 0:
+            return False
+        sub = (L.Key * (count * r)).from_buffer(arr, first * C.sizeof(L.Key))
+        asked = self._tier.request(sub, count, r)
+        if asked is None:
+            return False
+        end = time.monotonic() + self.cfg.tier_timeout_ms / 1000.0 + 0.05
+        while True:
+            v = self._tier.poll(asked[0])
+            if v is not None:
+                return v > 0
+            if time.monotonic() > end:  # the poll cancels at the deadline; this is a backstop
+                self._tier.cancel(asked[0])
+                return False
+            time.sleep(0.0002)
 
     def clear(self) -> bool:
         with self._lock:
@@ -235,6 +274,9 @@ class UMBPSchedulerHandle:
 
     def close(self) -> None:
         with self._lock:
+            if self._tier is not None:
+                self._tier.close()
+                self._tier = None
             if self.pool is not None:
                 self.pool.close()
                 self.pool = None
@@ -546,8 +588,8 @@ class UMBPRuntime:
 
     def create_scheduler_handle(self, namespace: str, topology: RankTopology,
                                 layout: KVLayoutDescriptor) -> UMBPSchedulerHandle:
-        del topology, layout
-        return UMBPSchedulerHandle(self.cfg, namespace)
+        del layout
+        return UMBPSchedulerHandle(self.cfg, namespace, topology.rank_count)
 
     def create_worker_handle(self, namespace: str, topology: RankTopology,
                              layout: KVLayoutDescriptor) -> UMBPWorkerHandle:
