@@ -146,8 +146,9 @@ class Pool:
 
 def start_tier(pool: str, master: str, work: Path, segment: int) -> subprocess.Popen:
     log = work / f"tier-{pool}.log"
-    return subprocess.Popen([sys.executable, "-c", "import sys; from umbp.tier_server import main; "
-                             "sys.exit(main(sys.argv[1:]))", pool, "--master", master, "--local-hostname",
+    boot = os.environ.get("UMBP_BENCH_TIER_BOOT", "import sys; from umbp.tier_server import main; "
+                          "sys.exit(main(sys.argv[1:]))")
+    return subprocess.Popen([sys.executable, "-c", boot, pool, "--master", master, "--local-hostname",
                              "127.0.0.1", "--global-segment-size", str(segment), "--timeout-ms", "60000",
                              "--batch", "64", "--log", str(log)],
                             stdout=subprocess.DEVNULL, stderr=open(log, "a"))

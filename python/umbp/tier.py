@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes as C
 import errno
+import struct
 import sys
 import time
 
@@ -179,6 +180,35 @@ def store_key(prefix: str, ns_name: bytes | str, key: L.Key) -> str:
     h = bytes(key.hash[: key.hash_len]).hex()
     return (f"{prefix}/{_quote(ns)}/{key.group}/{key.tp_rank}.{key.pcp_rank}.{key.dcp_rank}."
             f"{key.pp_rank}/{h}")
+
+
+class KeyNamer:
+    """store_key() for many keys of a ctypes Key array at once: the part
+    before the hash is cached per (namespace, ranks, group), the hash read
+    with one string_at (store_key builds each name from scratch: 4x slower,
+    which showed at 32 keys of 64 KiB a request)."""
+
+    _HEAD = struct.Struct("<IHHHHHB")  # ns, tp, pcp, dcp, pp, group, hash_len: umbp_key's first 15 bytes
+
+    def __init__(self, prefix: str, ns_names: "NsNames"):
+        self.prefix, self.ns_names = prefix, ns_names
+        self.heads: dict[bytes, str | None] = {}
+
+    def __call__(self, keys, indices) -> list[str | None]:
+        base, size, off = C.addressof(keys), C.sizeof(L.Key), L.Key.hash.offset
+        out: list[str | None] = []
+        for i in indices:
+            a = base + i * size
+            raw = C.string_at(a, off)
+            head = self.heads.get(raw[:-1], False)
+            if head is False:
+                ns, tp, pcp, dcp, pp, group, _ = self._HEAD.unpack(raw)
+                name = self.ns_names(ns)
+                head = (None if name is None else
+                        f"{self.prefix}/{_quote(name)}/{group}/{tp}.{pcp}.{dcp}.{pp}/")
+                self.heads[raw[:-1]] = head
+            out.append(None if head is None else head + C.string_at(a + off, min(raw[-1], 32)).hex())
+        return out
 
 
 class NsNames:

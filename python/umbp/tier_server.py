@@ -259,6 +259,7 @@ class Tier:
         self.base = int(self.lib.umbp_slot_ptr(h, 0))
         self.span = int(self.lib.umbp_slot_ptr(h, self.slot_count - 1)) + self.slot_size - self.base
         self.names = T.NsNames(h)
+        self.namer = T.KeyNamer(a.key_prefix, self.names)
         tp = T.TierParams(a.records, a.keys_per_record, a.timeout_ms)
         t = C.c_void_p()
         if self.lib.umbp_tier_serve(h, C.byref(tp), C.byref(t)):
@@ -391,11 +392,9 @@ class Tier:
         present = (C.c_uint8 * n)()
         if self.lib.umbp_contains_bulk(self.pool, n, keys, present) < 0:
             return -errno.EIO, T.last_error()
-        names: list[str | None] = []
-        for i in range(n):
-            ns = self.names(keys[i].ns)
-            names.append(T.store_key(self.a.key_prefix, ns, keys[i]) if ns is not None else None)
-        need = [i for i in range(n) if not present[i] and names[i] is not None]
+        missing = [i for i in range(n) if not present[i]]
+        names = dict(zip(missing, self.namer(keys, missing)))
+        need = [i for i in missing if names[i] is not None]
         avail = [bool(present[i]) for i in range(n)]
         if need:
             ex = st.batch_is_exist([names[i] for i in need])
@@ -543,14 +542,8 @@ class Tier:
             self.log(f"write-back lookup failed: {T.last_error()}")
             self.stat("wb_errors", k)
             return k
-        live = []
-        for i in range(k):
-            if slots[i] == L.UMBP_NO_SLOT:
-                continue  # evicted or removed before we got to it
-            ns = self.names(keys[i].ns)
-            if ns is None:
-                continue
-            live.append((i, T.store_key(self.a.key_prefix, ns, keys[i])))
+        hit = [i for i in range(k) if slots[i] != L.UMBP_NO_SLOT]  # others: evicted or removed meanwhile
+        live = [(i, nm) for i, nm in zip(hit, self.namer(keys, hit)) if nm is not None]
         self.stat("wb_skipped", k - len(live))
         retry = []
         try:
