@@ -65,8 +65,9 @@ enum umbp_tier_stat {
   UMBP_TIER_ST_WB_BYTES,
   UMBP_TIER_ST_WB_SKIPPED,       /* already in the store, or gone from the pool before written */
   UMBP_TIER_ST_WB_DROPPED,       /* dropped: queue full, or the feed overran the tier */
-  UMBP_TIER_ST_WB_ERRORS,        /* puts the store refused (full, unreachable) */
+  UMBP_TIER_ST_WB_ERRORS,        /* keys dropped after the store refused them three times */
   UMBP_TIER_ST_RECONNECTS,
+  UMBP_TIER_ST_WB_REFUSED,       /* puts the store refused (no room), tried again or not */
   UMBP_TIER_ST_COUNT = 16
 };
 

@@ -59,6 +59,7 @@ MC_LEASE_EXPIRED = -707
 MC_TRANSFER_FAIL = -800
 MC_RPC_FAIL = -900
 _UNREACHABLE = {MC_RPC_FAIL}
+PUT_TRIES = 3  # a put the store refuses is tried again 1 s and 2 s later, then counted in wb_errors
 # Test hook (tests/cluster): after the transfer into reserved slots and before
 # publishing them, create this file and stop, so that a test can kill the tier
 # "mid-transfer" at a known point.
@@ -98,8 +99,9 @@ faults:
                    had reserved or pinned: no half-fetched block is ever
                    published. A restarted tier adopts the request table and
                    resumes the feed at its last committed position.
-  store full       puts refused with NO_AVAILABLE_HANDLE are counted (wb_errors)
-                   and dropped; nothing else changes.
+  store full       a put the store refuses (NO_AVAILABLE_HANDLE) is tried again 1 s
+                   and 2 s later, then counted (wb_errors) and dropped; nothing
+                   else changes.
 
 files:
   /dev/shm/umbp.POOL.tier   request table (created by the tier, kept for its successor)
@@ -282,7 +284,9 @@ class Tier:
         self.state = T.CONNECTING
         self.unhealthy_since: float | None = None
         self.stop = threading.Event()
-        self.q: collections.deque = collections.deque()
+        self.q: collections.deque = collections.deque()    # (feed position, key, tries) to write
+        self.later: list = []  # (when, item): puts the store refused, tried again (store full, or a
+                               # restarted master that has not re-learnt the segments yet)
         self.q_lock = threading.Lock()
         self.keys = (L.Key * a.keys_per_record)()
         self.first_connect = True
@@ -296,6 +300,7 @@ class Tier:
         self.lib.umbp_tier_set_state(self.t, state, msg.encode()[:199])
 
     def stat(self, name: str, n: int = 1) -> None:
+        """Count; returns None, so that it can sit in a condition."""
         if n:
             self.lib.umbp_tier_stat_add(self.t, T.ST[name], n)
 
@@ -504,13 +509,18 @@ class Tier:
                         continue  # removals, and blocks this tier itself brought from the store
                     k = L.Key()
                     C.pointer(k)[0] = e.key
-                    self.q.append((e.pos, k))
+                    self.q.append((e.pos, k, 0))
                     self.stat("wb_queued")
                 over = len(self.q) - self.a.queue
                 for _ in range(max(0, over)):
                     self.q.popleft()
                 self.stat("wb_dropped", max(0, over))
             now = time.monotonic()
+            if self.later and self.later[0][0] <= now:
+                with self.q_lock:
+                    due = [it for when, it in self.later if when <= now]
+                    self.later = [x for x in self.later if x[0] > now]
+                    self.q.extendleft(reversed(due))
             if now - last_pressure > 0.1:
                 last_pressure, under = now, self.pressure()
             wrote = 0
@@ -522,7 +532,8 @@ class Tier:
 
     def commit(self) -> None:
         with self.q_lock:
-            head = self.q[0][0] if self.q else None
+            pending = ([self.q[0][0]] if self.q else []) + [it[0] for _, it in self.later]
+            head = min(pending) if pending else None
         if head is None:
             cur = C.c_uint64()
             self.lib.umbp_feed_position(self.feed, C.byref(cur), None, None)
@@ -545,7 +556,7 @@ class Tier:
         hit = [i for i in range(k) if slots[i] != L.UMBP_NO_SLOT]  # others: evicted or removed meanwhile
         live = [(i, nm) for i, nm in zip(hit, self.namer(keys, hit)) if nm is not None]
         self.stat("wb_skipped", k - len(live))
-        retry = []
+        retry, later = [], []
         try:
             if live:
                 ex = st.batch_is_exist([nm for _, nm in live])
@@ -568,15 +579,20 @@ class Tier:
                         self.stat("wb_skipped")
                     elif r in _UNREACHABLE:
                         retry.append(items[i])
-                    else:  # NO_AVAILABLE_HANDLE (store full) and the rest: counted, dropped
+                    elif self.stat("wb_refused") or items[i][2] < PUT_TRIES - 1:  # refused: again later
+                        pos, key, tries = items[i]
+                        later.append((time.monotonic() + tries + 1.0, (pos, key, tries + 1)))
+                    else:  # refused PUT_TRIES times: counted, dropped
                         self.stat("wb_errors")
                 if any(r in _UNREACHABLE for r in res):
                     self.rpc_failed(MC_RPC_FAIL)
         finally:
             self.lib.umbp_unpin_bulk(self.pool, k, slots)
-        if retry:  # back at the front, for after the reconnection
-            with self.q_lock:
+        with self.q_lock:
+            if retry:  # back at the front, for after the reconnection
                 self.q.extendleft(reversed(retry))
+            if later:
+                self.later = sorted(self.later + later, key=lambda x: x[0])
         return k
 
     # ---- life ----
@@ -653,7 +669,8 @@ def status(a) -> int:
           f"({s['bytes_fetched'] / 2**20:.1f} MiB) brought in, {s['remote_misses']} remote misses, "
           f"{s['fetch_errors']} failed transfers, {s['expired']} expired")
     print(f"  write-back:   {s['wb_written']} written ({s['wb_bytes'] / 2**20:.1f} MiB), {s['wb_skipped']} "
-          f"skipped, {s['wb_dropped']} dropped, {s['wb_errors']} refused; {s['reconnects']} reconnects")
+          f"skipped, {s['wb_dropped']} dropped, {s['wb_refused']} refused by the store ({s['wb_errors']} "
+          f"given up); {s['reconnects']} reconnects")
     if fi:
         for c in fi["consumers"]:
             print(f"  feed consumer {c['name']}: {'alive' if c['alive'] else 'gone'}, {c['behind']} behind, "

@@ -64,6 +64,19 @@ def probe(host: Host, ns: str, first: int, count: int) -> int:
     return int(p.stdout.strip())
 
 
+def stopped(pid: int) -> bool:
+    """Every thread of pid is in state T (a SIGSTOP takes effect per thread,
+    as each is next scheduled)."""
+    import glob
+    for f in glob.glob(f"/proc/{pid}/task/*/stat"):
+        try:
+            if open(f).read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                return False
+        except OSError:
+            pass
+    return True
+
+
 def written(host: Host) -> int:
     return host.status().get("stats", {}).get("wb_written", 0)
 
@@ -233,13 +246,14 @@ def test_store_refuses_puts(cluster):
     s = Scheduler(b)
     try:
         store_on(a, NS, 0, 80)
-        wait_for(lambda: (lambda st: st.get("wb_written", 0) + st.get("wb_errors", 0) >= 160)(a.status()["stats"]),
-                 30, "every put answered")
+        wait_for(lambda: (lambda st: st["wb_written"] + st["wb_errors"] + st["wb_skipped"] >= 160)(
+            a.status()["stats"]), 30, "every put answered")
         st = a.status()["stats"]
-        assert st["wb_errors"] > 0 and st["wb_written"] < 160, st
+        # the store refused puts (it then evicts by itself, so retried ones may fit)
+        assert st["wb_refused"] > 0, st
         load_on(a, NS, 0, 80)  # host A's engines never noticed
         blocks, _ = s.fetch(NS, TP, 0, 80)
-        assert 0 <= blocks < 80  # whatever fitted, from the front
+        assert 0 <= blocks <= 80  # whatever the store kept, from the front
         if blocks:
             load_on(b, NS, 0, blocks)
         assert a.status()["state"] == "connected"
@@ -267,6 +281,7 @@ def test_master_stopped_requests_bounded(cluster):
     s = Scheduler(b, timeout_ms=800)
     try:
         master.proc.send_signal(signal.SIGSTOP)
+        wait_for(lambda: stopped(master.proc.pid), 10, "the master's threads to stop")
         t0 = time.monotonic()
         try:
             blocks, secs = s.fetch(NS, TP, 0, 4, timeout=10)
