@@ -55,6 +55,8 @@ NOT_HERE = {
     "../shared/data/traces/synthetic_trace.jsonl --capacity-sweep":
         "a 7-capacity sweep of a 2 GiB trace: minutes; the replay suite runs the trace",
     "bash scripts/setup.sh": "installs Debian packages and builds: the build this test runs in",
+    "daemon kv-a": "the two pools of docs/cluster.md's two-host trial: suite cluster runs that setup",
+    "daemon kv-b": "the two pools of docs/cluster.md's two-host trial: suite cluster runs that setup",
 }
 
 
