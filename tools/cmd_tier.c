@@ -8,7 +8,7 @@
  * tier is written in Python over libumbp, and these commands exec a Python
  * that has both packages. Which one, in order:
  *   1. $UMBP_PYTHON;
- *   2. in a build tree, the source tree's .venv-cpu/bin/python (made by
+ *   2. run from its build tree, the source tree's .venv-cpu/bin/python (made by
  *      scripts/setup-python.sh, with Mooncake in it), if it exists;
  *   3. python3 from PATH (after `pip install .` of umbp and Mooncake's wheel).
  * In a build tree the source tree's python/ goes first on PYTHONPATH, so the
@@ -28,11 +28,25 @@
 #ifndef UMBP_SOURCE_ROOT
 #define UMBP_SOURCE_ROOT ""
 #endif
+#ifndef UMBP_BUILD_ROOT
+#define UMBP_BUILD_ROOT ""
+#endif
+
+/* The source tree, when this binary is the one in its build tree (an
+ * installed copy, or a wheel's, never looks there). */
+static const char *source_tree(void) {
+  static char exe[4096];
+  size_t b = strlen(UMBP_BUILD_ROOT);
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (!b || !UMBP_SOURCE_ROOT[0] || n <= (ssize_t)b) return NULL;
+  exe[n] = 0;
+  return strncmp(exe, UMBP_BUILD_ROOT, b) == 0 && exe[b] == '/' ? UMBP_SOURCE_ROOT : NULL;
+}
 
 static const char *pick_python(char *buf, size_t n) {
   const char *env = getenv("UMBP_PYTHON");
   if (env && *env) return env;
-  if (UMBP_SOURCE_ROOT[0]) {
+  if (source_tree()) {
     snprintf(buf, n, "%s/.venv-cpu/bin/python", UMBP_SOURCE_ROOT);
     if (access(buf, X_OK) == 0) return buf;
   }
@@ -43,7 +57,7 @@ static const char *pick_python(char *buf, size_t n) {
 static int run_module(const char *what, const char *module, int argc, char **argv) {
   char pybuf[4096], pathbuf[8192];
   const char *py = pick_python(pybuf, sizeof pybuf);
-  if (UMBP_SOURCE_ROOT[0]) {
+  if (source_tree()) {
     char src[4096];
     snprintf(src, sizeof src, "%s/python/umbp/tier.py", UMBP_SOURCE_ROOT);
     if (access(src, R_OK) == 0) {
