@@ -388,6 +388,16 @@ class Tier:
                          debug=True)
 
     def fetch(self, job) -> tuple[int, str | None]:
+        """Bring the missing shards of the request's blocks into the pool; the
+        number of leading blocks now in the pool on every rank, and a message
+        when some that the store held could not be brought in.
+
+        With enough free slots (twice the missing shards: reserving them then
+        evicts nothing) the shards are fetched at once into reserved slots:
+        one master round trip, and a shard the store lacks just fails its get
+        (OBJECT_NOT_FOUND). Otherwise the store is asked first which exist
+        (batch_is_exist), and only the blocks of the remote prefix get slots,
+        so that a prefix that is nowhere evicts nothing."""
         nb, nr = job.n_blocks, job.n_ranks
         n = nb * nr
         st = self.store
@@ -400,89 +410,91 @@ class Tier:
         missing = [i for i in range(n) if not present[i]]
         names = dict(zip(missing, self.namer(keys, missing)))
         need = [i for i in missing if names[i] is not None]
-        avail = [bool(present[i]) for i in range(n)]
-        if need:
-            ex = st.batch_is_exist([names[i] for i in need])
-            if any(e in _UNREACHABLE or e == -1 for e in ex):
-                self.rpc_failed(MC_RPC_FAIL)
-                return -errno.ENOTCONN, "the store's master did not answer"
-            for i, e in zip(need, ex):
-                avail[i] = e == 1
-        lead = 0
-        while lead < nb and all(avail[lead * nr + r] for r in range(nr)):
-            lead += 1
-        self.stat("remote_misses", nb - lead)
-        want = [i for i in need if i < lead * nr]
-        if not want:
-            return lead, None
-        # a slot per missing shard, in its namespace
         slots: dict[int, int] = {}
-        by_ns: dict[int, list[int]] = collections.defaultdict(list)
-        for i in want:
-            by_ns[keys[i].ns].append(i)
-        for ns, idx in by_ns.items():
-            buf = (C.c_uint32 * len(idx))()
-            got = self.lib.umbp_reserve_bulk(self.pool, -1, ns, len(idx), buf)
-            for j in range(max(0, got)):
-                slots[idx[j]] = buf[j]
-        # blocks whose shards all got a slot, from the front
-        fetchable = 0
-        while fetchable < lead and all(avail[fetchable * nr + r] and (present[fetchable * nr + r]
-                                       or (fetchable * nr + r) in slots) for r in range(nr)):
-            fetchable += 1
-        go = [i for i in want if i < fetchable * nr]
-        for i in want:
-            if i >= fetchable * nr and i in slots:
-                self.lib.umbp_abort(self.pool, slots.pop(i))
-        ok = set()
+        if need and self.free_slots() >= 2 * len(need):
+            go = self.reserve(need, slots)
+        else:
+            avail = [bool(present[i]) for i in range(n)]
+            if need:
+                ex = st.batch_is_exist([names[i] for i in need])
+                if any(e in _UNREACHABLE or e == -1 for e in ex):
+                    self.rpc_failed(MC_RPC_FAIL)
+                    return -errno.ENOTCONN, "the store's master did not answer"
+                for i, e in zip(need, ex):
+                    avail[i] = e == 1
+            lead = 0
+            while lead < nb and all(avail[lead * nr + r] for r in range(nr)):
+                lead += 1
+            go = self.reserve([i for i in need if i < lead * nr], slots)
+        ok: set[int] = set()
         if go:
-            ptrs = [int(self.lib.umbp_slot_ptr(self.pool, slots[i])) for i in go]
-            res = st.batch_get_into([names[i] for i in go], ptrs, [self.slot_size] * len(go))
-            for i, r in zip(go, res):
-                if r == self.slot_size:
-                    ok.add(i)
-                elif r in _UNREACHABLE:
-                    self.rpc_failed(r)
-            self.stat("fetch_errors", len(go) - len(ok))
+            res = st.batch_get_into([names[i] for i in go],
+                                    [int(self.lib.umbp_slot_ptr(self.pool, slots[i])) for i in go],
+                                    [self.slot_size] * len(go))
+            if any(r in _UNREACHABLE for r in res):
+                self.rpc_failed(MC_RPC_FAIL)
+                for sl in slots.values():
+                    self.lib.umbp_abort(self.pool, sl)
+                return -errno.ENOTCONN, "the store's master did not answer"
+            ok = {i for i, r in zip(go, res) if r == self.slot_size}
+            # a shard the store does not hold is a miss; anything else (short,
+            # too long for a slot, transfer failed) a failed transfer
+            self.stat("fetch_errors", sum(1 for r in res if r != self.slot_size and r != MC_OBJECT_NOT_FOUND))
         if _PAUSE_BEFORE_PUBLISH and go:
             open(_PAUSE_BEFORE_PUBLISH, "w").close()
             while True:
                 time.sleep(1)
-        # publish whole blocks, from the front, up to the first incomplete one
-        done = 0
-        while done < fetchable and all(present[done * nr + r] or (done * nr + r) in ok for r in range(nr)):
-            done += 1
-        pub = [i for i in go if i < done * nr]
-        for i in go:
-            if i >= done * nr:
-                self.lib.umbp_abort(self.pool, slots[i])
+        # publish the shards of every block that is now whole; a block with a
+        # shard missing publishes none of them
+        whole = [all(present[b * nr + r] or (b * nr + r) in ok for r in range(nr)) for b in range(nb)]
+        pub = [i for i in sorted(ok) if whole[i // nr]]
+        for i, sl in slots.items():
+            if i not in ok or not whole[i // nr]:
+                self.lib.umbp_abort(self.pool, sl)
         if pub:
             ps = (C.c_uint32 * len(pub))(*[slots[i] for i in pub])
             pk = (L.Key * len(pub))(*[keys[i] for i in pub])
             rc = (C.c_int * len(pub))()
             self.lib.umbp_publish_bulk(self.pool, len(pub), ps, pk, rc)
-            failed = {pub[j] for j in range(len(pub)) if rc[j] not in (0, -errno.EEXIST)}
-            if failed:  # the pool refused (a full bucket neighbourhood): the block ends the prefix
-                done = min(done, min(failed) // nr)
+            for j in range(len(pub)):
+                if rc[j] not in (0, -errno.EEXIST):  # the pool refused (a full bucket neighbourhood)
+                    whole[pub[j] // nr] = False
             fetched = sum(1 for j in range(len(pub)) if rc[j] == 0)
             self.stat("keys_fetched", fetched)
             self.stat("bytes_fetched", fetched * self.slot_size)
-        self.stat("blocks_fetched", max(0, done - sum(1 for b in range(done)
-                                                      if all(present[b * nr + r] for r in range(nr)))))
+        done = 0
+        while done < nb and whole[done]:
+            done += 1
+        self.stat("remote_misses", nb - done)
+        self.stat("blocks_fetched", sum(1 for b in range(done) if not all(present[b * nr + r] for r in range(nr))))
         msg = None
-        if done < lead:
-            msg = f"{lead - done} of {lead} remote blocks could not be brought in (slots or transfers failed)"
+        if go and len(ok) < len(go) and done < nb:
+            msg = f"{len(go) - len(ok)} of {len(go)} shards could not be brought in (not in the store, or failed)"
         return done, msg
+
+    def reserve(self, idx: list[int], slots: dict[int, int]) -> list[int]:
+        """A slot per shard (in its namespace) into slots; the shards that got one."""
+        by_ns: dict[int, list[int]] = collections.defaultdict(list)
+        for i in idx:
+            by_ns[self.keys[i].ns].append(i)
+        for ns, ii in by_ns.items():
+            buf = (C.c_uint32 * len(ii))()
+            got = self.lib.umbp_reserve_bulk(self.pool, -1, ns, len(ii), buf)
+            for j in range(max(0, got)):
+                slots[ii[j]] = buf[j]
+        return [i for i in idx if i in slots]
+
+    def free_slots(self) -> int:
+        info = T.PoolInfo()
+        if self.lib.umbp_pool_get_info(self.pool, C.byref(info)):
+            return 0
+        return sum(info.partitions[i].free_slots for i in range(info.n_partitions))
 
     # ---- write-back thread ----
     def pressure(self) -> bool:
         if self.a.writeback != "evict":
             return True
-        info = T.PoolInfo()
-        if self.lib.umbp_pool_get_info(self.pool, C.byref(info)):
-            return True
-        free = sum(info.partitions[i].free_slots for i in range(info.n_partitions))
-        return free * 100.0 < self.a.evict_free_pct * max(1, info.slot_count)
+        return self.free_slots() * 100.0 < self.a.evict_free_pct * max(1, self.slot_count)
 
     def writeback_loop(self) -> None:
         entries = (T.FeedEntry * 1024)()
