@@ -5,11 +5,12 @@ One process per host, beside the pool's daemon. Three threads:
 
 - the **request loop** (main thread) sleeps on the request table's doorbell
   (include/umbp/tier.h), takes a scheduler's request for a missing prefix,
-  asks the store which of its blocks exist (one ``batch_is_exist``), reserves
-  pool slots for the shards the pool lacks, has the store write them straight
-  into the slots (``batch_get_into`` into the registered pool arena: no
-  staging copy), publishes every shard of a block only once all of that
-  block's shards arrived whole, and answers with the number of leading
+  reserves pool slots for the shards the pool lacks and has the store write
+  them straight into the slots (``batch_get_into`` into the registered pool
+  arena: no staging copy; when the pool is short of free slots it first asks
+  the store which exist, ``batch_is_exist``, so as to evict nothing for a
+  prefix that is nowhere), publishes every shard of a block only once all of
+  that block's shards arrived whole, and answers with the number of leading
   blocks now in the pool on every rank. A shard that fails or arrives short
   is never published; its slot goes back to the pool.
 - the **write-back thread** reads the pool's published-key feed (feed.h) as
