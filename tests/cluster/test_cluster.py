@@ -308,3 +308,30 @@ def test_master_stopped_requests_bounded(cluster):
         raise
     finally:
         s.close()
+
+
+def test_writeback_evict_policy(cluster):
+    """--writeback evict holds published blocks until the pool runs short of
+    free slots, then writes the oldest first; B can then fetch them."""
+    master, host, work = cluster
+    a, b = host("a"), host("b")  # 256 slots each
+    a.start_tier(master, "--writeback", "evict", "--evict-free-pct", "30")
+    b.start_tier(master)
+    a.wait_state("connected")
+    b.wait_state("connected")
+    try:
+        store_on(a, NS, 0, 8)  # 16 of 256 slots: plenty free
+        wait_for(lambda: a.status()["stats"]["wb_queued"] >= 16, 10, "A's tier to queue the blocks")
+        time.sleep(0.5)
+        assert written(a) == 0  # held back
+        store_on(a, NS, 1000, 100)  # 216 of 256 slots used: fewer than 30% free
+        wait_for(lambda: written(a) >= 16, 30, "A's tier to write under pressure")
+        s = Scheduler(b)
+        try:
+            assert s.fetch(NS, TP, 0, 8)[0] == 8  # the oldest went first
+        finally:
+            s.close()
+        load_on(b, NS, 0, 8)
+    except BaseException:
+        print(dump_logs(work))
+        raise
