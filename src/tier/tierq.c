@@ -37,7 +37,13 @@
  *
  * What a stopped process does to the others: a client stopped in FILLING
  * holds one record until the tier reclaims it (a minute); a stopped tier
- * holds every request until its own deadline, when each client cancels.
+ * holds every request until its own deadline, when each client cancels. A
+ * client stopped in the middle of copying its keys for that minute may, once
+ * resumed, write keys over the record's next request before its own CAS to
+ * READY fails: that request then asks for other blocks than its client's.
+ * Nothing wrong is published (every key names its own block in the store),
+ * and the client re-probes the pool for its own keys, so it only loses the
+ * prefetch.
  * Nothing here spins on another process, and the only blocking call is the
  * tier's own futex wait on the doorbell.
  *
@@ -292,8 +298,14 @@ UMBP_API int umbp_tier_request(umbp_tier *t, const umbp_key *keys, unsigned n_bl
     c->client = t->p->owner_id;
     c->submit_ns = now;
     c->deadline_ns = now + (uint64_t)timeout_ms * 1000000u;
-    /* [R1] keys and counts before readiness; pairs with the tier's [A1] */
-    atomic_store_explicit(&c->word, W_MAKE(ST_READY, 0, gen), memory_order_release);
+    /* [R1] keys and counts before readiness; pairs with the tier's [A1]. A
+     * CAS, not a store: a client stopped in FILLING for a minute has had its
+     * record reclaimed (tq_sweep), and must not mark another's ready */
+    uint64_t filling = W_MAKE(ST_FILLING, 0, gen);
+    if (!atomic_compare_exchange_strong_explicit(&c->word, &filling, W_MAKE(ST_READY, 0, gen),
+                                                 memory_order_release, memory_order_relaxed))
+      return umbp_fail(-ETIMEDOUT, "pool '%s': this request's record was reclaimed while it was being "
+                                   "filled (the process stopped for a minute?)", t->p->name);
     ring_doorbell(h);
     *ret_ticket = (uint64_t)gen << 16 | i;
     if (ret_n_blocks) *ret_n_blocks = nb;
