@@ -84,7 +84,9 @@ UMBP_API void umbp_feed_opts_init(umbp_feed_opts *opts);
  * file. Ownership: the handle is the caller's until umbp_feed_close(); it
  * must be closed before the pool handle is detached. The name is held by
  * the handle's open file (an OFD lock the kernel drops when the process
- * dies), so a killed consumer's name is free again at once. */
+ * dies), so a killed consumer's name is free again at once. fork(): the
+ * file is close-on-exec; a child that does not exec shares it and keeps the
+ * name held while it lives, and must not use the handle. */
 UMBP_API int umbp_feed_open(umbp_pool *pool, const char *name, const umbp_feed_opts *opts,
                             umbp_feed **ret_feed);
 

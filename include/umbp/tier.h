@@ -133,7 +133,9 @@ UMBP_API void umbp_tier_params_init(umbp_tier_params *p);
  * when its geometry matches params; requests that tier had taken are made
  * ready again) and hold its lock byte. 0 and *ret_tier; -EBUSY (a live tier
  * serves the pool: the message names its pid); -EINVAL; -EROFS; -ECHILD;
- * -ENOSPC, -EACCES, -EIO (creating the file). */
+ * -ENOSPC, -EACCES, -EIO (creating the file). fork(): the file is
+ * close-on-exec; a child that does not exec shares the lock byte, so the
+ * tier counts as alive while that child lives. */
 UMBP_API int umbp_tier_serve(umbp_pool *pool, const umbp_tier_params *params, umbp_tier **ret_tier);
 
 typedef struct umbp_tier_job {
