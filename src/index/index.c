@@ -4,7 +4,8 @@
  * and eviction, all in the pool segment and shared by every process.
  *
  * Index source map (src/index/; each .c file opens with its concern's design note):
- *   index.c           this overview and the slot states; slot addresses; region init; attach/detach
+ *   index.c           this overview and the slot states; slot addresses; the index's part of the
+ *                     segment (regions, fingerprint, hooks: umbp_index_module); region init; attach/detach
  *   index_shm.h       the index's structs in the segment (buckets, slot metadata, readers, namespaces)
  *   index_internal.h  struct umbp_index, the key hash, bucket words, declarations the files share
  *   index_inline.h    hot-path static inline helpers: thread slot, read sections, keys, probe, pin, counting
@@ -43,6 +44,8 @@
 
 #include <stdlib.h>
 
+#include "shm/module.h"
+
 /* The error of a call on a NULL pool or a read-only handle (ix_get()): out
  * of line and cold, so that the inlined fast path of every call stays short. */
 __attribute__((noinline, cold)) int umbp_ix_fail(umbp_pool *p) {
@@ -77,6 +80,95 @@ uint64_t umbp_index_abi_part(void) {
   }
   return acc;
 }
+
+/* ---- the index's part of the segment (shm/module.h) --------------------------- */
+#define IX_REGIONS                                                                                          \
+  (1u << UMBP_REG_READERS | 1u << UMBP_REG_NAMESPACES | 1u << UMBP_REG_INDEXHDR | 1u << UMBP_REG_BUCKETS | \
+   1u << UMBP_REG_SLOTMETA | 1u << UMBP_REG_PINS | 1u << UMBP_REG_EVENTS | 1u << UMBP_REG_COUNTERS)
+#define IX_EVENTS_DEFAULT 65536u /* events the ring keeps when umbp_pool_params.event_capacity is 0 */
+
+static uint64_t ix_align64(uint64_t v) { return (v + 63) & ~(uint64_t)63; }
+
+static uint64_t ix_region_bytes(const struct umbp_shm_header *h, int r) {
+  switch (r) {
+  case UMBP_REG_READERS: return sizeof(struct umbp_reader_shm) * (uint64_t)UMBP_MAX_PROCS * UMBP_MAX_THREADS;
+  case UMBP_REG_NAMESPACES: return sizeof(struct umbp_ns_shm) * (uint64_t)UMBP_MAX_NAMESPACES;
+  case UMBP_REG_INDEXHDR: return ix_align64(sizeof(struct umbp_index_hdr));
+  case UMBP_REG_BUCKETS: return sizeof(struct umbp_bucket) * (uint64_t)h->n_buckets;
+  case UMBP_REG_SLOTMETA: return ix_align64(sizeof(struct umbp_slot_meta) * (uint64_t)h->slot_count);
+  case UMBP_REG_PINS: return umbp_pin_region_bytes(h->slot_count);
+  case UMBP_REG_EVENTS: return umbp_ring_bytes(h->event_capacity, sizeof(struct umbp_event_shm));
+  case UMBP_REG_COUNTERS: return ix_align64(sizeof(struct umbp_counter_row) * (uint64_t)(UMBP_MAX_PROCS + 1));
+  default: return 0;
+  }
+}
+
+static int ix_layout(const umbp_pool_params *pp, struct umbp_shm_header *h) {
+  uint64_t slots = pp->capacity / pp->slot_size; /* h->slot_count saturates at UINT32_MAX */
+  if (slots > UMBP_MAX_SLOTS) /* a way holds slot + 1 in 24 bits */
+    return umbp_fail(-EINVAL,
+                     "capacity %llu bytes holds %llu slots of %llu bytes: at most %u slots are supported; "
+                     "lower the capacity (--capacity) or raise the slot size (--slot-size)",
+                     (unsigned long long)pp->capacity, (unsigned long long)slots,
+                     (unsigned long long)pp->slot_size, UMBP_MAX_SLOTS);
+  /* Bucket array: UMBP_BUCKET_WAYS (12) ways a bucket, 1.5 ways a slot (any
+   * count, not a power of two), so a full pool fills 66.7% of the ways: probe
+   * chains stay short, and the array (the one line a miss reads) stays small
+   * enough for the TLB and caches (8 MiB for 1M slots). */
+  h->n_buckets = UMBP_BUCKETS_FOR(h->slot_count);
+  if (h->n_buckets < UMBP_MAX_PROBE) h->n_buckets = UMBP_MAX_PROBE;
+  uint32_t want = pp->event_capacity ? pp->event_capacity : IX_EVENTS_DEFAULT, cap = 2;
+  while (cap < want && cap < (1u << 31)) cap <<= 1; /* a power of two */
+  h->event_capacity = cap;
+  return 0;
+}
+
+static int ix_validate(const struct umbp_shm_header *h) {
+  if (h->slot_count > UMBP_MAX_SLOTS || h->n_buckets < UMBP_MAX_PROBE || h->n_buckets < UMBP_BUCKETS_FOR(h->slot_count) ||
+      h->event_capacity < 2 ||
+      (h->event_capacity & (h->event_capacity - 1)))
+    return umbp_fail(-EBADMSG, "pool creation parameters are inconsistent (slot size %llu, %u slots, "
+                               "%u partitions): the header is corrupted",
+                     (unsigned long long)h->slot_size, h->slot_count, h->n_partitions);
+  return 0;
+}
+
+_Static_assert(UMBP_HASH_MAX == UMBP_KEY_HASH_MAX, "the key's hash bytes in the segment are the public key's");
+
+static uint64_t ix_abi(void) {
+  const uint64_t shape[] = {
+      umbp_index_abi_part(), /* key hash and bucket placement */
+      sizeof(struct umbp_slot_meta), _Alignof(struct umbp_slot_meta),
+      sizeof(struct umbp_bucket), (size_t)umbp_pin_stride(1),
+      sizeof(struct umbp_reader_shm), sizeof(struct umbp_ns_shm),
+      sizeof(struct umbp_counter_row), sizeof(struct umbp_event_shm),
+      sizeof(struct umbp_index_hdr), _Alignof(struct umbp_index_hdr),
+      sizeof(struct umbp_key_shm),
+      UMBP_MAX_NAMESPACES, UMBP_BUCKET_WAYS, UMBP_KEY_HASH_MAX,
+  };
+  return umbp_fnv1a(shape, sizeof shape, 0x756d627069647821ull); /* "umbpidx!" */
+}
+
+static void ix_info(umbp_pool *p, umbp_pool_info *i) {
+  for (unsigned k = 0; k < i->n_partitions && k < UMBP_MAX_PARTITIONS; k++)
+    i->partitions[k].free_slots = umbp_index_free_slots(p, k);
+}
+
+const struct umbp_shm_module umbp_index_module = {
+    .name = "index",
+    .regions = IX_REGIONS,
+    .region_bytes = ix_region_bytes,
+    .layout = ix_layout,
+    .validate = ix_validate,
+    .abi_part = ix_abi,
+    .init = umbp_index_init_regions,
+    .attach = umbp_index_attach_hook,
+    .detach = umbp_index_detach_hook,
+    .reap = umbp_index_reap_proc,
+    .sweep = umbp_index_sweep_orphans,
+    .forget = umbp_index_forget,
+    .info = ix_info,
+};
 
 /* ---- regions ------------------------------------------------------------------- */
 UMBP_API int umbp_slot_partition(const umbp_pool *p, uint32_t slot) {

@@ -214,6 +214,33 @@ extern UMBP_IX_TLS _Thread_local struct tl_slot *umbp_ix_tl_last;
 /* index.c */
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_fail(umbp_pool *p);
 
+/* ---- the index as a module of the segment (shm/module.h) --------------------
+ * The segment layer calls these through umbp_index_module (index.c), listed
+ * in src/modules.c; it never names them. */
+struct umbp_shm_module;
+extern const struct umbp_shm_module umbp_index_module;
+/* init: initialise the index regions of a fresh segment (creator only). */
+int umbp_index_init_regions(umbp_pool *p);
+/* attach/detach: this process's index state (read-write handles). */
+int umbp_index_attach_hook(umbp_pool *p);
+void umbp_index_detach_hook(umbp_pool *p);
+/* reap: release what a dead process left (pins, reader state, reservations,
+ * ring claims); the caller holds the dead registry slot's lock (reap.c). */
+void umbp_index_reap_proc(umbp_pool *p, unsigned slot);
+/* sweep: reclaim retired slots left under a free registry slot's id, its
+ * lock held (reap.c). */
+void umbp_index_sweep_orphans(umbp_pool *p, unsigned slot);
+/* forget: free the index state a fork() child's handle still points at (its
+ * parent's copy; nothing in the segment is written). */
+void umbp_index_forget(umbp_pool *p);
+/* Free slots on partition part's ring (the private geometry of the ring when
+ * this process has index state). */
+uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part);
+/* The key hash and bucket-home functions' results on fixed inputs: the part
+ * of the index's ABI fingerprint that says every process places keys alike
+ * (sizes alone do not). */
+uint64_t umbp_index_abi_part(void);
+
 /* table.c */
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_key_fail(const umbp_key *k);
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_pin_overflow_fail(uint32_t s);

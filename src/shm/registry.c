@@ -18,7 +18,8 @@
  *    the acquire loads of readers of the table).
  *  - reap: try-lock byte i of a non-FREE slot; success means its owner is dead
  *    (a live owner holds the lock). Holding the lock, release the state the
- *    dead process left (umbp_index_reap_proc), store state = FREE, unlock.
+ *    dead process left (each module's reap hook, module.h: the index's
+ *    umbp_index_reap_proc), store state = FREE, unlock.
  *    Two reapers in different processes cannot reap the same slot: the lock
  *    admits one. Two threads of one process share the handle's open file
  *    description, and an OFD lock does not exclude its own description: there
@@ -45,6 +46,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "shm/module.h"
 #include "shm/pool_internal.h"
 
 int umbp_registry_claim(struct umbp_pool *p, int role, int rank);
@@ -86,7 +88,8 @@ static void reap_locked(struct umbp_pool *p, unsigned slot) {
   struct umbp_proc_slot *s = &p->procs[slot];
   umbp_log(UMBP_LOG_INFO, "pool %s: reaping registry slot %u of dead pid %d (%s)", p->name, slot, s->pid,
            umbp_role_name((int)s->role));
-  umbp_index_reap_proc(p, slot);
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) /* what it held in each module (module.h) */
+    if (umbp_shm_modules[m]->reap) umbp_shm_modules[m]->reap(p, slot);
   /* pairs with the acquire load in umbp_pool_list_procs / claim */
   atomic_store_explicit(&s->state, UMBP_PROC_FREE, memory_order_release);
 }
@@ -175,7 +178,9 @@ UMBP_API int umbp_pool_reap(umbp_pool *p) {
         atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE || !claim_reap(p, i))
       continue;
     if (lock_byte(p->fd, i, F_WRLCK) == 0) {
-      if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE) umbp_index_sweep_orphans(p, i);
+      if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE)
+        for (unsigned m = 0; m < umbp_shm_n_modules; m++)
+          if (umbp_shm_modules[m]->sweep) umbp_shm_modules[m]->sweep(p, i);
       lock_byte(p->fd, i, F_UNLCK);
     }
     unclaim_reap(p, i);

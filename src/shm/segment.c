@@ -61,7 +61,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
-#include "index/index_shm.h"
+#include "shm/module.h"
 #include "shm/pool_internal.h"
 #include "shm/ring.h"
 
@@ -112,29 +112,37 @@ UMBP_API int umbp_pool_name_valid(const char *name) {
   return 0;
 }
 
-/* ---- ABI fingerprint and checksum ---------------------------------------- */
-uint64_t umbp_abi_fingerprint(void) { return umbp_abi_fingerprint_with(umbp_index_abi_part()); }
+/* ---- modules and the ABI fingerprint --------------------------------------- */
+const struct umbp_shm_module *umbp_shm_region_owner(int region) {
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++)
+    if (umbp_shm_modules[m]->regions & (1u << region)) return umbp_shm_modules[m];
+  return NULL;
+}
 
-uint64_t umbp_abi_fingerprint_with(uint64_t index_part) {
+/* The segment layer's own part: its structs and the limits they are sized by. */
+static uint64_t shm_abi_part(void) {
   const uint64_t shape[] = {
-      index_part, /* the index's key hash and bucket placement (umbp_index_abi_part()) */
       UMBP_LAYOUT_MAJOR,
       UMBP_CACHELINE,
       sizeof(struct umbp_shm_header), _Alignof(struct umbp_shm_header),
       sizeof(struct umbp_region_desc), sizeof(struct umbp_partition_desc),
       sizeof(struct umbp_proc_slot), _Alignof(struct umbp_proc_slot),
-      sizeof(struct umbp_slot_meta), _Alignof(struct umbp_slot_meta),
-      sizeof(struct umbp_bucket), (size_t)umbp_pin_stride(1),
-      sizeof(struct umbp_reader_shm), sizeof(struct umbp_ns_shm),
-      sizeof(struct umbp_counter_row), sizeof(struct umbp_event_shm),
-      sizeof(struct umbp_index_hdr), _Alignof(struct umbp_index_hdr),
-      sizeof(struct umbp_key_shm),
-      UMBP_MAX_PROCS, UMBP_MAX_THREADS, UMBP_MAX_NAMESPACES, UMBP_MAX_PARTITIONS,
-      UMBP_BUCKET_WAYS, UMBP_HASH_MAX,
+      UMBP_MAX_PROCS, UMBP_MAX_THREADS, UMBP_MAX_PARTITIONS,
       sizeof(_Atomic uint64_t), _Alignof(_Atomic uint64_t),
   };
   return umbp_fnv1a(shape, sizeof shape, 0x756d6270);
 }
+
+uint64_t umbp_abi_fingerprint_with(const struct umbp_shm_module *given, uint64_t part) {
+  uint64_t acc = shm_abi_part();
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) {
+    uint64_t v = umbp_shm_modules[m] == given ? part : umbp_shm_modules[m]->abi_part();
+    acc = umbp_fnv1a(&v, sizeof v, acc);
+  }
+  return acc;
+}
+
+uint64_t umbp_abi_fingerprint(void) { return umbp_abi_fingerprint_with(NULL, 0); }
 
 uint64_t umbp_header_checksum(const struct umbp_shm_header *h) {
   const char *p = (const char *)h;
@@ -160,46 +168,21 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
                      "partition (%u partitions); raise --capacity",
                      (unsigned long long)pp->capacity, (unsigned long long)slots,
                      (unsigned long long)pp->slot_size, n_nodes);
-  if (slots > UMBP_MAX_SLOTS)
-    return umbp_fail(-EINVAL,
-                     "capacity %llu bytes holds %llu slots of %llu bytes: at most %u slots are supported; "
-                     "lower the capacity (--capacity) or raise the slot size (--slot-size)",
-                     (unsigned long long)pp->capacity, (unsigned long long)slots,
-                     (unsigned long long)pp->slot_size, UMBP_MAX_SLOTS);
   memset(h, 0, sizeof *h);
   h->layout_major = UMBP_LAYOUT_MAJOR;
   h->layout_minor = UMBP_LAYOUT_MINOR;
   h->header_bytes = UMBP_HEADER_BYTES;
   h->abi_fingerprint = umbp_abi_fingerprint();
   h->slot_size = pp->slot_size;
-  h->slot_count = (uint32_t)slots;
+  h->slot_count = slots > UINT32_MAX ? UINT32_MAX : (uint32_t)slots; /* the index refuses more than it addresses */
   h->max_procs = UMBP_MAX_PROCS;
   h->max_threads = UMBP_MAX_THREADS;
   h->max_namespaces = UMBP_MAX_NAMESPACES;
-  /* Bucket array: UMBP_BUCKET_WAYS (12) ways a bucket, 1.5 ways a slot (any
-   * count, not a power of two), so a full pool fills 66.7% of the ways: probe
-   * chains stay short, and the array (the one line a miss reads) stays small
-   * enough for the TLB and caches (8 MiB for 1M slots). */
-  h->n_buckets = UMBP_BUCKETS_FOR(slots);
-  if (h->n_buckets < UMBP_MAX_PROBE) h->n_buckets = UMBP_MAX_PROBE;
-  h->event_capacity = pow2_at_least(pp->event_capacity ? pp->event_capacity : 65536);
   if (pp->hugepages) h->incompat_features |= UMBP_FEAT_INCOMPAT_HUGEPAGES;
   /* umbp_pool_create() resolves UMBP_INDEX_PAGES_TRY to one of the others
    * before it lays the pool out */
   bool index_huge = pp->index_pages == UMBP_INDEX_PAGES_HUGE && !pp->hugepages;
   if (index_huge) h->incompat_features |= UMBP_FEAT_INCOMPAT_INDEX_HUGE;
-
-  uint64_t off = UMBP_HEADER_BYTES;
-  uint64_t sizes[UMBP_REG_COUNT] = {0};
-  sizes[UMBP_REG_REGISTRY] = sizeof(struct umbp_proc_slot) * UMBP_MAX_PROCS;
-  sizes[UMBP_REG_READERS] = sizeof(struct umbp_reader_shm) * UMBP_MAX_PROCS * UMBP_MAX_THREADS;
-  sizes[UMBP_REG_NAMESPACES] = sizeof(struct umbp_ns_shm) * UMBP_MAX_NAMESPACES;
-  sizes[UMBP_REG_INDEXHDR] = align_up(sizeof(struct umbp_index_hdr), 64);
-  sizes[UMBP_REG_BUCKETS] = sizeof(struct umbp_bucket) * (uint64_t)h->n_buckets;
-  sizes[UMBP_REG_SLOTMETA] = align_up(sizeof(struct umbp_slot_meta) * slots, 64);
-  sizes[UMBP_REG_PINS] = umbp_pin_region_bytes(slots);
-  sizes[UMBP_REG_EVENTS] = umbp_ring_bytes(h->event_capacity, sizeof(struct umbp_event_shm));
-  sizes[UMBP_REG_COUNTERS] = align_up(sizeof(struct umbp_counter_row) * (UMBP_MAX_PROCS + 1), 64);
 
   /* partitions: slots split evenly, the remainder to the first ones */
   h->n_partitions = n_nodes;
@@ -215,6 +198,19 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
     d->bytes = d->slot_count * pp->slot_size;
     d->ring_bytes = umbp_ring_bytes(pow2_at_least(d->slot_count), sizeof(uint64_t));
     ring_total += d->ring_bytes;
+  }
+
+  /* the modules' header fields, then their regions' sizes (module.h) */
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) {
+    int rc = umbp_shm_modules[m]->layout ? umbp_shm_modules[m]->layout(pp, h) : 0;
+    if (rc) return rc;
+  }
+  uint64_t off = UMBP_HEADER_BYTES;
+  uint64_t sizes[UMBP_REG_COUNT] = {0};
+  sizes[UMBP_REG_REGISTRY] = sizeof(struct umbp_proc_slot) * UMBP_MAX_PROCS;
+  for (int r = 0; r < UMBP_REG_ARENA; r++) {
+    const struct umbp_shm_module *o = umbp_shm_region_owner(r);
+    if (o) sizes[r] = o->region_bytes(h, r);
   }
   sizes[UMBP_REG_FREERINGS] = ring_total;
 
@@ -310,31 +306,26 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
                                  "2 MiB-aligned between the segment's other regions: header corrupted",
                        (unsigned long long)ioff, (unsigned long long)ilen);
   }
-  if (h->slot_size < 4096 || h->slot_size % 64 || h->slot_count == 0 || h->slot_count > UMBP_MAX_SLOTS ||
-      h->n_partitions == 0 || h->n_partitions > UMBP_MAX_PARTITIONS || h->max_procs != UMBP_MAX_PROCS ||
-      h->max_threads != UMBP_MAX_THREADS || h->max_namespaces != UMBP_MAX_NAMESPACES ||
-      h->n_buckets < UMBP_MAX_PROBE || h->n_buckets < UMBP_BUCKETS_FOR(h->slot_count) || h->event_capacity < 2 ||
-      (h->event_capacity & (h->event_capacity - 1)))
+  if (h->slot_size < 4096 || h->slot_size % 64 || h->slot_count == 0 || h->n_partitions == 0 ||
+      h->n_partitions > UMBP_MAX_PARTITIONS || h->max_procs != UMBP_MAX_PROCS || h->max_threads != UMBP_MAX_THREADS ||
+      h->max_namespaces != UMBP_MAX_NAMESPACES)
     return umbp_fail(-EBADMSG, "pool creation parameters are inconsistent (slot size %llu, %u slots, "
                                "%u partitions): the header is corrupted",
                      (unsigned long long)h->slot_size, h->slot_count, h->n_partitions);
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) { /* the modules' own fields (module.h) */
+    int rc = umbp_shm_modules[m]->validate ? umbp_shm_modules[m]->validate(h) : 0;
+    if (rc) return rc;
+  }
   /* every table sized from the parameters must fit its region */
-  const struct { int r; uint64_t need; } need[] = {
-      {UMBP_REG_REGISTRY, sizeof(struct umbp_proc_slot) * (uint64_t)UMBP_MAX_PROCS},
-      {UMBP_REG_READERS, sizeof(struct umbp_reader_shm) * (uint64_t)UMBP_MAX_PROCS * UMBP_MAX_THREADS},
-      {UMBP_REG_NAMESPACES, sizeof(struct umbp_ns_shm) * (uint64_t)UMBP_MAX_NAMESPACES},
-      {UMBP_REG_INDEXHDR, sizeof(struct umbp_index_hdr)},
-      {UMBP_REG_BUCKETS, sizeof(struct umbp_bucket) * (uint64_t)h->n_buckets},
-      {UMBP_REG_SLOTMETA, sizeof(struct umbp_slot_meta) * (uint64_t)h->slot_count},
-      {UMBP_REG_PINS, umbp_pin_region_bytes(h->slot_count)},
-      {UMBP_REG_EVENTS, umbp_ring_bytes(h->event_capacity, sizeof(struct umbp_event_shm))},
-      {UMBP_REG_COUNTERS, sizeof(struct umbp_counter_row) * (uint64_t)(UMBP_MAX_PROCS + 1)},
-  };
-  for (size_t i = 0; i < UMBP_ARRAY_SIZE(need); i++)
-    if (h->regions[need[i].r].size < need[i].need)
-      return umbp_fail(-EBADMSG, "pool region %d is %llu bytes, its table needs %llu: header corrupted",
-                       need[i].r, (unsigned long long)h->regions[need[i].r].size,
-                       (unsigned long long)need[i].need);
+  for (int r = 0; r < UMBP_REG_ARENA; r++) {
+    const struct umbp_shm_module *o = umbp_shm_region_owner(r);
+    uint64_t need = r == UMBP_REG_REGISTRY ? sizeof(struct umbp_proc_slot) * (uint64_t)UMBP_MAX_PROCS
+                    : o                    ? o->region_bytes(h, r)
+                                           : 0;
+    if (h->regions[r].size < need)
+      return umbp_fail(-EBADMSG, "pool region %d is %llu bytes, its table needs %llu: header corrupted", r,
+                       (unsigned long long)h->regions[r].size, (unsigned long long)need);
+  }
   uint64_t slots = 0;
   const struct umbp_region_desc *arena = &h->regions[UMBP_REG_ARENA];
   const struct umbp_region_desc *rings = &h->regions[UMBP_REG_FREERINGS];
@@ -920,6 +911,32 @@ static int populate_metadata(struct umbp_pool *p, bool creating) {
 int umbp_registry_claim(struct umbp_pool *p, int role, int rank);
 void umbp_registry_release(struct umbp_pool *p);
 
+/* The modules' hooks (module.h), in the list's order; detach in reverse. */
+static int modules_init(struct umbp_pool *p) {
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) {
+    int rc = umbp_shm_modules[m]->init ? umbp_shm_modules[m]->init(p) : 0;
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static void modules_detach_from(struct umbp_pool *p, unsigned n) {
+  while (n--)
+    if (umbp_shm_modules[n]->detach) umbp_shm_modules[n]->detach(p);
+}
+
+/* On failure the modules attached before the failing one are detached again. */
+static int modules_attach(struct umbp_pool *p) {
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) {
+    int rc = umbp_shm_modules[m]->attach ? umbp_shm_modules[m]->attach(p) : 0;
+    if (rc) {
+      modules_detach_from(p, m);
+      return rc;
+    }
+  }
+  return 0;
+}
+
 static struct umbp_pool *pool_new(void) {
   struct umbp_pool *p = calloc(1, sizeof *p);
   if (!p) return NULL;
@@ -1104,11 +1121,11 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
                             "%s fills up later, a process writing a block dies of SIGBUS",
              name, fmt_gib(p->hdr->regions[UMBP_REG_ARENA].size, a, sizeof a), SHM_DIR);
   }
-  rc = umbp_index_init_regions(p);
+  rc = modules_init(p);
   if (rc) goto fail_unlink;
   rc = umbp_registry_claim(p, UMBP_ROLE_OTHER, -1);
   if (rc) goto fail_unlink;
-  rc = umbp_index_attach_hook(p);
+  rc = modules_attach(p);
   if (rc) goto fail_unlink;
   /* Publish: pairs with the acquire load in wait_magic()/umbp_header_validate(). */
   atomic_store_explicit(&h->magic, UMBP_MAGIC, memory_order_release);
@@ -1301,7 +1318,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
     populate_metadata(p, false);
     rc = umbp_registry_claim(p, opts->role, opts->rank);
     if (rc) goto fail;
-    rc = umbp_index_attach_hook(p);
+    rc = modules_attach(p);
     if (rc) {
       umbp_registry_release(p);
       goto fail;
@@ -1382,9 +1399,11 @@ int umbp_pool_forked_fail(const umbp_pool *p) {
 
 UMBP_API void umbp_pool_detach(umbp_pool *p) {
   if (!p) return;
-  if (p->forked) umbp_index_forget(p);
+  if (p->forked)
+    for (unsigned m = 0; m < umbp_shm_n_modules; m++)
+      if (umbp_shm_modules[m]->forget) umbp_shm_modules[m]->forget(p);
   if (!p->read_only) {
-    umbp_index_detach_hook(p);
+    modules_detach_from(p, umbp_shm_n_modules);
     umbp_registry_release(p);
   }
   pool_free(p);
@@ -1437,7 +1456,6 @@ UMBP_API int umbp_pool_get_info(umbp_pool *p, umbp_pool_info *out) {
     i.partitions[k].first_slot = h->partitions[k].first_slot;
     i.partitions[k].slot_count = h->partitions[k].slot_count;
     i.partitions[k].bytes = h->partitions[k].bytes;
-    i.partitions[k].free_slots = umbp_index_free_slots(p, k);
   }
   memcpy(i.uuid, h->uuid, 16);
   i.run_generation = atomic_load_explicit(&h->run_generation, memory_order_relaxed);
@@ -1453,6 +1471,8 @@ UMBP_API int umbp_pool_get_info(umbp_pool *p, umbp_pool_info *out) {
     if (umbp_registry_alive(p, s)) i.procs_live++;
     else i.procs_dead++;
   }
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) /* free slots per partition (the index) */
+    if (umbp_shm_modules[m]->info) umbp_shm_modules[m]->info(p, &i);
   *out = i;
   return 0;
 }

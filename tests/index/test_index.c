@@ -5,6 +5,7 @@
 #include "test_util.h"
 
 #include "index/index_internal.h"
+#include "shm/module.h"
 #include "index_test_util.h"
 #include "umbp/check.h"
 #include "umbp/index.h"
@@ -716,16 +717,16 @@ static void test_ring_header_scribbled(void **state) {
  * fingerprint, and the pool's recorded fingerprint includes this build's. */
 static void test_fingerprint_covers_hash(void **state) {
   struct fx *f = *state;
-  uint64_t part = umbp_index_abi_part();
-  assert_int_equal(umbp_abi_fingerprint(), umbp_abi_fingerprint_with(part));
+  uint64_t part = umbp_index_module.abi_part();
+  assert_int_equal(umbp_abi_fingerprint(), umbp_abi_fingerprint_with(&umbp_index_module, part));
   assert_int_equal(f->p->hdr->abi_fingerprint, umbp_abi_fingerprint());
   /* another hash of one fixed key (as another build would compute it) */
-  assert_true(umbp_abi_fingerprint_with(part ^ 1) != umbp_abi_fingerprint());
+  assert_true(umbp_abi_fingerprint_with(&umbp_index_module, part ^ 1) != umbp_abi_fingerprint());
   /* the part depends on the hash and on the placement of fixed keys */
   uint64_t w[6] = {1, 2, 3, 4, 5, 6};
   uint64_t h = umbp_key_hash_w(w);
   assert_true(h != 0);
-  assert_true(part != 0x756d62706b657973ull);
+  assert_true(umbp_index_abi_part() != 0x756d62706b657973ull);
 }
 
 /* A full pool under long churn never runs out of index ways. At 32767 slots a

@@ -72,7 +72,7 @@
 
 #include "bench.h"
 #include "cli.h"
-#include "shm/pool_internal.h" /* umbp_index_free_slots: the churn writer's back-pressure */
+#include "index/index_internal.h" /* umbp_index_free_slots: the churn writer's back-pressure */
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
