@@ -31,8 +31,7 @@
 
 #include "cli.h"
 #include "metrics_http.h"
-#include "shm/daemon.h"
-#include "shm/pool_internal.h"
+#include "umbp/admin.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
 #include "umbp/topo.h"
@@ -422,13 +421,15 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
                  o->pool, umbp_last_error(), o->pool);
   if (rc) return fatal("cannot adopt pool '%s': %s", o->pool, umbp_last_error());
   struct stat st;
-  if (fstat(ro->fd, &st) != 0) {
+  if (umbp_admin_pool_stat(ro, &st) != 0) {
     umbp_pool_detach(ro);
-    return fatal("cannot stat pool '%s': %s", o->pool, strerror(errno));
+    return fatal("cannot stat pool '%s': %s", o->pool, umbp_last_error());
   }
   if (st.st_uid != geteuid()) {
-    char a[64], b[64], path[sizeof ro->path];
-    memcpy(path, ro->path, sizeof path); /* the handle goes before the message is made */
+    char a[64], b[64];
+    umbp_pool_info ri;
+    umbp_pool_get_info(ro, &ri); /* the path, for the message */
+    const char *path = ri.path;
     umbp_pool_detach(ro);
     return fatal("refusing to adopt pool '%s': its file %s belongs to uid %u (%s), not to this daemon's uid %u "
                  "(%s); run the daemon as that user, or destroy the pool and let this daemon create it",
@@ -436,7 +437,7 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
                  uid_name(geteuid(), b, sizeof b));
   }
   int pid = -1;
-  if (umbp_daemon_query(ro, &pid, NULL) == 1) {
+  if (umbp_admin_daemon_query(ro, &pid, NULL) == 1) {
     umbp_pool_detach(ro);
     if (pid > 0)
       return fatal("pool '%s' already has a daemon (pid %d): stop it first (kill -TERM %d), or leave it running",
@@ -449,19 +450,21 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
   umbp_pool *p;
   rc = umbp_pool_attach(o->pool, &ao, &p);
   if (rc) return fatal("cannot adopt pool '%s': %s", o->pool, umbp_last_error());
-  rc = umbp_daemon_lock_acquire(p);
+  uint64_t gen = 0; /* this adoption's run generation: one more than the last run's */
+  rc = umbp_admin_daemon_lock(p, &gen);
   if (rc) {
     umbp_pool_detach(p);
     return fatal("%s", umbp_last_error());
   }
-  uint64_t gen = atomic_fetch_add_explicit(&p->hdr->run_generation, 1, memory_order_acq_rel) + 1;
   umbp_slot_census c;
   umbp_census(p, &c);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
   char b1[32], b2[32];
   dlog("adopted pool '%s' (%s, %u slots of %s): run generation %llu, %llu published blocks kept", o->pool,
-       p->path, p->hdr->slot_count, cli_fmt_size(p->hdr->slot_size, b1, sizeof b1), (unsigned long long)gen,
+       info.path, info.slot_count, cli_fmt_size(info.slot_size, b1, sizeof b1), (unsigned long long)gen,
        (unsigned long long)c.published);
-  if (o->have_cap && (o->pp.capacity / o->pp.slot_size != p->hdr->slot_count || o->pp.slot_size != p->hdr->slot_size))
+  if (o->have_cap && (o->pp.capacity / o->pp.slot_size != info.slot_count || o->pp.slot_size != info.slot_size))
     dlog("note: --capacity %s / --slot-size %s differ from the existing pool's; they apply only when the pool is "
          "created (destroy it to change them)",
          cli_fmt_size(o->pp.capacity, b1, sizeof b1), cli_fmt_size(o->pp.slot_size, b2, sizeof b2));
@@ -475,8 +478,8 @@ static int open_pool(struct dopts *o, umbp_pool **ret) {
     umbp_pool *p;
     int rc = umbp_pool_create(o->pool, &o->pp, &p);
     if (rc == 0) {
-      p->procs[p->proc_slot].role = UMBP_ROLE_DAEMON; /* created under role "other" */
-      rc = umbp_daemon_lock_acquire(p);
+      rc = umbp_admin_set_role(p, UMBP_ROLE_DAEMON, -1); /* created under role "other" */
+      if (!rc) rc = umbp_admin_daemon_lock(p, NULL);    /* run generation 1: the creation's */
       if (rc) {
         umbp_pool_detach(p);
         return fatal("%s", umbp_last_error());
@@ -485,9 +488,9 @@ static int open_pool(struct dopts *o, umbp_pool **ret) {
       umbp_pool_info info;
       char ib[256];
       umbp_pool_get_info(p, &info);
-      dlog("created pool '%s' (%s): %u slots of %s in %u partition(s), %s in all; index on %s", o->pool, p->path,
-           p->hdr->slot_count, cli_fmt_size(p->hdr->slot_size, b1, sizeof b1), p->hdr->n_partitions,
-           cli_fmt_size(p->hdr->total_size, b2, sizeof b2), cli_fmt_index_pages(&info, ib, sizeof ib));
+      dlog("created pool '%s' (%s): %u slots of %s in %u partition(s), %s in all; index on %s", o->pool, info.path,
+           info.slot_count, cli_fmt_size(info.slot_size, b1, sizeof b1), info.n_partitions,
+           cli_fmt_size(info.total_size, b2, sizeof b2), cli_fmt_index_pages(&info, ib, sizeof ib));
       *ret = p;
       return CLI_OK;
     }
@@ -503,25 +506,26 @@ static int open_pool(struct dopts *o, umbp_pool **ret) {
  * would go on serving a pool nobody can attach to, while a second daemon
  * starts on a re-created one), and a file truncated under the mapping makes
  * every process touching the lost part die of SIGBUS. */
-static const char *pool_file_lost(umbp_pool *p, char *why, size_t n) {
+static const char *pool_file_lost(umbp_pool *p, const umbp_pool_info *info, char *why, size_t n) {
   struct stat mine, named;
-  if (fstat(p->fd, &mine) != 0) {
-    snprintf(why, n, "cannot stat the pool file: %s", strerror(errno));
+  if (umbp_admin_pool_stat(p, &mine) != 0) {
+    snprintf(why, n, "%s", umbp_last_error());
     return why;
   }
-  if (mine.st_nlink == 0 || stat(p->path, &named) != 0 || named.st_ino != mine.st_ino || named.st_dev != mine.st_dev) {
+  if (mine.st_nlink == 0 || stat(info->path, &named) != 0 || named.st_ino != mine.st_ino ||
+      named.st_dev != mine.st_dev) {
     snprintf(why, n, "pool '%s' was destroyed while this daemon ran (%s %s): nobody can attach to the pool it serves; "
                      "start the daemon again to create or adopt the pool of that name",
-             p->name, p->path, stat(p->path, &named) == 0 ? "now names another pool" : "was removed");
+             info->name, info->path, stat(info->path, &named) == 0 ? "now names another pool" : "was removed");
     return why;
   }
-  if ((uint64_t)mine.st_size < p->size) {
+  if ((uint64_t)mine.st_size < info->total_size) {
     char a[32], b[32];
     snprintf(why, n, "the file of pool '%s' (%s) shrank from %s to %s under the running processes: any of them that "
                      "touches the lost part dies of SIGBUS; stop them, destroy the pool ('umbp pool destroy %s') and "
                      "create it again",
-             p->name, p->path, cli_fmt_size(p->size, a, sizeof a), cli_fmt_size((uint64_t)mine.st_size, b, sizeof b),
-             p->name);
+             info->name, info->path, cli_fmt_size(info->total_size, a, sizeof a),
+             cli_fmt_size((uint64_t)mine.st_size, b, sizeof b), info->name);
     return why;
   }
   return NULL;
@@ -651,7 +655,7 @@ int cmd_daemon(int argc, char **argv) {
   apply_quotas(p, fileq, nfileq);
   rc = umbp_evictor_start(p, o.low, o.high, 20);
   if (rc) {
-    umbp_daemon_lock_release(p);
+    umbp_admin_daemon_unlock(p);
     umbp_pool_detach(p);
     free(fileq);
     return fatal("cannot start the evictor: %s", umbp_last_error());
@@ -662,7 +666,7 @@ int cmd_daemon(int argc, char **argv) {
     rc = metrics_serve(mfd, o.pool, &msrv, why, sizeof why);
     if (rc) {
       umbp_evictor_stop(p);
-      umbp_daemon_lock_release(p);
+      umbp_admin_daemon_unlock(p);
       umbp_pool_detach(p);
       free(fileq);
       return fatal("--metrics %s: %s", o.metrics, why);
@@ -685,7 +689,9 @@ int cmd_daemon(int argc, char **argv) {
   int stop_sig = 0;
   char lost[700];
   const char *lost_why = NULL;
-  while (!stop_sig && !(lost_why = pool_file_lost(p, lost, sizeof lost))) {
+  umbp_pool_info pinfo; /* name, path and size: fixed for the pool's life */
+  umbp_pool_get_info(p, &pinfo);
+  while (!stop_sig && !(lost_why = pool_file_lost(p, &pinfo, lost, sizeof lost))) {
     struct timespec ts = {o.reap_ms / 1000, (long)(o.reap_ms % 1000) * 1000000L};
     int sig = sigtimedwait(&set, NULL, &ts);
     if (sig == SIGTERM || sig == SIGINT) {
@@ -718,7 +724,7 @@ int cmd_daemon(int argc, char **argv) {
   else dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
   metrics_stop(msrv);
   umbp_evictor_stop(p);
-  umbp_daemon_lock_release(p);
+  umbp_admin_daemon_unlock(p);
   umbp_pool_detach(p);
   free(fileq);
   if (lost_why) {

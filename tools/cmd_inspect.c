@@ -20,9 +20,7 @@
 
 #include "cli.h"
 #include "snapshot.h"
-#include "index/index_internal.h"
-#include "shm/daemon.h"
-#include "shm/ring.h"
+#include "umbp/admin.h"
 #include "umbp/check.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
@@ -116,7 +114,7 @@ static void print_event_summary(umbp_pool *p, const struct snap *s) {
   if (!s->nev) return;
   printf("  newest %u: ", s->nev);
   bool first = true;
-  for (int type = 1; type <= 3; type++) {
+  for (int type = UMBP_EV_STORED; type <= UMBP_EV_REMOVED; type++) {
     unsigned n = 0;
     for (unsigned k = 0; k < s->nev; k++) n += s->ev[k].type == type;
     if (!n) continue;
@@ -154,8 +152,8 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
          i->layout_minor, cli_fmt_uuid(i->uuid, uuid, sizeof uuid), (unsigned long long)i->abi_fingerprint, (unsigned long long)i->compat_features,
          (unsigned long long)i->incompat_features);
   printf("  size %s: %u slots of %s, %u buckets x %d ways, event ring %u\n", cli_fmt_size(i->total_size, a, sizeof a),
-         i->slot_count, cli_fmt_size(i->slot_size, b, sizeof b), p->hdr->n_buckets, UMBP_BUCKET_WAYS,
-         p->hdr->event_capacity);
+         i->slot_count, cli_fmt_size(i->slot_size, b, sizeof b), s->index.n_buckets, s->index.bucket_ways,
+         s->index.event_capacity);
   printf("  created %s by pid %d (uid %u), run generation %llu, file uid %u mode %04o%s\n", t, i->creator_pid,
          i->creator_uid, (unsigned long long)i->run_generation, (unsigned)s->st.st_uid,
          (unsigned)(s->st.st_mode & 07777), i->hugepages ? ", huge pages" : "");
@@ -175,11 +173,11 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
     printf("  %-4u %-5s %12s %10u %10llu %10llu\n", k, q->numa_node < 0 ? "-" : node, cli_fmt_size(q->bytes, a, sizeof a),
            q->slot_count, (unsigned long long)(q->slot_count - q->free_slots), (unsigned long long)q->free_slots);
   }
-  uint64_t ways = (uint64_t)p->hdr->n_buckets * UMBP_BUCKET_WAYS;
+  uint64_t ways = (uint64_t)s->index.n_buckets * s->index.bucket_ways;
   printf("index: %llu entries, load factor %.3f (of %llu ways)\n  probe length:", (unsigned long long)s->entries,
          snap_ratio(s->entries, ways), (unsigned long long)ways);
   unsigned last = 0;
-  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++)
+  for (unsigned d = 0; d < s->index.max_probe && d < SNAP_MAX_PROBE; d++)
     if (s->hist[d]) last = d;
   for (unsigned d = 0; d <= last; d++) printf(" %u:%llu", d, (unsigned long long)s->hist[d]);
   printf("\n");
@@ -191,7 +189,7 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
          (unsigned long long)cs->retired, (unsigned long long)cs->in_rings);
   printf("processes: %u live, %u dead (reapable)\n", i->procs_live, i->procs_dead);
   if (s->nprocs) printf("  %-4s %-8s %-9s %-5s %-5s %6s %10s  %s\n", "slot", "pid", "role", "rank", "state", "pins", "heartbeat", "comm");
-  uint64_t now = umbp_realtime_ns();
+  uint64_t now = s->wall_ns; /* CLOCK_REALTIME when the snapshot was taken */
   for (int k = 0; k < s->nprocs; k++) {
     const umbp_proc_info *q = &s->procs[k];
     char hb[32];
@@ -224,7 +222,7 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
       char hx[20];
       snap_hash_hex(&s->ev[k].key, hx, sizeof hx);
       printf("  #%-8llu %-8s ns %u tp %u hash %s...\n", (unsigned long long)s->ev[k].pos, snap_event_name(s->ev[k].type),
-             s->ev[k].key.ns, s->ev[k].key.tp, hx);
+             s->ev[k].key.ns, s->ev[k].key.tp_rank, hx);
     }
   }
   const umbp_counters *ct = &s->total;
@@ -270,7 +268,7 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
 }
 
 /* print_json's sections, each one key of the object. */
-static void json_header(struct jb *j, umbp_pool *p, const struct snap *s) {
+static void json_header(struct jb *j, const struct snap *s) {
   const umbp_pool_info *i = &s->info;
   char t[32], lay[16], uuid[40];
   jb_obj(j, "header");
@@ -285,8 +283,8 @@ static void json_header(struct jb *j, umbp_pool *p, const struct snap *s) {
   jb_u64(j, "total_bytes", i->total_size);
   jb_u64(j, "slot_size", i->slot_size);
   jb_u64(j, "slot_count", i->slot_count);
-  jb_u64(j, "buckets", p->hdr->n_buckets);
-  jb_u64(j, "event_capacity", p->hdr->event_capacity);
+  jb_u64(j, "buckets", s->index.n_buckets);
+  jb_u64(j, "event_capacity", s->index.event_capacity);
   snap_fmt_time(i->created_ns, t, sizeof t);
   jb_str(j, "created", t);
   jb_u64(j, "created_unix", i->created_ns / 1000000000ull);
@@ -357,7 +355,7 @@ static void json_events(struct jb *j, const struct snap *s) {
     jb_u64(j, "position", s->ev[k].pos);
     jb_str(j, "type", snap_event_name(s->ev[k].type));
     jb_u64(j, "ns", s->ev[k].key.ns);
-    jb_u64(j, "tp_rank", s->ev[k].key.tp);
+    jb_u64(j, "tp_rank", s->ev[k].key.tp_rank);
     jb_str(j, "hash_prefix", hx);
     jb_end_obj(j);
   }
@@ -380,12 +378,12 @@ static void json_check(struct jb *j, const umbp_check_report *ck) {
   jb_end_obj(j);
 }
 
-static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_report *ck) {
+static void print_json(const struct snap *s, const umbp_check_report *ck) {
   const umbp_pool_info *i = &s->info;
   struct jb j;
   jb_begin(&j, stdout);
   jb_obj(&j, NULL);
-  json_header(&j, p, s);
+  json_header(&j, s);
   jb_obj(&j, "daemon");
   jb_bool(&j, "running", s->daemon_running == 1);
   if (s->daemon_running == 1 && s->daemon_pid > 0) jb_i64(&j, "pid", s->daemon_pid);
@@ -406,13 +404,13 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
     jb_end_obj(&j);
   }
   jb_end_arr(&j);
-  uint64_t ways = (uint64_t)p->hdr->n_buckets * UMBP_BUCKET_WAYS;
+  uint64_t ways = (uint64_t)s->index.n_buckets * s->index.bucket_ways;
   jb_obj(&j, "index");
   jb_u64(&j, "entries", s->entries);
   jb_u64(&j, "ways", ways);
   jb_dbl(&j, "load_factor", snap_ratio(s->entries, ways));
   jb_arr(&j, "probe_histogram");
-  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) jb_u64(&j, NULL, s->hist[d]);
+  for (unsigned d = 0; d < s->index.max_probe && d < SNAP_MAX_PROBE; d++) jb_u64(&j, NULL, s->hist[d]);
   jb_end_arr(&j);
   jb_end_obj(&j);
   const umbp_slot_census *cs = &s->census;
@@ -608,7 +606,7 @@ int cmd_inspect(int argc, char **argv) {
       break;
     }
     if (watch > 0 && tty && !json) fputs("\033[H\033[2J", stdout);
-    if (json) print_json(p, s, ck);
+    if (json) print_json(s, ck);
     else print_text(p, s, watch > 0 ? (have_prev ? prev : s) : NULL, ck);
     fflush(stdout);
     if (ck && ck->n_violations) ret = CLI_RUNTIME;

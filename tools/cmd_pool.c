@@ -13,7 +13,7 @@
 
 #include "cli.h"
 #include "snapshot.h" /* snap_fmt_time: the time format of 'umbp inspect' */
-#include "shm/pool_internal.h" /* umbp_hugetlbfs_mount */
+#include "umbp/admin.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
 #include "umbp/topo.h"
@@ -589,7 +589,7 @@ static int pool_ls(int argc, char **argv) {
   /* pools: /dev/shm/umbp.NAME and, made with --hugepages, umbp.NAME on the
    * hugetlbfs mount, where index files umbp-index.NAME also live */
   char hdir[256];
-  const char *dirs[2] = {"/dev/shm", umbp_hugetlbfs_mount(hdir, sizeof hdir) == 0 ? hdir : NULL};
+  const char *dirs[2] = {"/dev/shm", umbp_admin_hugetlbfs_mount(hdir, sizeof hdir) == 0 ? hdir : NULL};
   DIR *d = opendir(dirs[0]);
   if (!d) {
     cli_error("cannot list /dev/shm: %s", strerror(errno));

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 static const struct cli_command commands[] = {
     {"pool", "create, destroy, list and describe pools", cmd_pool},

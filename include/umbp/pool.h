@@ -39,7 +39,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 #ifdef __cplusplus
 extern "C" {

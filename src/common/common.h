@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Internal helpers shared by all modules: error detail, logging, small utils. */
-#ifndef UMBP_COMMON_H
-#define UMBP_COMMON_H
+#ifndef UMBP_INTERNAL_COMMON_H
+#define UMBP_INTERNAL_COMMON_H
 
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 #define UMBP_CACHELINE 64
 #define UMBP_ALIGNED __attribute__((aligned(UMBP_CACHELINE)))

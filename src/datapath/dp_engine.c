@@ -42,6 +42,14 @@
 #include "datapath/dp_internal.h"
 #include "shm/pool_internal.h"
 
+UMBP_API void umbp_dp_cuda_copy_calls(uint64_t *ret_batches, uint64_t *ret_ranges, uint64_t *ret_kernels) {
+  uint64_t b, r, k;
+  dp_cuda_copy_calls(&b, &r, &k); /* dp_cuda.c, or zeros from dp_nocuda.c */
+  if (ret_batches) *ret_batches = b;
+  if (ret_ranges) *ret_ranges = r;
+  if (ret_kernels) *ret_kernels = k;
+}
+
 /* ---- layout ---------------------------------------------------------------- */
 
 static int region_cmp(const void *a, const void *b) {

@@ -20,6 +20,7 @@
  *   reap.c            the reaper of a dead process (umbp_index_reap_proc), orphan sweep
  *   counters.c        per-thread counters and their flush; counter sums, slot census, index stats
  *   check.c           umbp_pool_check(): the invariants, verified with loads only
+ *   inspect.c         the index's snapshots of umbp/admin.h (geometry, readers, pins, events), loads only
  *
  * Design note (overview).
  *

@@ -22,6 +22,7 @@ struct umbp_pool {
   void *base;              /* this process's mapping */
   size_t size;
   bool read_only;
+  bool created;            /* this handle created the pool (umbp_admin_daemon_lock(): run generation) */
   bool hugepages;
   uint64_t index_huge_bytes; /* umbp-index.NAME mapped over the bucket array and slot metadata; 0: none */
   int proc_slot;           /* registry slot, -1 if read-only */

@@ -216,8 +216,8 @@ UMBP_API int umbp_pool_list_procs(umbp_pool *p, umbp_proc_info *out, unsigned ma
     o->slot = i;
     o->pid = s->pid;
     o->start_time = s->start_time;
-    o->role = (int)s->role;
-    o->rank = s->rank;
+    o->role = (int)__atomic_load_n(&s->role, __ATOMIC_RELAXED); /* umbp_admin_set_role() may store them */
+    o->rank = __atomic_load_n(&s->rank, __ATOMIC_RELAXED);
     o->attach_ns = s->attach_ns;
     o->heartbeat_ns = atomic_load_explicit(&s->heartbeat_ns, memory_order_relaxed);
     o->incarnation = atomic_load_explicit(&s->incarnation, memory_order_relaxed);

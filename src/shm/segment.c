@@ -1024,6 +1024,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
     return fd;
   }
   p->fd = fd;
+  p->created = true;
   snprintf(p->name, sizeof p->name, "%s", name);
   p->hugepages = pp->hugepages;
   if ((rc = name_taken_elsewhere(name, dir))) goto fail_unlink; /* created there meanwhile */

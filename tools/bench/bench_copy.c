@@ -28,11 +28,10 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "datapath/dp_internal.h"
 #include "umbp/datapath.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
-#include "umbp_config.h"
+#include "cli_config.h" /* UMBP_HAVE_CUDA */
 
 #if UMBP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -917,7 +916,7 @@ int bench_copy_main(int argc, char **argv) {
     if (run_case(&cases[i], threads, ncpus ? cpus : NULL, ncpus, reps, bytes, cuda, &res[i])) return CLI_RUNTIME;
   struct copy_report rep = {.cuda = cuda, .threads = threads, .reps = reps, .nc = nc, .bytes = bytes,
                             .refname = cuda ? "cudaMemcpy of pinned buffers" : "memcpy", .cases = cases, .res = res};
-  dp_cuda_copy_calls(&rep.nbatch, &rep.nrange, &rep.nkern);
+  umbp_dp_cuda_copy_calls(&rep.nbatch, &rep.nrange, &rep.nkern);
   if (json) print_copy_json(&rep);
   else print_copy_table(&rep);
   return CLI_OK;

@@ -72,7 +72,7 @@
 
 #include "bench.h"
 #include "cli.h"
-#include "index/index_internal.h" /* umbp_index_free_slots: the churn writer's back-pressure */
+#include "umbp/admin.h" /* umbp_admin_free_slots: the churn writer's back-pressure */
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
@@ -360,7 +360,7 @@ static int ours_lookup_run(umbp_pool *p, const umbp_key *st, int op, uint64_t po
 
 static uint64_t ours_free_slots(umbp_pool *p) {
   uint64_t n = 0;
-  for (unsigned i = 0; i < p->hdr->n_partitions; i++) n += umbp_index_free_slots(p, i);
+  umbp_admin_free_slots(p, -1, &n); /* every partition */
   return n;
 }
 
