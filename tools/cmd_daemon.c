@@ -36,6 +36,13 @@
 #include "umbp/pool.h"
 #include "umbp/topo.h"
 
+/* Defaults and bounds of the options (the usage text states them too). */
+#define REAP_MS_DEFAULT 1000       /* --reap-interval */
+#define REAP_MS_MAX 3600000        /* one hour */
+#define EVICT_LOW_PCT_DEFAULT 5    /* --evict-low */
+#define EVICT_HIGH_PCT_DEFAULT 10  /* --evict-high */
+#define EVICTOR_PERIOD_MS 20       /* how often the evictor thread looks at the free slots */
+
 static const char *daemon_usage =
     "Usage: umbp daemon NAME [--capacity SIZE] [OPTIONS]\n"
     "\n"
@@ -275,9 +282,9 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       {"index-pages", required_argument, 0, O_IPAGES}, {"metrics", required_argument, 0, O_METRICS},
       {0, 0, 0, 0}};
   umbp_pool_params_init(&o->pp);
-  o->reap_ms = 1000;
-  o->low = 5;
-  o->high = 10;
+  o->reap_ms = REAP_MS_DEFAULT;
+  o->low = EVICT_LOW_PCT_DEFAULT;
+  o->high = EVICT_HIGH_PCT_DEFAULT;
   optind = 1;
   opterr = 0;
   int c;
@@ -341,8 +348,8 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       break;
     }
     case O_REAP:
-      if (parse_uint(optarg, 1, 3600000, &o->reap_ms))
-        return cli_usage_error("daemon", "--reap-interval '%s': use 1 to 3600000 milliseconds", optarg);
+      if (parse_uint(optarg, 1, REAP_MS_MAX, &o->reap_ms))
+        return cli_usage_error("daemon", "--reap-interval '%s': use 1 to %u milliseconds", optarg, REAP_MS_MAX);
       break;
     case O_LOW:
       if (parse_uint(optarg, 1, 99, &o->low)) return cli_usage_error("daemon", "--evict-low '%s': use 1 to 99", optarg);
@@ -653,7 +660,7 @@ int cmd_daemon(int argc, char **argv) {
   }
   apply_quotas(p, o.quotas, o.nquotas);
   apply_quotas(p, fileq, nfileq);
-  rc = umbp_evictor_start(p, o.low, o.high, 20);
+  rc = umbp_evictor_start(p, o.low, o.high, EVICTOR_PERIOD_MS);
   if (rc) {
     umbp_admin_daemon_unlock(p);
     umbp_pool_detach(p);

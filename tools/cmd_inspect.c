@@ -25,6 +25,9 @@
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
+/* How long inspect waits for a pool whose creator is still initialising it, ms. */
+#define INSPECT_ATTACH_TIMEOUT_MS 2000
+
 static const char *inspect_usage =
     "Usage: umbp inspect NAME [--json] [--watch SECONDS] [--check] [--events N]\n"
     "       umbp inspect NAME --stat [SECONDS]\n"
@@ -537,7 +540,7 @@ int cmd_inspect(int argc, char **argv) {
   umbp_attach_opts_init(&ao);
   ao.read_only = true;
   ao.role = UMBP_ROLE_TOOL;
-  ao.timeout_ms = 2000;
+  ao.timeout_ms = INSPECT_ATTACH_TIMEOUT_MS;
   umbp_pool *p;
   int rc = umbp_pool_attach(name, &ao, &p);
   if (rc) {

@@ -18,6 +18,12 @@
 #include "umbp/pool.h"
 #include "umbp/topo.h"
 
+/* Attach timeouts (ms) of read-only looks at a pool that may still be being
+ * created: a destroy only asks who is attached, so it does not wait long;
+ * info and ls wait a little longer for a creator that is nearly done. */
+#define DESTROY_LOOK_TIMEOUT_MS 200
+#define INFO_ATTACH_TIMEOUT_MS 1000
+
 static const char *pool_usage =
     "Usage: umbp pool SUBCOMMAND [OPTIONS]\n"
     "\n"
@@ -372,7 +378,7 @@ static int pool_destroy(int argc, char **argv) {
     umbp_attach_opts o;
     umbp_attach_opts_init(&o);
     o.read_only = true;
-    o.timeout_ms = 200;
+    o.timeout_ms = DESTROY_LOOK_TIMEOUT_MS;
     umbp_pool *p;
     if (umbp_pool_attach(name, &o, &p) == 0) {
       umbp_proc_info pi[UMBP_MAX_PROCS];
@@ -404,7 +410,7 @@ static int attach_ro(const char *name, umbp_pool **p) {
   umbp_attach_opts o;
   umbp_attach_opts_init(&o);
   o.read_only = true;
-  o.timeout_ms = 1000;
+  o.timeout_ms = INFO_ATTACH_TIMEOUT_MS;
   return umbp_pool_attach(name, &o, p);
 }
 

@@ -167,9 +167,9 @@ enum umbp_dp_cuda_copy {
   /* Loads and pulls (a request waits for them) through the copy kernel when
    * their ranges (one per block and region) average under
    * UMBP_DP_KERNEL_AUTO_MAX bytes; stores (nobody waits) and larger ranges
-   * through the copy engines, which leave the SMs to the model. On an H200
-   * the kernel's device->host writes slowed a concurrent HBM-streaming kernel
-   * 2.5-3.2x, its host->device reads 1.4-1.55x, the copy engines 1.0-1.08x. */
+   * through the copy engines, which leave the SMs to the model: the kernel's
+   * device->host writes slow a concurrent HBM-streaming kernel far more than
+   * the copy engines do (docs/datapath.md, "Measured on a GPU"). */
   UMBP_DP_CUDA_COPY_AUTO = 0,
   /* Copy engines only: cudaMemcpyBatchAsync (one call per stream chunk), or
    * one cudaMemcpyAsync per range. Uses no SM time. */

@@ -71,6 +71,13 @@
 
 #define SHM_DIR "/dev/shm"
 
+#define ATTACH_POLL_MS 2              /* an attacher's sleep between looks for a creator's magic */
+#define CREATE_ATTEMPTS 4             /* O_EXCL creations tried while half-made files are taken over */
+#define PREFAULT_CHUNK_BYTES (32u << 20) /* one pre-fault thread's unit of work */
+#define PREFAULT_THREADS_DEFAULT 8    /* at most this many with prefault_threads 0 (and online CPUs) */
+#define PREFAULT_THREADS_MAX 64
+#define MBIND_MAX_NODES 1024          /* NUMA nodes an mbind() mask covers */
+
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 static uint32_t pow2_at_least(uint64_t v) {
   uint32_t p = 2;
@@ -90,7 +97,7 @@ UMBP_API void umbp_attach_opts_init(umbp_attach_opts *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->rank = -1;
-  o->timeout_ms = 10000;
+  o->timeout_ms = UMBP_ATTACH_TIMEOUT_MS;
 }
 
 UMBP_API int umbp_pool_name_valid(const char *name) {
@@ -498,7 +505,7 @@ static int create_pool_file(const char *name, mode_t mode, bool hugepages, const
                             size_t pathn) {
   int fd = -EAGAIN;
   bool told = false; /* take_over_half_made() failed with its own message */
-  for (int attempt = 0; attempt < 4 && fd == -EAGAIN; attempt++) {
+  for (int attempt = 0; attempt < CREATE_ATTEMPTS && fd == -EAGAIN; attempt++) {
     fd = open_pool_file(name, O_RDWR | O_CREAT | O_EXCL, mode, hugepages, hdir, path, pathn);
     if (fd >= 0 && create_lock(fd, F_WRLCK) != 0) {
       close(fd); /* taken over in the instant before the lock: the file is the other creator's now */
@@ -743,12 +750,12 @@ static void place_partitions(struct umbp_pool *p, int mempolicy) {
   struct umbp_shm_header *h = p->hdr;
   if (mempolicy == UMBP_MPOL_NONE || numa_available() < 0) return;
   if (mempolicy == UMBP_MPOL_INTERLEAVE) {
-    unsigned long mask[16] = {0};
+    unsigned long mask[MBIND_MAX_NODES / (8 * sizeof(unsigned long))] = {0};
     for (unsigned i = 0; i < h->n_partitions; i++)
-      if (h->partitions[i].numa_node >= 0 && h->partitions[i].numa_node < 1024)
+      if (h->partitions[i].numa_node >= 0 && h->partitions[i].numa_node < MBIND_MAX_NODES)
         mask[h->partitions[i].numa_node / 64] |= 1ul << (h->partitions[i].numa_node % 64);
     const struct umbp_region_desc *a = &h->regions[UMBP_REG_ARENA];
-    if (mbind((char *)p->base + a->offset, a->size, MPOL_INTERLEAVE, mask, 1024, 0) != 0)
+    if (mbind((char *)p->base + a->offset, a->size, MPOL_INTERLEAVE, mask, MBIND_MAX_NODES, 0) != 0)
       umbp_log(UMBP_LOG_WARN, "mbind(MPOL_INTERLEAVE) of the arena was refused (%s): the kernel places "
                               "the pages; run with CAP_SYS_NICE to place them",
                strerror(errno));
@@ -756,11 +763,11 @@ static void place_partitions(struct umbp_pool *p, int mempolicy) {
   }
   for (unsigned i = 0; i < h->n_partitions; i++) {
     const struct umbp_partition_desc *d = &h->partitions[i];
-    if (d->numa_node < 0 || d->numa_node >= 1024) continue;
-    unsigned long mask[16] = {0};
+    if (d->numa_node < 0 || d->numa_node >= MBIND_MAX_NODES) continue;
+    unsigned long mask[MBIND_MAX_NODES / (8 * sizeof(unsigned long))] = {0};
     mask[d->numa_node / 64] |= 1ul << (d->numa_node % 64);
     int mode = mempolicy == UMBP_MPOL_PREFERRED ? MPOL_PREFERRED : MPOL_BIND;
-    if (mbind((char *)p->base + d->offset, align_up(d->bytes, UMBP_PART_ALIGN), mode, mask, 1024, 0) != 0)
+    if (mbind((char *)p->base + d->offset, align_up(d->bytes, UMBP_PART_ALIGN), mode, mask, MBIND_MAX_NODES, 0) != 0)
       umbp_log(UMBP_LOG_WARN, "mbind of partition %u to NUMA node %d was refused (%s): its pages go "
                               "where the kernel puts them; give the process CAP_SYS_NICE to place them",
                i, d->numa_node, strerror(errno));
@@ -810,16 +817,19 @@ static void *prefault_thread(void *arg) {
 
 static int prefault(struct umbp_pool *p, const umbp_pool_params *pp) {
   const struct umbp_region_desc *a = &p->hdr->regions[UMBP_REG_ARENA];
-  struct prefault_ctx c = {.base = (char *)p->base + a->offset, .len = a->size, .chunk = 32u << 20,
+  struct prefault_ctx c = {.base = (char *)p->base + a->offset, .len = a->size, .chunk = PREFAULT_CHUNK_BYTES,
                            .progress = pp->progress, .arg = pp->progress_arg};
   pthread_mutex_init(&c.mu, NULL);
   c.total_chunks = (c.len + c.chunk - 1) / c.chunk;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  unsigned nt = pp->prefault_threads ? pp->prefault_threads : (unsigned)(ncpu < 1 ? 1 : ncpu > 8 ? 8 : ncpu);
+  unsigned nt = pp->prefault_threads ? pp->prefault_threads
+                                     : (unsigned)(ncpu < 1                         ? 1
+                                                  : ncpu > PREFAULT_THREADS_DEFAULT ? PREFAULT_THREADS_DEFAULT
+                                                                                    : ncpu);
   if (nt > c.total_chunks) nt = (unsigned)c.total_chunks;
   if (nt == 0) nt = 1;
-  pthread_t th[64];
-  if (nt > 64) nt = 64;
+  pthread_t th[PREFAULT_THREADS_MAX];
+  if (nt > PREFAULT_THREADS_MAX) nt = PREFAULT_THREADS_MAX;
   unsigned started = 0;
   for (unsigned i = 0; i < nt; i++)
     if (pthread_create(&th[i], NULL, prefault_thread, &c) == 0) started++;
@@ -884,8 +894,7 @@ static void advise_metadata(void *base, uint64_t len) {
  * full /dev/shm would raise SIGBUS there instead of an error here); attaching
  * read-write: map the creator's pages into this process. 160 MiB for 1M
  * slots (64 B each of slot metadata and pins, 10.2 B of buckets, the free
- * queue's cells); creating such a pool took 0.5-0.7 s with this here (a VM),
- * 0.09 s without. */
+ * queue's cells); what that costs a creation and an attach: README, "Pools". */
 static int populate_metadata(struct umbp_pool *p, bool creating) {
   uint64_t len = p->hdr->regions[UMBP_REG_ARENA].offset;
   if (len > p->size) len = p->size;
@@ -1192,7 +1201,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
   }
   p->fd = fd;
   uint64_t ioff = 0, ilen = 0; /* the index on huge pages, from the validated header */
-  unsigned timeout = opts->timeout_ms ? opts->timeout_ms : 10000;
+  unsigned timeout = opts->timeout_ms ? opts->timeout_ms : UMBP_ATTACH_TIMEOUT_MS;
   uint64_t deadline = umbp_now_ns() + (uint64_t)timeout * 1000000ull;
   struct stat st;
   int small_creator = 0;
@@ -1247,7 +1256,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
                      name, (long long)st.st_size, timeout, name);
       goto fail;
     }
-    sleep_ms(2);
+    sleep_ms(ATTACH_POLL_MS);
   }
   int prot = opts->read_only ? PROT_READ : PROT_READ | PROT_WRITE;
   int ifd = -1;

@@ -28,10 +28,17 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_config.h" /* UMBP_HAVE_CUDA */
+#include "umbp/admin.h"
 #include "umbp/datapath.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
-#include "cli_config.h" /* UMBP_HAVE_CUDA */
+
+#define JOB_WAIT_MS 600000         /* a store or load job of a case: 10 minutes, then it is a failure */
+#define EXPORTER_READY_MS 60000    /* --pull: the exporting process's "ready" line */
+#define RECLAIM_TRIES 1000         /* between repetitions: the cleared slots back on the free ring, */
+#define RECLAIM_POLL_US 100        /* looked for every 100 us, 0.1 s at most */
+#define REGISTRATION_POLL_US 1000  /* --cuda: how often the pool's host registration is looked at */
 
 #if UMBP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -278,7 +285,7 @@ struct result {
 };
 
 static int run_job(umbp_dp_job *j, const char *what) {
-  int rc = umbp_dp_job_wait(j, 600000);
+  int rc = umbp_dp_job_wait(j, JOB_WAIT_MS);
   if (!rc) rc = umbp_dp_job_status(j);
   if (rc) cli_error("bench copy: %s job failed: %s (%s)", what, umbp_strerror(rc), umbp_dp_job_message(j, 0));
   umbp_dp_job_release(j);
@@ -369,7 +376,7 @@ static int run_pull(const struct bcase *c, const char *pool_name, umbp_dp_engine
   char line[64] = "";
   size_t n = 0;
   struct pollfd pf = {.fd = out[0], .events = POLLIN};
-  while (!rc && n + 1 < sizeof line && poll(&pf, 1, 60000) > 0) {
+  while (!rc && n + 1 < sizeof line && poll(&pf, 1, EXPORTER_READY_MS) > 0) {
     if (read(out[0], line + n, 1) != 1) break;
     if (line[n] == '\n') break;
     n++;
@@ -550,14 +557,10 @@ static int copy_rep(struct copy_run *x, unsigned rep) {
   if (!x->cuda) tlr = ref_run(x->ref, 1);
   umbp_unpin_bulk(x->pool, x->nb, x->pins);
   umbp_clear_ns(x->pool, x->ns);
-  for (int k = 0; k < 1000 && umbp_reclaim(x->pool) >= 0; k++) {
-    umbp_partition_info pi;
-    umbp_pool_info info;
-    if (umbp_pool_get_info(x->pool, &info) == 0) {
-      pi = info.partitions[0];
-      if (pi.free_slots >= x->nb) break;
-    }
-    usleep(100);
+  for (int k = 0; k < RECLAIM_TRIES && umbp_reclaim(x->pool) >= 0; k++) {
+    uint64_t free_slots = 0;
+    if (umbp_admin_free_slots(x->pool, 0, &free_slots) == 0 && free_slots >= x->nb) break;
+    usleep(RECLAIM_POLL_US);
   }
   if (rep == 0) return 0;
   x->v[0][rep - 1] = x->gb / ts;
@@ -619,7 +622,7 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
     goto out;
   }
   if (cuda) {
-    while ((rc = umbp_dp_cuda_registration(e, NULL, NULL)) == -EINPROGRESS) usleep(1000);
+    while ((rc = umbp_dp_cuda_registration(e, NULL, NULL)) == -EINPROGRESS) usleep(REGISTRATION_POLL_US);
     if (rc) {
       cli_error("bench copy: %s", umbp_last_error());
       goto out;

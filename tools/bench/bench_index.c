@@ -185,8 +185,9 @@ static double median(double *v, unsigned n) {
 
 /* Medians of one case: each table's figure, and each table's ratio, ours over
  * it, taken repetition by repetition (the two measured within a second of each
- * other) before the median. This machine's speed drifts by up to 4x within a
- * minute; a ratio of two medians can pair a fast repetition with a slow one. */
+ * other) before the median: a machine's speed can drift several-fold within
+ * a minute (docs/bench-index.md), and a ratio of two medians can pair a fast
+ * repetition with a slow one. */
 static void case_medians(struct case_res *c, double *const vals[IMPL_N], unsigned reps, const bool *measured) {
   double rr[reps > 0 ? reps : 1];
   c->nrep = reps;
