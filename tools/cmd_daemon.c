@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "pool_fault.h"
 #include "metrics_http.h"
 #include "umbp/admin.h"
 #include "umbp/index.h"
@@ -112,7 +113,8 @@ static const char *daemon_usage =
     "exists with another layout, belongs to another user, has a daemon already,\n"
     "...), a quota file is invalid at start, or the pool was destroyed or\n"
     "truncated under it, or --metrics cannot listen on its address (the port is\n"
-    "taken, no interface has the address); 2 usage error.\n"
+    "taken, no interface has the address); 2 usage error; 3 a SIGBUS on the pool\n"
+    "(its file truncated, or its file system full), logged with the cause.\n"
     "Examples:\n"
     "  umbp daemon kv --capacity 64GiB --numa-nodes auto --log /var/log/umbp-kv.log\n"
     "  umbp daemon kv --capacity 64GiB --group vllm --foreground   (systemd, containers)\n";
@@ -429,7 +431,7 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
   if (rc) return fatal("cannot adopt pool '%s': %s", o->pool, umbp_last_error());
   struct stat st;
   if (umbp_admin_pool_stat(ro, &st) != 0) {
-    umbp_pool_detach(ro);
+    cli_pool_detach(ro);
     return fatal("cannot stat pool '%s': %s", o->pool, umbp_last_error());
   }
   if (st.st_uid != geteuid()) {
@@ -437,7 +439,7 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
     umbp_pool_info ri;
     umbp_pool_get_info(ro, &ri); /* the path, for the message */
     const char *path = ri.path;
-    umbp_pool_detach(ro);
+    cli_pool_detach(ro);
     return fatal("refusing to adopt pool '%s': its file %s belongs to uid %u (%s), not to this daemon's uid %u "
                  "(%s); run the daemon as that user, or destroy the pool and let this daemon create it",
                  o->pool, path, (unsigned)st.st_uid, uid_name(st.st_uid, a, sizeof a), (unsigned)geteuid(),
@@ -445,13 +447,13 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
   }
   int pid = -1;
   if (umbp_admin_daemon_query(ro, &pid, NULL) == 1) {
-    umbp_pool_detach(ro);
+    cli_pool_detach(ro);
     if (pid > 0)
       return fatal("pool '%s' already has a daemon (pid %d): stop it first (kill -TERM %d), or leave it running",
                    o->pool, pid, pid);
     return fatal("pool '%s' already has a daemon (pid unknown): stop it first", o->pool);
   }
-  umbp_pool_detach(ro);
+  cli_pool_detach(ro);
   ao.read_only = false;
   ao.role = UMBP_ROLE_DAEMON;
   umbp_pool *p;
@@ -460,7 +462,7 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
   uint64_t gen = 0; /* this adoption's run generation: one more than the last run's */
   rc = umbp_admin_daemon_lock(p, &gen);
   if (rc) {
-    umbp_pool_detach(p);
+    cli_pool_detach(p);
     return fatal("%s", umbp_last_error());
   }
   umbp_slot_census c;
@@ -488,7 +490,7 @@ static int open_pool(struct dopts *o, umbp_pool **ret) {
       rc = umbp_admin_set_role(p, UMBP_ROLE_DAEMON, -1); /* created under role "other" */
       if (!rc) rc = umbp_admin_daemon_lock(p, NULL);    /* run generation 1: the creation's */
       if (rc) {
-        umbp_pool_detach(p);
+        cli_pool_detach(p);
         return fatal("%s", umbp_last_error());
       }
       char b1[32], b2[32];
@@ -658,12 +660,15 @@ int cmd_daemon(int argc, char **argv) {
     free(fileq);
     return CLI_RUNTIME;
   }
+  char who[48]; /* a SIGBUS on the pool is logged like every other error line */
+  snprintf(who, sizeof who, "umbp-daemon[%d]: error", (int)getpid());
+  cli_fault_watch(p, who, true);
   apply_quotas(p, o.quotas, o.nquotas);
   apply_quotas(p, fileq, nfileq);
   rc = umbp_evictor_start(p, o.low, o.high, EVICTOR_PERIOD_MS);
   if (rc) {
     umbp_admin_daemon_unlock(p);
-    umbp_pool_detach(p);
+    cli_pool_detach(p);
     free(fileq);
     return fatal("cannot start the evictor: %s", umbp_last_error());
   }
@@ -674,7 +679,7 @@ int cmd_daemon(int argc, char **argv) {
     if (rc) {
       umbp_evictor_stop(p);
       umbp_admin_daemon_unlock(p);
-      umbp_pool_detach(p);
+      cli_pool_detach(p);
       free(fileq);
       return fatal("--metrics %s: %s", o.metrics, why);
     }
@@ -732,7 +737,7 @@ int cmd_daemon(int argc, char **argv) {
   metrics_stop(msrv);
   umbp_evictor_stop(p);
   umbp_admin_daemon_unlock(p);
-  umbp_pool_detach(p);
+  cli_pool_detach(p);
   free(fileq);
   if (lost_why) {
     rc = -1; /* not ours to remove or keep any more */

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "pool_fault.h"
 #include "snapshot.h"
 #include "umbp/admin.h"
 #include "umbp/check.h"
@@ -78,7 +79,8 @@ static const char *inspect_usage =
     "\n"
     "Exit status: 0 shown (with --check: no violation); 1 the pool cannot be\n"
     "opened (missing, corrupted, no permission) or --check found violations;\n"
-    "2 usage error.\n"
+    "2 usage error; 3 a SIGBUS on the pool (its file truncated under the running\n"
+    "processes, or its file system full), said on stderr with the cause.\n"
     "Example: umbp inspect kv --check && umbp inspect kv --json | jq .slots\n";
 
 static volatile sig_atomic_t stop_watch;
@@ -551,6 +553,7 @@ int cmd_inspect(int argc, char **argv) {
       cli_error("%s", why && *why ? why : umbp_strerror(rc));
     return CLI_RUNTIME;
   }
+  cli_fault_watch(p, "umbp inspect", false); /* --watch and --stat run for long: a SIGBUS says why */
   /* two snapshots: the rates of --watch and --stat are differences */
   struct snap *s = malloc(sizeof *s), *prev = malloc(sizeof *prev);
   umbp_check_report *ck = check ? malloc(sizeof *ck) : NULL;
@@ -559,7 +562,7 @@ int cmd_inspect(int argc, char **argv) {
     free(s);
     free(prev);
     free(ck);
-    umbp_pool_detach(p);
+    cli_pool_detach(p);
     return CLI_RUNTIME;
   }
   int ret = CLI_OK;
@@ -571,7 +574,7 @@ int cmd_inspect(int argc, char **argv) {
     }
     free(s);
     free(prev);
-    umbp_pool_detach(p);
+    cli_pool_detach(p);
     return ret;
   }
   if (watch > 0 || stat > 0) {
@@ -596,7 +599,7 @@ int cmd_inspect(int argc, char **argv) {
     }
     free(s);
     free(prev);
-    umbp_pool_detach(p);
+    cli_pool_detach(p);
     return CLI_OK;
   }
   bool tty = isatty(1), have_prev = false;
@@ -625,6 +628,6 @@ int cmd_inspect(int argc, char **argv) {
   free(s);
   free(prev);
   free(ck);
-  umbp_pool_detach(p);
+  cli_pool_detach(p);
   return ret;
 }

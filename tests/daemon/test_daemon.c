@@ -314,6 +314,63 @@ static void test_daemon_notices_pool_gone(void **st) {
   }
 }
 
+/* A pool file truncated under a running daemon and a running `inspect
+ * --watch`: each says SIGBUS, the pool, its file and the cause, and exits 3,
+ * instead of dying of the signal without a word (issue 32 item 12). The
+ * daemon's reap period is long, so its own look at the file
+ * (test_daemon_notices_pool_gone) cannot come first: its evictor thread
+ * touches the lost pages within a period. */
+static void test_sigbus_names_pool(void **st) {
+  (void)st;
+  const char *name = tu_name("dbus");
+  char log[256], ilog[300], path[128];
+  snprintf(log, sizeof log, "%s", log_path(name));
+  snprintf(ilog, sizeof ilog, "%s.inspect", log);
+  snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
+  unlink(log);
+  unlink(ilog);
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--reap-interval", "600000", NULL};
+  pid_t d = dtu_daemon_start(name, log, args);
+  assert_true(d > 0);
+  pid_t ins = fork();
+  if (ins == 0) {
+    int fd = open(ilog, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execl(dtu_tool(), dtu_tool(), "inspect", name, "--watch", "0.1", (char *)NULL);
+    _exit(127);
+  }
+  dtu_track(ins);
+  struct stat sb;
+  for (int i = 0; i < 500 && (stat(ilog, &sb) != 0 || sb.st_size == 0); i++) dtu_sleep_ms(10); /* it drew once */
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, 4096), 0); /* the header stays; everything after it is gone */
+  close(fd);
+  int drc = wait_exit(d, 5000), irc = wait_exit(ins, 5000);
+  if (drc != 3) dtu_dump_log(log);
+  if (irc != 3) dtu_dump_log(ilog);
+  assert_int_equal(drc, 3);
+  assert_int_equal(irc, 3);
+  const char *const files[] = {log, ilog};
+  for (int k = 0; k < 2; k++) {
+    read_log(files[k]);
+    char want[200];
+    snprintf(want, sizeof want, "of pool '%s' (%s, mapped ", name, path);
+    if (!strstr(out, want) || !strstr(out, "its file was truncated to 4096 bytes")) fprintf(stderr, "# %s: %s", files[k], out);
+    assert_non_null(strstr(out, k ? "umbp inspect: SIGBUS at offset 0x" : "umbp-daemon["));
+    assert_non_null(strstr(out, "SIGBUS at offset 0x"));
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "its file was truncated to 4096 bytes under the running processes"));
+    assert_non_null(strstr(out, "docs/operations.md"));
+  }
+  umbp_pool_destroy(name);
+  unlink(log);
+  unlink(ilog);
+}
+
 static uint64_t quota_of(const char *name, const char *ns) {
   umbp_attach_opts o;
   umbp_attach_opts_init(&o);
@@ -822,6 +879,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_inspect_read_only_user, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_half_made_pool, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemon_notices_pool_gone, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_sigbus_names_pool, dtu_kill_daemons),
   };
   return cmocka_run_group_tests_name("daemon", tests, NULL, NULL);
 }

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "pool_fault.h"
 #include "cli_config.h" /* UMBP_HAVE_CUDA */
 #include "umbp/admin.h"
 #include "umbp/datapath.h"
@@ -175,7 +176,8 @@ static const char *copy_usage =
     "with --victim per case \"victim_alone_ms\", \"store_victim_slowdown\", \"load_victim_slowdown\";\n"
     "with --pull \"pull_gbps\", \"pull_ref_gbps\", \"pull_ratio\" (and \"pull_victim_slowdown\").\n"
     "\n"
-    "Exit status: 0 measured; 1 a runtime failure (pool, CUDA, a failed job); 2 usage.\n"
+    "Exit status: 0 measured; 1 a runtime failure (pool, CUDA, a failed job); 2 usage;\n"
+    "3 a SIGBUS on the pool (its file truncated, or /dev/shm full).\n"
     "\n"
     "Example:\n"
     "  umbp bench copy --threads 2 --cases 256KiBx16,1MiBx80 --reps 7 --json\n";
@@ -318,6 +320,7 @@ static int pull_exporter(int argc, char **argv) {
   umbp_dp_engine *e = NULL;
   umbp_kv_region *reg = calloc(c.nreg, sizeof *reg);
   int rc = reg ? umbp_pool_attach(argv[2], &ao, &pool) : -ENOMEM;
+  if (!rc) cli_fault_watch(pool, "umbp bench copy: exporter", false);
   for (unsigned r = 0; !rc && r < c.nreg; r++) {
     uint64_t bb = region_bytes(&c, r);
     reg[r] = (umbp_kv_region){.block_bytes = bb, .stride = bb, .block_count = nb, .group = 0, .layer = r / 2,
@@ -345,7 +348,7 @@ static int pull_exporter(int argc, char **argv) {
   for (unsigned r = 0; reg && r < c.nreg; r++)
     if (reg[r].base) cudaFree(reg[r].base);
   free(reg);
-  if (pool) umbp_pool_detach(pool);
+  if (pool) cli_pool_detach(pool);
   return rc ? CLI_RUNTIME : CLI_OK;
 }
 
@@ -591,6 +594,7 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
     cli_error("bench copy: pool: %s", umbp_last_error());
     return rc;
   }
+  cli_fault_watch(pool, "umbp bench copy", false);
   uint32_t ns = 0;
   umbp_ns_register(pool, "bench-copy", &ns);
   umbp_kv_region *reg = calloc(c->nreg, sizeof *reg);
@@ -711,7 +715,7 @@ out:
     free(refbuf);
   for (int k = 0; k < 6; k++) free(v[k]);
   free(reg), free(ids), free(pins), free(keys), free(slotp);
-  umbp_pool_detach(pool);
+  cli_pool_detach(pool);
   umbp_pool_destroy(name);
   return rc;
 }

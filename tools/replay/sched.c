@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "pool_fault.h"
 #include "replay/replay.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
@@ -346,6 +347,7 @@ static int open_pool(struct run *r, uint64_t capacity, bool unbounded, struct rp
     r->pool = NULL;
     return 1;
   }
+  cli_fault_watch(r->pool, "umbp replay", false);
   {
     umbp_pool_info info;
     if (umbp_pool_get_info(r->pool, &info) == 0) {
@@ -559,7 +561,7 @@ out:
     if (r.w[i].from >= 0) close(r.w[i].from);
   }
   if (r.pool) {
-    umbp_pool_detach(r.pool);
+    cli_pool_detach(r.pool);
     umbp_pool_destroy(r.name);
   }
   free(pool_ns);
