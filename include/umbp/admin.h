@@ -33,6 +33,12 @@
  * the program can turn that into a message (the library never prints); the
  * umbp CLI does (docs/operations.md, "SIGBUS").
  *
+ * What such a program also needs is in the other headers: reaping dead
+ * processes (umbp_pool_reap), the partitions and their free slots
+ * (umbp_pool_get_info), the processes (umbp_pool_list_procs) in pool.h; the
+ * slot census, counters, probe-length histogram and the evictor in index.h;
+ * the invariants in check.h.
+ *
  * Implemented in src/shm/daemon.c (the daemon lock), src/shm/admin.c (the
  * registry entry, the file and mapping, the hugetlbfs mount) and
  * src/index/inspect.c (the index's snapshots). Conventions: umbp/common.h.
@@ -135,8 +141,9 @@ UMBP_API int umbp_admin_free_slots(umbp_pool *pool, int part, uint64_t *ret_free
 
 /* Pins held by each registry slot: ret[q] for q < n (n at most
  * UMBP_MAX_PROCS; 0 for a slot that holds none). Returns the number of
- * entries written, or -EINVAL (NULL argument). Scans every pin byte: about a
- * byte per slot per registry slot that ever pinned. Any thread. */
+ * entries written, or -EINVAL (NULL argument). Reads the pin bytes of n
+ * registry slots, eight at a time where none is set: about n x slot count / 8
+ * relaxed loads. Any thread. */
 UMBP_API int umbp_admin_pins_by_proc(umbp_pool *pool, uint64_t *ret, unsigned n);
 
 typedef struct umbp_admin_event_ring {
