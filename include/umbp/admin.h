@@ -135,8 +135,9 @@ UMBP_API int umbp_admin_index_info_get(umbp_pool *pool, umbp_admin_index_info *r
 /* Free slots of partition part (0 .. n_partitions - 1), or of every
  * partition for part -1: the count on the free rings now (a snapshot:
  * reserves and frees move it). 0 and *ret_free; -EINVAL (NULL argument, part
- * out of range). Cheap (two loads per partition): a writer may poll it for
- * back-pressure. Any thread. */
+ * out of range). Cheap (a few loads per partition; on a read-only handle the
+ * ring's header is validated too): a writer may poll it for back-pressure.
+ * Any thread. */
 UMBP_API int umbp_admin_free_slots(umbp_pool *pool, int part, uint64_t *ret_free);
 
 /* Pins held by each registry slot: ret[q] for q < n (n at most
