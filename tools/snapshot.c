@@ -3,6 +3,7 @@
 #include "snapshot.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -66,25 +67,26 @@ static unsigned peek_events(umbp_pool *p, struct snap *s, unsigned max) {
   return n;
 }
 
-/* Reader state of the live processes in s->procs (the same rule as the
- * grace periods' readers_min_epoch() in index.c, without bumping the epoch). */
-static void readers(umbp_pool *p, struct snap *s) {
-  const struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
-  const struct umbp_reader_shm *rd = umbp_pool_region(p, UMBP_REG_READERS);
-  uint64_t epoch = atomic_load_explicit(&ih->epoch, memory_order_acquire), min = UINT64_MAX;
+/* Live processes in s->procs that are stopped (state T or t in /proc:
+ * SIGSTOP, a debugger): they hold their pins and reservations until resumed,
+ * and nothing else (src/index: nothing on the data path waits for another
+ * process). */
+static void stopped(struct snap *s) {
   for (int k = 0; k < s->nprocs; k++) {
-    if (!s->procs[k].alive) continue;
-    unsigned ps = s->procs[k].slot;
-    uint64_t bits = atomic_load_explicit(&p->procs[ps].thread_bits, memory_order_acquire);
-    for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
-      if (!(bits & (1ull << t))) continue;
-      uint64_t c = atomic_load_explicit(&rd[ps * UMBP_MAX_THREADS + t].ctr, memory_order_acquire);
-      if (!c) continue;
-      s->readers_in_section++;
-      if (c < min) min = c;
+    if (!s->procs[k].alive || s->procs[k].pid <= 0) continue;
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", s->procs[k].pid);
+    FILE *f = fopen(path, "re");
+    if (!f) continue;
+    if (fgets(line, sizeof line, f)) {
+      const char *rp = strrchr(line, ')');
+      if (rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't')) {
+        s->stopped[k] = true;
+        s->procs_stopped++;
+      }
     }
+    fclose(f);
   }
-  s->oldest_reader_epochs = min != UINT64_MAX && epoch > min ? epoch - min : 0;
 }
 
 void snap_take(umbp_pool *p, struct snap *s, unsigned nevents) {
@@ -121,11 +123,12 @@ void snap_take(umbp_pool *p, struct snap *s, unsigned nevents) {
     struct snap_ns *n = &s->ns[s->nns++];
     n->id = k;
     umbp_ns_name(p, k, n->name, sizeof n->name);
-    n->blocks = atomic_load_explicit(&nss[k].used_slots, memory_order_relaxed);
+    umbp_ns_info ni;
+    n->blocks = umbp_ns_info_get(p, k, &ni) == 0 ? ni.blocks : 0;
     n->quota_bytes = atomic_load_explicit(&nss[k].quota_bytes, memory_order_relaxed);
     umbp_counters_ns(p, k, &n->c);
   }
-  readers(p, s);
+  stopped(s);
   s->nev = peek_events(p, s, nevents > SNAP_MAX_EVENTS ? SNAP_MAX_EVENTS : nevents);
 }
 
@@ -253,11 +256,10 @@ int snap_prometheus(const struct snap *s, FILE *f) {
   family(f, "umbp_processes", "gauge",
          "Attached processes by state: alive, or dead (killed or exited without detaching, not yet reaped).");
   fprintf(f, "umbp_processes{state=\"alive\"} %u\numbp_processes{state=\"dead\"} %u\n", i->procs_live, i->procs_dead);
-  family(f, "umbp_readers_in_section", "gauge", "Threads of live processes inside an index read section now.");
-  sample(f, "umbp_readers_in_section", s->readers_in_section);
-  family(f, "umbp_oldest_reader_epochs", "gauge",
-         "Grace periods the oldest live reader is behind (0: none): a reader stuck here holds retired slots back.");
-  sample(f, "umbp_oldest_reader_epochs", s->oldest_reader_epochs);
+  family(f, "umbp_processes_stopped", "gauge",
+         "Attached processes that are stopped (SIGSTOP, a debugger): each holds its pins and reservations until "
+         "resumed, and nothing else.");
+  sample(f, "umbp_processes_stopped", s->procs_stopped);
   family(f, "umbp_events_capacity", "gauge", "Cells of the event ring.");
   sample(f, "umbp_events_capacity", s->ev_cap);
   family(f, "umbp_events_pending", "gauge", "Events on the ring not yet drained.");

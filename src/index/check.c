@@ -23,7 +23,7 @@
  * Why each stable observation is exact (index.c is the reference):
  *  - a way is written only while its slot is RESERVED (publish links, then
  *    stores PUBLISHED) and cleared only while EVICTING (or by a reaper, before
- *    it stores RETIRED), so a way at a stable FREE/RETIRED slot is corruption;
+ *    it frees the slot), so a way at a stable FREE slot is corruption;
  *    a stable PUBLISHED slot was linked for the whole window;
  *  - an overflow count is incremented before a displaced way is linked and
  *    decremented after it is cleared, so count >= displaced entries at every
@@ -33,10 +33,10 @@
  *  - a slot leaves a free ring only through a consumer claim (the cell turns
  *    READING, still holding it) followed by FREE -> RESERVED; a stable FREE
  *    slot outside every ledger is therefore in exactly one full cell;
- *  - namespace used_slots moves with a slot's counted flag, both under the
- *    namespace's count lock (one store after the other; a holder that died
- *    between them leaves a journal that the next holder or its reaper redoes),
- *    so it may lag by one per thread that is between the two: the
+ *  - a namespace's count moves with a slot's counted flag: the count word's
+ *    CAS first, the flag after it (a thread that died between them leaves a
+ *    record its reaper finishes, namespaces.c), so the count may lead by one
+ *    per thread that is between the two: the
  *    comparison allows one per registered thread of a claimed registry slot,
  *    plus the slots in flux, and is exact on a quiescent pool.
  */
@@ -175,7 +175,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   /* ---- the scan window ---- */
   reg_snapshot(p, ra, inflight, n, r, true);
   for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++)
-    used_a[i] = atomic_load_explicit(&nss[i].used_slots, memory_order_seq_cst);
+    used_a[i] = NSW_COUNT(atomic_load_explicit(&nss[i].count_word, memory_order_seq_cst));
   snap_states(meta, n, st1);
   for (uint32_t s = 0; s < n; s++) cflag[s] = atomic_load_explicit(&meta[s].counted, memory_order_acquire);
   for (uint32_t b = 0; b < nb; b++)
@@ -212,7 +212,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   }
   snap_states(meta, n, st2);
   for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++)
-    used_b[i] = atomic_load_explicit(&nss[i].used_slots, memory_order_seq_cst);
+    used_b[i] = NSW_COUNT(atomic_load_explicit(&nss[i].count_word, memory_order_seq_cst));
   reg_snapshot(p, rb, inflight, n, r, false);
 
   bool claimed[UMBP_MAX_PROCS], dead[UMBP_MAX_PROCS];
@@ -269,7 +269,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   for (uint32_t s = 0; s < n; s++) {
     uint64_t w = st2[s];
     unsigned st = ST_STATE(w), own = ST_OWNER(w);
-    if (st > UMBP_SLOT_RETIRED) {
+    if (st >= UMBP_SLOT_RETIRED) { /* RETIRED belongs to layouts before 6 */
       viol(r, "slot %u has state byte %u (word 0x%016llx), which is no known state", s, st, (unsigned long long)w);
       continue;
     }
@@ -301,8 +301,8 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
     default: break;
     }
     /* the namespace count holds exactly the slots flagged counted (publish
-     * sets the flag with its increment, removal clears it with its decrement,
-     * under the namespace's count lock) */
+     * sets the flag after its increment, removal clears it after its
+     * decrement) */
     if (cflag[s] && meta[s].key.ns < UMBP_MAX_NAMESPACES) nsc[meta[s].key.ns]++;
     if (ways_to[s] > 1) viol(r, "slot %u is reachable from %u ways: one block is indexed twice", s, ways_to[s]);
     if (st != UMBP_SLOT_FREE && on_ring[s] && !inflight[s])

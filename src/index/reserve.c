@@ -21,9 +21,6 @@
 /* The last free ring this process found stuck full (process-local). */
 static void *_Atomic damaged_ring;
 
-/* Put slot s (state `w`, owned by us in RESERVED or RETIRED) back on its free
- * queue. The thread's ledger names s while it travels (see
- * umbp_index_reap_proc()). */
 /* The geometry of partition part's free ring (part >= 0) or of the event
  * ring (part < 0): the private copy taken at attach, or, in a process without
  * index state (a reaper inside attach, before umbp_index_attach_hook()), one
@@ -38,6 +35,9 @@ int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret) {
   return umbp_ring_geo_get(part_ring(p, (unsigned)part), p->hdr->partitions[part].ring_bytes, ret);
 }
 
+/* Put slot s (owned by us: RESERVED, or EVICTING and unlinked) back on its
+ * free queue. The thread's ledger names s while it travels (see
+ * umbp_index_reap_proc()). */
 void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                        uint16_t as_owner) {
   struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
@@ -132,34 +132,15 @@ static int pick_part(umbp_pool *p, int part) {
 }
 
 /* The -ENOSPC of a reserve that found no slot: says what holds the
- * partition's slots, from a census taken now. "Every block is pinned or
- * reserved" was given while 0 slots were pinned and the partition was full of
- * RETIRED slots waiting for a reader that did not leave its read section
- * (stopped, or in a debugger): then the message names that reader's process
- * and how far behind it is. */
+ * partition's slots, from a census taken now. */
 static __attribute__((cold, noinline)) int no_space_fail(umbp_pool *p, int q) {
   umbp_slot_census c;
   if (umbp_census_part(p, (unsigned)q, &c) != 0) memset(&c, 0, sizeof c);
-  unsigned rs, rt;
-  uint64_t re;
-  if (c.retired && umbp_ix_oldest_reader(p, &rs, &rt, &re) == 0) {
-    const struct umbp_proc_slot *ps = &p->procs[rs];
-    uint64_t now = atomic_load_explicit(&p->index->ih->epoch, memory_order_relaxed);
+  if (c.free_)
     return umbp_fail(-ENOSPC,
-                     "no free slot on partition %d of pool '%s': %llu of its slots are removed but wait for a "
-                     "reader to leave its read section (%llu pinned, %llu reserved, %llu published): process %d "
-                     "(%.16s, registry slot %u, thread %u) has been in one since epoch %llu, %llu epochs ago; it "
-                     "is stopped (SIGSTOP, a debugger, a frozen cgroup) or stuck: resume or end it",
-                     q, p->name, (unsigned long long)c.retired, (unsigned long long)c.pinned,
-                     (unsigned long long)c.reserved, (unsigned long long)c.published, ps->pid, ps->comm, rs, rt,
-                     (unsigned long long)re, (unsigned long long)(now - re));
-  }
-  if (c.retired)
-    return umbp_fail(-ENOSPC,
-                     "no free slot on partition %d of pool '%s': %llu of its slots are removed and wait for their "
-                     "grace period (%llu pinned, %llu reserved, %llu published): retry",
-                     q, p->name, (unsigned long long)c.retired, (unsigned long long)c.pinned,
-                     (unsigned long long)c.reserved, (unsigned long long)c.published);
+                     "no free slot could be taken on partition %d of pool '%s' although %llu are free: their "
+                     "queue is damaged (run 'umbp inspect %s --check')",
+                     q, p->name, (unsigned long long)c.free_, p->name);
   return umbp_fail(-ENOSPC,
                    "no free slot on partition %d of pool '%s' and nothing could be evicted (%llu pinned, %llu "
                    "reserved, %llu being evicted, %llu published): unpin blocks or enlarge the pool",
@@ -179,18 +160,12 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
   unsigned got = 0;
   int q = pick_part(p, part);
   for (unsigned attempt = 0; got < n && attempt < 8; attempt++) {
-    if (umbp_ix_ns_over_quota(ix, ns)) {
-      umbp_ix_evict_part(p, t, (unsigned)q, n - got, ns);
-      umbp_ix_reclaim_wait(p, 2000000);
-    }
+    if (umbp_ix_ns_over_quota(ix, ns)) umbp_ix_evict_part(p, t, (unsigned)q, n - got, ns);
     while (got < n && reserve_one(p, ix, (unsigned)q, &ret_slots[got]) == 0) got++;
     if (got == n) break;
-    /* retired slots first (they only wait for readers to move on), then
-     * on-demand eviction, bounded: a batch, then a short wait for readers */
-    if (umbp_ix_reclaim_wait(p, 2000000) > 0) continue;
+    /* on-demand eviction, bounded: a batch at a time (an evicted slot is free at once) */
     unsigned want = n - got < 32 ? 32 : n - got;
     int ev = umbp_ix_evict_part(p, t, (unsigned)q, want, UINT32_MAX);
-    umbp_ix_reclaim_wait(p, 2000000);
     if (ev <= 0 && attempt >= 2) {
       if (umbp_pool_reap(p) <= 0 && part < 0 && p->hdr->n_partitions > 1) q = (q + 1) % (int)p->hdr->n_partitions;
       else if (attempt >= 4) break;
@@ -228,6 +203,15 @@ UMBP_API int umbp_abort(umbp_pool *p, uint32_t slot) {
   return 0;
 }
 
+/* Publishing takes no lock (the design note above): a stopped publisher holds
+ * back no other. Two processes may publish the same key at once; each
+ * checks for a published copy before it links its own (the common case: the
+ * later one gets -EEXIST) and again after (seq_cst: of two that overlap, at
+ * least one sees the other). When copies meet, the one in the lowest slot
+ * stays: a publisher that sees a lower copy removes its own and gets
+ * -EEXIST; one that sees a higher copy removes that one. A copy that is
+ * pinned by then is left in place: two published copies of one key are
+ * harmless (either serves a lookup; each is evicted in its turn). */
 UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
   struct umbp_index *ix;
   struct tl_slot *t;
@@ -236,34 +220,37 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
   if (rc) return rc;
   uint64_t h;
   if ((rc = key_load(key, &k, &h))) return rc;
-  /* the home bucket is locked and written below: start its miss now */
+  /* the home bucket is written below: start its miss now */
   prefetch_w(&ix->buckets[umbp_bucket_home(h, ix->nb)]);
   uint64_t w;
   if ((rc = check_reserved(p, slot, &w))) return rc;
   if (k.ns >= UMBP_MAX_NAMESPACES || atomic_load_explicit(&ix->ns[k.ns].state, memory_order_acquire) != 1)
     return umbp_fail(-EINVAL, "namespace %u is not registered: register it with umbp_ns_register()", k.ns);
   struct umbp_slot_meta *m = &ix->meta[slot];
-  m->key = k; /* made visible by the release CAS of the way below */
+  /* the reserve CAS (FREE -> RESERVED) came before; the fence keeps the key
+   * stores after it for a lookup that validates an older state word of this
+   * slot (way_check()); the key is made visible by the release store of
+   * PUBLISHED below */
+  atomic_thread_fence(memory_order_release);
+  key_store(m, &k);
   atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
   uint32_t home = umbp_bucket_home(h, ix->nb);
   struct umbp_bucket *hb = &ix->buckets[home];
-  umbp_ix_bucket_lock(p, &hb->lock);
-  /* first writer wins: look for the key under the home lock */
+  /* first writer wins: a copy already published */
   uint64_t st;
-  struct umbp_reader_shm *r = reader_of(ix, t);
-  rd_lock(ix, r);
   uint32_t other = probe(ix, &k, h, &st);
-  rd_unlock(r);
   if (other != UMBP_NO_SLOT) {
-    bucket_unlock(&hb->lock);
     umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
     count_ns(ix, t, k.ns, UMBP_CTR_DUPLICATES, 1);
     return umbp_fail(-EEXIST, "umbp_publish: the key is already published (slot %u holds it); slot %u is free "
                               "again: use the published copy",
                      other, slot);
   }
+  /* counted while still RESERVED (a reaper of ours takes it back out) */
+  ns_count_set(ix, t, k.ns, slot, 1);
   uint16_t sig = umbp_key_sig(h);
   bool placed = false;
+  uint64_t pub = ST_NEXT(w, UMBP_SLOT_PUBLISHED, 0);
   for (unsigned d = 0; d < UMBP_MAX_PROBE && !placed; d++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
     for (unsigned i = 0; i < UMBP_BUCKET_WAYS; i++) {
@@ -272,35 +259,51 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
        * the key still looks further (pairs with probe()'s acquire load) */
       if (d) umbp_ovf_add(&hb->overflow, d);
       uint32_t z = 0;
-      /* The slot word decides who owns an empty way: inserters of other homes
-       * (holding other locks) may race for it here. release: the key and block
-       * bytes written before are visible to a reader that loads this word
-       * (pairs with bucket_slot()'s acquire load); acquire: our signature store
-       * comes after the last remover's clearing one (see umbp_ix_unlink_way()). */
+      /* The slot word decides who owns an empty way: other inserters may race
+       * for it here. release: the key written before is visible to a reader
+       * that loads this word (pairs with bucket_slot()'s acquire load);
+       * acquire: our signature store comes after the last remover's clearing
+       * one (see umbp_ix_unlink_way()). */
       if (atomic_compare_exchange_strong_explicit(&b->slot[i], &z, umbp_way_word(sig, slot), memory_order_acq_rel,
                                                   memory_order_relaxed)) {
         /* the hint that makes lookups look at this way; release pairs with
          * nothing in particular: readers take it as a hint only */
         atomic_store_explicit(&b->sig[i], (uint8_t)sig, memory_order_release);
-        /* counted while still RESERVED (a reaper of ours takes it back out) */
-        umbp_ix_ns_count_set(p, ix->ns, ix->meta, ix->slot_count, k.ns, slot, 1);
         /* PUBLISHED only once linked and signed: an evictor never sees a
          * published slot without its way; a reader that finds the way before
          * this store sees RESERVED and misses; one that sees PUBLISHED (acquire)
-         * also sees the signature (pairs with probe()'s acquire load of state) */
-        atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_PUBLISHED, 0), memory_order_release);
+         * also sees the key. seq_cst: before the duplicate check's loads below. */
+        atomic_store_explicit(&m->state, pub, memory_order_seq_cst);
         placed = true;
         break;
       }
       if (d) umbp_ovf_sub(&hb->overflow);
     }
   }
-  bucket_unlock(&hb->lock);
   if (!placed) {
+    ns_count_set(ix, t, k.ns, slot, 0);
     umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
     return umbp_fail(-ENOSPC, "index neighbourhood of this key is full (%d buckets): the pool's index is "
                               "overloaded",
                      UMBP_MAX_PROBE);
+  }
+  UMBP_STOP_POINT(UMBP_STOP_PUBLISH_LINKED);
+  /* a copy published meanwhile by another process (design note above) */
+  other = umbp_ix_probe_other(ix, &k, h, slot, &st);
+  if (UMBP_UNLIKELY(other != UMBP_NO_SLOT)) {
+    if (other < slot) {
+      /* ours stays only if a pin made a remover put it back: PUBLISHED two
+       * generations on (EVICTING, PUBLISHED); a slot taken from us is reused
+       * only four or more on (EVICTING, FREE, RESERVED, ...) */
+      if (umbp_ix_try_remove(p, t, slot, pub, UMBP_CTR_DUPLICATES, false) == 0 ||
+          atomic_load_explicit(&m->state, memory_order_acquire) != ST_MAKE(UMBP_SLOT_PUBLISHED, 0, ST_GEN(pub) + 2))
+        return umbp_fail(-EEXIST, "umbp_publish: the key was published meanwhile (slot %u holds it); slot %u is "
+                                  "free again: use the published copy",
+                         other, slot);
+      /* ours is pinned already: both copies stay */
+    } else {
+      umbp_ix_try_remove(p, t, other, st, UMBP_CTR_DUPLICATES, false);
+    }
   }
   count_ns(ix, t, k.ns, UMBP_CTR_INSERTS, 1);
   count_part(ix, t, slot_part(p, slot), UMBP_CTR_INSERTS, 1);

@@ -58,8 +58,6 @@ int umbp_registry_reap_slot(umbp_pool *p, unsigned slot);
  * a dead process left behind: index pins, reader state, reservations, ring
  * claims. Implemented by the index module. */
 void umbp_index_reap_proc(umbp_pool *p, unsigned slot);
-/* Reclaim retired slots left under a free registry slot's id (its lock held). */
-void umbp_index_sweep_orphans(umbp_pool *p, unsigned slot);
 /* Index hooks for attach/detach (per-process state). */
 int umbp_index_attach_hook(umbp_pool *p);
 void umbp_index_detach_hook(umbp_pool *p);

@@ -584,9 +584,9 @@ static void test_check_corrupted(void **st) {
   atomic_fetch_or(&ix->ih->pin_procs, had);
 
   /* 5. a namespace count that disagrees */
-  atomic_fetch_add(&ix->ns[ns].used_slots, 5);
+  atomic_fetch_add(&ix->ns[ns].count_word, 5); /* the count is the word's low 32 bits */
   expect_violation(name, "namespace 0 ('chat') counts 35 used slots but 30 slots hold its blocks");
-  atomic_fetch_sub(&ix->ns[ns].used_slots, 5);
+  atomic_fetch_sub(&ix->ns[ns].count_word, 5);
 
   /* 6. an unknown state byte and a reservation of nobody */
   uint64_t sv = atomic_load(&ix->meta[free_slot].state);

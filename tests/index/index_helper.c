@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "index/index_internal.h"
+#include "index/index_inline.h"
 #include "index_test_util.h"
 #include "shm/ring_claim.h"
 
@@ -141,22 +141,17 @@ static void die(void) {
   raise(SIGKILL);
 }
 
-/* The first steps of ns_count_set() (index.c): take namespace ns's count
- * lock, write the journal (count before, new flag, slot + 1), set slot s's
- * counted flag to f and, if `stored`, the count too; the caller then dies
- * holding the lock. */
-static void count_change(umbp_pool *p, uint32_t ns, uint32_t s, uint8_t f, bool stored) {
+/* The first steps of a namespace count change (namespaces.c), as the
+ * calling thread: the record (namespace, slot, new flag) and, if `applied`,
+ * the count word's CAS; the caller then dies before the flag is set. */
+static void count_change(umbp_pool *p, uint32_t ns, uint32_t s, uint8_t f, bool applied) {
   struct umbp_index *ix = p->index;
-  struct umbp_ns_shm *n = &ix->ns[ns];
-  uint32_t z = 0;
-  while (!atomic_compare_exchange_weak(&n->cnt_lock, &z, p->owner_id)) z = 0;
-  uint64_t old = atomic_load(&n->used_slots);
-  atomic_store(&n->cnt_old, old);
-  atomic_store(&n->cnt_flag, f);
-  atomic_store(&n->cnt_slot, s + 1);
-  atomic_store(&ix->meta[s].counted, f);
-  if (stored) atomic_store(&n->used_slots, f ? old + 1 : old - 1);
-  printf("count %llu -> %s\n", (unsigned long long)old, stored ? "stored" : "not stored");
+  struct tl_slot *t = thread_slot(ix);
+  struct umbp_reader_shm *rec = &ix->readers[t->tid];
+  uint64_t old = NSW_COUNT(atomic_load(&ix->ns[ns].count_word));
+  umbp_ix_ns_count_begin(rec, ns, s, f);
+  if (applied) umbp_ix_ns_count_apply(ix->lines, &ix->ns[ns], rec, (unsigned)p->proc_slot * UMBP_MAX_THREADS + t->tid + 1);
+  printf("count %llu -> %s\n", (unsigned long long)old, applied ? "applied" : "not applied");
 }
 
 static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
@@ -202,7 +197,6 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
         break;
       }
     }
-    atomic_store(&b->lock, p->owner_id); /* and it held the bucket lock */
     if (counting) count_change(p, ns, s, 1, !strcmp(point, "counted-in"));
     die();
   }
@@ -255,12 +249,6 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
     atomic_store(&ps->inflight_slot[1], s);
     uint64_t w = atomic_load(&ix->meta[s].state);
     atomic_store(&ix->meta[s].state, ST_NEXT(w, UMBP_SLOT_FREE, 0));
-    die();
-  }
-  if (!strcmp(point, "reading")) {
-    struct umbp_proc_slot *ps = &p->procs[p->proc_slot];
-    atomic_fetch_or(&ps->thread_bits, 1ull << 5);
-    atomic_store(&ix->readers[5].ctr, atomic_load(&ix->ih->epoch));
     die();
   }
   fprintf(stderr, "unknown point %s\n", point);
