@@ -272,6 +272,14 @@ UMBP_IX_HIDDEN int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned 
                                       uint32_t ns_filter);
 
 /* reserve.c */
+/* How long a free waits for a held-up free ring before it leaves the slot
+ * off the ring, and how long a reserve retries a ring that holds entries it
+ * cannot take before it scans the state words (reserve.c's design note). */
+#define UMBP_FREE_RING_WAIT_NS (20ull * 1000000ull)
+#define UMBP_RESERVE_STUCK_NS (2ull * 1000000ull)
+/* After a reserve found a ring held up, this process's later reserves on it
+ * scan at once for this long instead of retrying first. */
+#define UMBP_RESERVE_STUCK_MEMO_NS (50ull * 1000000ull)
 UMBP_IX_HIDDEN int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret);
 UMBP_IX_HIDDEN void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                                       uint16_t as_owner);

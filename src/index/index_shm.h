@@ -182,6 +182,11 @@ struct umbp_index_hdr {
   _Atomic uint32_t n_namespaces;
   _Atomic uint32_t evict_lock __attribute__((aligned(64)));
   _Atomic uint32_t clock_hand[UMBP_MAX_PARTITIONS] __attribute__((aligned(64)));
+  /* Per partition: free slots left off the free ring because a stalled
+   * process held the ring up (a hint: reserves then scan for FREE slots,
+   * reserve.c), and where that scan goes on from. */
+  _Atomic uint32_t off_ring[UMBP_MAX_PARTITIONS] __attribute__((aligned(64)));
+  _Atomic uint32_t scan_hand[UMBP_MAX_PARTITIONS];
   _Atomic uint64_t reserved_retired __attribute__((aligned(64))); /* unused */
   _Atomic uint64_t low_watermark_pct;  /* eviction starts below this % free */
   _Atomic uint64_t high_watermark_pct; /* and stops at this % free */

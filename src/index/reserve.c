@@ -13,13 +13,30 @@
  * reaper of X therefore finds every slot X held in a half-finished ring
  * operation: in a claimed cell, or in the ledger (see umbp_index_reap_proc()
  * in reap.c).
+ *
+ * The ring is an accelerator, not the authority: a slot is free iff its
+ * state word says FREE, and whoever CASes FREE -> RESERVED owns it. That is
+ * what keeps a stopped process from stopping the others here. The ring is a
+ * FIFO of cells (shm/ring.h), and a process stopped between claiming a cell
+ * and completing it (a producer filling it, a consumer emptying it) holds
+ * that cell until it resumes: consumers cannot pass a cell still being
+ * filled, and producers that lap round to a cell still being emptied find
+ * the ring full. So a free gives up on a ring that stays full for
+ * UMBP_FREE_RING_WAIT_NS and leaves the slot FREE off the ring, counted in
+ * the partition's off_ring hint; and a reserve that finds the ring empty
+ * while it holds entries (stuck behind a cell being filled) for
+ * UMBP_RESERVE_STUCK_NS, or finds off_ring set, scans the partition's state
+ * words for FREE slots. Entries a scan made stale (their slot was taken
+ * off-ring) are dropped by the consumer that meets them, whose CAS on the
+ * state word fails; a slot may so be on the ring twice, harmlessly.
  */
 #include "index/index_inline.h"
 
 #include <time.h>
 
-/* The last free ring this process found stuck full (process-local). */
-static void *_Atomic damaged_ring;
+/* The last free ring this process found stuck full (process-local): later
+ * frees try it once and give up at once, until one gets through. */
+static void *_Atomic stuck_ring;
 
 /* The geometry of partition part's free ring (part >= 0) or of the event
  * ring (part < 0): the private copy taken at attach, or, in a process without
@@ -54,23 +71,22 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
     return;
   }
   /* The ring has a cell per slot, so it is never full of slots; but a process
-   * killed while it held a cell claimed blocks producers once they lap round
-   * to that cell, until it is reaped. Reap it ourselves rather than wait. */
+   * killed or stopped while it held a cell claimed blocks producers once they
+   * lap round to that cell, and entries a scan made stale take cells too. A
+   * dead holder is reaped here; otherwise the slot is left off the ring
+   * (design note above) after UMBP_FREE_RING_WAIT_NS. */
   uint64_t give_up = 0;
   for (unsigned spins = 0; umbp_ring_enqueue_burst_g(ring, &g, &v, 1, as_owner) != 1; spins++) {
     umbp_cpu_relax();
-    if ((spins & 1023) != 1023) continue;
-    /* bounded: a ring that stays full for a second is not blocked by a dead
-     * process but damaged (cells overwritten by a buggy or hostile writer);
-     * give the slot up rather than hang: `umbp inspect --check` reports it */
+    if (atomic_load_explicit(&stuck_ring, memory_order_relaxed) != ring && (spins & 255) != 255) continue;
     uint64_t now = umbp_now_ns();
-    if (!give_up) give_up = now + (atomic_load_explicit(&damaged_ring, memory_order_relaxed) == ring ? 0 : 1000000000ull);
-    else if (now > give_up) {
-      atomic_store_explicit(&damaged_ring, ring, memory_order_relaxed); /* later frees give up at once */
-      umbp_log(UMBP_LOG_ERROR, "pool %s: the free queue of partition %d stays full; slot %u is left out of it "
-                               "(run 'umbp inspect %s --check')",
-               p->name, part, s, p->name);
-      break;
+    if (!give_up) give_up = now + (atomic_load_explicit(&stuck_ring, memory_order_relaxed) == ring ? 0 : UMBP_FREE_RING_WAIT_NS);
+    if (now >= give_up) {
+      atomic_store_explicit(&stuck_ring, ring, memory_order_relaxed);
+      struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+      atomic_fetch_add_explicit(&ih->off_ring[part], 1, memory_order_release);
+      atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
+      return;
     }
     struct umbp_ring_hdr *rh = ring;
     uint64_t pos = atomic_load_explicit(&rh->enq_pos, memory_order_relaxed);
@@ -78,11 +94,9 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
     uint16_t o = umbp_ring__wowner(cw);
     if (o && o != as_owner && o <= UMBP_MAX_PROCS && !umbp_registry_alive(p, (unsigned)(o - 1)))
       umbp_registry_reap_slot(p, (unsigned)(o - 1));
-    if (spins > 100000) {
-      struct timespec ts = {0, 100000};
-      nanosleep(&ts, NULL);
-    }
   }
+  if (atomic_load_explicit(&stuck_ring, memory_order_relaxed) == ring)
+    atomic_store_explicit(&stuck_ring, NULL, memory_order_relaxed);
   atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
 }
 
@@ -112,9 +126,62 @@ static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint3
       *ret = s;
       return 0;
     }
-    umbp_log(UMBP_LOG_WARN, "pool %s: dropped bad free-queue entry %llu on partition %u", p->name,
-             (unsigned long long)v, part);
+    /* a stale entry (its slot was taken by a scan, design note above) or
+     * garbage from a bad writer: dropped */
   }
+}
+
+/* Reserve up to `want` FREE slots of partition `part` by their state words
+ * (design note above): one pass at most, from the partition's scan hand. A
+ * pass that ends wanting more has taken every slot that was FREE off the
+ * ring when it started, so it clears the off_ring hint (unless a free added
+ * to it meanwhile). */
+static unsigned scan_reserve(umbp_pool *p, struct umbp_index *ix, unsigned part, unsigned want, uint32_t *out) {
+  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  unsigned got = 0;
+  uint32_t hint = atomic_load_explicit(&ix->ih->off_ring[part], memory_order_acquire);
+  uint32_t start = atomic_load_explicit(&ix->ih->scan_hand[part], memory_order_relaxed);
+  uint32_t i = 0;
+  for (; i < d->slot_count && got < want; i++) {
+    uint32_t s = d->first_slot + (start + i) % d->slot_count;
+    struct umbp_slot_meta *m = &ix->meta[s];
+    uint64_t w = atomic_load_explicit(&m->state, memory_order_relaxed);
+    if (ST_STATE(w) != UMBP_SLOT_FREE) continue;
+    if (atomic_compare_exchange_strong_explicit(&m->state, &w, ST_NEXT(w, UMBP_SLOT_RESERVED, p->owner_id),
+                                                memory_order_acq_rel, memory_order_relaxed))
+      out[got++] = s;
+  }
+  atomic_store_explicit(&ix->ih->scan_hand[part], (start + i) % d->slot_count, memory_order_relaxed);
+  if (got < want && hint)
+    atomic_compare_exchange_strong_explicit(&ix->ih->off_ring[part], &hint, 0, memory_order_relaxed,
+                                            memory_order_relaxed);
+  return got;
+}
+
+/* Whether partition part's free ring is held up (design note above): slots
+ * were left off it, or it has entries that no dequeue could take for
+ * UMBP_RESERVE_STUCK_NS (one retry loop; the common empty ring, with no
+ * entries, answers at once). */
+static void *_Atomic held_ring;         /* process-local: the ring last found held up */
+static _Atomic uint64_t held_ring_until; /* and until when to scan it at once */
+
+static bool ring_held_up(umbp_pool *p, struct umbp_index *ix, unsigned part, uint32_t *ret) {
+  if (atomic_load_explicit(&ix->ih->off_ring[part], memory_order_relaxed)) return true;
+  if (!umbp_ring_count_g(ix->rings[part], &ix->ring_geo[part])) return false;
+  uint64_t now = umbp_now_ns();
+  if (atomic_load_explicit(&held_ring, memory_order_relaxed) == ix->rings[part] &&
+      now < atomic_load_explicit(&held_ring_until, memory_order_relaxed))
+    return true;
+  uint64_t end = now + UMBP_RESERVE_STUCK_NS;
+  do {
+    if (reserve_one(p, ix, part, ret) == 0) return false; /* got through: *ret is ours */
+    umbp_cpu_relax();
+  } while ((now = umbp_now_ns()) < end);
+  *ret = UMBP_NO_SLOT;
+  if (!umbp_ring_count_g(ix->rings[part], &ix->ring_geo[part])) return false;
+  atomic_store_explicit(&held_ring, ix->rings[part], memory_order_relaxed);
+  atomic_store_explicit(&held_ring_until, now + UMBP_RESERVE_STUCK_MEMO_NS, memory_order_relaxed);
+  return true;
 }
 
 static int pick_part(umbp_pool *p, int part) {
@@ -162,6 +229,10 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
   for (unsigned attempt = 0; got < n && attempt < 8; attempt++) {
     if (umbp_ix_ns_over_quota(ix, ns)) umbp_ix_evict_part(p, t, (unsigned)q, n - got, ns);
     while (got < n && reserve_one(p, ix, (unsigned)q, &ret_slots[got]) == 0) got++;
+    if (got == n) break;
+    uint32_t one = UMBP_NO_SLOT;
+    if (ring_held_up(p, ix, (unsigned)q, &one)) got += scan_reserve(p, ix, (unsigned)q, n - got, &ret_slots[got]);
+    else if (one != UMBP_NO_SLOT) ret_slots[got++] = one;
     if (got == n) break;
     /* on-demand eviction, bounded: a batch at a time (an evicted slot is free at once) */
     unsigned want = n - got < 32 ? 32 : n - got;

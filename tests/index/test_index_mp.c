@@ -36,7 +36,7 @@ static unsigned env_uint(const char *name, unsigned def) {
 
 /* Every slot is accounted for: free (and on a queue exactly once), published,
  * or retired; nothing reserved or half-evicted once every writer is gone. */
-static void accounting_ok(umbp_pool *p, bool expect_no_retired) {
+static void accounting_ok_x(umbp_pool *p, bool expect_no_retired, bool rings_exact) {
   umbp_pool_reap(p);
   umbp_reclaim(p);
   umbp_slot_census c;
@@ -50,7 +50,10 @@ static void accounting_ok(umbp_pool *p, bool expect_no_retired) {
   assert_int_equal(c.evicting, 0);
   assert_int_equal(c.pinned, 0);
   assert_int_equal(c.free_ + c.published + c.retired, c.total);
-  assert_int_equal(c.in_rings, c.free_);
+  if (rings_exact) assert_int_equal(c.in_rings, c.free_);
+  umbp_check_report cr;
+  assert_int_equal(umbp_pool_check(p, &cr), 0);
+  assert_int_equal(cr.n_violations, 0);
   if (expect_no_retired) assert_int_equal(c.retired, 0);
   /* the namespace's block count agrees with the slots (test pools use one namespace) */
   umbp_ns_info ni;
@@ -74,6 +77,11 @@ static void accounting_ok(umbp_pool *p, bool expect_no_retired) {
   assert_int_equal(after.evictions, before.evictions);
   free(s);
 }
+
+/* A pool whose free rings were held up by a stopped process may have free
+ * slots off the rings, or ring entries of slots that are not free
+ * (reserve.c's design note): every free slot must still be reservable. */
+static void accounting_ok(umbp_pool *p, bool expect_no_retired) { accounting_ok_x(p, expect_no_retired, true); }
 
 static pid_t spawn(char **argv, int *fd) {
   pid_t pid = tu_spawn(argv, fd);
@@ -350,16 +358,18 @@ static void *churn_main(void *arg) {
   return NULL;
 }
 
-/* Readers (single and bulk lookups, pins held a while, every block's bytes
- * checked) are SIGSTOPped at random moments, so mostly inside lookups, for
- * 40-160 ms at a time, while this process churns the same small pool (every
- * reserve evicts): its churn must go on through every stop. Then all are
- * killed and reaped, and every slot is accounted for. Before layout 6 a
- * stopped reader held back the reuse of every slot removed after it entered
- * its read section, and reserves failed with -ENOSPC. (Writers stopped at
- * exact points of publish and removal: stop_case() above. A process stopped
- * inside a free-ring operation is the open part of issue 32: see
- * docs/operations.md.) */
+/* A reader (single and bulk lookups, pins held a while, every block's bytes
+ * checked) and two writers (reserves, publishes, removals, lookups) are
+ * SIGSTOPped at random moments, so inside lookups, publishes, removals and
+ * free-ring operations alike, for 40-160 ms at a time, while this process
+ * churns the same small pool (every reserve evicts): its churn must go on
+ * through every stop. Then all are killed and reaped, and every slot is
+ * accounted for. Before layout 6 a stopped reader held back the reuse of
+ * every slot removed after it entered its read section (reserves failed
+ * with -ENOSPC), a stopped publisher holding a bucket lock blocked others'
+ * publishes without bound, and a process stopped inside a free-ring
+ * operation made frees give slots up for good. Writers stopped at exact
+ * points of publish and removal: stop_case() above. */
 static void stop_rounds(unsigned rounds) {
   const char *name = tu_name("ixstoprounds");
   uint32_t ns;
@@ -371,7 +381,8 @@ static void stop_rounds(unsigned rounds) {
   for (int i = 0; i < NP; i++) {
     char seed[16];
     snprintf(seed, sizeof seed, "%d", 500 + i);
-    char *argv[] = {(char *)tu_helper("index_helper"), "chaos-read", (char *)name, nsb, seed, "2", "4000", NULL};
+    char *argv[] = {(char *)tu_helper("index_helper"), i == 0 ? "chaos-read" : "chaos", (char *)name, nsb, seed,
+                    "2", "4000", NULL};
     int fd;
     pids[i] = spawn(argv, &fd);
     char line[64];
@@ -393,6 +404,13 @@ static void stop_rounds(unsigned rounds) {
     unsigned long before = atomic_load(&c.ops);
     struct timespec held = {0, (long)(40 + (rng >> 20) % 120) * 1000000L};
     nanosleep(&held, NULL);
+    /* on a loaded machine the churn thread may not have run yet: it must make
+     * progress while the victim stays stopped, within a bound */
+    uint64_t until = umbp_now_ns() + 2000000000ull;
+    while (atomic_load(&c.ops) - before < 10 && umbp_now_ns() < until) {
+      struct timespec ms = {0, 1000000};
+      nanosleep(&ms, NULL);
+    }
     unsigned long during = atomic_load(&c.ops) - before;
     if (during < min_during) min_during = during;
     kill(pids[victim], SIGCONT);
@@ -409,11 +427,14 @@ static void stop_rounds(unsigned rounds) {
                   "%.1f ms, %lu calls in all\n",
           rounds, min_during, (double)c.max_ns / 1e6, atomic_load(&c.ops));
   assert_int_equal(c.bad_rc, 0);
-  assert_true(min_during > 0);
+  assert_true(min_during >= 10);
   /* a bound, not a speed: calls are microseconds; this allows a loaded machine */
   assert_true(c.max_ns < 2000000000ull);
   umbp_pool_reap(p);
-  accounting_ok(p, true);
+  umbp_check_report cr;
+  assert_int_equal(umbp_pool_check(p, &cr), 0);
+  assert_int_equal(cr.n_violations, 0);
+  accounting_ok_x(p, true, false);
   umbp_pool_detach(p);
   umbp_pool_destroy(name);
 }
