@@ -81,9 +81,9 @@ static inline void count_part(struct umbp_index *ix, struct tl_slot *t, int part
  * lookup has just written: one add, no other line written. pin: a
  * umbp_lookup_pin(), whose hit also counts a pin and a hit of the slot's
  * partition. Single hits are bound by how many lookups' cache misses the core
- * keeps in flight: with the count in thread-local memory (one more line
- * written a lookup) they ran at 0.71-0.95x rte_hash, this way at 0.81-1.02x
- * (alternating A/B runs of both builds, 1M keys, ratios paired by repetition). */
+ * keeps in flight, so the count goes on a line the lookup writes anyway
+ * rather than one more (docs/bench-index.md, "Why the hot path looks as it
+ * does"). */
 static inline void count_single(struct umbp_index *ix, struct tl_slot *t, struct umbp_reader_shm *r, uint32_t ns,
                                 bool hit, bool pin, int part) {
   if (UMBP_LIKELY(t->ctr_ns == ns && (!pin || !hit || t->ctr_part == part))) {
@@ -119,13 +119,9 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "key words are little-
  * starts. So the copy is one masked 16-byte store and the 32-byte block
  * hash; what lies past hash_len is cleared. Stored as 16-byte vectors, the
  * width key_eq() loads the copy with, so that store forwarding can serve
- * those loads (a copy stored as 8-byte words measured lower single hits,
- * 0.73-1.05x rte_hash against 0.88-1.16x, in runs whose code placement was
- * not controlled). The hash reloads the words as 8-byte loads, which
- * forwarding serves from the wider stores. Writing the copy directly, not
- * through a second array: 12 instructions fewer a key (callgrind, batched
- * misses: stage 1 76 -> 64 a key; umbp_contains hits 177.7 -> 167.7), and
- * single hits at 0.99x median against 0.90x (eight alternating rounds). */
+ * those loads. The hash reloads the words as 8-byte loads, which forwarding
+ * serves from the wider stores. The copy is written directly, not through a
+ * second array (fewer instructions a key; docs/bench-index.md). */
 static inline uint64_t ld64(const void *p, unsigned i) {
   uint64_t v;
   memcpy(&v, (const char *)p + 8 * i, 8);
@@ -156,15 +152,12 @@ static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t
   return 0;
 }
 
-/* Word-wise, with one branch on the result instead of one per 16 bytes. With
- * the table in L3 (--keys 262144) single hits went from 0.63-0.77x to
- * 0.94-1.13x rte_hash against the memcmp() form (A/B of both builds). */
+/* Word-wise, with one branch on the result instead of one per 16 bytes (a
+ * memcmp() has a branch per chunk; docs/bench-index.md). */
 static inline bool key_eq(const struct umbp_key_shm *a, const struct umbp_key_shm *b) {
 #if defined(__SSE2__) && !defined(UMBP_TSAN)
   /* Three 16-byte loads of each key, as GCC's vectorised loop of the scalar
-   * form below did, without the loop's counter and branch: umbp_contains
-   * hits 167.7 -> 151.7 instructions (callgrind); single hits 1.00x rte_hash
-   * median against 0.97x (eight alternating rounds, code placement equal). */
+   * form below does, without the loop's counter and branch. */
   const __m128i *x = (const __m128i *)(const void *)a, *y = (const __m128i *)(const void *)b;
   __m128i d = _mm_or_si128(_mm_or_si128(_mm_xor_si128(_mm_loadu_si128(x), _mm_loadu_si128(y)),
                                         _mm_xor_si128(_mm_loadu_si128(x + 1), _mm_loadu_si128(y + 1))),
@@ -243,12 +236,9 @@ static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned
  * ways (load factor 0.9) 1 time in 36; its whole signature, 1 in 9000. The
  * single-key probe branches on this mask with its bucket line still in
  * flight, so a chance hint match there is a mispredicted branch that waits
- * for memory. 16 instructions a call more (umbp_contains misses 126.5 ->
- * 142.7, callgrind), and over 7-11 alternating rounds of both builds single
- * hits went 0.85-0.93x -> 0.89-0.98x rte_hash and single misses at load
- * factor 0.9 (one process) 1.00x -> 1.07x (docs/bench-index.md). The batched
- * probe, whose lines were prefetched, keeps the hint mask alone: there the
- * same filter measured batched misses lower (1.14x -> 1.03x, three rounds). */
+ * for memory; the filter costs 16 instructions a call and pays for them
+ * there. The batched probe, whose lines were prefetched, keeps the hint mask
+ * alone: there the filter cost more than it saved (docs/bench-index.md). */
 static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
   unsigned m = bucket_match(b, (uint8_t)sig, ovf);
   const __m128i *sw = (const __m128i *)(const void *)b->slot;
@@ -363,8 +353,7 @@ static inline struct umbp_reader_shm *reader_of(struct umbp_index *ix, struct tl
 }
 
 /* The caller's index and thread slot. Inlined, its messages out of line
- * (umbp_ix_fail(), index.c): a umbp_lookup_pin() that misses went from 185 to
- * 160 instructions (callgrind; umbp_contains() 149, rte_hash_lookup() 212). */
+ * (umbp_ix_fail(), index.c), so that the fast path stays short. */
 static inline __attribute__((always_inline)) int ix_get(umbp_pool *p, struct umbp_index **ix, struct tl_slot **t) {
   *ix = NULL;
   *t = NULL;

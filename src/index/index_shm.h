@@ -88,7 +88,7 @@ _Static_assert(sizeof(struct umbp_bucket) == 64, "bucket is one cache line");
 _Static_assert(offsetof(struct umbp_bucket, slot) == 16, "bucket frozen");
 
 /* Pins: one byte per (process, slot), a slot is pinned iff any is non-zero.
- * Process-major (layout 5.0): registry slot q's bytes are one dense array of
+ * Process-major: registry slot q's bytes are one dense array of
  * umbp_pin_stride(slots) bytes at q * stride, 1 MiB for 1M slots, so a pin
  * touches a line of its own process's array (64 slots a line, written by that
  * process only) in a region that caches and TLBs hold, instead of a line per

@@ -13,8 +13,8 @@
  *
  * A clean detach runs the same umbp_index_reap_proc() on the detaching
  * process's own registry slot (index.c, umbp_index_detach_hook()), so a clean
- * exit is never worse than a crash: before, a detach left its RESERVED slots
- * under an owner id that no reaper would look at again.
+ * exit is never worse than a crash (otherwise a detached process's RESERVED
+ * slots would stay under an owner id that no reaper looks at again).
  */
 #include "index/index_inline.h"
 
