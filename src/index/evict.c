@@ -87,7 +87,7 @@ UMBP_API int umbp_clear_ns(umbp_pool *p, uint32_t ns) {
 /* CLOCK over one partition; ns_filter UINT32_MAX: any namespace. */
 int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned want, uint32_t ns_filter) {
   struct umbp_index *ix = p->index;
-  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  const struct umbp_partition_desc *d = &ix->parts[part];
   unsigned done = 0;
   uint64_t budget = 2ull * d->slot_count + 8;
   for (uint64_t i = 0; i < budget && done < want; i++) {
@@ -111,15 +111,15 @@ UMBP_API int umbp_evict(umbp_pool *p, int part, unsigned want) {
   struct tl_slot *t;
   int rc = ix_get(p, &ix, &t);
   if (rc) return rc;
-  if (part >= (int)p->hdr->n_partitions) return umbp_fail(-EINVAL, "partition %d does not exist", part);
+  if (part >= (int)ix->n_parts) return umbp_fail(-EINVAL, "partition %d does not exist", part);
   int n = 0;
   /* namespaces over quota give up their own blocks first */
   for (uint32_t ns = 0; ns < UMBP_MAX_NAMESPACES && (unsigned)n < want; ns++) {
     if (!umbp_ix_ns_over_quota(ix, ns)) continue;
-    for (unsigned q = 0; q < p->hdr->n_partitions && (unsigned)n < want; q++)
+    for (unsigned q = 0; q < ix->n_parts && (unsigned)n < want; q++)
       if (part < 0 || (int)q == part) n += umbp_ix_evict_part(p, t, q, want - (unsigned)n, ns);
   }
-  for (unsigned q = 0; q < p->hdr->n_partitions && (unsigned)n < want; q++)
+  for (unsigned q = 0; q < ix->n_parts && (unsigned)n < want; q++)
     if (part < 0 || (int)q == part) n += umbp_ix_evict_part(p, t, q, want - (unsigned)n, UINT32_MAX);
   return n;
 }
@@ -130,8 +130,8 @@ static void *evictor_main(void *arg) {
   struct umbp_index *ix = p->index;
   while (!atomic_load_explicit(&ix->ev_stop, memory_order_acquire)) {
     umbp_pool_heartbeat(p);
-    for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
-      uint64_t total = p->hdr->partitions[i].slot_count;
+    for (unsigned i = 0; i < ix->n_parts; i++) {
+      uint64_t total = ix->parts[i].slot_count;
       uint64_t low = total * ix->ev_low / 100, high = total * ix->ev_high / 100;
       uint64_t free_n = umbp_ring_count_g(ix->rings[i], &ix->ring_geo[i]);
       if (free_n < low) umbp_evict(p, (int)i, (unsigned)(high - free_n));

@@ -97,11 +97,14 @@ UMBP_API int umbp_slot_partition(const umbp_pool *p, uint32_t slot) {
 }
 
 UMBP_API void *umbp_slot_ptr(umbp_pool *p, uint32_t slot) {
-  if (!p || slot >= p->hdr->slot_count) return NULL;
+  if (!p) return NULL;
   int part = slot_part(p, slot);
   if (part < 0) return NULL;
-  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
-  return umbp_pool_at(p, d->offset + (uint64_t)(slot - d->first_slot) * p->hdr->slot_size, p->hdr->slot_size);
+  /* the private copies (struct umbp_index) where this handle has them; the
+   * result is bounds-checked against the mapping either way */
+  const struct umbp_partition_desc *d = p->index ? &p->index->parts[part] : &p->hdr->partitions[part];
+  uint64_t ss = p->index ? p->index->slot_size : p->hdr->slot_size;
+  return umbp_pool_at(p, d->offset + (uint64_t)(slot - d->first_slot) * ss, ss);
 }
 
 UMBP_API uint64_t umbp_slot_size(const umbp_pool *p) { return p ? p->hdr->slot_size : 0; }
@@ -170,6 +173,8 @@ int umbp_index_attach_hook(umbp_pool *p) {
     free(ix);
     return umbp_fail(-EBADMSG, "pool '%s': the event ring header is corrupted", p->name);
   }
+  ix->n_parts = h->n_partitions < UMBP_MAX_PARTITIONS ? h->n_partitions : UMBP_MAX_PARTITIONS;
+  memcpy(ix->parts, h->partitions, ix->n_parts * sizeof ix->parts[0]);
   for (unsigned i = 0; i < h->n_partitions; i++) {
     ix->rings[i] = part_ring(p, i);
     if (umbp_ring_geo_get(ix->rings[i], h->partitions[i].ring_bytes, &ix->ring_geo[i])) {

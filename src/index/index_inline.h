@@ -188,9 +188,19 @@ static inline void key_store(struct umbp_slot_meta *m, const struct umbp_key_shm
 }
 
 /* ---- slots and their partitions (index.c) --------------------------------------- */
+/* The partition of slot `slot`, or -1: from the process's private copy of the
+ * partition table where it has one (struct umbp_index), else (a read-only
+ * handle, a reaper inside attach) from the header, bounded. */
 static inline int slot_part(const umbp_pool *p, uint32_t slot) {
+  const struct umbp_index *ix = p->index;
+  if (UMBP_LIKELY(ix != NULL)) {
+    for (unsigned i = 0; i < ix->n_parts; i++)
+      if (slot - ix->parts[i].first_slot < ix->parts[i].slot_count) return (int)i;
+    return -1;
+  }
   const struct umbp_shm_header *h = p->hdr;
-  for (unsigned i = 0; i < h->n_partitions; i++)
+  unsigned n = h->n_partitions < UMBP_MAX_PARTITIONS ? h->n_partitions : UMBP_MAX_PARTITIONS;
+  for (unsigned i = 0; i < n; i++)
     if (slot - h->partitions[i].first_slot < h->partitions[i].slot_count) return (int)i;
   return -1;
 }

@@ -57,6 +57,11 @@ struct umbp_index {
    * first lines. */
   struct umbp_ring_geo ring_geo[UMBP_MAX_PARTITIONS];
   struct umbp_ring_geo ev_geo;
+  /* The partition table, copied from the header once at attach (validated
+   * there): slot addresses and partitions are computed from this copy, never
+   * from the shared header, which a co-tenant may rewrite. */
+  unsigned n_parts;
+  struct umbp_partition_desc parts[UMBP_MAX_PARTITIONS];
 };
 
 /* 64-bit key hash (not cryptographic: the block hash is already one). */

@@ -64,7 +64,7 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
   uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
   atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
   union ring_elem v = {.v = s};
-  void *ring = part_ring(p, (unsigned)part);
+  void *ring = p->index ? p->index->rings[part] : part_ring(p, (unsigned)part);
   struct umbp_ring_geo g;
   if (umbp_ix_ring_geo(p, part, &g)) { /* a corrupted header: the slot stays FREE off the queue (--check says so) */
     atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
@@ -103,7 +103,7 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
 /* ---- reserve / publish / abort ------------------------------------------------ */
 static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint32_t *ret) {
   void *ring = ix->rings[part];
-  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  const struct umbp_partition_desc *d = &ix->parts[part];
   for (;;) {
     union ring_elem e;
     struct umbp_ring_claim c;
@@ -137,7 +137,7 @@ static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint3
  * ring when it started, so it clears the off_ring hint (unless a free added
  * to it meanwhile). */
 static unsigned scan_reserve(umbp_pool *p, struct umbp_index *ix, unsigned part, unsigned want, uint32_t *out) {
-  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  const struct umbp_partition_desc *d = &ix->parts[part];
   unsigned got = 0;
   uint32_t hint = atomic_load_explicit(&ix->ih->off_ring[part], memory_order_acquire);
   uint32_t start = atomic_load_explicit(&ix->ih->scan_hand[part], memory_order_relaxed);
@@ -188,7 +188,7 @@ static int pick_part(umbp_pool *p, int part) {
   if (part >= 0) return part;
   unsigned best = 0;
   uint64_t bestn = 0;
-  for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
+  for (unsigned i = 0; i < p->index->n_parts; i++) {
     uint64_t n = umbp_ring_count_g(p->index->rings[i], &p->index->ring_geo[i]);
     if (n > bestn) {
       bestn = n;
@@ -221,8 +221,8 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
   int rc = ix_get(p, &ix, &t);
   if (rc) return rc;
   if (n && !ret_slots) return umbp_fail(-EINVAL, "umbp_reserve_bulk: ret_slots is NULL for n = %u", n);
-  if (part >= (int)p->hdr->n_partitions || part < -1)
-    return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u)", part, p->hdr->n_partitions);
+  if (part >= (int)ix->n_parts || part < -1)
+    return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u)", part, ix->n_parts);
   if (ns >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", ns);
   unsigned got = 0;
   int q = pick_part(p, part);
@@ -238,7 +238,7 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
     unsigned want = n - got < 32 ? 32 : n - got;
     int ev = umbp_ix_evict_part(p, t, (unsigned)q, want, UINT32_MAX);
     if (ev <= 0 && attempt >= 2) {
-      if (umbp_pool_reap(p) <= 0 && part < 0 && p->hdr->n_partitions > 1) q = (q + 1) % (int)p->hdr->n_partitions;
+      if (umbp_pool_reap(p) <= 0 && part < 0 && ix->n_parts > 1) q = (q + 1) % (int)ix->n_parts;
       else if (attempt >= 4) break;
     }
   }
@@ -255,7 +255,7 @@ UMBP_API int umbp_reserve(umbp_pool *p, int part, uint32_t ns, uint32_t *ret_slo
 }
 
 static int check_reserved(umbp_pool *p, uint32_t slot, uint64_t *ret_w) {
-  if (slot >= p->hdr->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
+  if (slot >= p->index->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
   uint64_t w = atomic_load_explicit(&p->index->meta[slot].state, memory_order_acquire);
   if (ST_STATE(w) != UMBP_SLOT_RESERVED || ST_OWNER(w) != p->owner_id)
     return umbp_fail(-EINVAL, "slot %u is not reserved by this process", slot);
