@@ -1090,6 +1090,30 @@ static void test_reuse_while_reader_stopped(void **state) {
   census_ok(f->p);
 }
 
+/* A co-tenant with write access rewrites the header's partition table after
+ * we attached (issue 32 #10): our reserves, publishes, lookups and slot
+ * addresses go on from the copy taken at attach. */
+static void test_partition_table_rewritten(void **state) {
+  struct fx *f = *state;
+  struct umbp_shm_header *h = f->p->hdr;
+  struct umbp_partition_desc saved = h->partitions[0];
+  h->partitions[0].first_slot = 0xffffff00u;
+  h->partitions[0].slot_count = 3;
+  h->partitions[0].offset = 1ull << 60;
+  h->partitions[0].ring_offset = 1ull << 60;
+  umbp_key k = itu_key(f->ns, 4242, 0);
+  uint32_t s = put(f->p, &k);
+  assert_non_null(umbp_slot_ptr(f->p, s));
+  uint32_t s2;
+  assert_int_equal(umbp_lookup_pin(f->p, &k, &s2), 0);
+  assert_int_equal(s2, s);
+  assert_true(itu_check(umbp_slot_ptr(f->p, s2), umbp_slot_size(f->p), &k));
+  assert_int_equal(umbp_unpin(f->p, s2), 0);
+  assert_int_equal(umbp_remove(f->p, &k), 0);
+  h->partitions[0] = saved;
+  census_ok(f->p);
+}
+
 /* ---- threads (also the TSan target) ---------------------------------------- */
 struct thr {
   struct fx *f;
@@ -1179,6 +1203,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reuse_while_reader_stopped, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_partition_table_rewritten, setup, teardown),
       cmocka_unit_test_setup_teardown(test_background_evictor, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_error_messages_belong_to_the_call, setup, teardown),
