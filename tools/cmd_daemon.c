@@ -53,7 +53,7 @@ static const char *daemon_usage =
     "one. While it runs it reaps processes that died (their pins, reservations,\n"
     "reader state and half-done queue operations), evicts unpinned blocks by CLOCK\n"
     "when a partition's free slots fall below --evict-low percent (up to\n"
-    "--evict-high), reclaims retired slots, and applies namespace quotas.\n"
+    "--evict-high), and applies namespace quotas.\n"
     "Only one daemon may own a pool: a second one is refused, naming the first\n"
     "one's pid. A pool whose file belongs to another user is never adopted.\n"
     "\n"

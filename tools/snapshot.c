@@ -3,6 +3,7 @@
 #include "snapshot.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,6 +51,28 @@ static unsigned peek_events(umbp_pool *p, struct snap *s, unsigned max) {
   return (unsigned)n;
 }
 
+/* Live processes in s->procs that are stopped (state T or t in /proc:
+ * SIGSTOP, a debugger): they hold their pins and reservations until resumed,
+ * and nothing else (src/index: nothing on the data path waits for another
+ * process). */
+static void stopped(struct snap *s) {
+  for (int k = 0; k < s->nprocs; k++) {
+    if (!s->procs[k].alive || s->procs[k].pid <= 0) continue;
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", s->procs[k].pid);
+    FILE *f = fopen(path, "re");
+    if (!f) continue;
+    if (fgets(line, sizeof line, f)) {
+      const char *rp = strrchr(line, ')');
+      if (rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't')) {
+        s->stopped[k] = true;
+        s->procs_stopped++;
+      }
+    }
+    fclose(f);
+  }
+}
+
 void snap_take(umbp_pool *p, struct snap *s, unsigned nevents) {
   memset(s, 0, sizeof *s);
   s->mono_ns = clock_ns(CLOCK_MONOTONIC);
@@ -80,6 +103,7 @@ void snap_take(umbp_pool *p, struct snap *s, unsigned nevents) {
     umbp_counters_ns(p, n->id, &n->c);
   }
   free(nsi);
+  stopped(s);
   s->nev = peek_events(p, s, nevents > SNAP_MAX_EVENTS ? SNAP_MAX_EVENTS : nevents);
 }
 
@@ -207,11 +231,10 @@ int snap_prometheus(const struct snap *s, FILE *f) {
   family(f, "umbp_processes", "gauge",
          "Attached processes by state: alive, or dead (killed or exited without detaching, not yet reaped).");
   fprintf(f, "umbp_processes{state=\"alive\"} %u\numbp_processes{state=\"dead\"} %u\n", i->procs_live, i->procs_dead);
-  family(f, "umbp_readers_in_section", "gauge", "Threads of live processes inside an index read section now.");
-  sample(f, "umbp_readers_in_section", s->index.readers_in_section);
-  family(f, "umbp_oldest_reader_epochs", "gauge",
-         "Grace periods the oldest live reader is behind (0: none): a reader stuck here holds retired slots back.");
-  sample(f, "umbp_oldest_reader_epochs", s->index.oldest_reader_epochs);
+  family(f, "umbp_processes_stopped", "gauge",
+         "Attached processes that are stopped (SIGSTOP, a debugger): each holds its pins and reservations until "
+         "resumed, and nothing else.");
+  sample(f, "umbp_processes_stopped", s->procs_stopped);
   family(f, "umbp_events_capacity", "gauge", "Cells of the event ring.");
   sample(f, "umbp_events_capacity", s->ev_cap);
   family(f, "umbp_events_pending", "gauge", "Events on the ring not yet drained.");

@@ -53,6 +53,9 @@ struct snap {
   umbp_counters total;
   struct snap_ns ns[UMBP_MAX_NAMESPACES];
   unsigned nns;
+  /* procs[k] is stopped (state T in /proc), and how many are */
+  bool stopped[UMBP_MAX_PROCS];
+  uint64_t procs_stopped;
   struct ev_peek ev[SNAP_MAX_EVENTS];
   unsigned nev;
   uint64_t ev_pending, ev_dropped, ev_cap, ev_drained; /* ev_drained: events ever dequeued */

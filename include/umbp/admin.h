@@ -20,8 +20,8 @@
  *    daemon takes the lock of a pool it did not create (an adoption after a
  *    restart); `umbp inspect`, `umbp pool info` and the daemon's metrics show
  *    it, so a restart is visible.
- *  - Inspection: snapshots of what the pool holds (the index's geometry, its
- *    readers, pins per process, the event ring, namespaces, free slots). They
+ *  - Inspection: snapshots of what the pool holds (the index's geometry, pins
+ *    per process, the event ring, namespaces, free slots). They
  *    read with loads only, work on read-only handles (PROT_READ, no registry
  *    slot) and never change the segment, whoever calls them and however
  *    often. A snapshot is a scan, not an instant: slots, pins and counters move
@@ -115,21 +115,18 @@ UMBP_API int umbp_admin_pool_mapping(const umbp_pool *pool, void **ret_base, siz
 UMBP_API int umbp_admin_hugetlbfs_mount(char *buf, size_t n);
 
 /* ---- inspection (loads only; read-only handles too) ------------------------ */
+/* (Which attached processes are stopped is /proc's to say: the pids are in
+ * umbp_pool_list_procs(); `umbp inspect` reads /proc/PID/stat.) */
 
 typedef struct umbp_admin_index_info {
   uint32_t n_buckets;      /* buckets of the hash table */
   uint32_t bucket_ways;    /* ways (entries) a bucket holds */
   uint32_t max_probe;      /* buckets a key may live from its home: the length of umbp_index_stats()'s histogram */
   uint32_t event_capacity; /* cells of the event ring */
-  /* Threads of live processes inside an index read section now, and how
-   * many grace periods the oldest of them is behind (0: none). A reader
-   * stuck there holds removed slots back from reuse. */
-  uint64_t readers_in_section;
-  uint64_t oldest_reader_epochs;
 } umbp_admin_index_info;
 
-/* The index's geometry and its readers (umbp_admin_index_info). 0 and *ret;
- * -EINVAL (NULL argument). The epoch is read, not advanced. Any thread. */
+/* The index's geometry (umbp_admin_index_info). 0 and *ret; -EINVAL (NULL
+ * argument). Any thread. */
 UMBP_API int umbp_admin_index_info_get(umbp_pool *pool, umbp_admin_index_info *ret);
 
 /* Free slots of partition part (0 .. n_partitions - 1), or of every

@@ -1,15 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * inspect.c — the index's part of include/umbp/admin.h (the contracts are
- * there): snapshots of its geometry, readers, pins, event ring, namespaces
- * and free slots, for `umbp inspect`, the daemon's metrics and anyone else
+ * there): snapshots of its geometry, pins, event ring, namespaces and free
+ * slots, for `umbp inspect`, the daemon's metrics and anyone else
  * who watches a pool.
  *
  * Design note. Every function here reads with loads only and works on a
  * read-only handle (PROT_READ, no registry slot, no index state in this
- * process): nothing is written, not even this thread's reader line, and no
- * read section is entered, so a snapshot cannot hold back a grace period or
- * disturb a writer. What it reads may change under it; each figure is a
+ * process): nothing is written, not even this thread's line, so a snapshot
+ * cannot disturb a writer. What it reads may change under it; each figure is a
  * snapshot of its own. Sizes and positions that index an array are taken from
  * the validated header and the ring's validated geometry, never trusted from
  * a word another process may have written.
@@ -26,25 +25,6 @@ UMBP_API int umbp_admin_index_info_get(umbp_pool *p, umbp_admin_index_info *ret)
   i.bucket_ways = UMBP_BUCKET_WAYS;
   i.max_probe = UMBP_MAX_PROBE;
   i.event_capacity = p->hdr->event_capacity;
-  /* Reader lines of live processes (the rule of readers.c's
-   * umbp_ix_readers_min_epoch(), without bumping the epoch). */
-  const struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
-  const struct umbp_reader_shm *rd = umbp_pool_region(p, UMBP_REG_READERS);
-  uint64_t epoch = atomic_load_explicit(&ih->epoch, memory_order_acquire), min = UINT64_MAX;
-  for (unsigned ps = 0; ps < UMBP_MAX_PROCS; ps++) {
-    if (atomic_load_explicit(&p->procs[ps].state, memory_order_acquire) == UMBP_PROC_FREE) continue;
-    if (!umbp_registry_alive(p, ps)) continue;
-    uint64_t bits = atomic_load_explicit(&p->procs[ps].thread_bits, memory_order_acquire);
-    for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
-      if (!(bits & (1ull << t))) continue;
-      /* acquire: pairs with rd_lock/rd_unlock's release stores */
-      uint64_t c = atomic_load_explicit(&rd[ps * UMBP_MAX_THREADS + t].ctr, memory_order_acquire);
-      if (!c) continue;
-      i.readers_in_section++;
-      if (c < min) min = c;
-    }
-  }
-  i.oldest_reader_epochs = min != UINT64_MAX && epoch > min ? epoch - min : 0;
   *ret = i;
   return 0;
 }

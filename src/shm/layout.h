@@ -49,7 +49,7 @@
 #include "umbp/pool.h"
 
 #define UMBP_MAGIC 0x4c4f4f5050424d55ull /* "UMBPPOOL" little-endian */
-#define UMBP_LAYOUT_MAJOR 5
+#define UMBP_LAYOUT_MAJOR 6
 #define UMBP_LAYOUT_MINOR 0
 #define UMBP_HEADER_BYTES 4096u
 #define UMBP_PART_ALIGN (2u << 20) /* 2 MiB: hugepage size, partition start alignment */
@@ -63,7 +63,7 @@
 #define UMBP_FEAT_INCOMPAT_INDEX_HUGE (1ull << 1)
 #define UMBP_FEAT_INCOMPAT_KNOWN (UMBP_FEAT_INCOMPAT_HUGEPAGES | UMBP_FEAT_INCOMPAT_INDEX_HUGE)
 /* compat feature bits (informational) */
-#define UMBP_FEAT_COMPAT_MEMBARRIER (1ull << 0) /* readers rely on membarrier(GLOBAL_EXPEDITED) */
+#define UMBP_FEAT_COMPAT_MEMBARRIER (1ull << 0) /* layouts before 6: readers relied on membarrier(GLOBAL_EXPEDITED) */
 
 enum umbp_region_id {
   UMBP_REG_REGISTRY = 0,
@@ -165,7 +165,7 @@ struct umbp_proc_slot {
    * is dequeuing from a free ring (see the design note of src/index/reserve.c). */
   _Atomic uint32_t inflight_slot[UMBP_MAX_THREADS];
   _Atomic uint64_t thread_bits; /* reader-state slots in use by this process's threads */
-  _Atomic uint32_t orphans;     /* retired slots left under this id by a reaper */
+  _Atomic uint32_t orphans;     /* unused since layout 6 (retired slots left under this id) */
   uint32_t reserved0;
   uint8_t reserved[256 - 64 - 16];
 };

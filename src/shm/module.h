@@ -17,8 +17,7 @@
  *  - hooks at the points of a pool's life where it must act: init (the
  *    creator, before the magic is stored), attach and detach (every
  *    read-write handle, the creator's too), reap (a dead process's registry
- *    slot, its lock held), sweep (a free registry slot that left retired slots
- *    behind, its lock held), forget (a fork() child's copy of a handle), info
+ *    slot, its lock held), forget (a fork() child's copy of a handle), info
  *    (its figures in umbp_pool_get_info()).
  * The segment layer calls these through the table and never by name, and it
  * includes no header of a module above it: dependencies run one way.
@@ -77,9 +76,6 @@ struct umbp_shm_module {
   /* Registry slot `slot` belongs to a dead process and the caller holds its
    * lock: release what that process held. */
   void (*reap)(umbp_pool *p, unsigned slot);
-  /* Registry slot `slot` is free and its lock is held by the caller, but its
-   * last owner left state behind (struct umbp_proc_slot.orphans): reclaim it. */
-  void (*sweep)(umbp_pool *p, unsigned slot);
   /* umbp_pool_detach() of a handle that a fork() child inherited: free this
    * module's process-local state of the parent's without writing the segment. */
   void (*forget)(umbp_pool *p);

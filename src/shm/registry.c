@@ -170,20 +170,6 @@ UMBP_API int umbp_pool_reap(umbp_pool *p) {
   int n = 0;
   for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
     n += umbp_registry_reap_slot(p, i);
-    /* a free slot whose last owner left retired slots behind (they waited for
-     * readers when it detached): reclaim them now, holding its lock so that
-     * no process claims the slot meanwhile */
-    struct umbp_proc_slot *s = &p->procs[i];
-    if ((int)i == p->proc_slot || !atomic_load_explicit(&s->orphans, memory_order_acquire) ||
-        atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE || !claim_reap(p, i))
-      continue;
-    if (lock_byte(p->fd, i, F_WRLCK) == 0) {
-      if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE)
-        for (unsigned m = 0; m < umbp_shm_n_modules; m++)
-          if (umbp_shm_modules[m]->sweep) umbp_shm_modules[m]->sweep(p, i);
-      lock_byte(p->fd, i, F_UNLCK);
-    }
-    unclaim_reap(p, i);
   }
   return n;
 }

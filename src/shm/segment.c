@@ -1111,7 +1111,6 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   h->creator_pid = getpid();
   h->creator_uid = getuid();
   snprintf(h->name, sizeof h->name, "%s", name);
-  if (umbp_membarrier_supported()) h->compat_features |= UMBP_FEAT_COMPAT_MEMBARRIER;
   h->header_checksum = umbp_header_checksum(h);
   atomic_store_explicit(&h->run_generation, 1, memory_order_relaxed);
   p->procs = umbp_pool_region(p, UMBP_REG_REGISTRY);

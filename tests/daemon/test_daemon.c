@@ -604,12 +604,16 @@ static void test_check_corrupted(void **st) {
   assert_int_equal(umbp_ring_dequeue(ix->rings[0], &e, p->owner_id), 0);
   snprintf(want, sizeof want, "slot %llu is FREE but on no free ring", (unsigned long long)e.v);
   expect_violation(name, want);
-  /* ... and put back twice */
+  /* ... unless the partition's off_ring hint says slots were left off a
+   * held-up ring (reserves then find them by a scan) */
+  atomic_store(&ix->ih->off_ring[0], 1);
+  assert_int_equal(check_cli(name), 0);
+  atomic_store(&ix->ih->off_ring[0], 0);
+  /* ... and put back twice: harmless (the state CAS decides who gets it) */
   assert_int_equal(umbp_ring_enqueue(ix->rings[0], &e, p->owner_id), 0);
   assert_int_equal(check_cli(name), 0);
   assert_int_equal(umbp_ring_enqueue(ix->rings[0], &e, p->owner_id), 0);
-  snprintf(want, sizeof want, "slot %llu is on the free rings 2 times", (unsigned long long)e.v);
-  expect_violation(name, want);
+  assert_int_equal(check_cli(name), 0);
   union { uint64_t v; unsigned char b[UMBP_RING_MAX_ELEM]; } tmp[128];
   unsigned got = 0;
   while (got < 128 && umbp_ring_dequeue(ix->rings[0], &tmp[got], p->owner_id) == 0) got++;
@@ -641,9 +645,9 @@ static void test_check_corrupted(void **st) {
   atomic_fetch_or(&ix->ih->pin_procs, had);
 
   /* 5. a namespace count that disagrees */
-  atomic_fetch_add(&ix->ns[ns].used_slots, 5);
+  atomic_fetch_add(&ix->ns[ns].count_word, 5); /* the count is the word's low 32 bits */
   expect_violation(name, "namespace 0 ('chat') counts 35 used slots but 30 slots hold its blocks");
-  atomic_fetch_sub(&ix->ns[ns].used_slots, 5);
+  atomic_fetch_sub(&ix->ns[ns].count_word, 5);
 
   /* 6. an unknown state byte and a reservation of nobody */
   uint64_t sv = atomic_load(&ix->meta[free_slot].state);
