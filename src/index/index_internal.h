@@ -233,7 +233,7 @@ int umbp_index_init_regions(umbp_pool *p);
 /* attach/detach: this process's index state (read-write handles). */
 int umbp_index_attach_hook(umbp_pool *p);
 void umbp_index_detach_hook(umbp_pool *p);
-/* reap: release what a dead process left (pins, reader state, reservations,
+/* reap: release what a dead process left (pins, reservations, thread lines,
  * ring claims); the caller holds the dead registry slot's lock (reap.c). */
 void umbp_index_reap_proc(umbp_pool *p, unsigned slot);
 /* forget: free the index state a fork() child's handle still points at (its
