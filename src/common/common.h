@@ -37,11 +37,5 @@ static inline void umbp_cpu_relax(void) {
 #endif
 }
 
-/* membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) usable here (the calling process
- * registered for it). Cached after the first call. */
-bool umbp_membarrier_supported(void);
-/* Issue a global expedited membarrier: every thread of every registered
- * process executes a full memory barrier before this returns. 0 or -errno. */
-int umbp_membarrier_global(void);
 
 #endif

@@ -146,7 +146,6 @@ static int ix_validate(const struct umbp_shm_header *h) {
   return 0;
 }
 
-_Static_assert(UMBP_HASH_MAX == UMBP_KEY_HASH_MAX, "the key's hash bytes in the segment are the public key's");
 
 static uint64_t ix_abi(void) {
   const uint64_t shape[] = {

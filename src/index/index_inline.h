@@ -129,7 +129,7 @@ static inline uint64_t ld64(const void *p, unsigned i) {
 }
 
 static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t *h) {
-  if (UMBP_UNLIKELY(!k || k->hash_len - 1u >= UMBP_HASH_MAX)) {
+  if (UMBP_UNLIKELY(!k || k->hash_len - 1u >= UMBP_KEY_HASH_MAX)) {
     memset(out, 0, sizeof *out);
     *h = 0;
     return umbp_ix_key_fail(k);
@@ -146,8 +146,8 @@ static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t
   w[1] &= 0x00ffffffffffffffull;
   memcpy(o, w, 16);
 #endif
-  memcpy(o + 16, b + offsetof(umbp_key, hash), UMBP_HASH_MAX);
-  if (UMBP_UNLIKELY(len < UMBP_HASH_MAX)) memset(o + 16 + len, 0, UMBP_HASH_MAX - len);
+  memcpy(o + 16, b + offsetof(umbp_key, hash), UMBP_KEY_HASH_MAX);
+  if (UMBP_UNLIKELY(len < UMBP_KEY_HASH_MAX)) memset(o + 16 + len, 0, UMBP_KEY_HASH_MAX - len);
   *h = umbp_key_hash6(ld64(o, 0), ld64(o, 1), ld64(o, 2), ld64(o, 3), ld64(o, 4), ld64(o, 5));
   return 0;
 }

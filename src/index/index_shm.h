@@ -9,9 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "umbp/index.h" /* UMBP_KEY_HASH_MAX: the key's hash bytes in the segment are the public key's */
 #include "umbp/pool.h"
 
-#define UMBP_HASH_MAX 32
 #define UMBP_BUCKET_WAYS 12
 #define UMBP_MAX_PROBE 16 /* buckets a key may live from its home */
 /* Buckets for a pool of n slots: n/8, 1.5 ways a slot, so a full pool fills
@@ -29,7 +29,7 @@ struct umbp_key_shm {
   uint16_t group;
   uint8_t hash_len;
   uint8_t pad;
-  uint8_t hash[UMBP_HASH_MAX];
+  uint8_t hash[UMBP_KEY_HASH_MAX];
 };
 _Static_assert(sizeof(struct umbp_key_shm) == 48, "key frozen");
 

@@ -70,7 +70,7 @@ __attribute__((noinline, cold)) int umbp_ix_pin_overflow_fail(uint32_t s) {
 
 __attribute__((noinline, cold)) int umbp_ix_key_fail(const umbp_key *k) {
   if (!k) return umbp_fail(-EINVAL, "key is NULL");
-  return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_HASH_MAX);
+  return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_KEY_HASH_MAX);
 }
 
 /* The buckets after home that keys homed there may live in: up to the reach
