@@ -590,6 +590,65 @@ static void daemonise(const char *pool, int log_fd) {
 }
 
 /* ---- main ------------------------------------------------------------------- */
+/* Processes the daemon saw stopped (state T in /proc) at its last check, by
+ * registry slot: since when, and under which incarnation of the slot. */
+struct stopped_seen {
+  uint64_t since_ns, incarnation;
+  bool logged;
+};
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* One check per reap period: log a live process that stays stopped (SIGSTOP,
+ * a debugger) with the pins it holds (nothing else of the pool waits for it:
+ * src/index), once, and again when it resumes. */
+static void watch_stopped(umbp_pool *p, struct stopped_seen *seen) {
+  umbp_proc_info pr[UMBP_MAX_PROCS];
+  int np = umbp_pool_list_procs(p, pr, UMBP_MAX_PROCS);
+  bool now_stopped[UMBP_MAX_PROCS] = {false};
+  uint64_t pins[UMBP_MAX_PROCS];
+  bool have_pins = false;
+  uint64_t now = mono_ns();
+  for (int k = 0; k < np; k++) {
+    const umbp_proc_info *q = &pr[k];
+    if (!q->alive || q->pid <= 0 || q->slot >= UMBP_MAX_PROCS) continue;
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", q->pid);
+    FILE *f = fopen(path, "re");
+    if (!f) continue;
+    bool st = false;
+    if (fgets(line, sizeof line, f)) {
+      const char *rp = strrchr(line, ')');
+      st = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+    }
+    fclose(f);
+    if (!st) continue;
+    now_stopped[q->slot] = true;
+    struct stopped_seen *e = &seen[q->slot];
+    if (!e->since_ns || e->incarnation != q->incarnation) {
+      *e = (struct stopped_seen){.since_ns = now, .incarnation = q->incarnation};
+      continue; /* logged if still stopped at the next check */
+    }
+    if (e->logged) continue;
+    if (!have_pins) have_pins = umbp_admin_pins_by_proc(p, pins, UMBP_MAX_PROCS) > 0;
+    dlog("process %d (%s, registry slot %u) has been stopped for %.1f s (SIGSTOP or a debugger); it holds %llu "
+         "pins, whose blocks cannot be evicted until it resumes (kill -CONT %d); nothing else waits for it",
+         q->pid, q->comm, q->slot, (double)(now - e->since_ns) / 1e9,
+         have_pins ? (unsigned long long)pins[q->slot] : 0ull, q->pid);
+    e->logged = true;
+  }
+  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+    if (now_stopped[i] || !seen[i].since_ns) continue;
+    if (seen[i].logged) dlog("registry slot %u's process resumed (or left) after %.1f s stopped", i,
+                             (double)(now - seen[i].since_ns) / 1e9);
+    seen[i] = (struct stopped_seen){0};
+  }
+}
+
 int cmd_daemon(int argc, char **argv) {
   if (want_help(argc, argv)) {
     printf(daemon_usage, metrics_http_available() ? " (this one is)" : " (this one is NOT: install libmicrohttpd-dev and rebuild)");
@@ -699,6 +758,8 @@ int cmd_daemon(int argc, char **argv) {
   }
 
   int stop_sig = 0;
+  struct stopped_seen stopped_since[UMBP_MAX_PROCS];
+  memset(stopped_since, 0, sizeof stopped_since);
   char lost[700];
   const char *lost_why = NULL;
   umbp_pool_info pinfo; /* name, path and size: fixed for the pool's life */
@@ -726,11 +787,7 @@ int cmd_daemon(int argc, char **argv) {
     umbp_pool_heartbeat(p);
     n = umbp_pool_reap(p);
     if (n > 0) dlog("reaped %d dead process%s", n, n == 1 ? "" : "es");
-    /* No umbp_reclaim() here: the evictor thread reclaims every period. This
-     * thread must stay free to reap. A free-ring enqueue (free_slot, index.c)
-     * waits, without a bound, for a cell that a killed consumer still claims
-     * until that consumer is reaped; if this thread waited for the evictor's
-     * limbo lock meanwhile, no one would reap it and the pool would wedge. */
+    watch_stopped(p, stopped_since);
   }
   if (lost_why) dlog("error: %s; stopping", lost_why);
   else dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");

@@ -187,21 +187,25 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
   for (unsigned d = 0; d <= last; d++) printf(" %u:%llu", d, (unsigned long long)s->hist[d]);
   printf("\n");
   const umbp_slot_census *cs = &s->census;
-  printf("slots: %llu total = %llu free + %llu published (%llu pinned) + %llu reserved + %llu evicting + %llu retired; "
+  printf("slots: %llu total = %llu free + %llu published (%llu pinned) + %llu reserved + %llu evicting; "
          "%llu on the free rings\n",
          (unsigned long long)cs->total, (unsigned long long)cs->free_, (unsigned long long)cs->published,
          (unsigned long long)cs->pinned, (unsigned long long)cs->reserved, (unsigned long long)cs->evicting,
-         (unsigned long long)cs->retired, (unsigned long long)cs->in_rings);
+         (unsigned long long)cs->in_rings);
   printf("processes: %u live, %u dead (reapable)\n", i->procs_live, i->procs_dead);
-  if (s->nprocs) printf("  %-4s %-8s %-9s %-5s %-5s %6s %10s  %s\n", "slot", "pid", "role", "rank", "state", "pins", "heartbeat", "comm");
+  if (s->nprocs) printf("  %-4s %-8s %-9s %-5s %-7s %6s %10s  %s\n", "slot", "pid", "role", "rank", "state", "pins", "heartbeat", "comm");
   uint64_t now = s->wall_ns; /* CLOCK_REALTIME when the snapshot was taken */
   for (int k = 0; k < s->nprocs; k++) {
     const umbp_proc_info *q = &s->procs[k];
     char hb[32];
     snprintf(hb, sizeof hb, "%.1fs ago", q->heartbeat_ns && now > q->heartbeat_ns ? (double)(now - q->heartbeat_ns) / 1e9 : 0.0);
-    printf("  %-4u %-8d %-9s %-5d %-5s %6llu %10s  %s\n", q->slot, q->pid, umbp_role_name(q->role), q->rank,
-           q->alive ? "alive" : "dead", (unsigned long long)s->pins_by[q->slot], hb, q->comm);
+    printf("  %-4u %-8d %-9s %-5d %-7s %6llu %10s  %s\n", q->slot, q->pid, umbp_role_name(q->role), q->rank,
+           !q->alive ? "dead" : s->stopped[k] ? "stopped" : "alive", (unsigned long long)s->pins_by[q->slot], hb,
+           q->comm);
   }
+  if (s->procs_stopped)
+    printf("  (a stopped process holds its pins and reserved slots, and nothing else, until it is resumed: "
+           "kill -CONT PID)\n");
   printf("namespaces:\n");
   int shown = 0;
   for (unsigned k = 0; k < s->nns; k++) {
@@ -315,6 +319,7 @@ static void json_processes(struct jb *j, const struct snap *s) {
     jb_str(j, "role", umbp_role_name(q->role));
     jb_i64(j, "rank", q->rank);
     jb_bool(j, "alive", q->alive);
+    jb_bool(j, "stopped", s->stopped[k]);
     jb_u64(j, "pins", s->pins_by[q->slot]);
     jb_u64(j, "attach_unix_ns", q->attach_ns);
     jb_u64(j, "heartbeat_unix_ns", q->heartbeat_ns);

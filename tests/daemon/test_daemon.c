@@ -487,7 +487,7 @@ static void test_inspect_text_json(void **st) {
   }
   /* our process row shows the pin */
   char row[64];
-  snprintf(row, sizeof row, "%-8d %-9s %-5d %-5s %6d", (int)getpid(), "other", -1, "alive", 1);
+  snprintf(row, sizeof row, "%-8d %-9s %-5d %-7s %6d", (int)getpid(), "other", -1, "alive", 1);
   assert_non_null(strstr(out, row));
   assert_int_equal(DTU_RUN(out, "inspect", name, "--json", "--check"), 0);
   const char *jw[] = {"\"header\":{", jlay, "\"slots\":{\"total\":256", "\"published\":39",
