@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "shm/daemon.h"
+#include "umbp/admin.h"
 #include "shm/pool_internal.h"
 #include "umbp/check.h"
 #include "umbp/index.h"
@@ -46,7 +46,7 @@ static void walk(umbp_pool *p, bool rw) {
   umbp_pool_list_procs(p, procs, UMBP_MAX_PROCS);
   umbp_pool_check(p, &report);
   int pid;
-  umbp_daemon_query(p, &pid, NULL);
+  umbp_admin_daemon_query(p, &pid, NULL);
   umbp_counters ct;
   umbp_counters_ns(p, UINT32_MAX, &ct);
   if (rw) umbp_pool_reap(p);

@@ -9,14 +9,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "umbp/connector.h"
-#include "umbp/datapath.h"
-#include "umbp/feed.h"
-#include "umbp/index.h"
-#include "umbp/pool.h"
-#include "umbp/tier.h"
-#include "umbp/topo.h"
-#include "umbp/umbp.h"
+#include "umbp/umbp.h" /* every public header */
 
 #define ROW(t) {#t, sizeof(t)}
 static const struct {
@@ -28,7 +21,8 @@ static const struct {
     ROW(umbp_conn_event),    ROW(umbp_conn_stats_snapshot), ROW(umbp_conn_ns_params),
     ROW(umbp_slot_census),   ROW(umbp_topo_plan_opts),  ROW(umbp_topo_rank_info),
     ROW(umbp_ns_info),       ROW(umbp_counters),        ROW(umbp_pool_info),
-    ROW(umbp_proc_info),     ROW(umbp_partition_info),
+    ROW(umbp_proc_info),     ROW(umbp_partition_info),  ROW(umbp_admin_index_info),
+    ROW(umbp_admin_event_ring),
     ROW(umbp_feed_opts),     ROW(umbp_feed_entry),      ROW(umbp_feed_info),
     ROW(umbp_tier_params),   ROW(umbp_tier_job),        ROW(umbp_tier_info),
 };

@@ -9,8 +9,10 @@
 
 #include <jansson.h>
 
-/* Exit codes of every subcommand. */
-enum { CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2 };
+/* Exit codes of every subcommand. CLI_POOL_FAULT: a SIGBUS on a pool's
+ * mapping (its file truncated, or its file system full), said on stderr
+ * (pool_fault.h). */
+enum { CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2, CLI_POOL_FAULT = 3 };
 
 /* A subcommand: argv[0] is the subcommand's own name. Returns an exit code. */
 typedef int (*cli_fn)(int argc, char **argv);

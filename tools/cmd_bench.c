@@ -35,7 +35,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "\n"
           "Run 'umbp bench SUBCOMMAND --help' for its options.\n"
-          "Exit status: 0 success, 1 runtime error, 2 usage error.\n");
+          "Exit status: 0 success, 1 runtime error, 2 usage error, 3 a SIGBUS on the\n"
+          "benchmark's pool (its file truncated, or /dev/shm full), said on stderr.\n");
 }
 
 int cmd_bench(int argc, char **argv) {

@@ -30,12 +30,19 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "pool_fault.h"
 #include "metrics_http.h"
-#include "shm/daemon.h"
-#include "shm/pool_internal.h"
+#include "umbp/admin.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
 #include "umbp/topo.h"
+
+/* Defaults and bounds of the options (the usage text states them too). */
+#define REAP_MS_DEFAULT 1000       /* --reap-interval */
+#define REAP_MS_MAX 3600000        /* one hour */
+#define EVICT_LOW_PCT_DEFAULT 5    /* --evict-low */
+#define EVICT_HIGH_PCT_DEFAULT 10  /* --evict-high */
+#define EVICTOR_PERIOD_MS 20       /* how often the evictor thread looks at the free slots */
 
 static const char *daemon_usage =
     "Usage: umbp daemon NAME [--capacity SIZE] [OPTIONS]\n"
@@ -46,7 +53,7 @@ static const char *daemon_usage =
     "one. While it runs it reaps processes that died (their pins, reservations,\n"
     "reader state and half-done queue operations), evicts unpinned blocks by CLOCK\n"
     "when a partition's free slots fall below --evict-low percent (up to\n"
-    "--evict-high), reclaims retired slots, and applies namespace quotas.\n"
+    "--evict-high), and applies namespace quotas.\n"
     "Only one daemon may own a pool: a second one is refused, naming the first\n"
     "one's pid. A pool whose file belongs to another user is never adopted.\n"
     "\n"
@@ -106,7 +113,8 @@ static const char *daemon_usage =
     "exists with another layout, belongs to another user, has a daemon already,\n"
     "...), a quota file is invalid at start, or the pool was destroyed or\n"
     "truncated under it, or --metrics cannot listen on its address (the port is\n"
-    "taken, no interface has the address); 2 usage error.\n"
+    "taken, no interface has the address); 2 usage error; 3 a SIGBUS on the pool\n"
+    "(its file truncated, or its file system full), logged with the cause.\n"
     "Examples:\n"
     "  umbp daemon kv --capacity 64GiB --numa-nodes auto --log /var/log/umbp-kv.log\n"
     "  umbp daemon kv --capacity 64GiB --group vllm --foreground   (systemd, containers)\n";
@@ -276,9 +284,9 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       {"index-pages", required_argument, 0, O_IPAGES}, {"metrics", required_argument, 0, O_METRICS},
       {0, 0, 0, 0}};
   umbp_pool_params_init(&o->pp);
-  o->reap_ms = 1000;
-  o->low = 5;
-  o->high = 10;
+  o->reap_ms = REAP_MS_DEFAULT;
+  o->low = EVICT_LOW_PCT_DEFAULT;
+  o->high = EVICT_HIGH_PCT_DEFAULT;
   optind = 1;
   opterr = 0;
   int c;
@@ -342,8 +350,8 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       break;
     }
     case O_REAP:
-      if (parse_uint(optarg, 1, 3600000, &o->reap_ms))
-        return cli_usage_error("daemon", "--reap-interval '%s': use 1 to 3600000 milliseconds", optarg);
+      if (parse_uint(optarg, 1, REAP_MS_MAX, &o->reap_ms))
+        return cli_usage_error("daemon", "--reap-interval '%s': use 1 to %u milliseconds", optarg, REAP_MS_MAX);
       break;
     case O_LOW:
       if (parse_uint(optarg, 1, 99, &o->low)) return cli_usage_error("daemon", "--evict-low '%s': use 1 to 99", optarg);
@@ -422,46 +430,50 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
                  o->pool, umbp_last_error(), o->pool);
   if (rc) return fatal("cannot adopt pool '%s': %s", o->pool, umbp_last_error());
   struct stat st;
-  if (fstat(ro->fd, &st) != 0) {
-    umbp_pool_detach(ro);
-    return fatal("cannot stat pool '%s': %s", o->pool, strerror(errno));
+  if (umbp_admin_pool_stat(ro, &st) != 0) {
+    cli_pool_detach(ro);
+    return fatal("cannot stat pool '%s': %s", o->pool, umbp_last_error());
   }
   if (st.st_uid != geteuid()) {
-    char a[64], b[64], path[sizeof ro->path];
-    memcpy(path, ro->path, sizeof path); /* the handle goes before the message is made */
-    umbp_pool_detach(ro);
+    char a[64], b[64];
+    umbp_pool_info ri;
+    umbp_pool_get_info(ro, &ri); /* the path, for the message */
+    const char *path = ri.path;
+    cli_pool_detach(ro);
     return fatal("refusing to adopt pool '%s': its file %s belongs to uid %u (%s), not to this daemon's uid %u "
                  "(%s); run the daemon as that user, or destroy the pool and let this daemon create it",
                  o->pool, path, (unsigned)st.st_uid, uid_name(st.st_uid, a, sizeof a), (unsigned)geteuid(),
                  uid_name(geteuid(), b, sizeof b));
   }
   int pid = -1;
-  if (umbp_daemon_query(ro, &pid, NULL) == 1) {
-    umbp_pool_detach(ro);
+  if (umbp_admin_daemon_query(ro, &pid, NULL) == 1) {
+    cli_pool_detach(ro);
     if (pid > 0)
       return fatal("pool '%s' already has a daemon (pid %d): stop it first (kill -TERM %d), or leave it running",
                    o->pool, pid, pid);
     return fatal("pool '%s' already has a daemon (pid unknown): stop it first", o->pool);
   }
-  umbp_pool_detach(ro);
+  cli_pool_detach(ro);
   ao.read_only = false;
   ao.role = UMBP_ROLE_DAEMON;
   umbp_pool *p;
   rc = umbp_pool_attach(o->pool, &ao, &p);
   if (rc) return fatal("cannot adopt pool '%s': %s", o->pool, umbp_last_error());
-  rc = umbp_daemon_lock_acquire(p);
+  uint64_t gen = 0; /* this adoption's run generation: one more than the last run's */
+  rc = umbp_admin_daemon_lock(p, &gen);
   if (rc) {
-    umbp_pool_detach(p);
+    cli_pool_detach(p);
     return fatal("%s", umbp_last_error());
   }
-  uint64_t gen = atomic_fetch_add_explicit(&p->hdr->run_generation, 1, memory_order_acq_rel) + 1;
   umbp_slot_census c;
   umbp_census(p, &c);
+  umbp_pool_info info;
+  umbp_pool_get_info(p, &info);
   char b1[32], b2[32];
   dlog("adopted pool '%s' (%s, %u slots of %s): run generation %llu, %llu published blocks kept", o->pool,
-       p->path, p->hdr->slot_count, cli_fmt_size(p->hdr->slot_size, b1, sizeof b1), (unsigned long long)gen,
+       info.path, info.slot_count, cli_fmt_size(info.slot_size, b1, sizeof b1), (unsigned long long)gen,
        (unsigned long long)c.published);
-  if (o->have_cap && (o->pp.capacity / o->pp.slot_size != p->hdr->slot_count || o->pp.slot_size != p->hdr->slot_size))
+  if (o->have_cap && (o->pp.capacity / o->pp.slot_size != info.slot_count || o->pp.slot_size != info.slot_size))
     dlog("note: --capacity %s / --slot-size %s differ from the existing pool's; they apply only when the pool is "
          "created (destroy it to change them)",
          cli_fmt_size(o->pp.capacity, b1, sizeof b1), cli_fmt_size(o->pp.slot_size, b2, sizeof b2));
@@ -475,19 +487,19 @@ static int open_pool(struct dopts *o, umbp_pool **ret) {
     umbp_pool *p;
     int rc = umbp_pool_create(o->pool, &o->pp, &p);
     if (rc == 0) {
-      p->procs[p->proc_slot].role = UMBP_ROLE_DAEMON; /* created under role "other" */
-      rc = umbp_daemon_lock_acquire(p);
+      rc = umbp_admin_set_role(p, UMBP_ROLE_DAEMON, -1); /* created under role "other" */
+      if (!rc) rc = umbp_admin_daemon_lock(p, NULL);    /* run generation 1: the creation's */
       if (rc) {
-        umbp_pool_detach(p);
+        cli_pool_detach(p);
         return fatal("%s", umbp_last_error());
       }
       char b1[32], b2[32];
       umbp_pool_info info;
       char ib[256];
       umbp_pool_get_info(p, &info);
-      dlog("created pool '%s' (%s): %u slots of %s in %u partition(s), %s in all; index on %s", o->pool, p->path,
-           p->hdr->slot_count, cli_fmt_size(p->hdr->slot_size, b1, sizeof b1), p->hdr->n_partitions,
-           cli_fmt_size(p->hdr->total_size, b2, sizeof b2), cli_fmt_index_pages(&info, ib, sizeof ib));
+      dlog("created pool '%s' (%s): %u slots of %s in %u partition(s), %s in all; index on %s", o->pool, info.path,
+           info.slot_count, cli_fmt_size(info.slot_size, b1, sizeof b1), info.n_partitions,
+           cli_fmt_size(info.total_size, b2, sizeof b2), cli_fmt_index_pages(&info, ib, sizeof ib));
       *ret = p;
       return CLI_OK;
     }
@@ -503,25 +515,26 @@ static int open_pool(struct dopts *o, umbp_pool **ret) {
  * would go on serving a pool nobody can attach to, while a second daemon
  * starts on a re-created one), and a file truncated under the mapping makes
  * every process touching the lost part die of SIGBUS. */
-static const char *pool_file_lost(umbp_pool *p, char *why, size_t n) {
+static const char *pool_file_lost(umbp_pool *p, const umbp_pool_info *info, char *why, size_t n) {
   struct stat mine, named;
-  if (fstat(p->fd, &mine) != 0) {
-    snprintf(why, n, "cannot stat the pool file: %s", strerror(errno));
+  if (umbp_admin_pool_stat(p, &mine) != 0) {
+    snprintf(why, n, "%s", umbp_last_error());
     return why;
   }
-  if (mine.st_nlink == 0 || stat(p->path, &named) != 0 || named.st_ino != mine.st_ino || named.st_dev != mine.st_dev) {
+  if (mine.st_nlink == 0 || stat(info->path, &named) != 0 || named.st_ino != mine.st_ino ||
+      named.st_dev != mine.st_dev) {
     snprintf(why, n, "pool '%s' was destroyed while this daemon ran (%s %s): nobody can attach to the pool it serves; "
                      "start the daemon again to create or adopt the pool of that name",
-             p->name, p->path, stat(p->path, &named) == 0 ? "now names another pool" : "was removed");
+             info->name, info->path, stat(info->path, &named) == 0 ? "now names another pool" : "was removed");
     return why;
   }
-  if ((uint64_t)mine.st_size < p->size) {
+  if ((uint64_t)mine.st_size < info->total_size) {
     char a[32], b[32];
     snprintf(why, n, "the file of pool '%s' (%s) shrank from %s to %s under the running processes: any of them that "
                      "touches the lost part dies of SIGBUS; stop them, destroy the pool ('umbp pool destroy %s') and "
                      "create it again",
-             p->name, p->path, cli_fmt_size(p->size, a, sizeof a), cli_fmt_size((uint64_t)mine.st_size, b, sizeof b),
-             p->name);
+             info->name, info->path, cli_fmt_size(info->total_size, a, sizeof a),
+             cli_fmt_size((uint64_t)mine.st_size, b, sizeof b), info->name);
     return why;
   }
   return NULL;
@@ -577,6 +590,65 @@ static void daemonise(const char *pool, int log_fd) {
 }
 
 /* ---- main ------------------------------------------------------------------- */
+/* Processes the daemon saw stopped (state T in /proc) at its last check, by
+ * registry slot: since when, and under which incarnation of the slot. */
+struct stopped_seen {
+  uint64_t since_ns, incarnation;
+  bool logged;
+};
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* One check per reap period: log a live process that stays stopped (SIGSTOP,
+ * a debugger) with the pins it holds (nothing else of the pool waits for it:
+ * src/index), once, and again when it resumes. */
+static void watch_stopped(umbp_pool *p, struct stopped_seen *seen) {
+  umbp_proc_info pr[UMBP_MAX_PROCS];
+  int np = umbp_pool_list_procs(p, pr, UMBP_MAX_PROCS);
+  bool now_stopped[UMBP_MAX_PROCS] = {false};
+  uint64_t pins[UMBP_MAX_PROCS];
+  bool have_pins = false;
+  uint64_t now = mono_ns();
+  for (int k = 0; k < np; k++) {
+    const umbp_proc_info *q = &pr[k];
+    if (!q->alive || q->pid <= 0 || q->slot >= UMBP_MAX_PROCS) continue;
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", q->pid);
+    FILE *f = fopen(path, "re");
+    if (!f) continue;
+    bool st = false;
+    if (fgets(line, sizeof line, f)) {
+      const char *rp = strrchr(line, ')');
+      st = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+    }
+    fclose(f);
+    if (!st) continue;
+    now_stopped[q->slot] = true;
+    struct stopped_seen *e = &seen[q->slot];
+    if (!e->since_ns || e->incarnation != q->incarnation) {
+      *e = (struct stopped_seen){.since_ns = now, .incarnation = q->incarnation};
+      continue; /* logged if still stopped at the next check */
+    }
+    if (e->logged) continue;
+    if (!have_pins) have_pins = umbp_admin_pins_by_proc(p, pins, UMBP_MAX_PROCS) > 0;
+    dlog("process %d (%s, registry slot %u) has been stopped for %.1f s (SIGSTOP or a debugger); it holds %llu "
+         "pins, whose blocks cannot be evicted until it resumes (kill -CONT %d); nothing else waits for it",
+         q->pid, q->comm, q->slot, (double)(now - e->since_ns) / 1e9,
+         have_pins ? (unsigned long long)pins[q->slot] : 0ull, q->pid);
+    e->logged = true;
+  }
+  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
+    if (now_stopped[i] || !seen[i].since_ns) continue;
+    if (seen[i].logged) dlog("registry slot %u's process resumed (or left) after %.1f s stopped", i,
+                             (double)(now - seen[i].since_ns) / 1e9);
+    seen[i] = (struct stopped_seen){0};
+  }
+}
+
 int cmd_daemon(int argc, char **argv) {
   if (want_help(argc, argv)) {
     printf(daemon_usage, metrics_http_available() ? " (this one is)" : " (this one is NOT: install libmicrohttpd-dev and rebuild)");
@@ -647,12 +719,15 @@ int cmd_daemon(int argc, char **argv) {
     free(fileq);
     return CLI_RUNTIME;
   }
+  char who[48]; /* a SIGBUS on the pool is logged like every other error line */
+  snprintf(who, sizeof who, "umbp-daemon[%d]: error", (int)getpid());
+  cli_fault_watch(p, who, true);
   apply_quotas(p, o.quotas, o.nquotas);
   apply_quotas(p, fileq, nfileq);
-  rc = umbp_evictor_start(p, o.low, o.high, 20);
+  rc = umbp_evictor_start(p, o.low, o.high, EVICTOR_PERIOD_MS);
   if (rc) {
-    umbp_daemon_lock_release(p);
-    umbp_pool_detach(p);
+    umbp_admin_daemon_unlock(p);
+    cli_pool_detach(p);
     free(fileq);
     return fatal("cannot start the evictor: %s", umbp_last_error());
   }
@@ -662,8 +737,8 @@ int cmd_daemon(int argc, char **argv) {
     rc = metrics_serve(mfd, o.pool, &msrv, why, sizeof why);
     if (rc) {
       umbp_evictor_stop(p);
-      umbp_daemon_lock_release(p);
-      umbp_pool_detach(p);
+      umbp_admin_daemon_unlock(p);
+      cli_pool_detach(p);
       free(fileq);
       return fatal("--metrics %s: %s", o.metrics, why);
     }
@@ -683,9 +758,13 @@ int cmd_daemon(int argc, char **argv) {
   }
 
   int stop_sig = 0;
+  struct stopped_seen stopped_since[UMBP_MAX_PROCS];
+  memset(stopped_since, 0, sizeof stopped_since);
   char lost[700];
   const char *lost_why = NULL;
-  while (!stop_sig && !(lost_why = pool_file_lost(p, lost, sizeof lost))) {
+  umbp_pool_info pinfo; /* name, path and size: fixed for the pool's life */
+  umbp_pool_get_info(p, &pinfo);
+  while (!stop_sig && !(lost_why = pool_file_lost(p, &pinfo, lost, sizeof lost))) {
     struct timespec ts = {o.reap_ms / 1000, (long)(o.reap_ms % 1000) * 1000000L};
     int sig = sigtimedwait(&set, NULL, &ts);
     if (sig == SIGTERM || sig == SIGINT) {
@@ -708,18 +787,14 @@ int cmd_daemon(int argc, char **argv) {
     umbp_pool_heartbeat(p);
     n = umbp_pool_reap(p);
     if (n > 0) dlog("reaped %d dead process%s", n, n == 1 ? "" : "es");
-    /* No umbp_reclaim() here: the evictor thread reclaims every period. This
-     * thread must stay free to reap. A free-ring enqueue (free_slot, index.c)
-     * waits, without a bound, for a cell that a killed consumer still claims
-     * until that consumer is reaped; if this thread waited for the evictor's
-     * limbo lock meanwhile, no one would reap it and the pool would wedge. */
+    watch_stopped(p, stopped_since);
   }
   if (lost_why) dlog("error: %s; stopping", lost_why);
   else dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
   metrics_stop(msrv);
   umbp_evictor_stop(p);
-  umbp_daemon_lock_release(p);
-  umbp_pool_detach(p);
+  umbp_admin_daemon_unlock(p);
+  cli_pool_detach(p);
   free(fileq);
   if (lost_why) {
     rc = -1; /* not ours to remove or keep any more */

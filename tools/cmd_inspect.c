@@ -19,13 +19,15 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "pool_fault.h"
 #include "snapshot.h"
-#include "index/index_internal.h"
-#include "shm/daemon.h"
-#include "shm/ring.h"
+#include "umbp/admin.h"
 #include "umbp/check.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
+
+/* How long inspect waits for a pool whose creator is still initialising it, ms. */
+#define INSPECT_ATTACH_TIMEOUT_MS 2000
 
 static const char *inspect_usage =
     "Usage: umbp inspect NAME [--json] [--watch SECONDS] [--check] [--events N]\n"
@@ -77,7 +79,8 @@ static const char *inspect_usage =
     "\n"
     "Exit status: 0 shown (with --check: no violation); 1 the pool cannot be\n"
     "opened (missing, corrupted, no permission) or --check found violations;\n"
-    "2 usage error.\n"
+    "2 usage error; 3 a SIGBUS on the pool (its file truncated under the running\n"
+    "processes, or its file system full), said on stderr with the cause.\n"
     "Example: umbp inspect kv --check && umbp inspect kv --json | jq .slots\n";
 
 static volatile sig_atomic_t stop_watch;
@@ -116,7 +119,7 @@ static void print_event_summary(umbp_pool *p, const struct snap *s) {
   if (!s->nev) return;
   printf("  newest %u: ", s->nev);
   bool first = true;
-  for (int type = 1; type <= 3; type++) {
+  for (int type = UMBP_EV_STORED; type <= UMBP_EV_REMOVED; type++) {
     unsigned n = 0;
     for (unsigned k = 0; k < s->nev; k++) n += s->ev[k].type == type;
     if (!n) continue;
@@ -154,8 +157,8 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
          i->layout_minor, cli_fmt_uuid(i->uuid, uuid, sizeof uuid), (unsigned long long)i->abi_fingerprint, (unsigned long long)i->compat_features,
          (unsigned long long)i->incompat_features);
   printf("  size %s: %u slots of %s, %u buckets x %d ways, event ring %u\n", cli_fmt_size(i->total_size, a, sizeof a),
-         i->slot_count, cli_fmt_size(i->slot_size, b, sizeof b), p->hdr->n_buckets, UMBP_BUCKET_WAYS,
-         p->hdr->event_capacity);
+         i->slot_count, cli_fmt_size(i->slot_size, b, sizeof b), s->index.n_buckets, s->index.bucket_ways,
+         s->index.event_capacity);
   printf("  created %s by pid %d (uid %u), run generation %llu, file uid %u mode %04o%s\n", t, i->creator_pid,
          i->creator_uid, (unsigned long long)i->run_generation, (unsigned)s->st.st_uid,
          (unsigned)(s->st.st_mode & 07777), i->hugepages ? ", huge pages" : "");
@@ -175,30 +178,34 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
     printf("  %-4u %-5s %12s %10u %10llu %10llu\n", k, q->numa_node < 0 ? "-" : node, cli_fmt_size(q->bytes, a, sizeof a),
            q->slot_count, (unsigned long long)(q->slot_count - q->free_slots), (unsigned long long)q->free_slots);
   }
-  uint64_t ways = (uint64_t)p->hdr->n_buckets * UMBP_BUCKET_WAYS;
+  uint64_t ways = (uint64_t)s->index.n_buckets * s->index.bucket_ways;
   printf("index: %llu entries, load factor %.3f (of %llu ways)\n  probe length:", (unsigned long long)s->entries,
          snap_ratio(s->entries, ways), (unsigned long long)ways);
   unsigned last = 0;
-  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++)
+  for (unsigned d = 0; d < s->index.max_probe && d < SNAP_MAX_PROBE; d++)
     if (s->hist[d]) last = d;
   for (unsigned d = 0; d <= last; d++) printf(" %u:%llu", d, (unsigned long long)s->hist[d]);
   printf("\n");
   const umbp_slot_census *cs = &s->census;
-  printf("slots: %llu total = %llu free + %llu published (%llu pinned) + %llu reserved + %llu evicting + %llu retired; "
+  printf("slots: %llu total = %llu free + %llu published (%llu pinned) + %llu reserved + %llu evicting; "
          "%llu on the free rings\n",
          (unsigned long long)cs->total, (unsigned long long)cs->free_, (unsigned long long)cs->published,
          (unsigned long long)cs->pinned, (unsigned long long)cs->reserved, (unsigned long long)cs->evicting,
-         (unsigned long long)cs->retired, (unsigned long long)cs->in_rings);
+         (unsigned long long)cs->in_rings);
   printf("processes: %u live, %u dead (reapable)\n", i->procs_live, i->procs_dead);
-  if (s->nprocs) printf("  %-4s %-8s %-9s %-5s %-5s %6s %10s  %s\n", "slot", "pid", "role", "rank", "state", "pins", "heartbeat", "comm");
-  uint64_t now = umbp_realtime_ns();
+  if (s->nprocs) printf("  %-4s %-8s %-9s %-5s %-7s %6s %10s  %s\n", "slot", "pid", "role", "rank", "state", "pins", "heartbeat", "comm");
+  uint64_t now = s->wall_ns; /* CLOCK_REALTIME when the snapshot was taken */
   for (int k = 0; k < s->nprocs; k++) {
     const umbp_proc_info *q = &s->procs[k];
     char hb[32];
     snprintf(hb, sizeof hb, "%.1fs ago", q->heartbeat_ns && now > q->heartbeat_ns ? (double)(now - q->heartbeat_ns) / 1e9 : 0.0);
-    printf("  %-4u %-8d %-9s %-5d %-5s %6llu %10s  %s\n", q->slot, q->pid, umbp_role_name(q->role), q->rank,
-           q->alive ? "alive" : "dead", (unsigned long long)s->pins_by[q->slot], hb, q->comm);
+    printf("  %-4u %-8d %-9s %-5d %-7s %6llu %10s  %s\n", q->slot, q->pid, umbp_role_name(q->role), q->rank,
+           !q->alive ? "dead" : s->stopped[k] ? "stopped" : "alive", (unsigned long long)s->pins_by[q->slot], hb,
+           q->comm);
   }
+  if (s->procs_stopped)
+    printf("  (a stopped process holds its pins and reserved slots, and nothing else, until it is resumed: "
+           "kill -CONT PID)\n");
   printf("namespaces:\n");
   int shown = 0;
   for (unsigned k = 0; k < s->nns; k++) {
@@ -224,7 +231,7 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
       char hx[20];
       snap_hash_hex(&s->ev[k].key, hx, sizeof hx);
       printf("  #%-8llu %-8s ns %u tp %u hash %s...\n", (unsigned long long)s->ev[k].pos, snap_event_name(s->ev[k].type),
-             s->ev[k].key.ns, s->ev[k].key.tp, hx);
+             s->ev[k].key.ns, s->ev[k].key.tp_rank, hx);
     }
   }
   const umbp_counters *ct = &s->total;
@@ -270,7 +277,7 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
 }
 
 /* print_json's sections, each one key of the object. */
-static void json_header(struct jb *j, umbp_pool *p, const struct snap *s) {
+static void json_header(struct jb *j, const struct snap *s) {
   const umbp_pool_info *i = &s->info;
   char t[32], lay[16], uuid[40];
   jb_obj(j, "header");
@@ -285,8 +292,8 @@ static void json_header(struct jb *j, umbp_pool *p, const struct snap *s) {
   jb_u64(j, "total_bytes", i->total_size);
   jb_u64(j, "slot_size", i->slot_size);
   jb_u64(j, "slot_count", i->slot_count);
-  jb_u64(j, "buckets", p->hdr->n_buckets);
-  jb_u64(j, "event_capacity", p->hdr->event_capacity);
+  jb_u64(j, "buckets", s->index.n_buckets);
+  jb_u64(j, "event_capacity", s->index.event_capacity);
   snap_fmt_time(i->created_ns, t, sizeof t);
   jb_str(j, "created", t);
   jb_u64(j, "created_unix", i->created_ns / 1000000000ull);
@@ -312,6 +319,7 @@ static void json_processes(struct jb *j, const struct snap *s) {
     jb_str(j, "role", umbp_role_name(q->role));
     jb_i64(j, "rank", q->rank);
     jb_bool(j, "alive", q->alive);
+    jb_bool(j, "stopped", s->stopped[k]);
     jb_u64(j, "pins", s->pins_by[q->slot]);
     jb_u64(j, "attach_unix_ns", q->attach_ns);
     jb_u64(j, "heartbeat_unix_ns", q->heartbeat_ns);
@@ -357,7 +365,7 @@ static void json_events(struct jb *j, const struct snap *s) {
     jb_u64(j, "position", s->ev[k].pos);
     jb_str(j, "type", snap_event_name(s->ev[k].type));
     jb_u64(j, "ns", s->ev[k].key.ns);
-    jb_u64(j, "tp_rank", s->ev[k].key.tp);
+    jb_u64(j, "tp_rank", s->ev[k].key.tp_rank);
     jb_str(j, "hash_prefix", hx);
     jb_end_obj(j);
   }
@@ -380,12 +388,12 @@ static void json_check(struct jb *j, const umbp_check_report *ck) {
   jb_end_obj(j);
 }
 
-static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_report *ck) {
+static void print_json(const struct snap *s, const umbp_check_report *ck) {
   const umbp_pool_info *i = &s->info;
   struct jb j;
   jb_begin(&j, stdout);
   jb_obj(&j, NULL);
-  json_header(&j, p, s);
+  json_header(&j, s);
   jb_obj(&j, "daemon");
   jb_bool(&j, "running", s->daemon_running == 1);
   if (s->daemon_running == 1 && s->daemon_pid > 0) jb_i64(&j, "pid", s->daemon_pid);
@@ -406,13 +414,13 @@ static void print_json(umbp_pool *p, const struct snap *s, const umbp_check_repo
     jb_end_obj(&j);
   }
   jb_end_arr(&j);
-  uint64_t ways = (uint64_t)p->hdr->n_buckets * UMBP_BUCKET_WAYS;
+  uint64_t ways = (uint64_t)s->index.n_buckets * s->index.bucket_ways;
   jb_obj(&j, "index");
   jb_u64(&j, "entries", s->entries);
   jb_u64(&j, "ways", ways);
   jb_dbl(&j, "load_factor", snap_ratio(s->entries, ways));
   jb_arr(&j, "probe_histogram");
-  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) jb_u64(&j, NULL, s->hist[d]);
+  for (unsigned d = 0; d < s->index.max_probe && d < SNAP_MAX_PROBE; d++) jb_u64(&j, NULL, s->hist[d]);
   jb_end_arr(&j);
   jb_end_obj(&j);
   const umbp_slot_census *cs = &s->census;
@@ -539,7 +547,7 @@ int cmd_inspect(int argc, char **argv) {
   umbp_attach_opts_init(&ao);
   ao.read_only = true;
   ao.role = UMBP_ROLE_TOOL;
-  ao.timeout_ms = 2000;
+  ao.timeout_ms = INSPECT_ATTACH_TIMEOUT_MS;
   umbp_pool *p;
   int rc = umbp_pool_attach(name, &ao, &p);
   if (rc) {
@@ -550,6 +558,7 @@ int cmd_inspect(int argc, char **argv) {
       cli_error("%s", why && *why ? why : umbp_strerror(rc));
     return CLI_RUNTIME;
   }
+  cli_fault_watch(p, "umbp inspect", false); /* --watch and --stat run for long: a SIGBUS says why */
   /* two snapshots: the rates of --watch and --stat are differences */
   struct snap *s = malloc(sizeof *s), *prev = malloc(sizeof *prev);
   umbp_check_report *ck = check ? malloc(sizeof *ck) : NULL;
@@ -558,7 +567,7 @@ int cmd_inspect(int argc, char **argv) {
     free(s);
     free(prev);
     free(ck);
-    umbp_pool_detach(p);
+    cli_pool_detach(p);
     return CLI_RUNTIME;
   }
   int ret = CLI_OK;
@@ -570,7 +579,7 @@ int cmd_inspect(int argc, char **argv) {
     }
     free(s);
     free(prev);
-    umbp_pool_detach(p);
+    cli_pool_detach(p);
     return ret;
   }
   if (watch > 0 || stat > 0) {
@@ -595,7 +604,7 @@ int cmd_inspect(int argc, char **argv) {
     }
     free(s);
     free(prev);
-    umbp_pool_detach(p);
+    cli_pool_detach(p);
     return CLI_OK;
   }
   bool tty = isatty(1), have_prev = false;
@@ -608,7 +617,7 @@ int cmd_inspect(int argc, char **argv) {
       break;
     }
     if (watch > 0 && tty && !json) fputs("\033[H\033[2J", stdout);
-    if (json) print_json(p, s, ck);
+    if (json) print_json(s, ck);
     else print_text(p, s, watch > 0 ? (have_prev ? prev : s) : NULL, ck);
     fflush(stdout);
     if (ck && ck->n_violations) ret = CLI_RUNTIME;
@@ -624,6 +633,6 @@ int cmd_inspect(int argc, char **argv) {
   free(s);
   free(prev);
   free(ck);
-  umbp_pool_detach(p);
+  cli_pool_detach(p);
   return ret;
 }

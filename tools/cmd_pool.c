@@ -13,10 +13,16 @@
 
 #include "cli.h"
 #include "snapshot.h" /* snap_fmt_time: the time format of 'umbp inspect' */
-#include "shm/pool_internal.h" /* umbp_hugetlbfs_mount */
+#include "umbp/admin.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
 #include "umbp/topo.h"
+
+/* Attach timeouts (ms) of read-only looks at a pool that may still be being
+ * created: a destroy only asks who is attached, so it does not wait long;
+ * info and ls wait a little longer for a creator that is nearly done. */
+#define DESTROY_LOOK_TIMEOUT_MS 200
+#define INFO_ATTACH_TIMEOUT_MS 1000
 
 static const char *pool_usage =
     "Usage: umbp pool SUBCOMMAND [OPTIONS]\n"
@@ -372,7 +378,7 @@ static int pool_destroy(int argc, char **argv) {
     umbp_attach_opts o;
     umbp_attach_opts_init(&o);
     o.read_only = true;
-    o.timeout_ms = 200;
+    o.timeout_ms = DESTROY_LOOK_TIMEOUT_MS;
     umbp_pool *p;
     if (umbp_pool_attach(name, &o, &p) == 0) {
       umbp_proc_info pi[UMBP_MAX_PROCS];
@@ -404,7 +410,7 @@ static int attach_ro(const char *name, umbp_pool **p) {
   umbp_attach_opts o;
   umbp_attach_opts_init(&o);
   o.read_only = true;
-  o.timeout_ms = 1000;
+  o.timeout_ms = INFO_ATTACH_TIMEOUT_MS;
   return umbp_pool_attach(name, &o, p);
 }
 
@@ -589,7 +595,7 @@ static int pool_ls(int argc, char **argv) {
   /* pools: /dev/shm/umbp.NAME and, made with --hugepages, umbp.NAME on the
    * hugetlbfs mount, where index files umbp-index.NAME also live */
   char hdir[256];
-  const char *dirs[2] = {"/dev/shm", umbp_hugetlbfs_mount(hdir, sizeof hdir) == 0 ? hdir : NULL};
+  const char *dirs[2] = {"/dev/shm", umbp_admin_hugetlbfs_mount(hdir, sizeof hdir) == 0 ? hdir : NULL};
   DIR *d = opendir(dirs[0]);
   if (!d) {
     cli_error("cannot list /dev/shm: %s", strerror(errno));

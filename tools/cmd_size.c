@@ -37,6 +37,9 @@
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
+/* --pool names a pool that exists: a creator still initialising it gets this long, ms. */
+#define SIZE_ATTACH_TIMEOUT_MS 1000
+
 /* ---- the model's config.json -------------------------------------------- */
 /* The fields umbp size needs; mla when kv_lora_rank and qk_rope_head_dim are
  * both present (then heads, kv_heads and head_dim are 0). */
@@ -309,7 +312,7 @@ int cmd_size(int argc, char **argv) {
     umbp_attach_opts ao;
     umbp_attach_opts_init(&ao);
     ao.read_only = true;
-    ao.timeout_ms = 1000;
+    ao.timeout_ms = SIZE_ATTACH_TIMEOUT_MS;
     umbp_pool *p;
     pool_rc = umbp_pool_attach(pool, &ao, &p);
     if (pool_rc) {

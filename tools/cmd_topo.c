@@ -52,7 +52,7 @@
 
 #include "cli.h"
 #include "umbp/topo.h"
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 static void topo_help(FILE *f) {
   /* The layout of every umbp --help: Usage, what it does, Options, Exit

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "umbp_config.h"
+#include "cli_config.h" /* UMBP_HAVE_MICROHTTPD */
 #include "snapshot.h"
 
 int metrics_parse_addr(const char *arg, struct sockaddr_storage *ss, socklen_t *len, char *why, size_t n) {

@@ -3,11 +3,10 @@
 #include "snapshot.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#include "shm/daemon.h"
-#include "shm/ring.h"
 
 static uint64_t clock_ns(clockid_t id) {
   struct timespec ts;
@@ -17,9 +16,9 @@ static uint64_t clock_ns(clockid_t id) {
 
 double snap_ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
 
-const char *snap_event_name(int t) { return t == 1 ? "stored" : t == 2 ? "removed" : t == 3 ? "cleared" : "?"; }
+const char *snap_event_name(int t) { return t == UMBP_EV_STORED ? "stored" : t == UMBP_EV_REMOVED ? "removed" : "?"; }
 
-void snap_hash_hex(const struct umbp_key_shm *k, char *buf, size_t n) {
+void snap_hash_hex(const umbp_key *k, char *buf, size_t n) {
   size_t l = k->hash_len < 8 ? k->hash_len : 8, o = 0;
   for (size_t i = 0; i < l && o + 3 < n; i++) o += (size_t)snprintf(buf + o, n - o, "%02x", k->hash[i]);
   buf[o] = 0;
@@ -32,59 +31,46 @@ void snap_fmt_time(uint64_t ns, char *buf, size_t n) {
   strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-/* Read up to max of the newest events from the ring's cells (loads only:
- * draining would take them from their subscribers). */
+/* Up to max of the newest events, peeked (umbp_admin_events_peek: draining
+ * would take them from their subscribers). */
 static unsigned peek_events(umbp_pool *p, struct snap *s, unsigned max) {
-  void *ring = umbp_pool_region(p, UMBP_REG_EVENTS);
-  struct umbp_ring_geo g;
-  if (umbp_ring_geo_get(ring, p->hdr->regions[UMBP_REG_EVENTS].size, &g)) return 0;
-  struct umbp_ring_hdr *h = ring;
-  s->ev_cap = g.capacity;
-  s->ev_pending = umbp_ring_count_g(ring, &g);
-  s->ev_dropped = umbp_ring_dropped(ring);
-  uint64_t enq = atomic_load_explicit(&h->enq_pos, memory_order_acquire);
-  uint64_t deq = atomic_load_explicit(&h->deq_pos, memory_order_acquire);
-  s->ev_drained = deq;
-  uint64_t first = enq - deq > g.capacity ? enq - g.capacity : deq;
-  if (enq - first > max) first = enq - max;
-  unsigned n = 0;
-  for (uint64_t pos = first; pos != enq && n < max; pos++) {
-    struct umbp_ring_cell *c = umbp_ring__cellg(h, &g, pos);
-    uint64_t w = atomic_load_explicit(&c->word, memory_order_acquire);
-    unsigned kind = umbp_ring__wkind(w);
-    if (umbp_ring__seqdiff(umbp_ring__wseq(w), pos + 1) != 0 || (kind != UMBP_RING_STABLE && kind != UMBP_RING_READING))
-      continue;
-    struct umbp_event_shm ev;
-    memcpy(&ev, c->payload, sizeof ev);
-    atomic_thread_fence(memory_order_acquire);
-    if (atomic_load_explicit(&c->word, memory_order_relaxed) != w) continue;
-    s->ev[n].type = ev.type;
-    s->ev[n].pos = pos;
-    s->ev[n].key = ev.key;
-    n++;
+  umbp_event ev[SNAP_MAX_EVENTS];
+  uint64_t pos[SNAP_MAX_EVENTS];
+  umbp_admin_event_ring r;
+  int n = umbp_admin_events_peek(p, max, ev, pos, &r);
+  if (n < 0) return 0; /* a corrupted ring header: no events, no ring figures (inspect --check says why) */
+  s->ev_cap = r.capacity;
+  s->ev_pending = r.pending;
+  s->ev_dropped = r.dropped;
+  s->ev_drained = r.drained;
+  for (int k = 0; k < n; k++) {
+    s->ev[k].type = ev[k].type;
+    s->ev[k].pos = pos[k];
+    s->ev[k].key = ev[k].key;
   }
-  return n;
+  return (unsigned)n;
 }
 
-/* Reader state of the live processes in s->procs (the same rule as the
- * grace periods' readers_min_epoch() in index.c, without bumping the epoch). */
-static void readers(umbp_pool *p, struct snap *s) {
-  const struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
-  const struct umbp_reader_shm *rd = umbp_pool_region(p, UMBP_REG_READERS);
-  uint64_t epoch = atomic_load_explicit(&ih->epoch, memory_order_acquire), min = UINT64_MAX;
+/* Live processes in s->procs that are stopped (state T or t in /proc:
+ * SIGSTOP, a debugger): they hold their pins and reservations until resumed,
+ * and nothing else (src/index: nothing on the data path waits for another
+ * process). */
+static void stopped(struct snap *s) {
   for (int k = 0; k < s->nprocs; k++) {
-    if (!s->procs[k].alive) continue;
-    unsigned ps = s->procs[k].slot;
-    uint64_t bits = atomic_load_explicit(&p->procs[ps].thread_bits, memory_order_acquire);
-    for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
-      if (!(bits & (1ull << t))) continue;
-      uint64_t c = atomic_load_explicit(&rd[ps * UMBP_MAX_THREADS + t].ctr, memory_order_acquire);
-      if (!c) continue;
-      s->readers_in_section++;
-      if (c < min) min = c;
+    if (!s->procs[k].alive || s->procs[k].pid <= 0) continue;
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", s->procs[k].pid);
+    FILE *f = fopen(path, "re");
+    if (!f) continue;
+    if (fgets(line, sizeof line, f)) {
+      const char *rp = strrchr(line, ')');
+      if (rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't')) {
+        s->stopped[k] = true;
+        s->procs_stopped++;
+      }
     }
+    fclose(f);
   }
-  s->oldest_reader_epochs = min != UINT64_MAX && epoch > min ? epoch - min : 0;
 }
 
 void snap_take(umbp_pool *p, struct snap *s, unsigned nevents) {
@@ -92,40 +78,32 @@ void snap_take(umbp_pool *p, struct snap *s, unsigned nevents) {
   s->mono_ns = clock_ns(CLOCK_MONOTONIC);
   s->wall_ns = clock_ns(CLOCK_REALTIME);
   umbp_pool_get_info(p, &s->info);
-  fstat(p->fd, &s->st);
-  s->n_buckets = p->hdr->n_buckets;
-  s->event_capacity = p->hdr->event_capacity;
+  umbp_admin_pool_stat(p, &s->st);
+  umbp_admin_index_info_get(p, &s->index);
   s->daemon_pid = s->daemon_last_pid = -1;
-  s->daemon_running = umbp_daemon_query(p, &s->daemon_pid, &s->daemon_last_pid);
+  s->daemon_running = umbp_admin_daemon_query(p, &s->daemon_pid, &s->daemon_last_pid);
   umbp_census(p, &s->census);
   if (s->info.n_partitions == 1) s->part_census[0] = s->census; /* one walk of the slots, not two */
   else
     for (unsigned k = 0; k < s->info.n_partitions && k < UMBP_MAX_PARTITIONS; k++) umbp_census_part(p, k, &s->part_census[k]);
-  umbp_index_stats(p, &s->entries, s->hist, UMBP_MAX_PROBE);
+  unsigned nhist = s->index.max_probe < SNAP_MAX_PROBE ? s->index.max_probe : SNAP_MAX_PROBE;
+  umbp_index_stats(p, &s->entries, s->hist, nhist);
   s->nprocs = umbp_pool_list_procs(p, s->procs, UMBP_MAX_PROCS);
   if (s->nprocs < 0) s->nprocs = 0;
-  const _Atomic uint8_t *pins = umbp_pool_region(p, UMBP_REG_PINS);
-  uint64_t stride = umbp_pin_stride(p->hdr->slot_count);
-  for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
-    const _Atomic uint8_t *row = pins + (uint64_t)i * stride;
-    const _Atomic uint64_t *w = (const _Atomic uint64_t *)(const void *)row;
-    for (uint64_t q = 0; q < stride / 8; q++) {
-      if (!atomic_load_explicit(&w[q], memory_order_relaxed)) continue;
-      for (unsigned j = 0; j < 8; j++) s->pins_by[i] += atomic_load_explicit(&row[q * 8 + j], memory_order_relaxed);
-    }
-  }
+  umbp_admin_pins_by_proc(p, s->pins_by, UMBP_MAX_PROCS);
   umbp_counters_ns(p, UINT32_MAX, &s->total);
-  const struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
-  for (unsigned k = 0; k < UMBP_MAX_NAMESPACES; k++) {
-    if (atomic_load_explicit(&nss[k].state, memory_order_acquire) != 1) continue;
+  umbp_ns_info *nsi = malloc(UMBP_MAX_NAMESPACES * sizeof *nsi); /* 40 KiB: off the stack of a scrape thread */
+  int nn = nsi ? umbp_admin_ns_list(p, nsi, UMBP_MAX_NAMESPACES) : 0;
+  for (int k = 0; k < nn; k++) {
     struct snap_ns *n = &s->ns[s->nns++];
-    n->id = k;
-    umbp_ns_name(p, k, n->name, sizeof n->name);
-    n->blocks = atomic_load_explicit(&nss[k].used_slots, memory_order_relaxed);
-    n->quota_bytes = atomic_load_explicit(&nss[k].quota_bytes, memory_order_relaxed);
-    umbp_counters_ns(p, k, &n->c);
+    n->id = nsi[k].id;
+    snprintf(n->name, sizeof n->name, "%s", nsi[k].name);
+    n->blocks = nsi[k].blocks;
+    n->quota_bytes = nsi[k].quota_bytes;
+    umbp_counters_ns(p, n->id, &n->c);
   }
-  readers(p, s);
+  free(nsi);
+  stopped(s);
   s->nev = peek_events(p, s, nevents > SNAP_MAX_EVENTS ? SNAP_MAX_EVENTS : nevents);
 }
 
@@ -253,11 +231,10 @@ int snap_prometheus(const struct snap *s, FILE *f) {
   family(f, "umbp_processes", "gauge",
          "Attached processes by state: alive, or dead (killed or exited without detaching, not yet reaped).");
   fprintf(f, "umbp_processes{state=\"alive\"} %u\numbp_processes{state=\"dead\"} %u\n", i->procs_live, i->procs_dead);
-  family(f, "umbp_readers_in_section", "gauge", "Threads of live processes inside an index read section now.");
-  sample(f, "umbp_readers_in_section", s->readers_in_section);
-  family(f, "umbp_oldest_reader_epochs", "gauge",
-         "Grace periods the oldest live reader is behind (0: none): a reader stuck here holds retired slots back.");
-  sample(f, "umbp_oldest_reader_epochs", s->oldest_reader_epochs);
+  family(f, "umbp_processes_stopped", "gauge",
+         "Attached processes that are stopped (SIGSTOP, a debugger): each holds its pins and reservations until "
+         "resumed, and nothing else.");
+  sample(f, "umbp_processes_stopped", s->procs_stopped);
   family(f, "umbp_events_capacity", "gauge", "Cells of the event ring.");
   sample(f, "umbp_events_capacity", s->ev_cap);
   family(f, "umbp_events_pending", "gauge", "Events on the ring not yet drained.");

@@ -17,14 +17,14 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
-#include "index/index_internal.h"
+#include "umbp/admin.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
 struct ev_peek {
-  int type; /* 1 stored, 2 removed, 3 cleared */
+  int type; /* enum umbp_event_type */
   uint64_t pos;
-  struct umbp_key_shm key;
+  umbp_key key;
 };
 
 struct snap_ns {
@@ -35,26 +35,27 @@ struct snap_ns {
 };
 
 #define SNAP_MAX_EVENTS 64
+#define SNAP_MAX_PROBE 64 /* room for the probe histogram (umbp_admin_index_info.max_probe entries) */
 
 struct snap {
   uint64_t mono_ns;   /* CLOCK_MONOTONIC when taken (for rates) */
   uint64_t wall_ns;   /* CLOCK_REALTIME when taken */
   umbp_pool_info info;
   struct stat st;
-  uint32_t n_buckets, event_capacity;
+  umbp_admin_index_info index; /* geometry and readers */
   int daemon_running, daemon_pid, daemon_last_pid;
   umbp_slot_census census;
   umbp_slot_census part_census[UMBP_MAX_PARTITIONS];
-  uint64_t entries, hist[UMBP_MAX_PROBE];
+  uint64_t entries, hist[SNAP_MAX_PROBE]; /* hist: index.max_probe entries */
   umbp_proc_info procs[UMBP_MAX_PROCS];
   int nprocs;
   uint64_t pins_by[UMBP_MAX_PROCS];
   umbp_counters total;
   struct snap_ns ns[UMBP_MAX_NAMESPACES];
   unsigned nns;
-  /* reader state of live processes: threads inside a read section now and
-   * how many grace periods (epochs) the oldest of them is behind (0: none) */
-  uint64_t readers_in_section, oldest_reader_epochs;
+  /* procs[k] is stopped (state T in /proc), and how many are */
+  bool stopped[UMBP_MAX_PROCS];
+  uint64_t procs_stopped;
   struct ev_peek ev[SNAP_MAX_EVENTS];
   unsigned nev;
   uint64_t ev_pending, ev_dropped, ev_cap, ev_drained; /* ev_drained: events ever dequeued */
@@ -66,10 +67,10 @@ void snap_take(umbp_pool *p, struct snap *s, unsigned nevents);
 
 /* a / b, 0 when b is 0 */
 double snap_ratio(uint64_t a, uint64_t b);
-/* "stored", "removed", "cleared" or "?" */
+/* "stored", "removed" or "?" */
 const char *snap_event_name(int type);
 /* The first 8 bytes of a key's hash in hex. */
-void snap_hash_hex(const struct umbp_key_shm *k, char *buf, size_t n);
+void snap_hash_hex(const umbp_key *k, char *buf, size_t n);
 /* "2026-12-02T16:00:00Z" */
 void snap_fmt_time(uint64_t unix_ns, char *buf, size_t n);
 

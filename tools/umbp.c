@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "cmd_tier.h"
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 static const struct cli_command commands[] = {
     {"pool", "create, destroy, list and describe pools", cmd_pool},
@@ -36,7 +36,8 @@ static void usage(FILE *f) {
           "  --help     print this help and exit.\n"
           "\n"
           "Run 'umbp COMMAND --help' for a command's options.\n"
-          "Exit status: 0 success, 1 runtime error, 2 usage error.\n"
+          "Exit status: 0 success, 1 runtime error, 2 usage error, 3 a SIGBUS on a pool\n"
+          "(its file truncated, or its file system full: daemon, inspect, replay, bench).\n"
           "Examples:\n"
           "  umbp pool create kv --capacity 8GiB\n"
           "  umbp daemon kv --capacity 64GiB\n"

@@ -50,7 +50,7 @@
 
 #include "umbp/index.h"
 #include "umbp/pool.h"
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 #ifdef __cplusplus
 extern "C" {

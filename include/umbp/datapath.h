@@ -76,7 +76,7 @@
 
 #include "umbp/index.h"
 #include "umbp/pool.h"
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -95,6 +95,14 @@ enum umbp_dp_backend {
  * initialises the CUDA runtime in a CUDA build (which then does not survive
  * fork()). */
 UMBP_API unsigned umbp_dp_backends(char *why, size_t why_len);
+
+/* Counts, over this process's life, of the copy issues of the CUDA backend:
+ * chunks sent as one cudaMemcpyBatchAsync (*ret_batches), ranges sent one
+ * cudaMemcpyAsync each, the fallback (*ret_ranges), and copy-kernel launches
+ * (*ret_kernels); all 0 without a CUDA backend. Relaxed loads: a snapshot
+ * while copies run. For benchmarks (`umbp bench copy` reports them) and
+ * tests. A NULL pointer is skipped. Any thread. */
+UMBP_API void umbp_dp_cuda_copy_calls(uint64_t *ret_batches, uint64_t *ret_ranges, uint64_t *ret_kernels);
 
 /* ---- layout --------------------------------------------------------------- */
 enum umbp_kv_kind { UMBP_KV_K = 0, UMBP_KV_V = 1, UMBP_KV_KV = 2 /* K and V in one tensor */ };
@@ -159,9 +167,9 @@ enum umbp_dp_cuda_copy {
   /* Loads and pulls (a request waits for them) through the copy kernel when
    * their ranges (one per block and region) average under
    * UMBP_DP_KERNEL_AUTO_MAX bytes; stores (nobody waits) and larger ranges
-   * through the copy engines, which leave the SMs to the model. On an H200
-   * the kernel's device->host writes slowed a concurrent HBM-streaming kernel
-   * 2.5-3.2x, its host->device reads 1.4-1.55x, the copy engines 1.0-1.08x. */
+   * through the copy engines, which leave the SMs to the model: the kernel's
+   * device->host writes slow a concurrent HBM-streaming kernel far more than
+   * the copy engines do (docs/datapath.md, "Measured on a GPU"). */
   UMBP_DP_CUDA_COPY_AUTO = 0,
   /* Copy engines only: cudaMemcpyBatchAsync (one call per stream chunk), or
    * one cudaMemcpyAsync per range. Uses no SM time. */

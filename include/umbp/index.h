@@ -26,22 +26,26 @@
  *    umbp_lookup_pin*, umbp_contains* and umbp_prefix_probe, return -ECHILD
  *    (attach again in the child); the loads-only calls above still read.
  *  - -EUSERS: the calling thread is the 65th thread of its process to use
- *    this pool (UMBP_MAX_THREADS reader lines per process), or it already
- *    uses 8 other pools. Any call that enters a read section or counts can
+ *    this pool (UMBP_MAX_THREADS thread lines per process), or it already
+ *    uses 8 other pools. Any call that counts can
  *    return it (every call taking a read-write handle, umbp_contains* and
  *    umbp_prefix_probe included).
  *  - Not async-signal-safe: a thread's first call takes a process mutex, and
  *    errors format a message.
- *  - umbp_publish(), umbp_ns_register() and eviction spin on short locks in
- *    the segment; a dead holder's lock is taken over, a stopped (SIGSTOP)
- *    holder's is waited for.
+ *  - No call waits for another process, except umbp_ns_register() (off
+ *    the data path), which waits at most 2 s for a live holder of the
+ *    namespace table's lock and then returns -EBUSY naming it; a dead
+ *    holder's lock is taken over. A process stopped anywhere (SIGSTOP, a
+ *    debugger, a frozen cgroup) holds back only its own pins and reserved
+ *    slots.
  *
  * Lookups take no lock and write no key or bucket line; they write only the
- * calling thread's reader line (and counters), and a pin also writes the
- * process's pin byte for the slot and sets the slot's reference bit
- * (meta.ref) when it is clear. A removed block's slot is reused only after
- * every reader in every process that could have seen it has left its read
- * section.
+ * calling thread's line (counters), and a pin also writes the process's pin
+ * byte for the slot and sets the slot's reference bit (meta.ref) when it is
+ * clear. A lookup accepts a slot only if the slot's state word, which
+ * changes on every transition, was the same before and after it compared the
+ * key, so a removed block's slot is free for reuse at once (layout 6; no
+ * grace period).
  *
  * Results go out through ret_ pointers written only on success; errors are
  * negative errno codes and set umbp_last_error() (thread-local) to a message
@@ -112,11 +116,10 @@ UMBP_API int umbp_ns_set_quota(umbp_pool *pool, uint32_t id, uint64_t bytes);
 /* ---- slots ---------------------------------------------------------------- */
 /* Reserve a free slot on partition `part` (-1: the partition with the most
  * free slots) for a block of namespace `ns`. When the partition has none, the
- * call reclaims retired slots, evicts unpinned blocks and reaps dead
- * processes (bounded effort: a few rounds of 2 ms waits) and then fails. Returns 0 and
- * *ret_slot; -EINVAL (NULL argument, no such partition, ns out of range);
- * -ENOSPC (nothing could be freed: the message names what holds the slots,
- * e.g. a stopped reader); -EROFS; -ECHILD; -EUSERS. Ownership: the slot and
+ * call evicts unpinned blocks and reaps dead processes (bounded effort: a
+ * few rounds) and then fails. Returns 0 and *ret_slot; -EINVAL (NULL
+ * argument, no such partition, ns out of range); -ENOSPC (nothing could be
+ * freed: the message says what holds the slots); -EROFS; -ECHILD; -EUSERS. Ownership: the slot and
  * its bytes belong to the calling process (any of its threads) until it
  * publishes or aborts it; if the process dies first, a reaper frees it. */
 UMBP_API int umbp_reserve(umbp_pool *pool, int part, uint32_t ns, uint32_t *ret_slot);
@@ -182,8 +185,8 @@ UMBP_API int umbp_unpin(umbp_pool *pool, uint32_t slot);
 UMBP_API int umbp_unpin_bulk(umbp_pool *pool, unsigned n, const uint32_t *slots);
 /* 1 if key is published, 0 if not; -EINVAL (NULL or bad key), -ECHILD,
  * -EUSERS. Pins nothing: the block may be evicted right after, so this
- * orders nothing about its bytes. Read-only handles too (no read section:
- * bounds-checked loads that may see a slot being reused, never crash). */
+ * orders nothing about its bytes. Read-only handles too (bounds-checked
+ * loads, validated as every lookup's). */
 UMBP_API int umbp_contains(umbp_pool *pool, const umbp_key *key);
 /* Presence of n keys into present[i] (0/1, if present is not NULL); returns
  * the number present (>= 0) or the errors of umbp_contains(). */
@@ -195,8 +198,7 @@ UMBP_API int umbp_prefix_probe(umbp_pool *pool, unsigned n, const umbp_key *keys
 /* ---- removal and eviction ------------------------------------------------- */
 /* Remove key: 0; -ENOENT (absent); -EBUSY (pinned by some process); -EINVAL
  * (NULL or bad key); -EROFS; -ECHILD; -EUSERS. On 0 later lookups miss and a
- * removed event is emitted; the slot is reused only after every reader that
- * could have seen it has left its read section. */
+ * removed event is emitted; the slot is free for reuse at once. */
 UMBP_API int umbp_remove(umbp_pool *pool, const umbp_key *key);
 /* Remove every unpinned published block of ns; returns how many (>= 0;
  * pinned ones stay), or -EINVAL (NULL pool), -EROFS, -ECHILD, -EUSERS. A
@@ -207,16 +209,15 @@ UMBP_API int umbp_clear_ns(umbp_pool *pool, uint32_t ns);
  * -EINVAL (NULL pool, no such partition), -EROFS, -ECHILD, -EUSERS. Each
  * eviction emits a removed event. */
 UMBP_API int umbp_evict(umbp_pool *pool, int part, unsigned want);
-/* Return this process's retired slots whose grace period has passed to the
- * free queues; returns how many (>= 0), or -EINVAL (NULL pool), -EROFS,
- * -ECHILD, -EUSERS. Never waits for a reader: a slot some reader could still
- * see waits for a later call. May issue one membarrier (an IPI to every CPU
- * running a pool process) when it has retired slots. */
+/* Kept for callers written for layouts before 6, where removed slots waited
+ * for a grace period: since layout 6 a removed slot is free at once, so
+ * there is nothing to reclaim. Returns 0, or -EINVAL (NULL pool), -EROFS,
+ * -ECHILD. */
 UMBP_API int umbp_reclaim(umbp_pool *pool);
 
 /* Start this process's background eviction thread: keeps every partition's
  * free slots between low_pct and high_pct of its slots (0: defaults 5 and 10)
- * and reclaims retired slots every period_ms (0: 10). Returns 0; -EBUSY (one
+ * every period_ms (0: 10). Returns 0; -EBUSY (one
  * already runs in this process for this handle); -EINVAL (NULL pool, low_pct
  * >= high_pct or high_pct > 100); -EROFS; -ECHILD; or pthread_create's error
  * (-EAGAIN). Owned by the handle: umbp_pool_detach() stops it. */
@@ -265,7 +266,9 @@ UMBP_API int umbp_counters_part(umbp_pool *pool, unsigned part, umbp_counters *r
 UMBP_API void umbp_counters_flush(umbp_pool *pool);
 
 typedef struct umbp_slot_census {
-  uint64_t free_, reserved, published, evicting, retired, total;
+  uint64_t free_, reserved, published, evicting;
+  uint64_t retired;  /* layouts before 6 only (removed, waiting for a grace period): always 0 */
+  uint64_t total;
   uint64_t pinned;   /* published slots with at least one pin */
   uint64_t in_rings; /* slot ids currently on the free queues */
 } umbp_slot_census;

@@ -39,7 +39,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,6 +50,7 @@ extern "C" {
 #define UMBP_MAX_PROCS 64         /* registry slots */
 #define UMBP_MAX_THREADS 64       /* reader-state slots per process */
 #define UMBP_MAX_NAMESPACES 256
+#define UMBP_ATTACH_TIMEOUT_MS 10000u  /* default wait of an attach for a creator still initialising, ms */
 
 typedef struct umbp_pool umbp_pool;
 
@@ -110,10 +111,10 @@ typedef struct umbp_attach_opts {
   bool read_only;       /* map PROT_READ, claim no registry slot (inspection) */
   int role;             /* enum umbp_role, recorded in the registry */
   int rank;             /* TP rank or -1 */
-  unsigned timeout_ms;  /* wait for a creator still initialising; 0: 10000 */
+  unsigned timeout_ms;  /* wait for a creator still initialising; 0: UMBP_ATTACH_TIMEOUT_MS */
 } umbp_attach_opts;
 
-/* Fill defaults: read-write, UMBP_ROLE_OTHER, rank -1, timeout_ms 10000. Accepts
+/* Fill defaults: read-write, UMBP_ROLE_OTHER, rank -1, UMBP_ATTACH_TIMEOUT_MS. Accepts
  * NULL (does nothing). */
 UMBP_API void umbp_attach_opts_init(umbp_attach_opts *o);
 

@@ -31,7 +31,7 @@
  * in a CUDA build, the CUDA runtime is initialised); do it once per process,
  * not per request.
  *
- * Conventions (see umbp/umbp.h): 0 or a negative errno is returned, results
+ * Conventions (see umbp/common.h): 0 or a negative errno is returned, results
  * go out through trailing ret_ pointers written only on success, and
  * umbp_last_error() holds a sentence naming the cause and the fix.
  * "Count" functions that fill a caller's array return the full count and
@@ -47,7 +47,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 #ifdef __cplusplus
 extern "C" {

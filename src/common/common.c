@@ -114,24 +114,3 @@ uint64_t umbp_fnv1a(const void *p, size_t n, uint64_t seed) {
   return h;
 }
 
-#include <linux/membarrier.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-static _Atomic int membarrier_state; /* 0 unknown, 1 yes, -1 no */
-
-bool umbp_membarrier_supported(void) {
-  int s = atomic_load_explicit(&membarrier_state, memory_order_acquire);
-  if (s) return s > 0;
-  long q = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
-  bool ok = q >= 0 && (q & MEMBARRIER_CMD_GLOBAL_EXPEDITED) &&
-            (q & MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) &&
-            syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
-  atomic_store_explicit(&membarrier_state, ok ? 1 : -1, memory_order_release);
-  return ok;
-}
-
-int umbp_membarrier_global(void) {
-  if (syscall(__NR_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) != 0) return -errno;
-  return 0;
-}

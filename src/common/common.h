@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Internal helpers shared by all modules: error detail, logging, small utils. */
-#ifndef UMBP_COMMON_H
-#define UMBP_COMMON_H
+#ifndef UMBP_INTERNAL_COMMON_H
+#define UMBP_INTERNAL_COMMON_H
 
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 #define UMBP_CACHELINE 64
 #define UMBP_ALIGNED __attribute__((aligned(UMBP_CACHELINE)))
@@ -37,11 +37,5 @@ static inline void umbp_cpu_relax(void) {
 #endif
 }
 
-/* membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) usable here (the calling process
- * registered for it). Cached after the first call. */
-bool umbp_membarrier_supported(void);
-/* Issue a global expedited membarrier: every thread of every registered
- * process executes a full memory barrier before this returns. 0 or -errno. */
-int umbp_membarrier_global(void);
 
 #endif

@@ -264,10 +264,10 @@ int dp_cuda_engine_init(umbp_dp_engine *eng, const umbp_dp_opts *opts) {
   struct cuda_eng *c = calloc(1, sizeof *c);
   if (!c) return umbp_fail(-ENOMEM, "dp cuda: out of memory");
   pthread_mutex_init(&c->mu, NULL);
-  c->nstreams = opts->cuda_streams ? opts->cuda_streams : 2;
+  c->nstreams = opts->cuda_streams ? opts->cuda_streams : DP_CUDA_STREAMS_DEFAULT;
   c->ndev = n < MAX_DEV ? n : MAX_DEV;
   c->copy_mode = opts->cuda_copy;
-  c->kctas = opts->cuda_kernel_ctas ? opts->cuda_kernel_ctas : 16;
+  c->kctas = opts->cuda_kernel_ctas ? opts->cuda_kernel_ctas : DP_KERNEL_CTAS_DEFAULT;
   int rc = dp_ipc_cache_new(ipc_open_cb, ipc_close_cb, NULL, &c->cache);
   if (rc) {
     free(c);

@@ -42,6 +42,14 @@
 #include "datapath/dp_internal.h"
 #include "shm/pool_internal.h"
 
+UMBP_API void umbp_dp_cuda_copy_calls(uint64_t *ret_batches, uint64_t *ret_ranges, uint64_t *ret_kernels) {
+  uint64_t b, r, k;
+  dp_cuda_copy_calls(&b, &r, &k); /* dp_cuda.c, or zeros from dp_nocuda.c */
+  if (ret_batches) *ret_batches = b;
+  if (ret_ranges) *ret_ranges = r;
+  if (ret_kernels) *ret_kernels = k;
+}
+
 /* ---- layout ---------------------------------------------------------------- */
 
 static int region_cmp(const void *a, const void *b) {
@@ -318,6 +326,13 @@ static void host_copy(struct umbp_dp_job *job, unsigned i0, unsigned i1) {
 /* A waiter with at least this much time left copies its own job's queued
  * tasks (umbp_dp_job_wait). */
 #define DP_HELP_MIN_NS (1000ull * 1000 * 1000)
+/* How long umbp_dp_job_wait sleeps at most between looks: a CUDA job is
+ * polled (its events complete without a signal); a host job's last task
+ * signals done_cv, and the bound only caps a wait that missed it. */
+#define DP_CUDA_POLL_NS 50000ull      /* 50 us */
+#define DP_HOST_WAIT_NS 20000000ull   /* 20 ms */
+/* How often umbp_dp_engine_destroy looks again for copies still running. */
+#define DP_DESTROY_POLL_NS 1000000ull /* 1 ms */
 
 /* Run task t, taken off the FIFO by the caller under eng->mu, which it still
  * holds; returns with eng->mu released. The job's last task finishes it. */
@@ -397,19 +412,20 @@ int umbp_dp_engine_create(umbp_pool *pool, const umbp_dp_opts *opts, umbp_dp_eng
   if (!pool || !ret_engine) return umbp_fail(-EINVAL, "dp engine: pool and ret_engine are required");
   if (umbp_pool_proc_slot(pool) < 0)
     return umbp_fail(-EINVAL, "dp engine: the pool handle is read-only; attach read-write to copy blocks");
-  if (opts->threads > 256) return umbp_fail(-EINVAL, "dp engine: %u threads (at most 256)", opts->threads);
+  if (opts->threads > DP_THREADS_MAX)
+    return umbp_fail(-EINVAL, "dp engine: %u threads (at most %u)", opts->threads, DP_THREADS_MAX);
   if (opts->cpus && opts->n_cpus == 0) return umbp_fail(-EINVAL, "dp engine: cpus given with n_cpus 0");
   if (opts->cuda_copy < UMBP_DP_CUDA_COPY_AUTO || opts->cuda_copy > UMBP_DP_CUDA_COPY_KERNEL)
     return umbp_fail(-EINVAL, "dp engine: cuda_copy %d is not a mode (0 auto, 1 dma, 2 kernel)", opts->cuda_copy);
-  if (opts->cuda_kernel_ctas > 1024)
-    return umbp_fail(-EINVAL, "dp engine: cuda_kernel_ctas %u (at most 1024; 0 for the default 16)",
-                     opts->cuda_kernel_ctas);
+  if (opts->cuda_kernel_ctas > DP_KERNEL_CTAS_MAX)
+    return umbp_fail(-EINVAL, "dp engine: cuda_kernel_ctas %u (at most %u; 0 for the default %u)",
+                     opts->cuda_kernel_ctas, DP_KERNEL_CTAS_MAX, DP_KERNEL_CTAS_DEFAULT);
   for (unsigned i = 0; opts->cpus && i < opts->n_cpus; i++)
     if (opts->cpus[i] >= CPU_SETSIZE) return umbp_fail(-EINVAL, "dp engine: cpu %u out of range", opts->cpus[i]);
   umbp_dp_engine *eng = calloc(1, sizeof *eng);
   if (!eng) return umbp_fail(-ENOMEM, "dp engine: out of memory");
   eng->pool = pool;
-  eng->nthreads = opts->threads ? opts->threads : 2;
+  eng->nthreads = opts->threads ? opts->threads : DP_THREADS_DEFAULT;
   pthread_mutex_init(&eng->mu, NULL);
   pthread_cond_init(&eng->work_cv, NULL);
   pthread_cond_init(&eng->done_cv, NULL);
@@ -505,7 +521,7 @@ void umbp_dp_engine_destroy(umbp_dp_engine *eng) {
     if (!empty) {
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += 1000000;
+      ts.tv_nsec += (long)DP_DESTROY_POLL_NS;
       if (ts.tv_nsec >= 1000000000) {
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000;
@@ -795,8 +811,7 @@ int umbp_dp_job_wait(umbp_dp_job *job, uint32_t timeout_ms) {
     if (umbp_dp_job_poll(job) == 0) return 0;
     uint64_t now = umbp_now_ns();
     if (now >= deadline) return -ETIMEDOUT;
-    /* Host jobs signal done_cv; CUDA jobs are polled every 50 us. */
-    uint64_t step = job->grp->cuda ? 50000 : 20000000;
+    uint64_t step = job->grp->cuda ? DP_CUDA_POLL_NS : DP_HOST_WAIT_NS;
     if (deadline - now < step) step = deadline - now;
     pthread_mutex_lock(&eng->mu);
     if (!job->grp->cuda && deadline - now >= DP_HELP_MIN_NS) {

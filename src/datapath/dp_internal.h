@@ -11,6 +11,13 @@
 #include "common/common.h"
 #include "umbp/datapath.h"
 
+/* Limits and defaults of umbp_dp_opts (datapath.h says them to callers). */
+#define DP_THREADS_DEFAULT 2        /* host copy threads for threads 0 */
+#define DP_THREADS_MAX 256
+#define DP_CUDA_STREAMS_DEFAULT 2   /* CUDA streams per device for cuda_streams 0 */
+#define DP_KERNEL_CTAS_DEFAULT 16   /* CTAs per copy-kernel launch for cuda_kernel_ctas 0 */
+#define DP_KERNEL_CTAS_MAX 1024
+
 struct dp_region {
   char *base;
   uint64_t block_bytes, stride;

@@ -64,6 +64,14 @@
 #define IPC_MAJOR 2 /* 2: entries carry alloc_off; a 1.x reader would open the wrong address */
 #define IPC_MINOR 0
 #define IPC_ENTRIES 4096
+/* An attacher that arrives while the creator initialises the table waits
+ * for it to be sized and then for its magic, polling every IPC_WAIT_POLL_US,
+ * IPC_WAIT_TRIES times at most (1 s in all) each. */
+#define IPC_WAIT_POLL_US 1000
+#define IPC_WAIT_TRIES 1000
+/* A reader retries an entry whose seqlock moved under it this many times
+ * before it skips the entry (its owner rewrites it without pause). */
+#define IPC_SEQ_TRIES 100
 
 struct ipc_hdr {
   _Atomic uint64_t magic; /* written last by the creator (release) */
@@ -135,7 +143,7 @@ static int ipc_open(umbp_pool *pool, bool create, struct ipc_map *m) {
     shm_unlink(nm);
     return umbp_fail(-e, "dp ipc: size %s: %s", nm, strerror(e));
   }
-  /* An attacher may arrive before the creator sized the object: wait 1 s. */
+  /* An attacher may arrive before the creator sized the object: wait for it. */
   struct stat st;
   for (int i = 0;; i++) {
     if (fstat(fd, &st) != 0) {
@@ -144,11 +152,11 @@ static int ipc_open(umbp_pool *pool, bool create, struct ipc_map *m) {
       return umbp_fail(-e, "dp ipc: fstat %s: %s", nm, strerror(e));
     }
     if ((uint64_t)st.st_size >= IPC_BYTES) break;
-    if (i >= 1000) {
+    if (i >= IPC_WAIT_TRIES) {
       close(fd);
       return umbp_fail(-EBADMSG, "dp ipc: %s is %lld bytes, want %zu", nm, (long long)st.st_size, IPC_BYTES);
     }
-    usleep(1000);
+    usleep(IPC_WAIT_POLL_US);
   }
   void *p = mmap(NULL, IPC_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -167,12 +175,12 @@ static int ipc_open(umbp_pool *pool, bool create, struct ipc_map *m) {
     return 0;
   }
   for (int i = 0; atomic_load_explicit(&m->h->magic, memory_order_acquire) != IPC_MAGIC; i++) {
-    if (i >= 1000) {
+    if (i >= IPC_WAIT_TRIES) {
       munmap(p, IPC_BYTES);
       return umbp_fail(-EBADMSG, "dp ipc: %s has no valid magic (creator died while initialising?); "
                        "remove it with umbp_dp_ipc_unlink", nm);
     }
-    usleep(1000);
+    usleep(IPC_WAIT_POLL_US);
   }
   if (m->h->major != IPC_MAJOR || m->h->entry_size != sizeof(struct ipc_entry) ||
       m->h->n_entries != IPC_ENTRIES || m->h->hdr_size != sizeof(struct ipc_hdr)) {
@@ -304,7 +312,7 @@ int dp_ipc_find(umbp_pool *pool, unsigned rank, uint16_t group, struct dp_ipc_de
   unsigned found = 0;
   for (unsigned i = 0; i < IPC_ENTRIES; i++) {
     struct ipc_entry *e = &m.e[i];
-    for (int tries = 0; tries < 100; tries++) {
+    for (int tries = 0; tries < IPC_SEQ_TRIES; tries++) {
       uint32_t s1 = atomic_load_explicit(&e->seq, memory_order_acquire);
       uint64_t o = atomic_load_explicit(&e->owner, memory_order_acquire);
       if (!o || !owner_live(o, inc)) break;

@@ -5,20 +5,18 @@
  *
  * Why a kernel: a block object is the concatenation of one range per layer
  * and K/V (16-32 KiB each for common models), and the copy engines pay a
- * fixed cost per range: cudaMemcpyBatchAsync of 13-16 KiB ranges moved 3 GB/s
- * host->device on an H200 (PCIe 5 x16), a pinned cudaMemcpy of the same bytes
- * 53 GB/s. Here one CTA copies one (block, region) range with 16-byte loads
- * and stores (four 16-byte loads in flight per thread).
+ * fixed cost per range, so ranges that small move at a small fraction of a
+ * pinned cudaMemcpy of the same bytes. Here one CTA copies one (block,
+ * region) range with 16-byte loads and stores (four 16-byte loads in flight
+ * per thread).
  *
  * Why few CTAs: a launch's grid is a handful of CTAs (umbp_dp_opts.
  * cuda_kernel_ctas, default 16) striding over its ranges, not one CTA per
- * range. On the H200, 16 CTAs per launch moved 0.74-0.88x of a pinned
- * cudaMemcpy, while one CTA per range (16384 CTAs for 256 MiB of 16 KiB
- * ranges) filled every SM and slowed a concurrent kernel 5-10x; the model's
- * kernels must keep the GPU while the pool copies. Even so the kernel's
- * device->host writes slowed a concurrent HBM-streaming kernel about 3x
- * (host->device reads about 1.5x), which is why auto mode stores through the
- * copy engines (docs/datapath.md).
+ * range: one CTA per range fills every SM and slows the model's kernels,
+ * which must keep the GPU while the pool copies. Even a few CTAs' device->host
+ * writes slow a concurrent HBM-streaming kernel several times more than the
+ * copy engines do, which is why auto mode stores through the copy engines.
+ * The figures behind each choice: docs/datapath.md, "Measured on a GPU".
  *
  * Host memory is read with ld.global.cv (no cached copy can be stale: the
  * CPU of another process may have written the slot since an earlier launch)

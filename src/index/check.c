@@ -23,7 +23,7 @@
  * Why each stable observation is exact (index.c is the reference):
  *  - a way is written only while its slot is RESERVED (publish links, then
  *    stores PUBLISHED) and cleared only while EVICTING (or by a reaper, before
- *    it stores RETIRED), so a way at a stable FREE/RETIRED slot is corruption;
+ *    it frees the slot), so a way at a stable FREE slot is corruption;
  *    a stable PUBLISHED slot was linked for the whole window;
  *  - an overflow count is incremented before a displaced way is linked and
  *    decremented after it is cleared, so count >= displaced entries at every
@@ -31,12 +31,16 @@
  *    overflow load; the reach is reset only when the count reaches 0, which
  *    it cannot while such an entry is linked, so reach >= its distance;
  *  - a slot leaves a free ring only through a consumer claim (the cell turns
- *    READING, still holding it) followed by FREE -> RESERVED; a stable FREE
- *    slot outside every ledger is therefore in exactly one full cell;
- *  - namespace used_slots moves with a slot's counted flag, both under the
- *    namespace's count lock (one store after the other; a holder that died
- *    between them leaves a journal that the next holder or its reaper redoes),
- *    so it may lag by one per thread that is between the two: the
+ *    READING, still holding it) followed by FREE -> RESERVED, or is taken off
+ *    it by a scan while the ring is held up (reserve.c), which leaves the
+ *    off_ring hint set until the scans have found every such slot; a stable
+ *    FREE slot outside every ledger is therefore in a full cell unless that
+ *    hint is set. Entries of slots that are no longer FREE, or twice on a
+ *    ring, are harmless: the state CAS decides who gets a slot;
+ *  - a namespace's count moves with a slot's counted flag: the count word's
+ *    CAS first, the flag after it (a thread that died between them leaves a
+ *    record its reaper finishes, namespaces.c), so the count may lead by one
+ *    per thread that is between the two: the
  *    comparison allows one per registered thread of a claimed registry slot,
  *    plus the slots in flux, and is exact on a quiescent pool.
  */
@@ -175,7 +179,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   /* ---- the scan window ---- */
   reg_snapshot(p, ra, inflight, n, r, true);
   for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++)
-    used_a[i] = atomic_load_explicit(&nss[i].used_slots, memory_order_seq_cst);
+    used_a[i] = NSW_COUNT(atomic_load_explicit(&nss[i].count_word, memory_order_seq_cst));
   snap_states(meta, n, st1);
   for (uint32_t s = 0; s < n; s++) cflag[s] = atomic_load_explicit(&meta[s].counted, memory_order_acquire);
   for (uint32_t b = 0; b < nb; b++)
@@ -212,7 +216,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   }
   snap_states(meta, n, st2);
   for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++)
-    used_b[i] = atomic_load_explicit(&nss[i].used_slots, memory_order_seq_cst);
+    used_b[i] = NSW_COUNT(atomic_load_explicit(&nss[i].count_word, memory_order_seq_cst));
   reg_snapshot(p, rb, inflight, n, r, false);
 
   bool claimed[UMBP_MAX_PROCS], dead[UMBP_MAX_PROCS];
@@ -265,11 +269,17 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
            b, UMBP_OVF_COUNT(ovf[b]), need[b]);
 
   /* ---- slots ---- */
+  bool off_ring_any = false;
+  {
+    const struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+    for (unsigned i = 0; i < h->n_partitions && i < UMBP_MAX_PARTITIONS; i++)
+      off_ring_any |= atomic_load_explicit(&ih->off_ring[i], memory_order_relaxed) != 0;
+  }
   memset(nsc, 0, sizeof nsc);
   for (uint32_t s = 0; s < n; s++) {
     uint64_t w = st2[s];
     unsigned st = ST_STATE(w), own = ST_OWNER(w);
-    if (st > UMBP_SLOT_RETIRED) {
+    if (st >= UMBP_SLOT_RETIRED) { /* RETIRED belongs to layouts before 6 */
       viol(r, "slot %u has state byte %u (word 0x%016llx), which is no known state", s, st, (unsigned long long)w);
       continue;
     }
@@ -282,11 +292,11 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
     case UMBP_SLOT_FREE:
       if (own) viol(r, "slot %u is FREE but names owner %u", s, own);
       if (inflight[s]) break;
-      if (on_ring[s] == 0 && !claimed_cell[s])
+      /* off the ring is allowed while the partition's off_ring hint says
+       * slots were left off a held-up ring (reserves find them by a scan);
+       * on it twice is harmless (the state CAS decides who gets it) */
+      if (on_ring[s] == 0 && !claimed_cell[s] && !off_ring_any)
         viol(r, "slot %u is FREE but on no free ring: its capacity is lost", s);
-      else if (on_ring[s] + claimed_cell[s] > 1)
-        viol(r, "slot %u is on the free rings %u times: two processes could reserve it", s,
-             (unsigned)on_ring[s] + claimed_cell[s]);
       break;
     case UMBP_SLOT_PUBLISHED:
       if (own) viol(r, "slot %u is PUBLISHED but names owner %u", s, own);
@@ -301,12 +311,10 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
     default: break;
     }
     /* the namespace count holds exactly the slots flagged counted (publish
-     * sets the flag with its increment, removal clears it with its decrement,
-     * under the namespace's count lock) */
+     * sets the flag after its increment, removal clears it after its
+     * decrement) */
     if (cflag[s] && meta[s].key.ns < UMBP_MAX_NAMESPACES) nsc[meta[s].key.ns]++;
     if (ways_to[s] > 1) viol(r, "slot %u is reachable from %u ways: one block is indexed twice", s, ways_to[s]);
-    if (st != UMBP_SLOT_FREE && on_ring[s] && !inflight[s])
-      viol(r, "slot %u is %s but also waits on a free ring: a reserve could hand it out again", s, st_name(st));
     if (st == UMBP_SLOT_RESERVED || st == UMBP_SLOT_EVICTING || st == UMBP_SLOT_RETIRED) {
       if (own == 0 || own > UMBP_MAX_PROCS) {
         viol(r, "slot %u is %s by owner id %u, which is no registry slot", s, st_name(st), own);

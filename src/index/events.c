@@ -107,7 +107,7 @@ static void key_from_shm(const struct umbp_key_shm *s, umbp_key *k) {
   k->dcp_rank = s->dcp;
   k->pp_rank = s->pp;
   k->group = s->group;
-  k->hash_len = s->hash_len > UMBP_HASH_MAX ? UMBP_HASH_MAX : s->hash_len;
+  k->hash_len = s->hash_len > UMBP_KEY_HASH_MAX ? UMBP_KEY_HASH_MAX : s->hash_len;
   memcpy(k->hash, s->hash, k->hash_len);
 }
 

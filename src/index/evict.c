@@ -16,17 +16,20 @@
  * A removal moves the slot PUBLISHED -> EVICTING under its own id, checks the
  * pins (pins.c), unlinks the way (table.c), takes the slot out of its
  * namespace's count (namespaces.c), emits the removed event (events.c) and
- * keeps the slot RETIRED on its process's limbo list until a grace period
- * has passed (readers.c). The evictor thread keeps each partition's free
- * slots between the low and high watermarks.
+ * puts the slot back on its free ring at once: no grace period, since
+ * lookups validate what they read (way_check(), index_inline.h). The evictor
+ * thread keeps each partition's free slots between the low and high
+ * watermarks.
  */
 #include "index/index_inline.h"
 
 #include <time.h>
 
-/* Try to take published slot s (state st) out of the index. 0, -EBUSY (pinned
- * or changed meanwhile). why: UMBP_CTR_EVICTIONS or UMBP_CTR_REMOVES. */
-static int try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why) {
+/* Try to take published slot s (state st) out of the index and free it. 0,
+ * -EBUSY (pinned or changed meanwhile). why: the counter to count it under
+ * (UMBP_CTR_EVICTIONS, _REMOVES, _DUPLICATES). emit: announce the removal
+ * (not for a duplicate copy, whose key stays published). */
+int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why, bool emit) {
   struct umbp_index *ix = p->index;
   struct umbp_slot_meta *m = &ix->meta[s];
   uint64_t ev = ST_NEXT(st, UMBP_SLOT_EVICTING, p->owner_id);
@@ -37,21 +40,18 @@ static int try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, 
     atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_PUBLISHED, 0), memory_order_seq_cst);
     return -EBUSY;
   }
-  struct umbp_key_shm k = m->key;
+  struct umbp_key_shm k = m->key; /* ours while EVICTING: no one rewrites it */
   umbp_ix_unlink_way(ix->buckets, ix->nb, s, umbp_key_hash(&k));
-  /* retire_epoch before the state: a reclaimer that sees RETIRED (acquire) sees the epoch */
-  atomic_store_explicit(&m->retire_epoch, (uint32_t)atomic_load_explicit(&ix->ih->epoch, memory_order_seq_cst),
-                        memory_order_relaxed);
+  UMBP_STOP_POINT(UMBP_STOP_REMOVE_UNLINKED);
   /* out of the namespace count (only this process moves an EVICTING slot of its own) */
-  umbp_ix_ns_count_set(p, ix->ns, ix->meta, ix->slot_count, k.ns, s, 0);
+  ns_count_set(ix, t, k.ns, s, 0);
   /* the removed event while still EVICTING: a reaper of ours emits it for an
    * EVICTING slot, so a kill anywhere in here loses no event (one before the
-   * RETIRED store below gets it twice) */
-  umbp_ix_emit(ix, UMBP_EV_REMOVED, &k);
-  atomic_store_explicit(&m->state, ST_NEXT(ev, UMBP_SLOT_RETIRED, p->owner_id), memory_order_release);
+   * free below gets it twice) */
+  if (emit) umbp_ix_emit(ix, UMBP_EV_REMOVED, &k);
   count_ns(ix, t, k.ns, why, 1);
   count_part(ix, t, slot_part(p, s), why, 1);
-  umbp_ix_limbo_push(ix, s);
+  umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
   return 0;
 }
 
@@ -63,15 +63,10 @@ UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
   if (rc) return rc;
   uint64_t h, st = 0;
   if ((rc = key_load(key, &k, &h))) return rc;
-  struct umbp_reader_shm *r = reader_of(ix, t);
-  rd_lock(ix, r);
   uint32_t s = probe(ix, &k, h, &st);
-  rd_unlock(r);
   if (s == UMBP_NO_SLOT) return umbp_fail(-ENOENT, "umbp_remove: no block has this key in namespace %u", k.ns);
-  rc = try_remove(p, t, s, st, UMBP_CTR_REMOVES);
+  rc = umbp_ix_try_remove(p, t, s, st, UMBP_CTR_REMOVES, true);
   if (rc == -EBUSY) return umbp_fail(-EBUSY, "the block is pinned by a reader: retry after it is unpinned");
-  /* reclaim in batches: each grace period costs one membarrier */
-  if (limbo_count(ix) >= reclaim_batch(ix)) umbp_reclaim(p);
   return rc;
 }
 
@@ -84,16 +79,15 @@ UMBP_API int umbp_clear_ns(umbp_pool *p, uint32_t ns) {
   for (uint32_t s = 0; s < ix->slot_count; s++) {
     uint64_t st = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
     if (ST_STATE(st) != UMBP_SLOT_PUBLISHED || ix->meta[s].key.ns != ns) continue;
-    if (try_remove(p, t, s, st, UMBP_CTR_REMOVES) == 0) n++;
+    if (umbp_ix_try_remove(p, t, s, st, UMBP_CTR_REMOVES, true) == 0) n++;
   }
-  umbp_reclaim(p);
   return n;
 }
 
 /* CLOCK over one partition; ns_filter UINT32_MAX: any namespace. */
 int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned want, uint32_t ns_filter) {
   struct umbp_index *ix = p->index;
-  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  const struct umbp_partition_desc *d = &ix->parts[part];
   unsigned done = 0;
   uint64_t budget = 2ull * d->slot_count + 8;
   for (uint64_t i = 0; i < budget && done < want; i++) {
@@ -107,7 +101,7 @@ int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned 
       atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
       continue;
     }
-    if (try_remove(p, t, s, st, UMBP_CTR_EVICTIONS) == 0) done++;
+    if (umbp_ix_try_remove(p, t, s, st, UMBP_CTR_EVICTIONS, true) == 0) done++;
   }
   return (int)done;
 }
@@ -117,17 +111,16 @@ UMBP_API int umbp_evict(umbp_pool *p, int part, unsigned want) {
   struct tl_slot *t;
   int rc = ix_get(p, &ix, &t);
   if (rc) return rc;
-  if (part >= (int)p->hdr->n_partitions) return umbp_fail(-EINVAL, "partition %d does not exist", part);
+  if (part >= (int)ix->n_parts) return umbp_fail(-EINVAL, "partition %d does not exist", part);
   int n = 0;
   /* namespaces over quota give up their own blocks first */
   for (uint32_t ns = 0; ns < UMBP_MAX_NAMESPACES && (unsigned)n < want; ns++) {
     if (!umbp_ix_ns_over_quota(ix, ns)) continue;
-    for (unsigned q = 0; q < p->hdr->n_partitions && (unsigned)n < want; q++)
+    for (unsigned q = 0; q < ix->n_parts && (unsigned)n < want; q++)
       if (part < 0 || (int)q == part) n += umbp_ix_evict_part(p, t, q, want - (unsigned)n, ns);
   }
-  for (unsigned q = 0; q < p->hdr->n_partitions && (unsigned)n < want; q++)
+  for (unsigned q = 0; q < ix->n_parts && (unsigned)n < want; q++)
     if (part < 0 || (int)q == part) n += umbp_ix_evict_part(p, t, q, want - (unsigned)n, UINT32_MAX);
-  umbp_reclaim(p);
   return n;
 }
 
@@ -137,13 +130,12 @@ static void *evictor_main(void *arg) {
   struct umbp_index *ix = p->index;
   while (!atomic_load_explicit(&ix->ev_stop, memory_order_acquire)) {
     umbp_pool_heartbeat(p);
-    for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
-      uint64_t total = p->hdr->partitions[i].slot_count;
+    for (unsigned i = 0; i < ix->n_parts; i++) {
+      uint64_t total = ix->parts[i].slot_count;
       uint64_t low = total * ix->ev_low / 100, high = total * ix->ev_high / 100;
       uint64_t free_n = umbp_ring_count_g(ix->rings[i], &ix->ring_geo[i]);
       if (free_n < low) umbp_evict(p, (int)i, (unsigned)(high - free_n));
     }
-    umbp_reclaim(p);
     struct timespec ts = {ix->ev_period_ms / 1000, (long)(ix->ev_period_ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
   }

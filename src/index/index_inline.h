@@ -2,9 +2,9 @@
 /*
  * index_inline.h — the index's hot-path helpers, static inline (internal).
  *
- * What every lookup, pin and count runs: the thread's slot and reader line
- * (readers.c), read sections, the caller's key in the segment's layout, the
- * bucket probe (table.c), the pin (pins.c) and counting on the thread
+ * What every lookup, pin and count runs: the thread's slot and line
+ * (threads.c), the caller's key in the segment's layout, the bucket probe
+ * and its validation (table.c), the pin (pins.c) and counting on the thread
  * (counters.c). They sit here, not behind calls into the file that owns
  * their concern, because the single-key lookups are bound by a few dozen
  * instructions and one call more shows in `umbp bench index`. Included by the
@@ -22,6 +22,14 @@
 #include "index/index_internal.h"
 #include "shm/ring_claim.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define UMBP_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UMBP_TSAN 1
+#endif
+#endif
+
 /* ---- pins (pins.c) ------------------------------------------------------------ */
 /* Registry slot q's pin byte of slot s (struct umbp_index_hdr.pin_procs and
  * umbp_pin_stride() in index_shm.h). */
@@ -29,7 +37,7 @@ static inline _Atomic uint8_t *pin_at(_Atomic uint8_t *pins, uint64_t stride, un
   return pins + (uint64_t)q * stride + s;
 }
 
-/* ---- thread slots (readers.c) -------------------------------------------------- */
+/* ---- thread slots (threads.c) -------------------------------------------------- */
 /* This thread's slot for ix: reader line and ledger index. NULL: all 64 taken. */
 static inline struct tl_slot *thread_slot(struct umbp_index *ix) {
   struct tl_slot *t = umbp_ix_tl_last;
@@ -45,21 +53,6 @@ static inline void prefetch_w(const void *a) {
 #else
   __builtin_prefetch(a, 1);
 #endif
-}
-
-/* ---- read sections (readers.c) ----------------------------------------------- */
-static inline void rd_lock(struct umbp_index *ix, struct umbp_reader_shm *r) {
-  uint64_t e = atomic_load_explicit(&ix->ih->epoch, memory_order_acquire);
-  /* release: a reclaimer that reads this value (acquire) is ordered after this
-   * thread's previous read section (pairs with umbp_ix_readers_min_epoch()'s acquire loads) */
-  atomic_store_explicit(&r->ctr, e, memory_order_release);
-  if (ix->memb) atomic_signal_fence(memory_order_seq_cst); /* writers' membarrier is our fence */
-  else atomic_thread_fence(memory_order_seq_cst);
-}
-
-static inline void rd_unlock(struct umbp_reader_shm *r) {
-  /* pairs with the acquire load in umbp_ix_readers_min_epoch() */
-  atomic_store_explicit(&r->ctr, 0, memory_order_release);
 }
 
 /* ---- counting (counters.c) --------------------------------------------------- */
@@ -88,9 +81,9 @@ static inline void count_part(struct umbp_index *ix, struct tl_slot *t, int part
  * lookup has just written: one add, no other line written. pin: a
  * umbp_lookup_pin(), whose hit also counts a pin and a hit of the slot's
  * partition. Single hits are bound by how many lookups' cache misses the core
- * keeps in flight: with the count in thread-local memory (one more line
- * written a lookup) they ran at 0.71-0.95x rte_hash, this way at 0.81-1.02x
- * (alternating A/B runs of both builds, 1M keys, ratios paired by repetition). */
+ * keeps in flight, so the count goes on a line the lookup writes anyway
+ * rather than one more (docs/bench-index.md, "Why the hot path looks as it
+ * does"). */
 static inline void count_single(struct umbp_index *ix, struct tl_slot *t, struct umbp_reader_shm *r, uint32_t ns,
                                 bool hit, bool pin, int part) {
   if (UMBP_LIKELY(t->ctr_ns == ns && (!pin || !hit || t->ctr_part == part))) {
@@ -126,13 +119,9 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "key words are little-
  * starts. So the copy is one masked 16-byte store and the 32-byte block
  * hash; what lies past hash_len is cleared. Stored as 16-byte vectors, the
  * width key_eq() loads the copy with, so that store forwarding can serve
- * those loads (a copy stored as 8-byte words measured lower single hits,
- * 0.73-1.05x rte_hash against 0.88-1.16x, in runs whose code placement was
- * not controlled). The hash reloads the words as 8-byte loads, which
- * forwarding serves from the wider stores. Writing the copy directly, not
- * through a second array: 12 instructions fewer a key (callgrind, batched
- * misses: stage 1 76 -> 64 a key; umbp_contains hits 177.7 -> 167.7), and
- * single hits at 0.99x median against 0.90x (eight alternating rounds). */
+ * those loads. The hash reloads the words as 8-byte loads, which forwarding
+ * serves from the wider stores. The copy is written directly, not through a
+ * second array (fewer instructions a key; docs/bench-index.md). */
 static inline uint64_t ld64(const void *p, unsigned i) {
   uint64_t v;
   memcpy(&v, (const char *)p + 8 * i, 8);
@@ -140,7 +129,7 @@ static inline uint64_t ld64(const void *p, unsigned i) {
 }
 
 static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t *h) {
-  if (UMBP_UNLIKELY(!k || k->hash_len - 1u >= UMBP_HASH_MAX)) {
+  if (UMBP_UNLIKELY(!k || k->hash_len - 1u >= UMBP_KEY_HASH_MAX)) {
     memset(out, 0, sizeof *out);
     *h = 0;
     return umbp_ix_key_fail(k);
@@ -157,26 +146,30 @@ static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t
   w[1] &= 0x00ffffffffffffffull;
   memcpy(o, w, 16);
 #endif
-  memcpy(o + 16, b + offsetof(umbp_key, hash), UMBP_HASH_MAX);
-  if (UMBP_UNLIKELY(len < UMBP_HASH_MAX)) memset(o + 16 + len, 0, UMBP_HASH_MAX - len);
+  memcpy(o + 16, b + offsetof(umbp_key, hash), UMBP_KEY_HASH_MAX);
+  if (UMBP_UNLIKELY(len < UMBP_KEY_HASH_MAX)) memset(o + 16 + len, 0, UMBP_KEY_HASH_MAX - len);
   *h = umbp_key_hash6(ld64(o, 0), ld64(o, 1), ld64(o, 2), ld64(o, 3), ld64(o, 4), ld64(o, 5));
   return 0;
 }
 
-/* Word-wise, with one branch on the result instead of one per 16 bytes. With
- * the table in L3 (--keys 262144) single hits went from 0.63-0.77x to
- * 0.94-1.13x rte_hash against the memcmp() form (A/B of both builds). */
+/* Word-wise, with one branch on the result instead of one per 16 bytes (a
+ * memcmp() has a branch per chunk; docs/bench-index.md). */
 static inline bool key_eq(const struct umbp_key_shm *a, const struct umbp_key_shm *b) {
-#if defined(__SSE2__)
+#if defined(__SSE2__) && !defined(UMBP_TSAN)
   /* Three 16-byte loads of each key, as GCC's vectorised loop of the scalar
-   * form below did, without the loop's counter and branch: umbp_contains
-   * hits 167.7 -> 151.7 instructions (callgrind); single hits 1.00x rte_hash
-   * median against 0.97x (eight alternating rounds, code placement equal). */
+   * form below does, without the loop's counter and branch. */
   const __m128i *x = (const __m128i *)(const void *)a, *y = (const __m128i *)(const void *)b;
   __m128i d = _mm_or_si128(_mm_or_si128(_mm_xor_si128(_mm_loadu_si128(x), _mm_loadu_si128(y)),
                                         _mm_xor_si128(_mm_loadu_si128(x + 1), _mm_loadu_si128(y + 1))),
                            _mm_xor_si128(_mm_loadu_si128(x + 2), _mm_loadu_si128(y + 2)));
   return _mm_movemask_epi8(_mm_cmpeq_epi8(d, _mm_setzero_si128())) == 0xffff;
+#elif defined(UMBP_TSAN)
+  /* The slot's key (a) may be rewritten by its next owner while we read it
+   * (way_check() then rejects what was read): relaxed atomic loads, so that
+   * TSan sees the race the state check makes harmless. */
+  uint64_t d = 0;
+  for (unsigned i = 0; i < 6; i++) d |= __atomic_load_n((const uint64_t *)(const void *)a + i, __ATOMIC_RELAXED) ^ ld64(b, i);
+  return d == 0;
 #else
   uint64_t d = 0;
   for (unsigned i = 0; i < 6; i++) d |= ld64(a, i) ^ ld64(b, i);
@@ -184,10 +177,30 @@ static inline bool key_eq(const struct umbp_key_shm *a, const struct umbp_key_sh
 #endif
 }
 
+/* Write key k into slot metadata m (its owner, while RESERVED; see
+ * way_check() for why readers may read it meanwhile). */
+static inline void key_store(struct umbp_slot_meta *m, const struct umbp_key_shm *k) {
+#if defined(UMBP_TSAN)
+  for (unsigned i = 0; i < 6; i++) __atomic_store_n((uint64_t *)(void *)&m->key + i, ld64(k, i), __ATOMIC_RELAXED);
+#else
+  m->key = *k;
+#endif
+}
+
 /* ---- slots and their partitions (index.c) --------------------------------------- */
+/* The partition of slot `slot`, or -1: from the process's private copy of the
+ * partition table where it has one (struct umbp_index), else (a read-only
+ * handle, a reaper inside attach) from the header, bounded. */
 static inline int slot_part(const umbp_pool *p, uint32_t slot) {
+  const struct umbp_index *ix = p->index;
+  if (UMBP_LIKELY(ix != NULL)) {
+    for (unsigned i = 0; i < ix->n_parts; i++)
+      if (slot - ix->parts[i].first_slot < ix->parts[i].slot_count) return (int)i;
+    return -1;
+  }
   const struct umbp_shm_header *h = p->hdr;
-  for (unsigned i = 0; i < h->n_partitions; i++)
+  unsigned n = h->n_partitions < UMBP_MAX_PARTITIONS ? h->n_partitions : UMBP_MAX_PARTITIONS;
+  for (unsigned i = 0; i < n; i++)
     if (slot - h->partitions[i].first_slot < h->partitions[i].slot_count) return (int)i;
   return -1;
 }
@@ -199,15 +212,8 @@ static inline void *part_ring(umbp_pool *p, unsigned part) {
 }
 
 /* ---- probing (table.c) ---------------------------------------------------------- */
-/* Find the slot holding key k (hash h). Caller is inside a read section.
+/* Find the slot holding key k (hash h).
  * Returns the slot or UMBP_NO_SLOT; *ret_st gets the state word seen. */
-#if defined(__SANITIZE_THREAD__)
-#define UMBP_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UMBP_TSAN 1
-#endif
-#endif
 
 #if defined(__x86_64__) && defined(__SSE2__) && !defined(UMBP_TSAN)
 #include <emmintrin.h>
@@ -240,12 +246,9 @@ static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned
  * ways (load factor 0.9) 1 time in 36; its whole signature, 1 in 9000. The
  * single-key probe branches on this mask with its bucket line still in
  * flight, so a chance hint match there is a mispredicted branch that waits
- * for memory. 16 instructions a call more (umbp_contains misses 126.5 ->
- * 142.7, callgrind), and over 7-11 alternating rounds of both builds single
- * hits went 0.85-0.93x -> 0.89-0.98x rte_hash and single misses at load
- * factor 0.9 (one process) 1.00x -> 1.07x (docs/bench-index.md). The batched
- * probe, whose lines were prefetched, keeps the hint mask alone: there the
- * same filter measured batched misses lower (1.14x -> 1.03x, three rounds). */
+ * for memory; the filter costs 16 instructions a call and pays for them
+ * there. The batched probe, whose lines were prefetched, keeps the hint mask
+ * alone: there the filter cost more than it saved (docs/bench-index.md). */
 static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
   unsigned m = bucket_match(b, (uint8_t)sig, ovf);
   const __m128i *sw = (const __m128i *)(const void *)b->slot;
@@ -288,15 +291,30 @@ static inline uint32_t bucket_slot(struct umbp_bucket *b, unsigned w) {
  * chance costs no metadata read. */
 static inline uint32_t way_x(uint32_t v, uint16_t sig) { return v ^ (uint32_t)(sig >> 8) << 24; }
 
+/* Whether published state word st of slot meta m still holds, after the
+ * caller read m's key: the seqlock-style check that replaces grace periods.
+ * Every transition of a slot stores a new state word (its generation bumps),
+ * and the key is written only while the slot is RESERVED, after the CAS that
+ * reserved it (and a release fence, publish()). So a key read between two
+ * loads that both see st was st's key, whole. The acquire fence keeps the key
+ * loads before the second state load (on x86 it is a compiler barrier). */
+static inline bool meta_still(struct umbp_slot_meta *m, uint64_t st) {
+  atomic_thread_fence(memory_order_acquire);
+  return atomic_load_explicit(&m->state, memory_order_relaxed) == st;
+}
+
 /* The slot of way word x (way_x()) if it holds key k published, else
- * UMBP_NO_SLOT. */
+ * UMBP_NO_SLOT; *ret_st: the state word that was validated. The slot may be
+ * removed and reused at any moment (no grace period holds it): the state is
+ * loaded before the key (acquire: the key written before PUBLISHED was
+ * stored is visible) and checked unchanged after it (meta_still()). */
 static inline uint32_t way_check(struct umbp_index *ix, uint32_t x, const struct umbp_key_shm *k, uint64_t *ret_st) {
   uint32_t s = x - 1;
   if (UMBP_UNLIKELY(s >= ix->slot_count)) return UMBP_NO_SLOT; /* empty, or garbage from a buggy writer */
   struct umbp_slot_meta *m = &ix->meta[s];
-  if (!key_eq(&m->key, k)) return UMBP_NO_SLOT;
   uint64_t st = atomic_load_explicit(&m->state, memory_order_acquire);
-  if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) return UMBP_NO_SLOT;
+  if (!key_eq(&m->key, k)) return UMBP_NO_SLOT;
+  if (ST_STATE(st) != UMBP_SLOT_PUBLISHED || !meta_still(m, st)) return UMBP_NO_SLOT;
   *ret_st = st;
   return s;
 }
@@ -345,8 +363,7 @@ static inline struct umbp_reader_shm *reader_of(struct umbp_index *ix, struct tl
 }
 
 /* The caller's index and thread slot. Inlined, its messages out of line
- * (umbp_ix_fail(), index.c): a umbp_lookup_pin() that misses went from 185 to
- * 160 instructions (callgrind; umbp_contains() 149, rte_hash_lookup() 212). */
+ * (umbp_ix_fail(), index.c), so that the fast path stays short. */
 static inline __attribute__((always_inline)) int ix_get(umbp_pool *p, struct umbp_index **ix, struct tl_slot **t) {
   *ix = NULL;
   *t = NULL;
@@ -375,34 +392,15 @@ static inline int pin_slot(struct umbp_index *ix, uint32_t s, uint64_t st) {
   return 0;
 }
 
-/* ---- grace periods (readers.c) ---------------------------------------------------- */
-/* Retired at epoch r (low 32 bits) before the oldest reader epoch min? The
- * window between the two is far below 2^31 reclaims, so the wrapping
- * difference decides. */
-static inline bool epoch_before(uint32_t r, uint64_t min) {
-  if (min == UINT64_MAX) return true;
-  return (int32_t)(r - (uint32_t)min) < 0;
+/* ---- namespace counts (namespaces.c) ---------------------------------------------- */
+/* Move slot s's counted flag to f and namespace ns's count with it, as the
+ * calling thread (its line holds the change's record). */
+static inline void ns_count_set(struct umbp_index *ix, struct tl_slot *t, uint32_t ns, uint32_t s, uint8_t f) {
+  umbp_ix_ns_count_set(ix->lines, &ix->readers[t->tid], (unsigned)ix->p->proc_slot * UMBP_MAX_THREADS + t->tid + 1,
+                       ix->ns, ix->meta, ix->slot_count, ns, s, f);
 }
 
-/* Retired slots that make a remover start a grace period (one membarrier,
- * an IPI to every CPU running a pool process, which costs tens to hundreds of
- * microseconds in a virtual machine): 1/64 of the pool, 8..4096. At most
- * 1/64 of the slots wait for a grace period, and a reserve that finds no free
- * slot reclaims at once. */
-static inline size_t reclaim_batch(const struct umbp_index *ix) {
-  size_t b = ix->slot_count / 64;
-  return b < 8 ? 8 : b > 4096 ? 4096 : b;
-}
-
-/* Retired slots on this process's limbo list, without taking its mutex (a
- * remove asks after every call; with umbp_ix_limbo_push()'s, the two mutex
- * pairs were 4.4-8.8% of a churn writer's time in perf). */
-static inline size_t limbo_count(struct umbp_index *ix) {
-  return atomic_load_explicit(&ix->limbo_n, memory_order_relaxed);
-}
-
-/* ---- owner-id locks (lock.c): release is one store -------------------------------- */
+/* ---- the owner-id lock (lock.c): release is one store ------------------------------ */
 static inline void spin_unlock(_Atomic uint32_t *lock) { atomic_store_explicit(lock, 0, memory_order_release); }
-static inline void bucket_unlock(_Atomic uint16_t *lock) { atomic_store_explicit(lock, 0, memory_order_release); }
 
 #endif

@@ -23,12 +23,9 @@
 #define ST_NEXT(w, state, owner) ST_MAKE(state, owner, ST_GEN(w) + 1)
 
 /* Process-local. The fields every lookup reads come first and are written
- * only at attach; what removers and the evictor write (the limbo list and
- * its mutex, the evictor's state) starts on a cache line of its own
- * (allocated 64-byte aligned): with the mutex on the line that held memb,
- * which rd_lock() reads, a churn writer's limbo_push() spent 11% of the
- * whole run's samples (perf) in its unlock, passing the line back and forth
- * with a reader thread of the same process. */
+ * only at attach; what the evictor writes starts on a cache line of its own
+ * (allocated 64-byte aligned), so that it never takes away a line lookups
+ * read. */
 struct umbp_index {
   umbp_pool *p;
   uint64_t instance; /* unique per process, for thread-local caches */
@@ -40,20 +37,16 @@ struct umbp_index {
   uint64_t pin_stride;
   _Atomic bool pin_bit; /* our bit in ih->pin_procs is set */
   struct umbp_reader_shm *readers; /* this process's row of UMBP_MAX_THREADS */
+  struct umbp_reader_shm *lines;   /* every process's rows (the READERS region) */
   struct umbp_ns_shm *ns;
   struct umbp_counter_row *ctr;    /* this process's row */
   void *events;
   void *rings[UMBP_MAX_PARTITIONS];
   uint32_t slot_count;
   uint64_t slot_size;
-  bool memb;        /* readers rely on the writers' membarrier */
   _Atomic bool ev_stored;
-  _Alignas(64) pthread_mutex_t limbo_mu;
-  uint32_t *limbo;
-  size_t nlimbo, limbo_cap;
-  _Atomic size_t limbo_n; /* nlimbo, stored under limbo_mu, read without it */
   /* evictor thread */
-  pthread_t ev_thread;
+  _Alignas(64) pthread_t ev_thread;
   bool ev_running;
   _Atomic bool ev_stop;
   unsigned ev_low, ev_high, ev_period_ms;
@@ -64,6 +57,11 @@ struct umbp_index {
    * first lines. */
   struct umbp_ring_geo ring_geo[UMBP_MAX_PARTITIONS];
   struct umbp_ring_geo ev_geo;
+  /* The partition table, copied from the header once at attach (validated
+   * there): slot addresses and partitions are computed from this copy, never
+   * from the shared header, which a co-tenant may rewrite. */
+  unsigned n_parts;
+  struct umbp_partition_desc parts[UMBP_MAX_PARTITIONS];
   /* events.c. ev_stored (above) makes publishes call umbp_ix_emit() (set at
    * attach, so that the published-key feed sees every publish); ev_ring_stored
    * is umbp_events_enable_stored(): stored events go into the event ring too.
@@ -224,23 +222,56 @@ extern UMBP_IX_TLS _Thread_local struct tl_slot *umbp_ix_tl_last;
 
 /* index.c */
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_fail(umbp_pool *p);
+/* Test hook: a test's helper process sets umbp_ix_stop_at to a point's
+ * number and stops itself there (raise(SIGSTOP), once), as the kill tests
+ * kill at exact points; 0 in every other process. Only on the paths of
+ * publish and removal (one load of a line no one writes), never a lookup's. */
+enum { UMBP_STOP_NONE, UMBP_STOP_COUNT_APPLIED, UMBP_STOP_PUBLISH_LINKED, UMBP_STOP_REMOVE_UNLINKED };
+extern UMBP_IX_HIDDEN int umbp_ix_stop_at;
+UMBP_IX_HIDDEN __attribute__((cold, noinline)) void umbp_ix_stop_here(void);
+#define UMBP_STOP_POINT(n)                                              \
+  do {                                                                   \
+    if (UMBP_UNLIKELY(umbp_ix_stop_at == (n))) umbp_ix_stop_here();      \
+  } while (0)
+
+/* ---- the index as a module of the segment (shm/module.h) --------------------
+ * The segment layer calls these through umbp_index_module (index.c), listed
+ * in src/modules.c; it never names them. */
+struct umbp_shm_module;
+extern const struct umbp_shm_module umbp_index_module;
+/* init: initialise the index regions of a fresh segment (creator only). */
+int umbp_index_init_regions(umbp_pool *p);
+/* attach/detach: this process's index state (read-write handles). */
+int umbp_index_attach_hook(umbp_pool *p);
+void umbp_index_detach_hook(umbp_pool *p);
+/* reap: release what a dead process left (pins, reservations, thread lines,
+ * ring claims); the caller holds the dead registry slot's lock (reap.c). */
+void umbp_index_reap_proc(umbp_pool *p, unsigned slot);
+/* forget: free the index state a fork() child's handle still points at (its
+ * parent's copy; nothing in the segment is written). */
+void umbp_index_forget(umbp_pool *p);
+/* Free slots on partition part's ring (the private geometry of the ring when
+ * this process has index state). */
+uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part);
+/* The key hash and bucket-home functions' results on fixed inputs: the part
+ * of the index's ABI fingerprint that says every process places keys alike
+ * (sizes alone do not). */
+uint64_t umbp_index_abi_part(void);
 
 /* table.c */
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_key_fail(const umbp_key *k);
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_pin_overflow_fail(uint32_t s);
+UMBP_IX_HIDDEN uint32_t umbp_ix_probe_other(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h,
+                                            uint32_t self, uint64_t *ret_st);
 UMBP_IX_HIDDEN uint32_t umbp_ix_probe_far(struct umbp_index *ix, const struct umbp_key_shm *k, uint32_t home,
                                           uint16_t sig, unsigned ovf, uint64_t *ret_st, bool pin);
 UMBP_IX_HIDDEN bool umbp_ix_relink_hint(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h);
 UMBP_IX_HIDDEN bool umbp_ix_unlink_way(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h);
 
-/* readers.c */
+/* threads.c */
 UMBP_IX_HIDDEN struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix);
 UMBP_IX_HIDDEN void umbp_ix_instance_add(struct umbp_index *ix);
 UMBP_IX_HIDDEN void umbp_ix_instance_remove(struct umbp_index *ix);
-UMBP_IX_HIDDEN int umbp_ix_limbo_push(struct umbp_index *ix, uint32_t s);
-UMBP_IX_HIDDEN uint64_t umbp_ix_readers_min_epoch(umbp_pool *p, bool memb);
-UMBP_IX_HIDDEN int umbp_ix_reclaim_wait(umbp_pool *p, uint64_t budget_ns);
-UMBP_IX_HIDDEN int umbp_ix_oldest_reader(umbp_pool *p, unsigned *ret_slot, unsigned *ret_tid, uint64_t *ret_epoch);
 
 /* pins.c */
 UMBP_IX_HIDDEN bool umbp_ix_pins_clear(_Atomic uint8_t *pins, uint64_t stride, struct umbp_index_hdr *ih, uint32_t s);
@@ -249,14 +280,27 @@ UMBP_IX_HIDDEN void umbp_ix_pins_drop_proc(_Atomic uint8_t *pins, uint64_t strid
 UMBP_IX_HIDDEN __attribute__((cold)) void umbp_ix_pin_bit_set(struct umbp_index *ix);
 
 /* lock.c */
-UMBP_IX_HIDDEN void umbp_ix_spin_lock_owner(umbp_pool *p, _Atomic uint32_t *lock);
-UMBP_IX_HIDDEN void umbp_ix_bucket_lock(umbp_pool *p, _Atomic uint16_t *lock);
+/* How long a namespace registration waits for a live holder of the table's
+ * lock before it gives up with -EBUSY (the critical section takes
+ * microseconds: only a stopped or frozen holder keeps it this long). */
+#define UMBP_NS_LOCK_WAIT_NS (2000ull * 1000000ull)
+/* Spin rounds before a lock waiter sleeps between tries, and how long. */
+#define UMBP_LOCK_SPINS_BEFORE_SLEEP 100000u
+#define UMBP_LOCK_SLEEP_NS 50000L
+UMBP_IX_HIDDEN int umbp_ix_spin_lock_owner(umbp_pool *p, _Atomic uint32_t *lock, const char *what);
+UMBP_IX_HIDDEN void umbp_ix_proc_describe(umbp_pool *p, unsigned q, char *buf, size_t n);
 
 /* namespaces.c */
-UMBP_IX_HIDDEN void umbp_ix_ns_count_set(umbp_pool *p, struct umbp_ns_shm *nss, struct umbp_slot_meta *meta,
-                                         uint32_t slot_count, uint32_t ns, uint32_t s, uint8_t f);
-UMBP_IX_HIDDEN void umbp_ix_ns_count_locks_reap(umbp_pool *p, struct umbp_ns_shm *nss, struct umbp_slot_meta *meta,
-                                                uint32_t slot_count, uint32_t dead);
+UMBP_IX_HIDDEN void umbp_ix_ns_count_begin(struct umbp_reader_shm *rec, uint32_t ns, uint32_t s, uint8_t f);
+UMBP_IX_HIDDEN void umbp_ix_ns_count_apply(struct umbp_reader_shm *lines, struct umbp_ns_shm *n,
+                                           const struct umbp_reader_shm *rec, unsigned me);
+UMBP_IX_HIDDEN void umbp_ix_ns_count_end(struct umbp_reader_shm *rec, struct umbp_slot_meta *meta);
+UMBP_IX_HIDDEN void umbp_ix_ns_count_set(struct umbp_reader_shm *lines, struct umbp_reader_shm *rec, unsigned me,
+                                         struct umbp_ns_shm *nss, struct umbp_slot_meta *meta, uint32_t slot_count,
+                                         uint32_t ns, uint32_t s, uint8_t f);
+UMBP_IX_HIDDEN void umbp_ix_ns_count_records_reap(struct umbp_reader_shm *lines, struct umbp_ns_shm *nss,
+                                                  struct umbp_slot_meta *meta, uint32_t slot_count, unsigned q);
+UMBP_IX_HIDDEN uint64_t umbp_ix_ns_used(const struct umbp_ns_shm *n);
 UMBP_IX_HIDDEN bool umbp_ix_ns_over_quota(struct umbp_index *ix, uint32_t ns);
 
 /* events.c */
@@ -266,10 +310,19 @@ UMBP_IX_HIDDEN void umbp_ix_feed_init(struct umbp_index *ix);
 UMBP_IX_HIDDEN void umbp_ix_feed_fini(struct umbp_index *ix);
 
 /* evict.c */
+UMBP_IX_HIDDEN int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why, bool emit);
 UMBP_IX_HIDDEN int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned want,
                                       uint32_t ns_filter);
 
 /* reserve.c */
+/* How long a free waits for a held-up free ring before it leaves the slot
+ * off the ring, and how long a reserve retries a ring that holds entries it
+ * cannot take before it scans the state words (reserve.c's design note). */
+#define UMBP_FREE_RING_WAIT_NS (20ull * 1000000ull)
+#define UMBP_RESERVE_STUCK_NS (2ull * 1000000ull)
+/* After a reserve found a ring held up, this process's later reserves on it
+ * scan at once for this long instead of retrying first. */
+#define UMBP_RESERVE_STUCK_MEMO_NS (50ull * 1000000ull)
 UMBP_IX_HIDDEN int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret);
 UMBP_IX_HIDDEN void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                                       uint16_t as_owner);

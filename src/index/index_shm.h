@@ -9,9 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "umbp/index.h" /* UMBP_KEY_HASH_MAX: the key's hash bytes in the segment are the public key's */
 #include "umbp/pool.h"
 
-#define UMBP_HASH_MAX 32
 #define UMBP_BUCKET_WAYS 12
 #define UMBP_MAX_PROBE 16 /* buckets a key may live from its home */
 /* Buckets for a pool of n slots: n/8, 1.5 ways a slot, so a full pool fills
@@ -29,7 +29,7 @@ struct umbp_key_shm {
   uint16_t group;
   uint8_t hash_len;
   uint8_t pad;
-  uint8_t hash[UMBP_HASH_MAX];
+  uint8_t hash[UMBP_KEY_HASH_MAX];
 };
 _Static_assert(sizeof(struct umbp_key_shm) == 48, "key frozen");
 
@@ -40,18 +40,23 @@ enum umbp_slot_state {
   UMBP_SLOT_RESERVED = 1,  /* owned by one process, bytes being written */
   UMBP_SLOT_PUBLISHED = 2, /* in the index, readable, pinnable */
   UMBP_SLOT_EVICTING = 3,  /* an evictor/remover won it; pins are being checked */
-  UMBP_SLOT_RETIRED = 4,   /* out of the index; waiting for a grace period */
+  UMBP_SLOT_RETIRED = 4,   /* layouts before 6 only (a removed slot waiting for a grace period);
+                            * no slot enters it since layout 6, where a removed slot is FREE at once */
 };
 
 /* One cache line: a hit reads its state and key from a single line. */
 struct umbp_slot_meta {
   _Atomic uint64_t state;  /* state | owner << 8 | gen << 24 */
-  struct umbp_key_shm key; /* valid from publish until reuse */
-  _Atomic uint32_t retire_epoch; /* for RETIRED: low 32 bits of the grace-period token */
+  /* Written by the slot's owner while RESERVED, before the release store of
+   * PUBLISHED; a lookup trusts what it read only if the state word is the
+   * same PUBLISHED word before and after its reads (way_check()). */
+  struct umbp_key_shm key;
+  uint32_t reserved; /* the grace-period token of layouts before 6 */
   _Atomic uint8_t ref;     /* CLOCK reference bit */
-  /* 1 while the slot is counted in its namespace's used_slots: changed only
-   * together with that count, under the namespace's count lock (umbp_ix_ns_count_set()
-   * in namespaces.c), so a reaper repeating a dead process's step never counts twice */
+  /* 1 while the slot is counted in its namespace's block count: set by the
+   * slot's owner right after its count change is applied (umbp_ix_ns_count_set()
+   * in namespaces.c; a reaper finishes a dead owner's), so a reaper repeating a
+   * dead process's step never counts twice */
   _Atomic uint8_t counted;
   uint8_t pad[2];
 };
@@ -75,7 +80,7 @@ _Static_assert(sizeof(struct umbp_slot_meta) == 64, "slot meta is one cache line
 #define UMBP_WAY_SIG_HI(v) ((v) >> 24)
 struct umbp_bucket {
   _Atomic uint8_t sig[UMBP_BUCKET_WAYS];  /* low byte of each way's signature; 0 no key */
-  _Atomic uint16_t lock;                  /* inserter's owner id, 0 free */
+  _Atomic uint16_t reserved;              /* the inserters' lock of layouts before 6; 0 */
   _Atomic uint16_t overflow;              /* keys homed here that live in later buckets: count | reach << 8 */
   _Atomic uint32_t slot[UMBP_BUCKET_WAYS]; /* 0 empty; else sig_hi << 24 | (slot + 1) */
 };
@@ -83,7 +88,7 @@ _Static_assert(sizeof(struct umbp_bucket) == 64, "bucket is one cache line");
 _Static_assert(offsetof(struct umbp_bucket, slot) == 16, "bucket frozen");
 
 /* Pins: one byte per (process, slot), a slot is pinned iff any is non-zero.
- * Process-major (layout 5.0): registry slot q's bytes are one dense array of
+ * Process-major: registry slot q's bytes are one dense array of
  * umbp_pin_stride(slots) bytes at q * stride, 1 MiB for 1M slots, so a pin
  * touches a line of its own process's array (64 slots a line, written by that
  * process only) in a region that caches and TLBs hold, instead of a line per
@@ -92,17 +97,32 @@ _Static_assert(offsetof(struct umbp_bucket, slot) == 16, "bucket frozen");
 static inline uint64_t umbp_pin_stride(uint64_t slots) { return (slots + 63) & ~(uint64_t)63; }
 static inline uint64_t umbp_pin_region_bytes(uint64_t slots) { return (uint64_t)UMBP_MAX_PROCS * umbp_pin_stride(slots); }
 
-/* Reader state for grace periods: one cache line per (process, thread). */
+/* A thread's line: one per (process, thread), 128 bytes. The first line is
+ * written by the owning thread only; the second, `applied`, by other threads
+ * (namespaces.c), kept apart so that their writes do not take away the line
+ * every lookup writes. */
 struct umbp_reader_shm {
-  _Atomic uint64_t ctr; /* 0: offline; else the epoch the reader entered at */
   /* The owning thread's single-key lookups not yet added to its process's
    * counter row: lookups in the low 32 bits, hits in the high 32. Written and
    * read by that thread only, on the line each lookup writes anyway (see
    * count_single() in index_inline.h); other processes never read it. */
   uint64_t pend_lookups;
   uint64_t pend_pins; /* of those hits, the pins (single umbp_lookup_pin) */
-  uint64_t pad[5];
+  /* The namespace-count change this thread is making (namespaces.c): valid
+   * while rec_slot != 0 (stored last, release); the reaper of a dead process
+   * finishes it. rec_seq numbers the thread's changes (low 19 bits used). */
+  _Atomic uint32_t rec_slot; /* 1 + the slot whose counted flag changes; 0 none */
+  _Atomic uint32_t rec_ns;
+  _Atomic uint32_t rec_seq;
+  _Atomic uint8_t rec_flag; /* the flag it is set to: 1 counted in, 0 out */
+  uint8_t pad0[3];
+  uint64_t pad1[4];
+  /* The newest of this thread's changes that another thread saw applied
+   * (it replaced the namespace's count word that named it). */
+  _Atomic uint32_t applied __attribute__((aligned(64)));
+  uint32_t pad2[15];
 };
+_Static_assert(sizeof(struct umbp_reader_shm) == 128, "thread line frozen");
 
 struct umbp_ns_shm {
   _Atomic uint32_t state; /* 0 free, 1 in use */
@@ -113,22 +133,21 @@ struct umbp_ns_shm {
   uint64_t reserved2;
   char name[136];
   uint8_t pad[192 - 168];
-  /* The block count and its journal, one line (layout 5.0; before, the count
-   * was a bare fetch-add counter, and a process killed between a slot's
-   * counted flag and that add left it off by one for good). used_slots and
-   * the counted flags of the namespace's slots change only under cnt_lock
-   * (owner id, 0 free), and only after the journal (cnt_old, cnt_flag, then
-   * cnt_slot = slot + 1; 0: none, as a new segment's zeroes) names the change: whoever takes the lock
-   * next from a dead holder redoes it (umbp_ix_ns_count_set() in namespaces.c). */
-  _Atomic uint64_t used_slots;
-  _Atomic uint64_t cnt_old;  /* used_slots before the journaled change */
-  _Atomic uint32_t cnt_lock;
-  _Atomic uint32_t cnt_slot; /* 1 + the slot whose counted flag is changing; 0 none */
-  _Atomic uint8_t cnt_flag;  /* the flag it is set to: 1 counted in, 0 out */
-  uint8_t pad2[256 - 217];
+  /* The block count, lock-free (namespaces.c): the count (low 32 bits), the
+   * thread whose change made this value (NSW_WRITER: process row * 64 +
+   * thread + 1; 0 none) and that change's sequence number (NSW_SEQ). */
+  _Atomic uint64_t count_word;
+  uint8_t pad2[256 - 200];
 };
 _Static_assert(sizeof(struct umbp_ns_shm) == 256, "namespace frozen");
-_Static_assert(offsetof(struct umbp_ns_shm, used_slots) % 64 == 0, "the count and its journal share a line");
+_Static_assert(offsetof(struct umbp_ns_shm, count_word) % 64 == 0, "the count word has a line of its own");
+#define NSW_SEQ_BITS 19
+#define NSW_SEQ_MASK ((1u << NSW_SEQ_BITS) - 1)
+#define NSW_COUNT(w) ((uint32_t)(w))
+#define NSW_WRITER(w) ((unsigned)((w) >> 32) & 0x1fffu)
+#define NSW_SEQ(w) ((uint32_t)((w) >> 45) & NSW_SEQ_MASK)
+#define NSW_MAKE(c, wr, seq) \
+  ((uint64_t)(uint32_t)(c) | (uint64_t)((wr) & 0x1fffu) << 32 | (uint64_t)((seq) & NSW_SEQ_MASK) << 45)
 
 enum umbp_counter_id {
   UMBP_CTR_LOOKUPS = 0,
@@ -158,12 +177,17 @@ struct umbp_event_shm {
 _Static_assert(sizeof(struct umbp_event_shm) == 56, "event frozen");
 
 struct umbp_index_hdr {
-  _Atomic uint64_t epoch __attribute__((aligned(64))); /* grace-period token */
+  _Atomic uint64_t reserved_epoch __attribute__((aligned(64))); /* the grace-period token of layouts before 6 */
   _Atomic uint32_t ns_lock __attribute__((aligned(64)));
   _Atomic uint32_t n_namespaces;
   _Atomic uint32_t evict_lock __attribute__((aligned(64)));
   _Atomic uint32_t clock_hand[UMBP_MAX_PARTITIONS] __attribute__((aligned(64)));
-  _Atomic uint64_t retired_count __attribute__((aligned(64))); /* unused (a census counts retired slots) */
+  /* Per partition: free slots left off the free ring because a stalled
+   * process held the ring up (a hint: reserves then scan for FREE slots,
+   * reserve.c), and where that scan goes on from. */
+  _Atomic uint32_t off_ring[UMBP_MAX_PARTITIONS] __attribute__((aligned(64)));
+  _Atomic uint32_t scan_hand[UMBP_MAX_PARTITIONS];
+  _Atomic uint64_t reserved_retired __attribute__((aligned(64))); /* unused */
   _Atomic uint64_t low_watermark_pct;  /* eviction starts below this % free */
   _Atomic uint64_t high_watermark_pct; /* and stops at this % free */
   /* bit q: registry slot q may hold pins (set before its first pin, cleared

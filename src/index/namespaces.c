@@ -5,12 +5,22 @@
  *
  * Design note.
  *
- * Block counts. A namespace's used_slots (its blocks, for quotas and
- * umbp_ns_info_get) counts the slots whose counted flag is set; the flag and
- * the count change together under the namespace's count lock, after a journal
- * entry that the next holder redoes if the last one died in between (see
- * umbp_ix_ns_count_set()). This holds the count exact across kills: a bare
- * fetch-add left it off by one when a kill fell between flag and add.
+ * Block counts. A namespace's block count (umbp_ns_info_get, quotas) counts
+ * the slots whose counted flag is set. Flag and count are two words that a
+ * process may be killed or stopped between, so neither a lock (a stopped
+ * holder would block every publish and removal in the namespace) nor a bare
+ * fetch-add (a kill between flag and add leaves the count off by one for
+ * good) will do. Instead the count lives in one 64-bit word with the identity
+ * of the last change: (count, writer thread, that writer's sequence number),
+ * changed by CAS only. A thread first writes a record of its change in its
+ * own thread line (rec_*: namespace, slot, new flag, sequence number), then
+ * CASes the count word, then sets the flag. Whoever replaces a count word
+ * that names another thread first acknowledges that thread's change in that
+ * thread's line (`applied`). So a change was applied iff the count word still
+ * names it or its thread's `applied` says so, and the reaper of a dead thread
+ * finishes a recorded change exactly: set the flag if it was applied, nothing
+ * if not (the flag is set only after the CAS). No thread ever waits for
+ * another: a stopped writer holds nothing but its own record.
  *
  * Namespaces live in a table of UMBP_MAX_NAMESPACES entries in the segment;
  * an id is a table position, stable for the pool's life. Registering takes
@@ -20,71 +30,96 @@
  */
 #include "index/index_inline.h"
 
-/* ---- namespace block counts ------------------------------------------------
- * A namespace's used_slots counts its slots whose counted flag is 1 (set at
- * publish, cleared when the slot leaves the index). The flag and the count are
- * two words, so a process killed between the two stores would leave the count
- * off by one for the pool's life (it did, with a bare fetch-add: 1 kill in ~300
- * of the kill test under ASan). So both change under the namespace's count
- * lock and after a journal entry (struct umbp_ns_shm): cnt_old (the count
- * before), cnt_flag (the new flag), then cnt_slot = slot + 1 marks it valid.
- * Only a lock holder writes any of these words, so a holder that finds a valid
- * journal knows the previous holder died inside the change and redoes it with
- * absolute stores: flag = cnt_flag, count = cnt_old +- 1. That is right
- * whether the dead holder got to neither store, one or both, and a redoer
- * killed in turn leaves the same journal for the next. A journal written only
- * in part is not yet valid (cnt_slot is stored last) and nothing else was
- * written. A dead holder's lock is taken over as bucket locks are
- * (lock_wait()), or released by its reaper after the same redo. */
-static void ns_count_redo(struct umbp_ns_shm *n, struct umbp_slot_meta *meta, uint32_t slot_count) {
-  uint32_t j = atomic_load_explicit(&n->cnt_slot, memory_order_relaxed);
-  if (!j) return;
-  uint8_t f = atomic_load_explicit(&n->cnt_flag, memory_order_relaxed);
-  uint64_t old = atomic_load_explicit(&n->cnt_old, memory_order_relaxed);
-  if (j - 1 < slot_count) atomic_store_explicit(&meta[j - 1].counted, f, memory_order_relaxed);
-  atomic_store_explicit(&n->used_slots, f ? old + 1 : old - 1, memory_order_relaxed);
-  atomic_store_explicit(&n->cnt_slot, 0, memory_order_relaxed);
+/* ---- namespace block counts (design note above) ----------------------------- */
+/* Whether sequence number a is newer than b (19-bit, wrapping). */
+static bool seq_newer(uint32_t a, uint32_t b) {
+  return (int32_t)((a - b) << (32 - NSW_SEQ_BITS)) > 0;
 }
 
-static void ns_count_lock(umbp_pool *p, struct umbp_ns_shm *n, struct umbp_slot_meta *meta, uint32_t slot_count) {
-  umbp_ix_spin_lock_owner(p, &n->cnt_lock);
-  ns_count_redo(n, meta, slot_count);
+/* Tell thread line `line` (0-based index in the readers region) that its change
+ * seq was applied: it is, since the count word we are about to replace names it. */
+static void ack(struct umbp_reader_shm *lines, unsigned line, uint32_t seq) {
+  _Atomic uint32_t *a = &lines[line].applied;
+  uint32_t cur = atomic_load_explicit(a, memory_order_seq_cst);
+  while (seq_newer(seq, cur))
+    if (atomic_compare_exchange_weak_explicit(a, &cur, seq, memory_order_seq_cst, memory_order_seq_cst)) break;
+}
+
+void umbp_ix_ns_count_begin(struct umbp_reader_shm *rec, uint32_t ns, uint32_t s, uint8_t f) {
+  uint32_t seq = (atomic_load_explicit(&rec->rec_seq, memory_order_relaxed) + 1) & NSW_SEQ_MASK;
+  atomic_store_explicit(&rec->rec_ns, ns, memory_order_relaxed);
+  atomic_store_explicit(&rec->rec_flag, f, memory_order_relaxed);
+  atomic_store_explicit(&rec->rec_seq, seq, memory_order_relaxed);
+  /* seq_cst: the record is valid before our CAS can be seen (a reaper that
+   * finds the count word naming us finds the record) */
+  atomic_store_explicit(&rec->rec_slot, s + 1, memory_order_seq_cst);
+}
+
+void umbp_ix_ns_count_apply(struct umbp_reader_shm *lines, struct umbp_ns_shm *n, const struct umbp_reader_shm *rec,
+                            unsigned me) {
+  uint32_t seq = atomic_load_explicit(&rec->rec_seq, memory_order_relaxed);
+  uint8_t f = atomic_load_explicit(&rec->rec_flag, memory_order_relaxed);
+  uint64_t w = atomic_load_explicit(&n->count_word, memory_order_seq_cst);
+  for (;;) {
+    unsigned wr = NSW_WRITER(w);
+    if (wr && wr != me && wr <= UMBP_MAX_PROCS * UMBP_MAX_THREADS) ack(lines, wr - 1, NSW_SEQ(w));
+    uint64_t nw = NSW_MAKE(NSW_COUNT(w) + (f ? 1u : (uint32_t)-1), me, seq);
+    /* seq_cst: after the ack above (a reaper reads the word, then `applied`) */
+    if (atomic_compare_exchange_weak_explicit(&n->count_word, &w, nw, memory_order_seq_cst, memory_order_seq_cst))
+      return;
+  }
+}
+
+void umbp_ix_ns_count_end(struct umbp_reader_shm *rec, struct umbp_slot_meta *meta) {
+  uint32_t s = atomic_load_explicit(&rec->rec_slot, memory_order_relaxed) - 1;
+  atomic_store_explicit(&meta[s].counted, atomic_load_explicit(&rec->rec_flag, memory_order_relaxed),
+                        memory_order_release);
+  atomic_store_explicit(&rec->rec_slot, 0, memory_order_release);
 }
 
 /* Set slot s's counted flag to f (0 or 1), moving namespace ns's count with
- * it; nothing when the flag already is f. The caller owns the slot's state
- * (RESERVED or EVICTING under its id, or a dead owner's, as its reaper), so no
- * one else changes this flag meanwhile. */
-void umbp_ix_ns_count_set(umbp_pool *p, struct umbp_ns_shm *nss, struct umbp_slot_meta *meta, uint32_t slot_count,
-                          uint32_t ns, uint32_t s, uint8_t f) {
+ * it; nothing when the flag already is f. rec: the calling thread's line (or,
+ * for a reaper, a line of the dead process), `me` its writer number. The
+ * caller owns the slot's state (RESERVED or EVICTING under its id, or a dead
+ * owner's, as its reaper), so no one else changes this flag meanwhile. */
+void umbp_ix_ns_count_set(struct umbp_reader_shm *lines, struct umbp_reader_shm *rec, unsigned me,
+                          struct umbp_ns_shm *nss, struct umbp_slot_meta *meta, uint32_t slot_count, uint32_t ns,
+                          uint32_t s, uint8_t f) {
   if (ns >= UMBP_MAX_NAMESPACES || s >= slot_count) return;
   if (atomic_load_explicit(&meta[s].counted, memory_order_relaxed) == f) return;
-  struct umbp_ns_shm *n = &nss[ns];
-  ns_count_lock(p, n, meta, slot_count);
-  uint64_t old = atomic_load_explicit(&n->used_slots, memory_order_relaxed);
-  atomic_store_explicit(&n->cnt_old, old, memory_order_relaxed);
-  atomic_store_explicit(&n->cnt_flag, f, memory_order_relaxed);
-  /* release: a redoer that sees the journal valid sees its fields (x86 keeps
-   * stores in order anyway; this names the order for the compiler and others) */
-  atomic_store_explicit(&n->cnt_slot, s + 1, memory_order_release);
-  atomic_store_explicit(&meta[s].counted, f, memory_order_release);
-  atomic_store_explicit(&n->used_slots, f ? old + 1 : old - 1, memory_order_release);
-  atomic_store_explicit(&n->cnt_slot, 0, memory_order_release);
-  spin_unlock(&n->cnt_lock);
+  umbp_ix_ns_count_begin(rec, ns, s, f);
+  umbp_ix_ns_count_apply(lines, &nss[ns], rec, me);
+  UMBP_STOP_POINT(UMBP_STOP_COUNT_APPLIED);
+  umbp_ix_ns_count_end(rec, meta);
 }
 
-/* A dead process's count locks (called by its reaper): taken over (unless a
- * live process took one over first and so redoes it), redone, released. */
-void umbp_ix_ns_count_locks_reap(umbp_pool *p, struct umbp_ns_shm *nss, struct umbp_slot_meta *meta,
-                                 uint32_t slot_count, uint32_t dead) {
-  for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++) {
-    uint32_t cur = dead;
-    if (!atomic_compare_exchange_strong_explicit(&nss[i].cnt_lock, &cur, p->owner_id, memory_order_acquire,
-                                                 memory_order_relaxed))
-      continue;
-    ns_count_redo(&nss[i], meta, slot_count);
-    spin_unlock(&nss[i].cnt_lock);
+/* Finish the count changes the threads of dead registry slot q recorded
+ * (called by its reaper, before it changes any count itself): a change the
+ * count word took gets its flag, one it did not take is dropped. */
+void umbp_ix_ns_count_records_reap(struct umbp_reader_shm *lines, struct umbp_ns_shm *nss,
+                                   struct umbp_slot_meta *meta, uint32_t slot_count, unsigned q) {
+  for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
+    struct umbp_reader_shm *rec = &lines[q * UMBP_MAX_THREADS + t];
+    uint32_t s1 = atomic_load_explicit(&rec->rec_slot, memory_order_seq_cst);
+    if (!s1) continue;
+    uint32_t ns = atomic_load_explicit(&rec->rec_ns, memory_order_relaxed);
+    uint32_t seq = atomic_load_explicit(&rec->rec_seq, memory_order_relaxed);
+    if (ns < UMBP_MAX_NAMESPACES && s1 - 1 < slot_count) {
+      /* the word first, then `applied`: a thread that replaced a word naming
+       * this change acknowledged it before its CAS */
+      uint64_t w = atomic_load_explicit(&nss[ns].count_word, memory_order_seq_cst);
+      bool applied = (NSW_WRITER(w) == q * UMBP_MAX_THREADS + t + 1 && NSW_SEQ(w) == seq) ||
+                     atomic_load_explicit(&rec->applied, memory_order_seq_cst) == seq;
+      if (applied)
+        atomic_store_explicit(&meta[s1 - 1].counted, atomic_load_explicit(&rec->rec_flag, memory_order_relaxed),
+                              memory_order_release);
+    }
+    atomic_store_explicit(&rec->rec_slot, 0, memory_order_release);
   }
+}
+
+uint64_t umbp_ix_ns_used(const struct umbp_ns_shm *n) {
+  return NSW_COUNT(atomic_load_explicit(&((struct umbp_ns_shm *)n)->count_word, memory_order_relaxed));
 }
 
 static int ns_find(struct umbp_index *ix, const char *name, size_t len) {
@@ -130,7 +165,8 @@ UMBP_API int umbp_ns_register(umbp_pool *p, const char *name, uint32_t *ret_id) 
   if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only || !p->index) return umbp_fail(-EROFS, "pool is attached read-only: cannot register namespaces");
   struct umbp_index *ix = p->index;
-  umbp_ix_spin_lock_owner(p, &ix->ih->ns_lock);
+  int lrc = umbp_ix_spin_lock_owner(p, &ix->ih->ns_lock, "the namespace table's lock");
+  if (lrc) return lrc;
   int i = ns_find(ix, name, len);
   if (i < 0) {
     for (unsigned k = 0; k < UMBP_MAX_NAMESPACES; k++)
@@ -178,7 +214,7 @@ UMBP_API int umbp_ns_info_get(umbp_pool *p, uint32_t id, umbp_ns_info *ret) {
   i.id = id;
   size_t l = ns->name_len < 128 ? ns->name_len : 128;
   memcpy(i.name, ns->name, l);
-  i.blocks = atomic_load_explicit(&ns->used_slots, memory_order_relaxed);
+  i.blocks = umbp_ix_ns_used(ns);
   i.bytes = i.blocks * p->hdr->slot_size;
   i.quota_bytes = atomic_load_explicit(&ns->quota_bytes, memory_order_relaxed);
   *ret = i;
@@ -208,6 +244,6 @@ bool umbp_ix_ns_over_quota(struct umbp_index *ix, uint32_t ns) {
   if (ns >= UMBP_MAX_NAMESPACES) return false;
   uint64_t q = atomic_load_explicit(&ix->ns[ns].quota_bytes, memory_order_relaxed);
   if (!q) return false;
-  return atomic_load_explicit(&ix->ns[ns].used_slots, memory_order_relaxed) * ix->slot_size >= q;
+  return umbp_ix_ns_used(&ix->ns[ns]) * ix->slot_size >= q;
 }
 

@@ -51,7 +51,7 @@ __attribute__((noinline, cold)) void umbp_ix_pin_bit_set(struct umbp_index *ix) 
 UMBP_API int umbp_unpin(umbp_pool *p, uint32_t slot) {
   if (p && p->forked) return umbp_pool_forked_fail(p); /* a fork() child's copy of the handle */
   if (!p || !p->index) return umbp_ix_fail(p);      /* -EINVAL (NULL) or -EROFS (read-only) */
-  if (slot >= p->hdr->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
+  if (slot >= p->index->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
   _Atomic uint8_t *pb = pin_at(p->index->pins, p->index->pin_stride, p->proc_slot, slot);
   /* only this process writes its pin byte, but its threads race: a byte that
    * is 0 now cannot be ours to drop; one that is not stays >= 1 until we drop it

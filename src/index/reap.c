@@ -1,27 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * reap.c — releasing the index state of a process that died: its reader
- * lines, half-finished ring operations, count journals, pins, slots, locks
- * and counters (umbp_index_reap_proc()), and the retired slots a gone process
- * left behind (umbp_index_sweep_orphans()).
+ * reap.c — releasing the index state of a process that died: its
+ * namespace-count records, half-finished ring operations, pins, slots, locks
+ * and counters (umbp_index_reap_proc()).
  *
  * Design note. The reaper of a dead X or Y (the slot states in index.c) moves
  * their slots while holding the dead process's registry lock, acting under
- * the dead process's owner id: RESERVED and EVICTING -> RETIRED (unlinked; an
- * EVICTING one also gets its removed event), except EVICTING with pins held
- * and its way still linked -> PUBLISHED, which is what Y would have done at
- * its pin check. Retired slots whose grace period is over are freed; the rest
- * stay under the dead owner's id for whoever claims its registry slot next,
- * or for the orphan sweep.
+ * the dead process's owner id (and its thread 0's line for count changes):
+ * RESERVED and EVICTING -> FREE (unlinked, counted out; an EVICTING one also
+ * gets its removed event), except EVICTING with pins held and its way still
+ * linked -> PUBLISHED, which is what Y would have done at its pin check.
  *
  * A clean detach runs the same umbp_index_reap_proc() on the detaching
  * process's own registry slot (index.c, umbp_index_detach_hook()), so a clean
- * exit is never worse than a crash: before, a detach left its RESERVED slots
- * under an owner id that no reaper would look at again.
+ * exit is never worse than a crash (otherwise a detached process's RESERVED
+ * slots would stay under an owner id that no reaper looks at again).
  */
 #include "index/index_inline.h"
 
-static void reclaim_owner(umbp_pool *p, unsigned slot, uint64_t budget_ns);
 struct reap_ctx {
   umbp_pool *p;
   uint16_t dead;
@@ -53,10 +49,11 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
   uint64_t pstride = umbp_pin_stride(h->slot_count);
   struct umbp_bucket *buckets = umbp_pool_region(p, UMBP_REG_BUCKETS);
   struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
-  struct umbp_reader_shm *rd = (struct umbp_reader_shm *)umbp_pool_region(p, UMBP_REG_READERS) +
-                               (size_t)slot * UMBP_MAX_THREADS;
-  /* 1. reader state: a dead reader must not hold back reclamation */
-  for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) atomic_store_explicit(&rd[t].ctr, 0, memory_order_release);
+  struct umbp_reader_shm *lines = umbp_pool_region(p, UMBP_REG_READERS);
+  struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
+  /* 1. namespace-count changes its threads were making: finished or dropped
+   * (namespaces.c), before this reaper changes counts as the dead's thread 0 */
+  umbp_ix_ns_count_records_reap(lines, nss, meta, h->slot_count, slot);
   atomic_store_explicit(&ps->thread_bits, 0, memory_order_release);
   /* 2. half-finished ring operations. Ledger slot 0 is the reaper's. */
   struct reap_ctx c = {.p = p, .dead = dead, .ledger_tid = 0};
@@ -74,21 +71,14 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
     uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
     int part = slot_part(p, s);
     union ring_elem v = {.v = s};
-    if (part >= 0 && (ST_STATE(w) == UMBP_SLOT_FREE || (ST_STATE(w) == UMBP_SLOT_RETIRED && ST_OWNER(w) == dead)) &&
-        !umbp_ix_ring_geo(p, part, &g) && !umbp_ring_contains(part_ring(p, (unsigned)part), &g, &v)) {
-      /* a RETIRED one is left for step 6 */
-      if (ST_STATE(w) == UMBP_SLOT_FREE) umbp_ix_free_slot(p, ps, 0, s, dead);
-    }
+    if (part >= 0 && ST_STATE(w) == UMBP_SLOT_FREE && !umbp_ix_ring_geo(p, part, &g) &&
+        !umbp_ring_contains(part_ring(p, (unsigned)part), &g, &v))
+      umbp_ix_free_slot(p, ps, 0, s, dead);
     atomic_store_explicit(&ps->inflight_slot[t], UINT32_MAX, memory_order_relaxed);
   }
-  /* 4. namespace counts it was changing: redone, their locks released (step 5
-   * takes them) */
-  struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
-  umbp_ix_ns_count_locks_reap(p, nss, meta, h->slot_count, dead);
   /* 5. pins held by the dead process (before step 6 weighs other pins) */
   umbp_ix_pins_drop_proc(pins, pstride, ih, h->slot_count, slot);
-  /* 6. reservations, half-done removals and retired slots of the dead process */
-  unsigned orphans = 0;
+  /* 6. reservations and half-done removals of the dead process */
   for (uint32_t s = 0; s < h->slot_count; s++) {
     uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
     if (ST_OWNER(w) != dead) continue;
@@ -107,26 +97,20 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
       }
     }
     if (st == UMBP_SLOT_RESERVED || st == UMBP_SLOT_EVICTING) {
-      /* it may be in the index (died inside publish or remove): unlink, then retire */
+      /* it may be in the index (died inside publish or remove): unlink, count
+       * out, free */
       struct umbp_key_shm k = meta[s].key;
       umbp_ix_unlink_way(buckets, h->n_buckets, s, umbp_key_hash(&k));
-      umbp_ix_ns_count_set(p, nss, meta, h->slot_count, k.ns, s, 0);
+      umbp_ix_ns_count_set(lines, &lines[(size_t)slot * UMBP_MAX_THREADS], slot * UMBP_MAX_THREADS + 1, nss, meta,
+                           h->slot_count, k.ns, s, 0);
       /* an EVICTING slot was published: its removal is announced, as the dead
-       * remover would have (see try_remove()); the event ring was repaired in
-       * step 2 */
+       * remover would have (see umbp_ix_try_remove()); the event ring was
+       * repaired in step 2 */
       if (st == UMBP_SLOT_EVICTING && p->index) umbp_ix_emit(p->index, UMBP_EV_REMOVED, &k);
-      atomic_store_explicit(&meta[s].retire_epoch, (uint32_t)atomic_load(&ih->epoch), memory_order_relaxed);
-      atomic_store_explicit(&meta[s].state, ST_NEXT(w, UMBP_SLOT_RETIRED, dead), memory_order_release);
-      orphans++;
-    } else if (st == UMBP_SLOT_RETIRED) {
-      orphans++;
+      umbp_ix_free_slot(p, ps, 0, s, dead);
     }
   }
   /* 7. locks it held */
-  for (uint32_t b = 0; b < h->n_buckets; b++) {
-    uint16_t cur = dead;
-    atomic_compare_exchange_strong(&buckets[b].lock, &cur, 0);
-  }
   uint32_t cur = dead;
   atomic_compare_exchange_strong(&ih->ns_lock, &cur, 0);
   cur = dead;
@@ -144,39 +128,4 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
       uint64_t v = atomic_exchange_explicit(&from->part[n][k], 0, memory_order_relaxed);
       if (v) atomic_fetch_add_explicit(&to->part[n][k], v, memory_order_relaxed);
     }
-  /* 9. retired slots: reclaim those whose grace period is over, leave the
-   * rest to whoever claims this registry slot next (orphans flag) */
-  if (orphans) reclaim_owner(p, slot, 5000000);
 }
-
-/* Reclaim the RETIRED slots left under registry slot `slot`'s owner id by a
- * process that is gone (dead and being reaped, or detached with readers still
- * in their sections), waiting up to budget_ns for readers; sets the slot's
- * orphans flag to whether any are left. The caller holds the slot's lock. */
-static void reclaim_owner(umbp_pool *p, unsigned slot, uint64_t budget_ns) {
-  struct umbp_shm_header *h = p->hdr;
-  struct umbp_proc_slot *ps = &p->procs[slot];
-  uint16_t owner = (uint16_t)(slot + 1);
-  struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
-  bool memb = (h->compat_features & UMBP_FEAT_COMPAT_MEMBARRIER) && umbp_membarrier_supported();
-  uint64_t end = umbp_now_ns() + budget_ns;
-  unsigned left;
-  do {
-    left = 0;
-    uint64_t min = umbp_ix_readers_min_epoch(p, memb);
-    for (uint32_t s = 0; s < h->slot_count; s++) {
-      uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
-      if (ST_STATE(w) != UMBP_SLOT_RETIRED || ST_OWNER(w) != owner) continue;
-      if (epoch_before(atomic_load_explicit(&meta[s].retire_epoch, memory_order_relaxed), min)) {
-        umbp_ix_free_slot(p, ps, 0, s, owner);
-      } else {
-        left++;
-      }
-    }
-  } while (left && umbp_now_ns() < end);
-  atomic_store(&ps->orphans, left ? 1u : 0u);
-}
-
-/* Registry slots that are free but still have retired slots under their id
- * (orphans flag): reclaim what the readers allow. Called by the reaper. */
-void umbp_index_sweep_orphans(umbp_pool *p, unsigned slot) { reclaim_owner(p, slot, 0); }

@@ -13,17 +13,31 @@
  * reaper of X therefore finds every slot X held in a half-finished ring
  * operation: in a claimed cell, or in the ledger (see umbp_index_reap_proc()
  * in reap.c).
+ *
+ * The ring is an accelerator, not the authority: a slot is free iff its
+ * state word says FREE, and whoever CASes FREE -> RESERVED owns it. That is
+ * what keeps a stopped process from stopping the others here. The ring is a
+ * FIFO of cells (shm/ring.h), and a process stopped between claiming a cell
+ * and completing it (a producer filling it, a consumer emptying it) holds
+ * that cell until it resumes: consumers cannot pass a cell still being
+ * filled, and producers that lap round to a cell still being emptied find
+ * the ring full. So a free gives up on a ring that stays full for
+ * UMBP_FREE_RING_WAIT_NS and leaves the slot FREE off the ring, counted in
+ * the partition's off_ring hint; and a reserve that finds the ring empty
+ * while it holds entries (stuck behind a cell being filled) for
+ * UMBP_RESERVE_STUCK_NS, or finds off_ring set, scans the partition's state
+ * words for FREE slots. Entries a scan made stale (their slot was taken
+ * off-ring) are dropped by the consumer that meets them, whose CAS on the
+ * state word fails; a slot may so be on the ring twice, harmlessly.
  */
 #include "index/index_inline.h"
 
 #include <time.h>
 
-/* The last free ring this process found stuck full (process-local). */
-static void *_Atomic damaged_ring;
+/* The last free ring this process found stuck full (process-local): later
+ * frees try it once and give up at once, until one gets through. */
+static void *_Atomic stuck_ring;
 
-/* Put slot s (state `w`, owned by us in RESERVED or RETIRED) back on its free
- * queue. The thread's ledger names s while it travels (see
- * umbp_index_reap_proc()). */
 /* The geometry of partition part's free ring (part >= 0) or of the event
  * ring (part < 0): the private copy taken at attach, or, in a process without
  * index state (a reaper inside attach, before umbp_index_attach_hook()), one
@@ -38,6 +52,9 @@ int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret) {
   return umbp_ring_geo_get(part_ring(p, (unsigned)part), p->hdr->partitions[part].ring_bytes, ret);
 }
 
+/* Put slot s (owned by us: RESERVED, or EVICTING and unlinked) back on its
+ * free queue. The thread's ledger names s while it travels (see
+ * umbp_index_reap_proc()). */
 void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                        uint16_t as_owner) {
   struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
@@ -47,30 +64,29 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
   uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
   atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
   union ring_elem v = {.v = s};
-  void *ring = part_ring(p, (unsigned)part);
+  void *ring = p->index ? p->index->rings[part] : part_ring(p, (unsigned)part);
   struct umbp_ring_geo g;
   if (umbp_ix_ring_geo(p, part, &g)) { /* a corrupted header: the slot stays FREE off the queue (--check says so) */
     atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
     return;
   }
   /* The ring has a cell per slot, so it is never full of slots; but a process
-   * killed while it held a cell claimed blocks producers once they lap round
-   * to that cell, until it is reaped. Reap it ourselves rather than wait. */
+   * killed or stopped while it held a cell claimed blocks producers once they
+   * lap round to that cell, and entries a scan made stale take cells too. A
+   * dead holder is reaped here; otherwise the slot is left off the ring
+   * (design note above) after UMBP_FREE_RING_WAIT_NS. */
   uint64_t give_up = 0;
   for (unsigned spins = 0; umbp_ring_enqueue_burst_g(ring, &g, &v, 1, as_owner) != 1; spins++) {
     umbp_cpu_relax();
-    if ((spins & 1023) != 1023) continue;
-    /* bounded: a ring that stays full for a second is not blocked by a dead
-     * process but damaged (cells overwritten by a buggy or hostile writer);
-     * give the slot up rather than hang: `umbp inspect --check` reports it */
+    if (atomic_load_explicit(&stuck_ring, memory_order_relaxed) != ring && (spins & 255) != 255) continue;
     uint64_t now = umbp_now_ns();
-    if (!give_up) give_up = now + (atomic_load_explicit(&damaged_ring, memory_order_relaxed) == ring ? 0 : 1000000000ull);
-    else if (now > give_up) {
-      atomic_store_explicit(&damaged_ring, ring, memory_order_relaxed); /* later frees give up at once */
-      umbp_log(UMBP_LOG_ERROR, "pool %s: the free queue of partition %d stays full; slot %u is left out of it "
-                               "(run 'umbp inspect %s --check')",
-               p->name, part, s, p->name);
-      break;
+    if (!give_up) give_up = now + (atomic_load_explicit(&stuck_ring, memory_order_relaxed) == ring ? 0 : UMBP_FREE_RING_WAIT_NS);
+    if (now >= give_up) {
+      atomic_store_explicit(&stuck_ring, ring, memory_order_relaxed);
+      struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+      atomic_fetch_add_explicit(&ih->off_ring[part], 1, memory_order_release);
+      atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
+      return;
     }
     struct umbp_ring_hdr *rh = ring;
     uint64_t pos = atomic_load_explicit(&rh->enq_pos, memory_order_relaxed);
@@ -78,18 +94,16 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
     uint16_t o = umbp_ring__wowner(cw);
     if (o && o != as_owner && o <= UMBP_MAX_PROCS && !umbp_registry_alive(p, (unsigned)(o - 1)))
       umbp_registry_reap_slot(p, (unsigned)(o - 1));
-    if (spins > 100000) {
-      struct timespec ts = {0, 100000};
-      nanosleep(&ts, NULL);
-    }
   }
+  if (atomic_load_explicit(&stuck_ring, memory_order_relaxed) == ring)
+    atomic_store_explicit(&stuck_ring, NULL, memory_order_relaxed);
   atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
 }
 
 /* ---- reserve / publish / abort ------------------------------------------------ */
 static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint32_t *ret) {
   void *ring = ix->rings[part];
-  const struct umbp_partition_desc *d = &p->hdr->partitions[part];
+  const struct umbp_partition_desc *d = &ix->parts[part];
   for (;;) {
     union ring_elem e;
     struct umbp_ring_claim c;
@@ -112,16 +126,69 @@ static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint3
       *ret = s;
       return 0;
     }
-    umbp_log(UMBP_LOG_WARN, "pool %s: dropped bad free-queue entry %llu on partition %u", p->name,
-             (unsigned long long)v, part);
+    /* a stale entry (its slot was taken by a scan, design note above) or
+     * garbage from a bad writer: dropped */
   }
+}
+
+/* Reserve up to `want` FREE slots of partition `part` by their state words
+ * (design note above): one pass at most, from the partition's scan hand. A
+ * pass that ends wanting more has taken every slot that was FREE off the
+ * ring when it started, so it clears the off_ring hint (unless a free added
+ * to it meanwhile). */
+static unsigned scan_reserve(umbp_pool *p, struct umbp_index *ix, unsigned part, unsigned want, uint32_t *out) {
+  const struct umbp_partition_desc *d = &ix->parts[part];
+  unsigned got = 0;
+  uint32_t hint = atomic_load_explicit(&ix->ih->off_ring[part], memory_order_acquire);
+  uint32_t start = atomic_load_explicit(&ix->ih->scan_hand[part], memory_order_relaxed);
+  uint32_t i = 0;
+  for (; i < d->slot_count && got < want; i++) {
+    uint32_t s = d->first_slot + (start + i) % d->slot_count;
+    struct umbp_slot_meta *m = &ix->meta[s];
+    uint64_t w = atomic_load_explicit(&m->state, memory_order_relaxed);
+    if (ST_STATE(w) != UMBP_SLOT_FREE) continue;
+    if (atomic_compare_exchange_strong_explicit(&m->state, &w, ST_NEXT(w, UMBP_SLOT_RESERVED, p->owner_id),
+                                                memory_order_acq_rel, memory_order_relaxed))
+      out[got++] = s;
+  }
+  atomic_store_explicit(&ix->ih->scan_hand[part], (start + i) % d->slot_count, memory_order_relaxed);
+  if (got < want && hint)
+    atomic_compare_exchange_strong_explicit(&ix->ih->off_ring[part], &hint, 0, memory_order_relaxed,
+                                            memory_order_relaxed);
+  return got;
+}
+
+/* Whether partition part's free ring is held up (design note above): slots
+ * were left off it, or it has entries that no dequeue could take for
+ * UMBP_RESERVE_STUCK_NS (one retry loop; the common empty ring, with no
+ * entries, answers at once). */
+static void *_Atomic held_ring;         /* process-local: the ring last found held up */
+static _Atomic uint64_t held_ring_until; /* and until when to scan it at once */
+
+static bool ring_held_up(umbp_pool *p, struct umbp_index *ix, unsigned part, uint32_t *ret) {
+  if (atomic_load_explicit(&ix->ih->off_ring[part], memory_order_relaxed)) return true;
+  if (!umbp_ring_count_g(ix->rings[part], &ix->ring_geo[part])) return false;
+  uint64_t now = umbp_now_ns();
+  if (atomic_load_explicit(&held_ring, memory_order_relaxed) == ix->rings[part] &&
+      now < atomic_load_explicit(&held_ring_until, memory_order_relaxed))
+    return true;
+  uint64_t end = now + UMBP_RESERVE_STUCK_NS;
+  do {
+    if (reserve_one(p, ix, part, ret) == 0) return false; /* got through: *ret is ours */
+    umbp_cpu_relax();
+  } while ((now = umbp_now_ns()) < end);
+  *ret = UMBP_NO_SLOT;
+  if (!umbp_ring_count_g(ix->rings[part], &ix->ring_geo[part])) return false;
+  atomic_store_explicit(&held_ring, ix->rings[part], memory_order_relaxed);
+  atomic_store_explicit(&held_ring_until, now + UMBP_RESERVE_STUCK_MEMO_NS, memory_order_relaxed);
+  return true;
 }
 
 static int pick_part(umbp_pool *p, int part) {
   if (part >= 0) return part;
   unsigned best = 0;
   uint64_t bestn = 0;
-  for (unsigned i = 0; i < p->hdr->n_partitions; i++) {
+  for (unsigned i = 0; i < p->index->n_parts; i++) {
     uint64_t n = umbp_ring_count_g(p->index->rings[i], &p->index->ring_geo[i]);
     if (n > bestn) {
       bestn = n;
@@ -132,34 +199,15 @@ static int pick_part(umbp_pool *p, int part) {
 }
 
 /* The -ENOSPC of a reserve that found no slot: says what holds the
- * partition's slots, from a census taken now. "Every block is pinned or
- * reserved" was given while 0 slots were pinned and the partition was full of
- * RETIRED slots waiting for a reader that did not leave its read section
- * (stopped, or in a debugger): then the message names that reader's process
- * and how far behind it is. */
+ * partition's slots, from a census taken now. */
 static __attribute__((cold, noinline)) int no_space_fail(umbp_pool *p, int q) {
   umbp_slot_census c;
   if (umbp_census_part(p, (unsigned)q, &c) != 0) memset(&c, 0, sizeof c);
-  unsigned rs, rt;
-  uint64_t re;
-  if (c.retired && umbp_ix_oldest_reader(p, &rs, &rt, &re) == 0) {
-    const struct umbp_proc_slot *ps = &p->procs[rs];
-    uint64_t now = atomic_load_explicit(&p->index->ih->epoch, memory_order_relaxed);
+  if (c.free_)
     return umbp_fail(-ENOSPC,
-                     "no free slot on partition %d of pool '%s': %llu of its slots are removed but wait for a "
-                     "reader to leave its read section (%llu pinned, %llu reserved, %llu published): process %d "
-                     "(%.16s, registry slot %u, thread %u) has been in one since epoch %llu, %llu epochs ago; it "
-                     "is stopped (SIGSTOP, a debugger, a frozen cgroup) or stuck: resume or end it",
-                     q, p->name, (unsigned long long)c.retired, (unsigned long long)c.pinned,
-                     (unsigned long long)c.reserved, (unsigned long long)c.published, ps->pid, ps->comm, rs, rt,
-                     (unsigned long long)re, (unsigned long long)(now - re));
-  }
-  if (c.retired)
-    return umbp_fail(-ENOSPC,
-                     "no free slot on partition %d of pool '%s': %llu of its slots are removed and wait for their "
-                     "grace period (%llu pinned, %llu reserved, %llu published): retry",
-                     q, p->name, (unsigned long long)c.retired, (unsigned long long)c.pinned,
-                     (unsigned long long)c.reserved, (unsigned long long)c.published);
+                     "no free slot could be taken on partition %d of pool '%s' although %llu are free: their "
+                     "queue is damaged (run 'umbp inspect %s --check')",
+                     q, p->name, (unsigned long long)c.free_, p->name);
   return umbp_fail(-ENOSPC,
                    "no free slot on partition %d of pool '%s' and nothing could be evicted (%llu pinned, %llu "
                    "reserved, %llu being evicted, %llu published): unpin blocks or enlarge the pool",
@@ -173,26 +221,24 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
   int rc = ix_get(p, &ix, &t);
   if (rc) return rc;
   if (n && !ret_slots) return umbp_fail(-EINVAL, "umbp_reserve_bulk: ret_slots is NULL for n = %u", n);
-  if (part >= (int)p->hdr->n_partitions || part < -1)
-    return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u)", part, p->hdr->n_partitions);
+  if (part >= (int)ix->n_parts || part < -1)
+    return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u)", part, ix->n_parts);
   if (ns >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", ns);
   unsigned got = 0;
   int q = pick_part(p, part);
   for (unsigned attempt = 0; got < n && attempt < 8; attempt++) {
-    if (umbp_ix_ns_over_quota(ix, ns)) {
-      umbp_ix_evict_part(p, t, (unsigned)q, n - got, ns);
-      umbp_ix_reclaim_wait(p, 2000000);
-    }
+    if (umbp_ix_ns_over_quota(ix, ns)) umbp_ix_evict_part(p, t, (unsigned)q, n - got, ns);
     while (got < n && reserve_one(p, ix, (unsigned)q, &ret_slots[got]) == 0) got++;
     if (got == n) break;
-    /* retired slots first (they only wait for readers to move on), then
-     * on-demand eviction, bounded: a batch, then a short wait for readers */
-    if (umbp_ix_reclaim_wait(p, 2000000) > 0) continue;
+    uint32_t one = UMBP_NO_SLOT;
+    if (ring_held_up(p, ix, (unsigned)q, &one)) got += scan_reserve(p, ix, (unsigned)q, n - got, &ret_slots[got]);
+    else if (one != UMBP_NO_SLOT) ret_slots[got++] = one;
+    if (got == n) break;
+    /* on-demand eviction, bounded: a batch at a time (an evicted slot is free at once) */
     unsigned want = n - got < 32 ? 32 : n - got;
     int ev = umbp_ix_evict_part(p, t, (unsigned)q, want, UINT32_MAX);
-    umbp_ix_reclaim_wait(p, 2000000);
     if (ev <= 0 && attempt >= 2) {
-      if (umbp_pool_reap(p) <= 0 && part < 0 && p->hdr->n_partitions > 1) q = (q + 1) % (int)p->hdr->n_partitions;
+      if (umbp_pool_reap(p) <= 0 && part < 0 && ix->n_parts > 1) q = (q + 1) % (int)ix->n_parts;
       else if (attempt >= 4) break;
     }
   }
@@ -209,7 +255,7 @@ UMBP_API int umbp_reserve(umbp_pool *p, int part, uint32_t ns, uint32_t *ret_slo
 }
 
 static int check_reserved(umbp_pool *p, uint32_t slot, uint64_t *ret_w) {
-  if (slot >= p->hdr->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
+  if (slot >= p->index->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
   uint64_t w = atomic_load_explicit(&p->index->meta[slot].state, memory_order_acquire);
   if (ST_STATE(w) != UMBP_SLOT_RESERVED || ST_OWNER(w) != p->owner_id)
     return umbp_fail(-EINVAL, "slot %u is not reserved by this process", slot);
@@ -228,6 +274,15 @@ UMBP_API int umbp_abort(umbp_pool *p, uint32_t slot) {
   return 0;
 }
 
+/* Publishing takes no lock (the design note above): a stopped publisher holds
+ * back no other. Two processes may publish the same key at once; each
+ * checks for a published copy before it links its own (the common case: the
+ * later one gets -EEXIST) and again after (seq_cst: of two that overlap, at
+ * least one sees the other). When copies meet, the one in the lowest slot
+ * stays: a publisher that sees a lower copy removes its own and gets
+ * -EEXIST; one that sees a higher copy removes that one. A copy that is
+ * pinned by then is left in place: two published copies of one key are
+ * harmless (either serves a lookup; each is evicted in its turn). */
 UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
   struct umbp_index *ix;
   struct tl_slot *t;
@@ -236,34 +291,37 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
   if (rc) return rc;
   uint64_t h;
   if ((rc = key_load(key, &k, &h))) return rc;
-  /* the home bucket is locked and written below: start its miss now */
+  /* the home bucket is written below: start its miss now */
   prefetch_w(&ix->buckets[umbp_bucket_home(h, ix->nb)]);
   uint64_t w;
   if ((rc = check_reserved(p, slot, &w))) return rc;
   if (k.ns >= UMBP_MAX_NAMESPACES || atomic_load_explicit(&ix->ns[k.ns].state, memory_order_acquire) != 1)
     return umbp_fail(-EINVAL, "namespace %u is not registered: register it with umbp_ns_register()", k.ns);
   struct umbp_slot_meta *m = &ix->meta[slot];
-  m->key = k; /* made visible by the release CAS of the way below */
+  /* the reserve CAS (FREE -> RESERVED) came before; the fence keeps the key
+   * stores after it for a lookup that validates an older state word of this
+   * slot (way_check()); the key is made visible by the release store of
+   * PUBLISHED below */
+  atomic_thread_fence(memory_order_release);
+  key_store(m, &k);
   atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
   uint32_t home = umbp_bucket_home(h, ix->nb);
   struct umbp_bucket *hb = &ix->buckets[home];
-  umbp_ix_bucket_lock(p, &hb->lock);
-  /* first writer wins: look for the key under the home lock */
+  /* first writer wins: a copy already published */
   uint64_t st;
-  struct umbp_reader_shm *r = reader_of(ix, t);
-  rd_lock(ix, r);
   uint32_t other = probe(ix, &k, h, &st);
-  rd_unlock(r);
   if (other != UMBP_NO_SLOT) {
-    bucket_unlock(&hb->lock);
     umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
     count_ns(ix, t, k.ns, UMBP_CTR_DUPLICATES, 1);
     return umbp_fail(-EEXIST, "umbp_publish: the key is already published (slot %u holds it); slot %u is free "
                               "again: use the published copy",
                      other, slot);
   }
+  /* counted while still RESERVED (a reaper of ours takes it back out) */
+  ns_count_set(ix, t, k.ns, slot, 1);
   uint16_t sig = umbp_key_sig(h);
   bool placed = false;
+  uint64_t pub = ST_NEXT(w, UMBP_SLOT_PUBLISHED, 0);
   for (unsigned d = 0; d < UMBP_MAX_PROBE && !placed; d++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
     for (unsigned i = 0; i < UMBP_BUCKET_WAYS; i++) {
@@ -272,35 +330,51 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
        * the key still looks further (pairs with probe()'s acquire load) */
       if (d) umbp_ovf_add(&hb->overflow, d);
       uint32_t z = 0;
-      /* The slot word decides who owns an empty way: inserters of other homes
-       * (holding other locks) may race for it here. release: the key and block
-       * bytes written before are visible to a reader that loads this word
-       * (pairs with bucket_slot()'s acquire load); acquire: our signature store
-       * comes after the last remover's clearing one (see umbp_ix_unlink_way()). */
+      /* The slot word decides who owns an empty way: other inserters may race
+       * for it here. release: the key written before is visible to a reader
+       * that loads this word (pairs with bucket_slot()'s acquire load);
+       * acquire: our signature store comes after the last remover's clearing
+       * one (see umbp_ix_unlink_way()). */
       if (atomic_compare_exchange_strong_explicit(&b->slot[i], &z, umbp_way_word(sig, slot), memory_order_acq_rel,
                                                   memory_order_relaxed)) {
         /* the hint that makes lookups look at this way; release pairs with
          * nothing in particular: readers take it as a hint only */
         atomic_store_explicit(&b->sig[i], (uint8_t)sig, memory_order_release);
-        /* counted while still RESERVED (a reaper of ours takes it back out) */
-        umbp_ix_ns_count_set(p, ix->ns, ix->meta, ix->slot_count, k.ns, slot, 1);
         /* PUBLISHED only once linked and signed: an evictor never sees a
          * published slot without its way; a reader that finds the way before
          * this store sees RESERVED and misses; one that sees PUBLISHED (acquire)
-         * also sees the signature (pairs with probe()'s acquire load of state) */
-        atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_PUBLISHED, 0), memory_order_release);
+         * also sees the key. seq_cst: before the duplicate check's loads below. */
+        atomic_store_explicit(&m->state, pub, memory_order_seq_cst);
         placed = true;
         break;
       }
       if (d) umbp_ovf_sub(&hb->overflow);
     }
   }
-  bucket_unlock(&hb->lock);
   if (!placed) {
+    ns_count_set(ix, t, k.ns, slot, 0);
     umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, slot, p->owner_id);
     return umbp_fail(-ENOSPC, "index neighbourhood of this key is full (%d buckets): the pool's index is "
                               "overloaded",
                      UMBP_MAX_PROBE);
+  }
+  UMBP_STOP_POINT(UMBP_STOP_PUBLISH_LINKED);
+  /* a copy published meanwhile by another process (design note above) */
+  other = umbp_ix_probe_other(ix, &k, h, slot, &st);
+  if (UMBP_UNLIKELY(other != UMBP_NO_SLOT)) {
+    if (other < slot) {
+      /* ours stays only if a pin made a remover put it back: PUBLISHED two
+       * generations on (EVICTING, PUBLISHED); a slot taken from us is reused
+       * only four or more on (EVICTING, FREE, RESERVED, ...) */
+      if (umbp_ix_try_remove(p, t, slot, pub, UMBP_CTR_DUPLICATES, false) == 0 ||
+          atomic_load_explicit(&m->state, memory_order_acquire) != ST_MAKE(UMBP_SLOT_PUBLISHED, 0, ST_GEN(pub) + 2))
+        return umbp_fail(-EEXIST, "umbp_publish: the key was published meanwhile (slot %u holds it); slot %u is "
+                                  "free again: use the published copy",
+                         other, slot);
+      /* ours is pinned already: both copies stay */
+    } else {
+      umbp_ix_try_remove(p, t, other, st, UMBP_CTR_DUPLICATES, false);
+    }
   }
   count_ns(ix, t, k.ns, UMBP_CTR_INSERTS, 1);
   count_part(ix, t, slot_part(p, slot), UMBP_CTR_INSERTS, 1);

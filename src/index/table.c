@@ -19,8 +19,7 @@
  * matches too; the single-key probe compares the high bytes of all twelve
  * slot words at once as well (bucket_match16()), so that it does not branch
  * on a chance hint match while its bucket line is still in flight. The
- * hints sit beside a 16-bit lock word used only by inserters and an
- * overflow word: how many keys whose home is this bucket live in one of the
+ * hints sit beside a reserved 16-bit word (0) and an overflow word: how many keys whose home is this bucket live in one of the
  * next UMBP_MAX_PROBE-1 buckets, and how far on the furthest of them is (a
  * miss looks no further). A key's full bytes live in
  * its slot's metadata (struct umbp_slot_meta), so there is one entry per
@@ -47,8 +46,19 @@
  * checked as above, and a way it drops because the word it read is not the
  * one the hint it saw belongs to is a lookup ordered before that word's
  * publish or after its remove (keys never move between ways, so a key that
- * is present throughout the lookup is never dropped). The only store of a
- * lookup is its own thread's reader-state line.
+ * is present throughout the lookup is never dropped).
+ *
+ * No grace period. A slot whose block was removed is FREE at once and may be
+ * reserved and published again while a lookup that found its way earlier is
+ * still reading its metadata. Slot metadata is type-stable (a fixed array),
+ * so such a read is never out of bounds, and a lookup accepts a slot only if
+ * its state word was the same PUBLISHED word before and after it compared the
+ * key (way_check(), index_inline.h): every transition stores a new
+ * generation, so an unchanged word means the key read was the key published
+ * with it. A pin re-checks the same word after its pin is visible (pin_slot()).
+ * A lookup's only stores are its own thread's line (counts) and, to pin, its
+ * process's pin byte and the slot's reference bit: a lookup that is stopped
+ * anywhere holds back nothing but the pins it holds.
  */
 #include "index/index_inline.h"
 
@@ -60,7 +70,7 @@ __attribute__((noinline, cold)) int umbp_ix_pin_overflow_fail(uint32_t s) {
 
 __attribute__((noinline, cold)) int umbp_ix_key_fail(const umbp_key *k) {
   if (!k) return umbp_fail(-EINVAL, "key is NULL");
-  return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_HASH_MAX);
+  return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_KEY_HASH_MAX);
 }
 
 /* The buckets after home that keys homed there may live in: up to the reach
@@ -80,9 +90,6 @@ __attribute__((noinline)) uint32_t umbp_ix_probe_far(struct umbp_index *ix, cons
   return UMBP_NO_SLOT;
 }
 
-/* Read-only handles have no reader line: their lookups are for inspection
- * only, bounds-checked, and may see a slot in mid-reuse (never crash). */
-static struct umbp_reader_shm ro_reader;
 
 UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_slot) {
   struct umbp_index *ix;
@@ -94,11 +101,9 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
   if ((rc = key_load(key, &k, &h))) return rc;
   if (!ret_slot) return umbp_fail(-EINVAL, "umbp_lookup_pin: ret_slot is NULL");
   struct umbp_reader_shm *r = reader_of(ix, t);
-  rd_lock(ix, r);
   uint32_t s = probe_x(ix, &k, h, &st, true);
   if (s != UMBP_NO_SLOT) rc = pin_slot(ix, s, st);
   else rc = -ENOENT;
-  rd_unlock(r);
   count_single(ix, t, r, k.ns, rc == 0, true, rc == 0 ? slot_part(p, s) : -1);
   if (rc == 0) *ret_slot = s;
   /* A miss (-ENOENT) sets no message: it is an answer, not a failure, and the
@@ -185,9 +190,8 @@ static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_ind
     uint64_t st = 0;
     if (s == UMBP_NO_SLOT) {
       /* no hint in the home bucket and nothing homed there overflowed: a miss */
-    } else if (s != UMBP_SLOW && key_eq(&ix->meta[s].key, &k[i])) {
-      st = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
-      if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) s = UMBP_NO_SLOT;
+    } else if (s != UMBP_SLOW && way_check(ix, s + 1, &k[i], &st) == s) {
+      /* validated: published, key equal, state unchanged across the compare */
     } else {
       s = probe(ix, &k[i], h[i], &st); /* other ways, overflow buckets */
     }
@@ -219,7 +223,6 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
   if (rc) return rc;
   if (n && (!keys || !ret_slots))
     return umbp_fail(-EINVAL, "umbp_lookup_pin_bulk: keys or ret_slots is NULL for n = %u", n);
-  struct umbp_reader_shm *r = reader_of(ix, t);
   int hits = 0;
   for (unsigned off = 0; off < n; off += BULK_CHUNK) {
     unsigned c = n - off < BULK_CHUNK ? n - off : BULK_CHUNK;
@@ -231,7 +234,6 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
       umbp_unpin_bulk(p, off, ret_slots); /* undo: outputs only on success */
       return rc;
     }
-    rd_lock(ix, r);
     probe_bulk(ix, c, k, h, s, st, NULL, true);
     unsigned ch = 0;
     for (unsigned i = 0; i < c; i++)
@@ -239,7 +241,6 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
         if (pin_slot(ix, s[i], st[i]) != 0) s[i] = UMBP_NO_SLOT;
         else ch++;
       }
-    rd_unlock(r);
     memcpy(ret_slots + off, s, c * sizeof *s);
     count_bulk(ix, t, k, s, c, ch, one_ns, true);
     hits += (int)ch;
@@ -253,14 +254,13 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
   if (n && !keys) return umbp_fail(-EINVAL, "keys is NULL for n = %u", n);
   struct umbp_index *ix = p->index;
   struct tl_slot *t = NULL;
-  struct umbp_reader_shm *r = &ro_reader;
   struct umbp_index tmp;
   if (ix) {
     t = thread_slot(ix);
     if (!t) return -EUSERS; /* thread_slot() set the message */
-    r = reader_of(ix, t);
   } else {
-    /* read-only handle: a transient view of the regions */
+    /* read-only handle (no thread line, nothing counted): a transient view
+     * of the regions; lookups validate as any other (way_check()) */
     memset(&tmp, 0, sizeof tmp);
     tmp.p = p;
     tmp.ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
@@ -281,7 +281,6 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
     if (rc) return rc;
     uint8_t *pr = present && !prefix ? present + off : NULL;
     unsigned hits;
-    if (t) rd_lock(ix, r);
     if (c == 1) {
       s[0] = probe(ix, &k[0], h[0], &st[0]);
       hits = s[0] != UMBP_NO_SLOT;
@@ -289,7 +288,6 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
     } else {
       hits = probe_bulk(ix, c, k, h, s, NULL, pr, false);
     }
-    if (t) rd_unlock(r);
     if (prefix) {
       for (hits = 0; hits < c && s[hits] != UMBP_NO_SLOT;) hits++;
       if (t) count_bulk(ix, t, k, s, hits < c ? hits + 1 : c, hits, one_ns, false); /* up to the first miss */
@@ -314,9 +312,7 @@ UMBP_API int umbp_contains(umbp_pool *p, const umbp_key *key) {
   int rc = key_load(key, &k, &h);
   if (UMBP_UNLIKELY(rc)) return rc;
   struct umbp_reader_shm *r = reader_of(ix, t);
-  rd_lock(ix, r);
   uint32_t s = probe(ix, &k, h, &st);
-  rd_unlock(r);
   count_single(ix, t, r, k.ns, s != UMBP_NO_SLOT, false, -1);
   return s != UMBP_NO_SLOT;
 }
@@ -327,6 +323,28 @@ UMBP_API int umbp_contains_bulk(umbp_pool *p, unsigned n, const umbp_key *keys, 
 
 UMBP_API int umbp_prefix_probe(umbp_pool *p, unsigned n, const umbp_key *keys) {
   return contains_impl(p, n, keys, NULL, true);
+}
+
+/* Another published slot than `self` that holds key k (hash h), or
+ * UMBP_NO_SLOT: publish()'s check for a concurrent duplicate (reserve.c).
+ * Looks at every way of the home bucket and as far as the home's reach. */
+uint32_t umbp_ix_probe_other(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint32_t self,
+                             uint64_t *ret_st) {
+  uint32_t home = umbp_bucket_home(h, ix->nb);
+  uint16_t sig = umbp_key_sig(h);
+  unsigned ovf = atomic_load_explicit(&ix->buckets[home].overflow, memory_order_seq_cst);
+  unsigned reach = UMBP_OVF_REACH(ovf);
+  if (reach >= UMBP_MAX_PROBE) reach = UMBP_MAX_PROBE - 1;
+  for (unsigned d = 0; d <= reach; d++) {
+    struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
+      uint32_t x = way_x(atomic_load_explicit(&b->slot[w], memory_order_seq_cst), sig);
+      if (x - 1 == self) continue;
+      uint32_t s = way_check(ix, x, k, ret_st);
+      if (s != UMBP_NO_SLOT) return s;
+    }
+  }
+  return UMBP_NO_SLOT;
 }
 
 /* ---- unlinking a way (evict.c, reap.c) --------------------------------------- */

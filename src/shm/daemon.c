@@ -1,22 +1,26 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* daemon.c — the pool's daemon lock; see daemon.h for the design note. */
+/* daemon.c — the pool's daemon lock and run generation; the design note and
+ * the contracts are in include/umbp/admin.h. */
 #include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/common.h"
-#include "shm/daemon.h"
+#include "shm/pool_internal.h"
+#include "umbp/admin.h"
 
 static int owner_pid(umbp_pool *p) {
   uint32_t o = atomic_load_explicit(&p->hdr->owner_slot, memory_order_acquire);
   if (o == 0 || o > UMBP_MAX_PROCS) return -1;
   const struct umbp_proc_slot *s = &p->procs[o - 1];
-  if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_LIVE || s->role != UMBP_ROLE_DAEMON) return -1;
+  if (atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_LIVE ||
+      __atomic_load_n(&s->role, __ATOMIC_RELAXED) != UMBP_ROLE_DAEMON) /* umbp_admin_set_role() stores it */
+    return -1;
   return s->pid;
 }
 
-int umbp_daemon_query(umbp_pool *p, int *ret_pid, int *ret_last_pid) {
-  if (!p || !ret_pid) return -EINVAL;
+UMBP_API int umbp_admin_daemon_query(umbp_pool *p, int *ret_pid, int *ret_last_pid) {
+  if (!p || !ret_pid) return umbp_fail(-EINVAL, "umbp_admin_daemon_query: pool and ret_pid are required");
   struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_DAEMON, .l_len = 1};
   if (fcntl(p->fd, F_OFD_GETLK, &fl) != 0)
     return umbp_fail(-errno, "cannot query the daemon lock of pool '%s': %s", p->name, strerror(errno));
@@ -27,8 +31,9 @@ int umbp_daemon_query(umbp_pool *p, int *ret_pid, int *ret_last_pid) {
   return 1;
 }
 
-int umbp_daemon_lock_acquire(umbp_pool *p) {
-  if (!p) return -EINVAL;
+UMBP_API int umbp_admin_daemon_lock(umbp_pool *p, uint64_t *ret_run_generation) {
+  if (!p) return umbp_fail(-EINVAL, "umbp_admin_daemon_lock: pool is NULL");
+  if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only || p->proc_slot < 0)
     return umbp_fail(-EROFS, "pool '%s' is attached read-only: the daemon lock needs a read-write handle", p->name);
   struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_DAEMON, .l_len = 1};
@@ -47,10 +52,14 @@ int umbp_daemon_lock_acquire(umbp_pool *p) {
   }
   /* release: pairs with owner_pid()'s acquire load */
   atomic_store_explicit(&p->hdr->owner_slot, (uint32_t)p->proc_slot + 1, memory_order_release);
+  /* a new run of a pool someone made before: its creation was run 1 (segment.c) */
+  uint64_t gen = p->created ? atomic_load_explicit(&p->hdr->run_generation, memory_order_acquire)
+                            : atomic_fetch_add_explicit(&p->hdr->run_generation, 1, memory_order_acq_rel) + 1;
+  if (ret_run_generation) *ret_run_generation = gen;
   return 0;
 }
 
-void umbp_daemon_lock_release(umbp_pool *p) {
+UMBP_API void umbp_admin_daemon_unlock(umbp_pool *p) {
   if (!p || p->read_only || p->proc_slot < 0) return;
   struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = UMBP_LOCK_DAEMON, .l_len = 1};
   if (fcntl(p->fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK) return; /* someone else's (or unknown) */

@@ -21,14 +21,23 @@
  * cache line (run generation, owner). The immutable part carries a checksum,
  * so a corrupted header is refused instead of followed. The magic is stored
  * last with release order; attachers load it with acquire order, which makes
- * every initialising store of the creator visible to them (pairing:
- * segment.c:publish_magic / segment.c:wait_magic).
+ * every initialising store of the creator visible to them (pairing: the
+ * release store at the end of pool_create_once() and the acquire loads in
+ * umbp_pool_attach()'s wait for the magic and in umbp_header_validate(),
+ * all in segment.c).
  *
  * Versioning: layout_major changes when an older build could misread the
  * segment (refused on attach, naming both versions); layout_minor adds
  * compatible fields. compat/incompat feature bits work as in pmdk's pool_hdr:
  * an unknown incompat bit is refused. The ABI fingerprint hashes the sizes and
- * alignments of every shared struct and the cache-line size.
+ * alignments of the segment layer's shared structs, the limits they are sized
+ * by and the cache-line size, folded with each module's own part (module.h:
+ * the index adds its structs and its key hash's results on fixed inputs).
+ *
+ * Which module owns which region: the region ids below are the table's
+ * frozen positions; the segment layer owns REGISTRY, FREERINGS (their
+ * placement) and ARENA, and every other id is registered by the module that
+ * owns it (module.h, src/modules.c).
  */
 #ifndef UMBP_SHM_LAYOUT_H
 #define UMBP_SHM_LAYOUT_H
@@ -40,7 +49,7 @@
 #include "umbp/pool.h"
 
 #define UMBP_MAGIC 0x4c4f4f5050424d55ull /* "UMBPPOOL" little-endian */
-#define UMBP_LAYOUT_MAJOR 5
+#define UMBP_LAYOUT_MAJOR 6
 #define UMBP_LAYOUT_MINOR 0
 #define UMBP_HEADER_BYTES 4096u
 #define UMBP_PART_ALIGN (2u << 20) /* 2 MiB: hugepage size, partition start alignment */
@@ -54,7 +63,7 @@
 #define UMBP_FEAT_INCOMPAT_INDEX_HUGE (1ull << 1)
 #define UMBP_FEAT_INCOMPAT_KNOWN (UMBP_FEAT_INCOMPAT_HUGEPAGES | UMBP_FEAT_INCOMPAT_INDEX_HUGE)
 /* compat feature bits (informational) */
-#define UMBP_FEAT_COMPAT_MEMBARRIER (1ull << 0) /* readers rely on membarrier(GLOBAL_EXPEDITED) */
+#define UMBP_FEAT_COMPAT_MEMBARRIER (1ull << 0) /* layouts before 6: readers relied on membarrier(GLOBAL_EXPEDITED) */
 
 enum umbp_region_id {
   UMBP_REG_REGISTRY = 0,
@@ -106,8 +115,8 @@ struct umbp_shm_header {
   uint32_t max_procs;
   uint32_t max_threads;
   uint32_t max_namespaces;
-  uint32_t n_buckets;      /* any count (UMBP_BUCKETS_FOR(slots)); homes by multiply-shift */
-  uint32_t event_capacity; /* power of two */
+  uint32_t n_buckets;      /* the index's (its layout hook): any count, not a power of two */
+  uint32_t event_capacity; /* the index's: a power of two */
   uint8_t uuid[16];
   uint64_t created_ns;
   int32_t creator_pid;
@@ -161,7 +170,7 @@ struct umbp_proc_slot {
    * is dequeuing from a free ring (see the design note of src/index/reserve.c). */
   _Atomic uint32_t inflight_slot[UMBP_MAX_THREADS];
   _Atomic uint64_t thread_bits; /* reader-state slots in use by this process's threads */
-  _Atomic uint32_t orphans;     /* retired slots left under this id by a reaper */
+  _Atomic uint32_t orphans;     /* unused since layout 6 (retired slots left under this id) */
   uint32_t reserved0;
   uint8_t reserved[256 - 64 - 16];
 };

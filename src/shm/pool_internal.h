@@ -11,13 +11,18 @@
 #include "shm/layout.h"
 #include "umbp/pool.h"
 
-struct umbp_index; /* index module's per-process state */
+/* The block index's per-process state (src/index). The segment layer never
+ * dereferences it: the index's attach hook (module.h) sets it and its detach
+ * hook clears it. A field of its own rather than a slot of a per-module
+ * array, because every index call loads it first (index_inline.h). */
+struct umbp_index;
 
 struct umbp_pool {
   int fd;
   void *base;              /* this process's mapping */
   size_t size;
   bool read_only;
+  bool created;            /* this handle created the pool (umbp_admin_daemon_lock(): run generation) */
   bool hugepages;
   uint64_t index_huge_bytes; /* umbp-index.NAME mapped over the bucket array and slot metadata; 0: none */
   int proc_slot;           /* registry slot, -1 if read-only */
@@ -26,7 +31,7 @@ struct umbp_pool {
   char path[256];
   struct umbp_shm_header *hdr;
   struct umbp_proc_slot *procs;
-  struct umbp_index *index;/* lazily created per-process index state */
+  struct umbp_index *index;/* the index's state in this process (read-write handles; see above) */
   /* fork(): set in a child's copy of the handle by the index's atfork child
    * handler (umbp_pool_fork_child()); every call on it then fails with
    * -ECHILD. attach_pid is the process that attached, for that message. */
@@ -54,20 +59,6 @@ bool umbp_registry_alive(const umbp_pool *p, unsigned slot);
  * it: 1 reaped, 0 not (alive, being reaped, free, or held by this handle). */
 int umbp_registry_reap_slot(umbp_pool *p, unsigned slot);
 
-/* Hook run (by the reaper holding the dead slot's lock) to release the state
- * a dead process left behind: index pins, reader state, reservations, ring
- * claims. Implemented by the index module. */
-void umbp_index_reap_proc(umbp_pool *p, unsigned slot);
-/* Reclaim retired slots left under a free registry slot's id (its lock held). */
-void umbp_index_sweep_orphans(umbp_pool *p, unsigned slot);
-/* Index hooks for attach/detach (per-process state). */
-int umbp_index_attach_hook(umbp_pool *p);
-void umbp_index_detach_hook(umbp_pool *p);
-/* Initialise the index regions of a fresh segment (creator only). */
-int umbp_index_init_regions(umbp_pool *p);
-/* Free slots on a partition's ring. */
-uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part);
-
 /* fork(): in the child, make the inherited handle p unusable and stop it
  * from keeping the parent's registry, daemon and creation lock bytes held
  * (segment.c). Runs in the atfork child handler: system calls only. */
@@ -75,10 +66,6 @@ void umbp_pool_fork_child(umbp_pool *p);
 /* The error of a call on a handle inherited through fork(): -ECHILD, with a
  * message telling the child to attach on its own. */
 int umbp_pool_forked_fail(const umbp_pool *p);
-/* Free the index state a fork() child's handle still points at (its parent's
- * copy; nothing in the segment is written). */
-void umbp_index_forget(umbp_pool *p);
-
 /* Compute the layout of a pool with these parameters into *h (regions,
  * partitions, totals). Exposed for tests and the fuzzer. */
 int umbp_layout_compute(const umbp_pool_params *params, const int *nodes, unsigned n_nodes,
@@ -86,16 +73,15 @@ int umbp_layout_compute(const umbp_pool_params *params, const int *nodes, unsign
 /* Validate a header against the size of the file it came from; 0, -EPROTO or
  * -EBADMSG with a message. Never reads outside [hdr, hdr + UMBP_HEADER_BYTES). */
 int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size);
+/* The pool's ABI fingerprint (layout.h): the segment layer's struct sizes
+ * and constants folded with every module's abi_part() (module.h). */
 uint64_t umbp_abi_fingerprint(void);
-/* The fingerprint with the index's part given (tests: a build whose key hash
- * or bucket placement differed would give another part, and so another
- * fingerprint). umbp_abi_fingerprint() == umbp_abi_fingerprint_with(
- * umbp_index_abi_part()). */
-uint64_t umbp_abi_fingerprint_with(uint64_t index_part);
-/* The index's part of the ABI fingerprint: its key hash and bucket-home
- * functions' results on fixed inputs (index.c). Every process sharing a pool
- * must place keys alike; sizes alone do not say so. */
-uint64_t umbp_index_abi_part(void);
+/* The fingerprint with module m's part given instead of m->abi_part() (tests:
+ * a build whose index hashed keys or placed them differently would give
+ * another part, and so another fingerprint). umbp_abi_fingerprint() ==
+ * umbp_abi_fingerprint_with(m, m->abi_part()) for every module m. */
+struct umbp_shm_module;
+uint64_t umbp_abi_fingerprint_with(const struct umbp_shm_module *m, uint64_t part);
 /* The first hugetlbfs mount in /proc/mounts into out: 0, or -ENOENT. */
 int umbp_hugetlbfs_mount(char *out, size_t n);
 uint64_t umbp_header_checksum(const struct umbp_shm_header *h);

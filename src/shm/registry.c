@@ -18,7 +18,8 @@
  *    the acquire loads of readers of the table).
  *  - reap: try-lock byte i of a non-FREE slot; success means its owner is dead
  *    (a live owner holds the lock). Holding the lock, release the state the
- *    dead process left (umbp_index_reap_proc), store state = FREE, unlock.
+ *    dead process left (each module's reap hook, module.h: the index's
+ *    umbp_index_reap_proc), store state = FREE, unlock.
  *    Two reapers in different processes cannot reap the same slot: the lock
  *    admits one. Two threads of one process share the handle's open file
  *    description, and an OFD lock does not exclude its own description: there
@@ -45,6 +46,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "shm/module.h"
 #include "shm/pool_internal.h"
 
 int umbp_registry_claim(struct umbp_pool *p, int role, int rank);
@@ -86,7 +88,8 @@ static void reap_locked(struct umbp_pool *p, unsigned slot) {
   struct umbp_proc_slot *s = &p->procs[slot];
   umbp_log(UMBP_LOG_INFO, "pool %s: reaping registry slot %u of dead pid %d (%s)", p->name, slot, s->pid,
            umbp_role_name((int)s->role));
-  umbp_index_reap_proc(p, slot);
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) /* what it held in each module (module.h) */
+    if (umbp_shm_modules[m]->reap) umbp_shm_modules[m]->reap(p, slot);
   /* pairs with the acquire load in umbp_pool_list_procs / claim */
   atomic_store_explicit(&s->state, UMBP_PROC_FREE, memory_order_release);
 }
@@ -167,18 +170,6 @@ UMBP_API int umbp_pool_reap(umbp_pool *p) {
   int n = 0;
   for (unsigned i = 0; i < UMBP_MAX_PROCS; i++) {
     n += umbp_registry_reap_slot(p, i);
-    /* a free slot whose last owner left retired slots behind (they waited for
-     * readers when it detached): reclaim them now, holding its lock so that
-     * no process claims the slot meanwhile */
-    struct umbp_proc_slot *s = &p->procs[i];
-    if ((int)i == p->proc_slot || !atomic_load_explicit(&s->orphans, memory_order_acquire) ||
-        atomic_load_explicit(&s->state, memory_order_acquire) != UMBP_PROC_FREE || !claim_reap(p, i))
-      continue;
-    if (lock_byte(p->fd, i, F_WRLCK) == 0) {
-      if (atomic_load_explicit(&s->state, memory_order_acquire) == UMBP_PROC_FREE) umbp_index_sweep_orphans(p, i);
-      lock_byte(p->fd, i, F_UNLCK);
-    }
-    unclaim_reap(p, i);
   }
   return n;
 }
@@ -211,8 +202,8 @@ UMBP_API int umbp_pool_list_procs(umbp_pool *p, umbp_proc_info *out, unsigned ma
     o->slot = i;
     o->pid = s->pid;
     o->start_time = s->start_time;
-    o->role = (int)s->role;
-    o->rank = s->rank;
+    o->role = (int)__atomic_load_n(&s->role, __ATOMIC_RELAXED); /* umbp_admin_set_role() may store them */
+    o->rank = __atomic_load_n(&s->rank, __ATOMIC_RELAXED);
     o->attach_ns = s->attach_ns;
     o->heartbeat_ns = atomic_load_explicit(&s->heartbeat_ns, memory_order_relaxed);
     o->incarnation = atomic_load_explicit(&s->incarnation, memory_order_relaxed);

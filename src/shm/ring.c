@@ -5,12 +5,15 @@
  * The design note (cell states, who repairs a half-finished operation, the
  * ordering pairs [R1]..[A3]) is at the top of ring.h.
  *
- * Like ring.h this file needs only libc, so it also builds outside meson.
+ * ring.h needs only libc (tests and tools include it alone); this file also
+ * uses src/common (umbp_cpu_relax, umbp_fnv1a).
  */
 #include "shm/ring.h"
 
 #include <stdbool.h>
 #include <stddef.h>
+
+#include "common/common.h"
 
 /* Bytes [8, 56) of the header as plain integers: what check_header copies out
  * of the shared mapping once and validates. */
@@ -40,13 +43,7 @@ _Static_assert(offsetof(struct ring_fields, checksum) + 8 == offsetof(struct umb
 
 /* FNV-1a 64 over the geometry fields (not the checksum itself). */
 static uint64_t ring_checksum(const struct ring_fields *g) {
-  const unsigned char *p = (const unsigned char *)g;
-  uint64_t h = UINT64_C(0xcbf29ce484222325);
-  for (size_t i = 0; i < offsetof(struct ring_fields, checksum); i++) {
-    h ^= p[i];
-    h *= UINT64_C(0x100000001b3);
-  }
-  return h;
+  return umbp_fnv1a(g, offsetof(struct ring_fields, checksum), 0);
 }
 
 static bool ring_params_ok(uint32_t capacity, uint32_t elem_size) {
@@ -177,7 +174,7 @@ unsigned umbp_ring_enqueue_overwrite_g(void *ring, const struct umbp_ring_geo *g
       atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
       dropped++;
     } else if (npos == 0) {
-      umbp_ring__relax();
+      umbp_cpu_relax();
     }
   }
 }

@@ -141,6 +141,9 @@
 #define UMBP_RING_HDR_BYTES 192 /* three cache lines; cell 0 starts here */
 #define UMBP_RING_MAX_ELEM 64
 #define UMBP_RING_MAX_CAPACITY (UINT32_C(1) << 31)
+/* Positions (tombstones included) one pass of umbp_ring_dequeue_burst_g()
+ * claims at most before it copies and releases them. */
+#define UMBP_RING_DEQUEUE_RUN 64u
 
 #define UMBP_RING_SEQ_BITS 46
 #define UMBP_RING_SEQ_MASK ((UINT64_C(1) << UMBP_RING_SEQ_BITS) - 1)
@@ -343,14 +346,6 @@ static inline struct umbp_ring_geo umbp_ring__geo_shared(const void *ring) {
   return g;
 }
 
-static inline void umbp_ring__relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
 /* Copy with a compile-time size for each legal elem_size, so memcpy inlines. */
 static inline void umbp_ring__copy(void *dst, const void *src, uint32_t n) {
   switch (n) {
@@ -506,7 +501,8 @@ static inline unsigned umbp_ring__dequeue_pass(void *ring, const struct umbp_rin
  * consumed and discarded on the way and are not counted.  Returns how many
  * elements were written to elems; 0 when the ring is empty (or n == 0).
  * Fewer than n when the ring runs dry, the next position is claimed by another
- * consumer first, or the run reached 64 positions (tombstones included).
+ * consumer first, or the run reached UMBP_RING_DEQUEUE_RUN positions
+ * (tombstones included).
  * Claims are made first, copies and releases after, and elements only leave
  * the ring in the pass that returns them: a process killed inside the call
  * leaves every element it had not returned in a READING cell for repair.
@@ -518,7 +514,7 @@ static inline unsigned umbp_ring_dequeue_burst_g(void *ring, const struct umbp_r
   if (n == 0) return 0;
   for (;;) {
     unsigned npos;
-    unsigned got = umbp_ring__dequeue_pass(ring, g, (unsigned char *)elems, n, 64, owner, &npos);
+    unsigned got = umbp_ring__dequeue_pass(ring, g, (unsigned char *)elems, n, UMBP_RING_DEQUEUE_RUN, owner, &npos);
     /* Return as soon as a pass has handed out anything: an element leaves the
      * ring only in the pass whose call returns it, so a consumer killed in
      * the middle of a call loses nothing the call had not yet returned (its

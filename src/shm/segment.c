@@ -61,7 +61,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
-#include "index/index_shm.h"
+#include "shm/module.h"
 #include "shm/pool_internal.h"
 #include "shm/ring.h"
 
@@ -70,6 +70,13 @@
 #endif
 
 #define SHM_DIR "/dev/shm"
+
+#define ATTACH_POLL_MS 2              /* an attacher's sleep between looks for a creator's magic */
+#define CREATE_ATTEMPTS 4             /* O_EXCL creations tried while half-made files are taken over */
+#define PREFAULT_CHUNK_BYTES (32u << 20) /* one pre-fault thread's unit of work */
+#define PREFAULT_THREADS_DEFAULT 8    /* at most this many with prefault_threads 0 (and online CPUs) */
+#define PREFAULT_THREADS_MAX 64
+#define MBIND_MAX_NODES 1024          /* NUMA nodes an mbind() mask covers */
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 static uint32_t pow2_at_least(uint64_t v) {
@@ -90,7 +97,7 @@ UMBP_API void umbp_attach_opts_init(umbp_attach_opts *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->rank = -1;
-  o->timeout_ms = 10000;
+  o->timeout_ms = UMBP_ATTACH_TIMEOUT_MS;
 }
 
 UMBP_API int umbp_pool_name_valid(const char *name) {
@@ -112,29 +119,37 @@ UMBP_API int umbp_pool_name_valid(const char *name) {
   return 0;
 }
 
-/* ---- ABI fingerprint and checksum ---------------------------------------- */
-uint64_t umbp_abi_fingerprint(void) { return umbp_abi_fingerprint_with(umbp_index_abi_part()); }
+/* ---- modules and the ABI fingerprint --------------------------------------- */
+const struct umbp_shm_module *umbp_shm_region_owner(int region) {
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++)
+    if (umbp_shm_modules[m]->regions & (1u << region)) return umbp_shm_modules[m];
+  return NULL;
+}
 
-uint64_t umbp_abi_fingerprint_with(uint64_t index_part) {
+/* The segment layer's own part: its structs and the limits they are sized by. */
+static uint64_t shm_abi_part(void) {
   const uint64_t shape[] = {
-      index_part, /* the index's key hash and bucket placement (umbp_index_abi_part()) */
       UMBP_LAYOUT_MAJOR,
       UMBP_CACHELINE,
       sizeof(struct umbp_shm_header), _Alignof(struct umbp_shm_header),
       sizeof(struct umbp_region_desc), sizeof(struct umbp_partition_desc),
       sizeof(struct umbp_proc_slot), _Alignof(struct umbp_proc_slot),
-      sizeof(struct umbp_slot_meta), _Alignof(struct umbp_slot_meta),
-      sizeof(struct umbp_bucket), (size_t)umbp_pin_stride(1),
-      sizeof(struct umbp_reader_shm), sizeof(struct umbp_ns_shm),
-      sizeof(struct umbp_counter_row), sizeof(struct umbp_event_shm),
-      sizeof(struct umbp_index_hdr), _Alignof(struct umbp_index_hdr),
-      sizeof(struct umbp_key_shm),
-      UMBP_MAX_PROCS, UMBP_MAX_THREADS, UMBP_MAX_NAMESPACES, UMBP_MAX_PARTITIONS,
-      UMBP_BUCKET_WAYS, UMBP_HASH_MAX,
+      UMBP_MAX_PROCS, UMBP_MAX_THREADS, UMBP_MAX_PARTITIONS,
       sizeof(_Atomic uint64_t), _Alignof(_Atomic uint64_t),
   };
   return umbp_fnv1a(shape, sizeof shape, 0x756d6270);
 }
+
+uint64_t umbp_abi_fingerprint_with(const struct umbp_shm_module *given, uint64_t part) {
+  uint64_t acc = shm_abi_part();
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) {
+    uint64_t v = umbp_shm_modules[m] == given ? part : umbp_shm_modules[m]->abi_part();
+    acc = umbp_fnv1a(&v, sizeof v, acc);
+  }
+  return acc;
+}
+
+uint64_t umbp_abi_fingerprint(void) { return umbp_abi_fingerprint_with(NULL, 0); }
 
 uint64_t umbp_header_checksum(const struct umbp_shm_header *h) {
   const char *p = (const char *)h;
@@ -160,46 +175,21 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
                      "partition (%u partitions); raise --capacity",
                      (unsigned long long)pp->capacity, (unsigned long long)slots,
                      (unsigned long long)pp->slot_size, n_nodes);
-  if (slots > UMBP_MAX_SLOTS)
-    return umbp_fail(-EINVAL,
-                     "capacity %llu bytes holds %llu slots of %llu bytes: at most %u slots are supported; "
-                     "lower the capacity (--capacity) or raise the slot size (--slot-size)",
-                     (unsigned long long)pp->capacity, (unsigned long long)slots,
-                     (unsigned long long)pp->slot_size, UMBP_MAX_SLOTS);
   memset(h, 0, sizeof *h);
   h->layout_major = UMBP_LAYOUT_MAJOR;
   h->layout_minor = UMBP_LAYOUT_MINOR;
   h->header_bytes = UMBP_HEADER_BYTES;
   h->abi_fingerprint = umbp_abi_fingerprint();
   h->slot_size = pp->slot_size;
-  h->slot_count = (uint32_t)slots;
+  h->slot_count = slots > UINT32_MAX ? UINT32_MAX : (uint32_t)slots; /* the index refuses more than it addresses */
   h->max_procs = UMBP_MAX_PROCS;
   h->max_threads = UMBP_MAX_THREADS;
   h->max_namespaces = UMBP_MAX_NAMESPACES;
-  /* Bucket array: UMBP_BUCKET_WAYS (12) ways a bucket, 1.5 ways a slot (any
-   * count, not a power of two), so a full pool fills 66.7% of the ways: probe
-   * chains stay short, and the array (the one line a miss reads) stays small
-   * enough for the TLB and caches (8 MiB for 1M slots). */
-  h->n_buckets = UMBP_BUCKETS_FOR(slots);
-  if (h->n_buckets < UMBP_MAX_PROBE) h->n_buckets = UMBP_MAX_PROBE;
-  h->event_capacity = pow2_at_least(pp->event_capacity ? pp->event_capacity : 65536);
   if (pp->hugepages) h->incompat_features |= UMBP_FEAT_INCOMPAT_HUGEPAGES;
   /* umbp_pool_create() resolves UMBP_INDEX_PAGES_TRY to one of the others
    * before it lays the pool out */
   bool index_huge = pp->index_pages == UMBP_INDEX_PAGES_HUGE && !pp->hugepages;
   if (index_huge) h->incompat_features |= UMBP_FEAT_INCOMPAT_INDEX_HUGE;
-
-  uint64_t off = UMBP_HEADER_BYTES;
-  uint64_t sizes[UMBP_REG_COUNT] = {0};
-  sizes[UMBP_REG_REGISTRY] = sizeof(struct umbp_proc_slot) * UMBP_MAX_PROCS;
-  sizes[UMBP_REG_READERS] = sizeof(struct umbp_reader_shm) * UMBP_MAX_PROCS * UMBP_MAX_THREADS;
-  sizes[UMBP_REG_NAMESPACES] = sizeof(struct umbp_ns_shm) * UMBP_MAX_NAMESPACES;
-  sizes[UMBP_REG_INDEXHDR] = align_up(sizeof(struct umbp_index_hdr), 64);
-  sizes[UMBP_REG_BUCKETS] = sizeof(struct umbp_bucket) * (uint64_t)h->n_buckets;
-  sizes[UMBP_REG_SLOTMETA] = align_up(sizeof(struct umbp_slot_meta) * slots, 64);
-  sizes[UMBP_REG_PINS] = umbp_pin_region_bytes(slots);
-  sizes[UMBP_REG_EVENTS] = umbp_ring_bytes(h->event_capacity, sizeof(struct umbp_event_shm));
-  sizes[UMBP_REG_COUNTERS] = align_up(sizeof(struct umbp_counter_row) * (UMBP_MAX_PROCS + 1), 64);
 
   /* partitions: slots split evenly, the remainder to the first ones */
   h->n_partitions = n_nodes;
@@ -215,6 +205,19 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
     d->bytes = d->slot_count * pp->slot_size;
     d->ring_bytes = umbp_ring_bytes(pow2_at_least(d->slot_count), sizeof(uint64_t));
     ring_total += d->ring_bytes;
+  }
+
+  /* the modules' header fields, then their regions' sizes (module.h) */
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) {
+    int rc = umbp_shm_modules[m]->layout ? umbp_shm_modules[m]->layout(pp, h) : 0;
+    if (rc) return rc;
+  }
+  uint64_t off = UMBP_HEADER_BYTES;
+  uint64_t sizes[UMBP_REG_COUNT] = {0};
+  sizes[UMBP_REG_REGISTRY] = sizeof(struct umbp_proc_slot) * UMBP_MAX_PROCS;
+  for (int r = 0; r < UMBP_REG_ARENA; r++) {
+    const struct umbp_shm_module *o = umbp_shm_region_owner(r);
+    if (o) sizes[r] = o->region_bytes(h, r);
   }
   sizes[UMBP_REG_FREERINGS] = ring_total;
 
@@ -310,31 +313,26 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
                                  "2 MiB-aligned between the segment's other regions: header corrupted",
                        (unsigned long long)ioff, (unsigned long long)ilen);
   }
-  if (h->slot_size < 4096 || h->slot_size % 64 || h->slot_count == 0 || h->slot_count > UMBP_MAX_SLOTS ||
-      h->n_partitions == 0 || h->n_partitions > UMBP_MAX_PARTITIONS || h->max_procs != UMBP_MAX_PROCS ||
-      h->max_threads != UMBP_MAX_THREADS || h->max_namespaces != UMBP_MAX_NAMESPACES ||
-      h->n_buckets < UMBP_MAX_PROBE || h->n_buckets < UMBP_BUCKETS_FOR(h->slot_count) || h->event_capacity < 2 ||
-      (h->event_capacity & (h->event_capacity - 1)))
+  if (h->slot_size < 4096 || h->slot_size % 64 || h->slot_count == 0 || h->n_partitions == 0 ||
+      h->n_partitions > UMBP_MAX_PARTITIONS || h->max_procs != UMBP_MAX_PROCS || h->max_threads != UMBP_MAX_THREADS ||
+      h->max_namespaces != UMBP_MAX_NAMESPACES)
     return umbp_fail(-EBADMSG, "pool creation parameters are inconsistent (slot size %llu, %u slots, "
                                "%u partitions): the header is corrupted",
                      (unsigned long long)h->slot_size, h->slot_count, h->n_partitions);
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) { /* the modules' own fields (module.h) */
+    int rc = umbp_shm_modules[m]->validate ? umbp_shm_modules[m]->validate(h) : 0;
+    if (rc) return rc;
+  }
   /* every table sized from the parameters must fit its region */
-  const struct { int r; uint64_t need; } need[] = {
-      {UMBP_REG_REGISTRY, sizeof(struct umbp_proc_slot) * (uint64_t)UMBP_MAX_PROCS},
-      {UMBP_REG_READERS, sizeof(struct umbp_reader_shm) * (uint64_t)UMBP_MAX_PROCS * UMBP_MAX_THREADS},
-      {UMBP_REG_NAMESPACES, sizeof(struct umbp_ns_shm) * (uint64_t)UMBP_MAX_NAMESPACES},
-      {UMBP_REG_INDEXHDR, sizeof(struct umbp_index_hdr)},
-      {UMBP_REG_BUCKETS, sizeof(struct umbp_bucket) * (uint64_t)h->n_buckets},
-      {UMBP_REG_SLOTMETA, sizeof(struct umbp_slot_meta) * (uint64_t)h->slot_count},
-      {UMBP_REG_PINS, umbp_pin_region_bytes(h->slot_count)},
-      {UMBP_REG_EVENTS, umbp_ring_bytes(h->event_capacity, sizeof(struct umbp_event_shm))},
-      {UMBP_REG_COUNTERS, sizeof(struct umbp_counter_row) * (uint64_t)(UMBP_MAX_PROCS + 1)},
-  };
-  for (size_t i = 0; i < UMBP_ARRAY_SIZE(need); i++)
-    if (h->regions[need[i].r].size < need[i].need)
-      return umbp_fail(-EBADMSG, "pool region %d is %llu bytes, its table needs %llu: header corrupted",
-                       need[i].r, (unsigned long long)h->regions[need[i].r].size,
-                       (unsigned long long)need[i].need);
+  for (int r = 0; r < UMBP_REG_ARENA; r++) {
+    const struct umbp_shm_module *o = umbp_shm_region_owner(r);
+    uint64_t need = r == UMBP_REG_REGISTRY ? sizeof(struct umbp_proc_slot) * (uint64_t)UMBP_MAX_PROCS
+                    : o                    ? o->region_bytes(h, r)
+                                           : 0;
+    if (h->regions[r].size < need)
+      return umbp_fail(-EBADMSG, "pool region %d is %llu bytes, its table needs %llu: header corrupted", r,
+                       (unsigned long long)h->regions[r].size, (unsigned long long)need);
+  }
   uint64_t slots = 0;
   const struct umbp_region_desc *arena = &h->regions[UMBP_REG_ARENA];
   const struct umbp_region_desc *rings = &h->regions[UMBP_REG_FREERINGS];
@@ -507,7 +505,7 @@ static int create_pool_file(const char *name, mode_t mode, bool hugepages, const
                             size_t pathn) {
   int fd = -EAGAIN;
   bool told = false; /* take_over_half_made() failed with its own message */
-  for (int attempt = 0; attempt < 4 && fd == -EAGAIN; attempt++) {
+  for (int attempt = 0; attempt < CREATE_ATTEMPTS && fd == -EAGAIN; attempt++) {
     fd = open_pool_file(name, O_RDWR | O_CREAT | O_EXCL, mode, hugepages, hdir, path, pathn);
     if (fd >= 0 && create_lock(fd, F_WRLCK) != 0) {
       close(fd); /* taken over in the instant before the lock: the file is the other creator's now */
@@ -752,12 +750,12 @@ static void place_partitions(struct umbp_pool *p, int mempolicy) {
   struct umbp_shm_header *h = p->hdr;
   if (mempolicy == UMBP_MPOL_NONE || numa_available() < 0) return;
   if (mempolicy == UMBP_MPOL_INTERLEAVE) {
-    unsigned long mask[16] = {0};
+    unsigned long mask[MBIND_MAX_NODES / (8 * sizeof(unsigned long))] = {0};
     for (unsigned i = 0; i < h->n_partitions; i++)
-      if (h->partitions[i].numa_node >= 0 && h->partitions[i].numa_node < 1024)
+      if (h->partitions[i].numa_node >= 0 && h->partitions[i].numa_node < MBIND_MAX_NODES)
         mask[h->partitions[i].numa_node / 64] |= 1ul << (h->partitions[i].numa_node % 64);
     const struct umbp_region_desc *a = &h->regions[UMBP_REG_ARENA];
-    if (mbind((char *)p->base + a->offset, a->size, MPOL_INTERLEAVE, mask, 1024, 0) != 0)
+    if (mbind((char *)p->base + a->offset, a->size, MPOL_INTERLEAVE, mask, MBIND_MAX_NODES, 0) != 0)
       umbp_log(UMBP_LOG_WARN, "mbind(MPOL_INTERLEAVE) of the arena was refused (%s): the kernel places "
                               "the pages; run with CAP_SYS_NICE to place them",
                strerror(errno));
@@ -765,11 +763,11 @@ static void place_partitions(struct umbp_pool *p, int mempolicy) {
   }
   for (unsigned i = 0; i < h->n_partitions; i++) {
     const struct umbp_partition_desc *d = &h->partitions[i];
-    if (d->numa_node < 0 || d->numa_node >= 1024) continue;
-    unsigned long mask[16] = {0};
+    if (d->numa_node < 0 || d->numa_node >= MBIND_MAX_NODES) continue;
+    unsigned long mask[MBIND_MAX_NODES / (8 * sizeof(unsigned long))] = {0};
     mask[d->numa_node / 64] |= 1ul << (d->numa_node % 64);
     int mode = mempolicy == UMBP_MPOL_PREFERRED ? MPOL_PREFERRED : MPOL_BIND;
-    if (mbind((char *)p->base + d->offset, align_up(d->bytes, UMBP_PART_ALIGN), mode, mask, 1024, 0) != 0)
+    if (mbind((char *)p->base + d->offset, align_up(d->bytes, UMBP_PART_ALIGN), mode, mask, MBIND_MAX_NODES, 0) != 0)
       umbp_log(UMBP_LOG_WARN, "mbind of partition %u to NUMA node %d was refused (%s): its pages go "
                               "where the kernel puts them; give the process CAP_SYS_NICE to place them",
                i, d->numa_node, strerror(errno));
@@ -819,16 +817,19 @@ static void *prefault_thread(void *arg) {
 
 static int prefault(struct umbp_pool *p, const umbp_pool_params *pp) {
   const struct umbp_region_desc *a = &p->hdr->regions[UMBP_REG_ARENA];
-  struct prefault_ctx c = {.base = (char *)p->base + a->offset, .len = a->size, .chunk = 32u << 20,
+  struct prefault_ctx c = {.base = (char *)p->base + a->offset, .len = a->size, .chunk = PREFAULT_CHUNK_BYTES,
                            .progress = pp->progress, .arg = pp->progress_arg};
   pthread_mutex_init(&c.mu, NULL);
   c.total_chunks = (c.len + c.chunk - 1) / c.chunk;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  unsigned nt = pp->prefault_threads ? pp->prefault_threads : (unsigned)(ncpu < 1 ? 1 : ncpu > 8 ? 8 : ncpu);
+  unsigned nt = pp->prefault_threads ? pp->prefault_threads
+                                     : (unsigned)(ncpu < 1                         ? 1
+                                                  : ncpu > PREFAULT_THREADS_DEFAULT ? PREFAULT_THREADS_DEFAULT
+                                                                                    : ncpu);
   if (nt > c.total_chunks) nt = (unsigned)c.total_chunks;
   if (nt == 0) nt = 1;
-  pthread_t th[64];
-  if (nt > 64) nt = 64;
+  pthread_t th[PREFAULT_THREADS_MAX];
+  if (nt > PREFAULT_THREADS_MAX) nt = PREFAULT_THREADS_MAX;
   unsigned started = 0;
   for (unsigned i = 0; i < nt; i++)
     if (pthread_create(&th[i], NULL, prefault_thread, &c) == 0) started++;
@@ -893,8 +894,7 @@ static void advise_metadata(void *base, uint64_t len) {
  * full /dev/shm would raise SIGBUS there instead of an error here); attaching
  * read-write: map the creator's pages into this process. 160 MiB for 1M
  * slots (64 B each of slot metadata and pins, 10.2 B of buckets, the free
- * queue's cells); creating such a pool took 0.5-0.7 s with this here (a VM),
- * 0.09 s without. */
+ * queue's cells); what that costs a creation and an attach: README, "Pools". */
 static int populate_metadata(struct umbp_pool *p, bool creating) {
   uint64_t len = p->hdr->regions[UMBP_REG_ARENA].offset;
   if (len > p->size) len = p->size;
@@ -919,6 +919,32 @@ static int populate_metadata(struct umbp_pool *p, bool creating) {
 /* ---- create / attach ------------------------------------------------------ */
 int umbp_registry_claim(struct umbp_pool *p, int role, int rank);
 void umbp_registry_release(struct umbp_pool *p);
+
+/* The modules' hooks (module.h), in the list's order; detach in reverse. */
+static int modules_init(struct umbp_pool *p) {
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) {
+    int rc = umbp_shm_modules[m]->init ? umbp_shm_modules[m]->init(p) : 0;
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static void modules_detach_from(struct umbp_pool *p, unsigned n) {
+  while (n--)
+    if (umbp_shm_modules[n]->detach) umbp_shm_modules[n]->detach(p);
+}
+
+/* On failure the modules attached before the failing one are detached again. */
+static int modules_attach(struct umbp_pool *p) {
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) {
+    int rc = umbp_shm_modules[m]->attach ? umbp_shm_modules[m]->attach(p) : 0;
+    if (rc) {
+      modules_detach_from(p, m);
+      return rc;
+    }
+  }
+  return 0;
+}
 
 static struct umbp_pool *pool_new(void) {
   struct umbp_pool *p = calloc(1, sizeof *p);
@@ -1007,6 +1033,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
     return fd;
   }
   p->fd = fd;
+  p->created = true;
   snprintf(p->name, sizeof p->name, "%s", name);
   p->hugepages = pp->hugepages;
   if ((rc = name_taken_elsewhere(name, dir))) goto fail_unlink; /* created there meanwhile */
@@ -1084,7 +1111,6 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   h->creator_pid = getpid();
   h->creator_uid = getuid();
   snprintf(h->name, sizeof h->name, "%s", name);
-  if (umbp_membarrier_supported()) h->compat_features |= UMBP_FEAT_COMPAT_MEMBARRIER;
   h->header_checksum = umbp_header_checksum(h);
   atomic_store_explicit(&h->run_generation, 1, memory_order_relaxed);
   p->procs = umbp_pool_region(p, UMBP_REG_REGISTRY);
@@ -1104,11 +1130,11 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
                             "%s fills up later, a process writing a block dies of SIGBUS",
              name, fmt_gib(p->hdr->regions[UMBP_REG_ARENA].size, a, sizeof a), SHM_DIR);
   }
-  rc = umbp_index_init_regions(p);
+  rc = modules_init(p);
   if (rc) goto fail_unlink;
   rc = umbp_registry_claim(p, UMBP_ROLE_OTHER, -1);
   if (rc) goto fail_unlink;
-  rc = umbp_index_attach_hook(p);
+  rc = modules_attach(p);
   if (rc) goto fail_unlink;
   /* Publish: pairs with the acquire load in wait_magic()/umbp_header_validate(). */
   atomic_store_explicit(&h->magic, UMBP_MAGIC, memory_order_release);
@@ -1174,7 +1200,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
   }
   p->fd = fd;
   uint64_t ioff = 0, ilen = 0; /* the index on huge pages, from the validated header */
-  unsigned timeout = opts->timeout_ms ? opts->timeout_ms : 10000;
+  unsigned timeout = opts->timeout_ms ? opts->timeout_ms : UMBP_ATTACH_TIMEOUT_MS;
   uint64_t deadline = umbp_now_ns() + (uint64_t)timeout * 1000000ull;
   struct stat st;
   int small_creator = 0;
@@ -1229,7 +1255,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
                      name, (long long)st.st_size, timeout, name);
       goto fail;
     }
-    sleep_ms(2);
+    sleep_ms(ATTACH_POLL_MS);
   }
   int prot = opts->read_only ? PROT_READ : PROT_READ | PROT_WRITE;
   int ifd = -1;
@@ -1301,7 +1327,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
     populate_metadata(p, false);
     rc = umbp_registry_claim(p, opts->role, opts->rank);
     if (rc) goto fail;
-    rc = umbp_index_attach_hook(p);
+    rc = modules_attach(p);
     if (rc) {
       umbp_registry_release(p);
       goto fail;
@@ -1382,9 +1408,11 @@ int umbp_pool_forked_fail(const umbp_pool *p) {
 
 UMBP_API void umbp_pool_detach(umbp_pool *p) {
   if (!p) return;
-  if (p->forked) umbp_index_forget(p);
+  if (p->forked)
+    for (unsigned m = 0; m < umbp_shm_n_modules; m++)
+      if (umbp_shm_modules[m]->forget) umbp_shm_modules[m]->forget(p);
   if (!p->read_only) {
-    umbp_index_detach_hook(p);
+    modules_detach_from(p, umbp_shm_n_modules);
     umbp_registry_release(p);
   }
   pool_free(p);
@@ -1445,7 +1473,6 @@ UMBP_API int umbp_pool_get_info(umbp_pool *p, umbp_pool_info *out) {
     i.partitions[k].first_slot = h->partitions[k].first_slot;
     i.partitions[k].slot_count = h->partitions[k].slot_count;
     i.partitions[k].bytes = h->partitions[k].bytes;
-    i.partitions[k].free_slots = umbp_index_free_slots(p, k);
   }
   memcpy(i.uuid, h->uuid, 16);
   i.run_generation = atomic_load_explicit(&h->run_generation, memory_order_relaxed);
@@ -1461,6 +1488,8 @@ UMBP_API int umbp_pool_get_info(umbp_pool *p, umbp_pool_info *out) {
     if (umbp_registry_alive(p, s)) i.procs_live++;
     else i.procs_dead++;
   }
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) /* free slots per partition (the index) */
+    if (umbp_shm_modules[m]->info) umbp_shm_modules[m]->info(p, &i);
   *out = i;
   return 0;
 }

@@ -10,7 +10,7 @@
 
 #include "test_util.h"
 
-#include "shm/daemon.h"
+#include "umbp/admin.h"
 #include "shm/pool_internal.h"
 #include "umbp/check.h"
 #include "umbp/index.h"
@@ -80,7 +80,7 @@ static inline int dtu_daemon_pid(const char *name, int *pid) {
   int rc = umbp_pool_attach(name, &o, &p);
   if (rc) return rc;
   *pid = -1;
-  rc = umbp_daemon_query(p, pid, NULL);
+  rc = umbp_admin_daemon_query(p, pid, NULL);
   umbp_pool_detach(p);
   return rc;
 }

@@ -11,6 +11,9 @@
  *       detach (which flushes the counters); prints "hits H misses M".
  *   metrics_helper hold NAME
  *       attach, print "attached", and wait to be killed.
+ *   metrics_helper hold-pins NAME NSNAME COUNT
+ *       publish keys 0..COUNT-1 of NSNAME and pin each, print "pinned N",
+ *       and wait to be killed (or stopped).
  * Exit 0, 1 on a failure (with the library's message), 2 usage.
  */
 #include <signal.h>
@@ -25,7 +28,8 @@
 #include "umbp/pool.h"
 
 int main(int argc, char **argv) {
-  if (argc < 3 || (strcmp(argv[1], "hold") && argc < 6)) {
+  if (argc < 3 || (strcmp(argv[1], "hold") && strcmp(argv[1], "hold-pins") && argc < 6) ||
+      (!strcmp(argv[1], "hold-pins") && argc < 5)) {
     fprintf(stderr, "usage: see the comment at the top of metrics_helper.c\n");
     return 2;
   }
@@ -48,6 +52,21 @@ int main(int argc, char **argv) {
   if ((rc = umbp_ns_register(p, argv[3], &ns)) != 0) {
     printf("ns_register %d %s\n", rc, umbp_last_error());
     return 1;
+  }
+  if (!strcmp(argv[1], "hold-pins")) {
+    unsigned n = (unsigned)atoi(argv[4]), pinned = 0;
+    for (unsigned id = 0; id < n; id++) {
+      umbp_key k = itu_key(ns, id, 0);
+      uint32_t s;
+      if (umbp_reserve(p, -1, ns, &s) || umbp_publish(p, s, &k) || umbp_lookup_pin(p, &k, &s)) {
+        printf("hold-pins: %s\n", umbp_last_error());
+        return 1;
+      }
+      pinned++;
+    }
+    printf("pinned %u\n", pinned);
+    fflush(stdout);
+    for (;;) pause();
   }
   uint64_t first = strtoull(argv[4], NULL, 10), count = strtoull(argv[5], NULL, 10);
   uint64_t slot_size = umbp_slot_size(p), a = 0, b = 0;

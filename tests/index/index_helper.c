@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "index/index_internal.h"
+#include "index/index_inline.h"
 #include "index_test_util.h"
 #include "shm/ring_claim.h"
 
@@ -41,6 +41,7 @@ struct wctx {
   uint32_t ns;
   uint64_t seed, keys;
   double seconds; /* < 0: forever */
+  bool lookups_only; /* lookups and pins only (no reserve, publish, remove) */
   unsigned long ops, torn;
 };
 
@@ -67,6 +68,7 @@ static void *work(void *arg) {
     rng = itu_mix(rng);
     umbp_key k = itu_key(w->ns, rng % w->keys, 0);
     unsigned op = (unsigned)(rng >> 40) % 16;
+    if (w->lookups_only) op = 5 + op % 9; /* 5..13: single and bulk lookups */
     uint32_t s;
     if (op < 5) {
       if (umbp_reserve(p, -1, w->ns, &s) == 0) {
@@ -117,12 +119,14 @@ static void *work(void *arg) {
   return NULL;
 }
 
-static int run_workers(umbp_pool *p, uint32_t ns, uint64_t seed, double seconds, unsigned threads, uint64_t keys) {
+static int run_workers_x(umbp_pool *p, uint32_t ns, uint64_t seed, double seconds, unsigned threads, uint64_t keys,
+                         bool lookups_only) {
   pthread_t th[16];
   struct wctx w[16];
   if (threads > 16) threads = 16;
   for (unsigned i = 0; i < threads; i++) {
-    w[i] = (struct wctx){.p = p, .ns = ns, .seed = seed * 131 + i, .keys = keys, .seconds = seconds};
+    w[i] = (struct wctx){
+        .p = p, .ns = ns, .seed = seed * 131 + i, .keys = keys, .seconds = seconds, .lookups_only = lookups_only};
     pthread_create(&th[i], NULL, work, &w[i]);
   }
   unsigned long ops = 0, torn = 0;
@@ -136,27 +140,55 @@ static int run_workers(umbp_pool *p, uint32_t ns, uint64_t seed, double seconds,
   return torn ? 3 : 0;
 }
 
+static int run_workers(umbp_pool *p, uint32_t ns, uint64_t seed, double seconds, unsigned threads, uint64_t keys) {
+  return run_workers_x(p, ns, seed, seconds, threads, keys, false);
+}
+
 static void die(void) {
   fflush(stdout);
   raise(SIGKILL);
 }
 
-/* The first steps of ns_count_set() (index.c): take namespace ns's count
- * lock, write the journal (count before, new flag, slot + 1), set slot s's
- * counted flag to f and, if `stored`, the count too; the caller then dies
- * holding the lock. */
-static void count_change(umbp_pool *p, uint32_t ns, uint32_t s, uint8_t f, bool stored) {
+/* The first steps of a namespace count change (namespaces.c), as the
+ * calling thread: the record (namespace, slot, new flag) and, if `applied`,
+ * the count word's CAS; the caller then dies before the flag is set. */
+static void count_change(umbp_pool *p, uint32_t ns, uint32_t s, uint8_t f, bool applied) {
   struct umbp_index *ix = p->index;
-  struct umbp_ns_shm *n = &ix->ns[ns];
-  uint32_t z = 0;
-  while (!atomic_compare_exchange_weak(&n->cnt_lock, &z, p->owner_id)) z = 0;
-  uint64_t old = atomic_load(&n->used_slots);
-  atomic_store(&n->cnt_old, old);
-  atomic_store(&n->cnt_flag, f);
-  atomic_store(&n->cnt_slot, s + 1);
-  atomic_store(&ix->meta[s].counted, f);
-  if (stored) atomic_store(&n->used_slots, f ? old + 1 : old - 1);
-  printf("count %llu -> %s\n", (unsigned long long)old, stored ? "stored" : "not stored");
+  struct tl_slot *t = thread_slot(ix);
+  struct umbp_reader_shm *rec = &ix->readers[t->tid];
+  uint64_t old = NSW_COUNT(atomic_load(&ix->ns[ns].count_word));
+  umbp_ix_ns_count_begin(rec, ns, s, f);
+  if (applied) umbp_ix_ns_count_apply(ix->lines, &ix->ns[ns], rec, (unsigned)p->proc_slot * UMBP_MAX_THREADS + t->tid + 1);
+  printf("count %llu -> %s\n", (unsigned long long)old, applied ? "applied" : "not applied");
+}
+
+/* Stop (SIGSTOP, by the library's test hook) at an exact point of a real
+ * publish or removal: count-applied (publish of key 424242, its count word
+ * changed, the slot's flag not yet), publish-linked (the same key linked and
+ * PUBLISHED, before the duplicate check), remove-unlinked (block 0 EVICTING
+ * and unlinked, before it is counted out and freed). Resumed, it finishes
+ * the call and prints its result. */
+static int stop_at(const char *point, umbp_pool *p, uint32_t ns) {
+  int rc;
+  umbp_key k = itu_key(ns, 424242, 0);
+  if (!strcmp(point, "count-applied") || !strcmp(point, "publish-linked")) {
+    uint32_t s;
+    if (umbp_reserve(p, -1, ns, &s)) return 4;
+    itu_fill(umbp_slot_ptr(p, s), umbp_slot_size(p), &k);
+    umbp_ix_stop_at = !strcmp(point, "count-applied") ? UMBP_STOP_COUNT_APPLIED : UMBP_STOP_PUBLISH_LINKED;
+    rc = umbp_publish(p, s, &k);
+  } else if (!strcmp(point, "remove-unlinked")) {
+    umbp_key k0 = itu_key(ns, 0, 0);
+    umbp_ix_stop_at = UMBP_STOP_REMOVE_UNLINKED;
+    rc = umbp_remove(p, &k0);
+  } else {
+    fprintf(stderr, "unknown point %s\n", point);
+    return 2;
+  }
+  printf("done %d\n", rc);
+  fflush(stdout);
+  umbp_pool_detach(p);
+  return 0;
 }
 
 static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
@@ -202,7 +234,6 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
         break;
       }
     }
-    atomic_store(&b->lock, p->owner_id); /* and it held the bucket lock */
     if (counting) count_change(p, ns, s, 1, !strcmp(point, "counted-in"));
     die();
   }
@@ -257,12 +288,6 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
     atomic_store(&ix->meta[s].state, ST_NEXT(w, UMBP_SLOT_FREE, 0));
     die();
   }
-  if (!strcmp(point, "reading")) {
-    struct umbp_proc_slot *ps = &p->procs[p->proc_slot];
-    atomic_fetch_or(&ps->thread_bits, 1ull << 5);
-    atomic_store(&ix->readers[5].ctr, atomic_load(&ix->ih->epoch));
-    die();
-  }
   fprintf(stderr, "unknown point %s\n", point);
   return 2;
 }
@@ -274,7 +299,7 @@ int main(int argc, char **argv) {
   }
   const char *mode = argv[1];
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
-  const char *name = !strcmp(mode, "die-at") ? argv[3] : argv[2];
+  const char *name = !strcmp(mode, "die-at") || !strcmp(mode, "stop-at") ? argv[3] : argv[2];
   umbp_pool *p;
   umbp_attach_opts o;
   umbp_attach_opts_init(&o);
@@ -295,6 +320,12 @@ int main(int argc, char **argv) {
     fflush(stdout);
     return run_workers(p, (uint32_t)atoi(argv[3]), strtoull(argv[4], 0, 10), -1, (unsigned)atoi(argv[5]),
                        strtoull(argv[6], 0, 10));
+  }
+  if (!strcmp(mode, "chaos-read") && argc >= 7) {
+    printf("ready\n");
+    fflush(stdout);
+    return run_workers_x(p, (uint32_t)atoi(argv[3]), strtoull(argv[4], 0, 10), -1, (unsigned)atoi(argv[5]),
+                         strtoull(argv[6], 0, 10), true);
   }
   if (!strcmp(mode, "fork-hold") && argc >= 5) {
     uint32_t ns = (uint32_t)atoi(argv[3]), s;
@@ -332,6 +363,7 @@ int main(int argc, char **argv) {
     for (;;) pause();
   }
   if (!strcmp(mode, "die-at") && argc >= 5) return die_at(argv[2], p, (uint32_t)atoi(argv[4]));
+  if (!strcmp(mode, "stop-at") && argc >= 5) return stop_at(argv[2], p, (uint32_t)atoi(argv[4]));
   fprintf(stderr, "bad arguments\n");
   return 2;
 }

@@ -12,6 +12,7 @@
 
 #include "common/common.h"
 #include "index/index_shm.h" /* UMBP_MAX_SLOTS */
+#include "shm/module.h"
 #include "shm/pool_internal.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
@@ -1096,8 +1097,31 @@ static void test_layout_compute(void **state) {
   assert_non_null(strstr(umbp_last_error(), "raise the slot size (--slot-size)"));
 }
 
+/* Every region of the table below the arena is the segment layer's own
+ * (registry, free rings) or exactly one module's (shm/module.h), and every
+ * module hooks what the segment layer calls unconditionally. */
+static void test_region_owners(void **state) {
+  (void)state;
+  for (int r = 0; r < UMBP_REG_ARENA; r++) {
+    unsigned owners = 0;
+    for (unsigned m = 0; m < umbp_shm_n_modules; m++) owners += (umbp_shm_modules[m]->regions >> r) & 1;
+    bool own = r == UMBP_REG_REGISTRY || r == UMBP_REG_FREERINGS;
+    if (owners != (own ? 0u : 1u)) fprintf(stderr, "region %d has %u owners\n", r, owners);
+    assert_int_equal(owners, own ? 0 : 1);
+    assert_true(own ? umbp_shm_region_owner(r) == NULL : umbp_shm_region_owner(r) != NULL);
+  }
+  for (unsigned m = 0; m < umbp_shm_n_modules; m++) {
+    const struct umbp_shm_module *mod = umbp_shm_modules[m];
+    assert_non_null(mod->name);
+    assert_true(mod->abi_part != NULL);
+    assert_true(!mod->regions || mod->region_bytes != NULL);
+    assert_int_equal(mod->regions >> UMBP_REG_ARENA, 0); /* the arena is the partitions' */
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_region_owners),
       cmocka_unit_test(test_lifecycle),
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_bad_params),

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "umbp/topo.h"
-#include "umbp/umbp.h"
+#include "umbp/common.h"
 
 /* ASan builds: see lsan.supp (the same suppression, for the CLI test). Hooks
  * the sanitizer runtimes look up by name, hence default visibility (the

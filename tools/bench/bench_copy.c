@@ -28,11 +28,18 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "datapath/dp_internal.h"
+#include "pool_fault.h"
+#include "cli_config.h" /* UMBP_HAVE_CUDA */
+#include "umbp/admin.h"
 #include "umbp/datapath.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
-#include "umbp_config.h"
+
+#define JOB_WAIT_MS 600000         /* a store or load job of a case: 10 minutes, then it is a failure */
+#define EXPORTER_READY_MS 60000    /* --pull: the exporting process's "ready" line */
+#define RECLAIM_TRIES 1000         /* between repetitions: the cleared slots back on the free ring, */
+#define RECLAIM_POLL_US 100        /* looked for every 100 us, 0.1 s at most */
+#define REGISTRATION_POLL_US 1000  /* --cuda: how often the pool's host registration is looked at */
 
 #if UMBP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -169,7 +176,8 @@ static const char *copy_usage =
     "with --victim per case \"victim_alone_ms\", \"store_victim_slowdown\", \"load_victim_slowdown\";\n"
     "with --pull \"pull_gbps\", \"pull_ref_gbps\", \"pull_ratio\" (and \"pull_victim_slowdown\").\n"
     "\n"
-    "Exit status: 0 measured; 1 a runtime failure (pool, CUDA, a failed job); 2 usage.\n"
+    "Exit status: 0 measured; 1 a runtime failure (pool, CUDA, a failed job); 2 usage;\n"
+    "3 a SIGBUS on the pool (its file truncated, or /dev/shm full).\n"
     "\n"
     "Example:\n"
     "  umbp bench copy --threads 2 --cases 256KiBx16,1MiBx80 --reps 7 --json\n";
@@ -279,7 +287,7 @@ struct result {
 };
 
 static int run_job(umbp_dp_job *j, const char *what) {
-  int rc = umbp_dp_job_wait(j, 600000);
+  int rc = umbp_dp_job_wait(j, JOB_WAIT_MS);
   if (!rc) rc = umbp_dp_job_status(j);
   if (rc) cli_error("bench copy: %s job failed: %s (%s)", what, umbp_strerror(rc), umbp_dp_job_message(j, 0));
   umbp_dp_job_release(j);
@@ -312,6 +320,7 @@ static int pull_exporter(int argc, char **argv) {
   umbp_dp_engine *e = NULL;
   umbp_kv_region *reg = calloc(c.nreg, sizeof *reg);
   int rc = reg ? umbp_pool_attach(argv[2], &ao, &pool) : -ENOMEM;
+  if (!rc) cli_fault_watch(pool, "umbp bench copy: exporter", false);
   for (unsigned r = 0; !rc && r < c.nreg; r++) {
     uint64_t bb = region_bytes(&c, r);
     reg[r] = (umbp_kv_region){.block_bytes = bb, .stride = bb, .block_count = nb, .group = 0, .layer = r / 2,
@@ -339,7 +348,7 @@ static int pull_exporter(int argc, char **argv) {
   for (unsigned r = 0; reg && r < c.nreg; r++)
     if (reg[r].base) cudaFree(reg[r].base);
   free(reg);
-  if (pool) umbp_pool_detach(pool);
+  if (pool) cli_pool_detach(pool);
   return rc ? CLI_RUNTIME : CLI_OK;
 }
 
@@ -370,7 +379,7 @@ static int run_pull(const struct bcase *c, const char *pool_name, umbp_dp_engine
   char line[64] = "";
   size_t n = 0;
   struct pollfd pf = {.fd = out[0], .events = POLLIN};
-  while (!rc && n + 1 < sizeof line && poll(&pf, 1, 60000) > 0) {
+  while (!rc && n + 1 < sizeof line && poll(&pf, 1, EXPORTER_READY_MS) > 0) {
     if (read(out[0], line + n, 1) != 1) break;
     if (line[n] == '\n') break;
     n++;
@@ -551,14 +560,10 @@ static int copy_rep(struct copy_run *x, unsigned rep) {
   if (!x->cuda) tlr = ref_run(x->ref, 1);
   umbp_unpin_bulk(x->pool, x->nb, x->pins);
   umbp_clear_ns(x->pool, x->ns);
-  for (int k = 0; k < 1000 && umbp_reclaim(x->pool) >= 0; k++) {
-    umbp_partition_info pi;
-    umbp_pool_info info;
-    if (umbp_pool_get_info(x->pool, &info) == 0) {
-      pi = info.partitions[0];
-      if (pi.free_slots >= x->nb) break;
-    }
-    usleep(100);
+  for (int k = 0; k < RECLAIM_TRIES && umbp_reclaim(x->pool) >= 0; k++) {
+    uint64_t free_slots = 0;
+    if (umbp_admin_free_slots(x->pool, 0, &free_slots) == 0 && free_slots >= x->nb) break;
+    usleep(RECLAIM_POLL_US);
   }
   if (rep == 0) return 0;
   x->v[0][rep - 1] = x->gb / ts;
@@ -589,6 +594,7 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
     cli_error("bench copy: pool: %s", umbp_last_error());
     return rc;
   }
+  cli_fault_watch(pool, "umbp bench copy", false);
   uint32_t ns = 0;
   umbp_ns_register(pool, "bench-copy", &ns);
   umbp_kv_region *reg = calloc(c->nreg, sizeof *reg);
@@ -620,7 +626,7 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
     goto out;
   }
   if (cuda) {
-    while ((rc = umbp_dp_cuda_registration(e, NULL, NULL)) == -EINPROGRESS) usleep(1000);
+    while ((rc = umbp_dp_cuda_registration(e, NULL, NULL)) == -EINPROGRESS) usleep(REGISTRATION_POLL_US);
     if (rc) {
       cli_error("bench copy: %s", umbp_last_error());
       goto out;
@@ -709,7 +715,7 @@ out:
     free(refbuf);
   for (int k = 0; k < 6; k++) free(v[k]);
   free(reg), free(ids), free(pins), free(keys), free(slotp);
-  umbp_pool_detach(pool);
+  cli_pool_detach(pool);
   umbp_pool_destroy(name);
   return rc;
 }
@@ -917,7 +923,7 @@ int bench_copy_main(int argc, char **argv) {
     if (run_case(&cases[i], threads, ncpus ? cpus : NULL, ncpus, reps, bytes, cuda, &res[i])) return CLI_RUNTIME;
   struct copy_report rep = {.cuda = cuda, .threads = threads, .reps = reps, .nc = nc, .bytes = bytes,
                             .refname = cuda ? "cudaMemcpy of pinned buffers" : "memcpy", .cases = cases, .res = res};
-  dp_cuda_copy_calls(&rep.nbatch, &rep.nrange, &rep.nkern);
+  umbp_dp_cuda_copy_calls(&rep.nbatch, &rep.nrange, &rep.nkern);
   if (json) print_copy_json(&rep);
   else print_copy_table(&rep);
   return CLI_OK;

@@ -72,7 +72,8 @@
 
 #include "bench.h"
 #include "cli.h"
-#include "shm/pool_internal.h" /* umbp_index_free_slots: the churn writer's back-pressure */
+#include "pool_fault.h"
+#include "umbp/admin.h" /* umbp_admin_free_slots: the churn writer's back-pressure */
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
@@ -185,8 +186,9 @@ static double median(double *v, unsigned n) {
 
 /* Medians of one case: each table's figure, and each table's ratio, ours over
  * it, taken repetition by repetition (the two measured within a second of each
- * other) before the median. This machine's speed drifts by up to 4x within a
- * minute; a ratio of two medians can pair a fast repetition with a slow one. */
+ * other) before the median: a machine's speed can drift several-fold within
+ * a minute (docs/bench-index.md), and a ratio of two medians can pair a fast
+ * repetition with a slow one. */
 static void case_medians(struct case_res *c, double *const vals[IMPL_N], unsigned reps, const bool *measured) {
   double rr[reps > 0 ? reps : 1];
   c->nrep = reps;
@@ -360,7 +362,7 @@ static int ours_lookup_run(umbp_pool *p, const umbp_key *st, int op, uint64_t po
 
 static uint64_t ours_free_slots(umbp_pool *p) {
   uint64_t n = 0;
-  for (unsigned i = 0; i < p->hdr->n_partitions; i++) n += umbp_index_free_slots(p, i);
+  umbp_admin_free_slots(p, -1, &n); /* every partition */
   return n;
 }
 
@@ -786,10 +788,11 @@ static int child_main(int argc, char **argv) {
     cli_error("bench index child: cannot attach to pool '%s': %s", name, umbp_last_error());
     return CLI_RUNTIME;
   }
+  cli_fault_watch(p, "umbp bench index: child", false);
   uint32_t ns;
   if ((rc = umbp_ns_register(p, "bench", &ns))) {
     cli_error("bench index child: %s", umbp_last_error());
-    umbp_pool_detach(p);
+    cli_pool_detach(p);
     return CLI_RUNTIME;
   }
   umbp_key *st[2] = {ustream_make(seed, SET_HIT, fill, ns), ustream_make(seed, SET_MISS, fill, ns)};
@@ -813,7 +816,7 @@ static int child_main(int argc, char **argv) {
   }
   free(st[0]);
   free(st[1]);
-  umbp_pool_detach(p);
+  cli_pool_detach(p);
   return CLI_OK;
 }
 
@@ -850,6 +853,7 @@ static int ours_setup(struct bench *b, unsigned lf_idx) {
               (unsigned long long)b->n, umbp_last_error());
     return rc;
   }
+  cli_fault_watch(b->pool, "umbp bench index", false);
   snprintf(g_pool_names[lf_idx], sizeof g_pool_names[lf_idx], "%s", b->pool_name);
   umbp_pool_info info;
   if (umbp_pool_get_info(b->pool, &info) == 0) {
@@ -912,7 +916,7 @@ static void ours_teardown(struct bench *b, unsigned lf_idx) {
   free(b->ust[1]);
   b->ust[0] = b->ust[1] = NULL;
   if (b->pool) {
-    umbp_pool_detach(b->pool);
+    cli_pool_detach(b->pool);
     umbp_pool_destroy(b->pool_name);
     b->pool = NULL;
     g_pool_names[lf_idx][0] = 0;
@@ -1492,7 +1496,8 @@ static const char *usage_text =
     "still runs ours against cds_lfht.\n"
     "\n"
     "Exit status: 0 success; 1 runtime error (pool, table or process could not be\n"
-    "created, or a table gave a wrong answer); 2 usage error.\n"
+    "created, or a table gave a wrong answer); 2 usage error; 3 a SIGBUS on a pool\n"
+    "(its file truncated, or /dev/shm full).\n"
     "\n"
     "Example:\n"
     "  umbp bench index --keys 1048576 --reps 5 --seconds 0.3\n"

@@ -24,9 +24,16 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "pool_fault.h"
 #include "replay/replay.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
+
+#define REAP_POLL_NS 10000000L  /* 10 ms between waitpid(WNOHANG) looks at a worker that is exiting */
+#define DEAD_WAIT_POLLS 200     /* a worker already gone or going: 2 s, then SIGKILL */
+#define QUIT_WAIT_POLLS 1000    /* a worker told to quit: up to 10 s to finish and detach */
+#define REPLY_POLL_MS 250       /* how often a wait for replies looks at signals and the clock */
+#define PACE_SLEEP_MAX_NS 100000000ull /* 100 ms: the longest sleep between a trace's timestamps */
 
 static volatile sig_atomic_t g_sig;
 
@@ -128,8 +135,8 @@ static void report_dead(struct run *r, unsigned rank, const char *when) {
   pid_t pid = r->w[rank].pid;
   int st = 0;
   pid_t got = 0;
-  for (int i = 0; i < 200 && (got = waitpid(pid, &st, WNOHANG)) == 0; i++) {
-    struct timespec ts = {0, 10000000};
+  for (int i = 0; i < DEAD_WAIT_POLLS && (got = waitpid(pid, &st, WNOHANG)) == 0; i++) {
+    struct timespec ts = {0, REAP_POLL_NS};
     nanosleep(&ts, NULL);
   }
   if (got == 0) {
@@ -223,7 +230,7 @@ static int wait_replies(struct run *r, unsigned lo, unsigned hi, uint32_t type, 
         pf[np] = (struct pollfd){.fd = r->w[i].from, .events = POLLIN};
         idx[np++] = i;
       }
-    int pr = poll(pf, np, 250);
+    int pr = poll(pf, np, REPLY_POLL_MS);
     if (pr < 0 && errno != EINTR) {
       cli_error("replay: poll: %s", strerror(errno));
       return 1;
@@ -274,7 +281,7 @@ static void sleep_until(uint64_t target) {
     uint64_t now = now_ns();
     if (now >= target || g_sig) return;
     uint64_t d = target - now;
-    if (d > 100000000) d = 100000000;
+    if (d > PACE_SLEEP_MAX_NS) d = PACE_SLEEP_MAX_NS; /* signals end the wait within this */
     struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
     nanosleep(&ts, NULL);
   }
@@ -340,6 +347,7 @@ static int open_pool(struct run *r, uint64_t capacity, bool unbounded, struct rp
     r->pool = NULL;
     return 1;
   }
+  cli_fault_watch(r->pool, "umbp replay", false);
   {
     umbp_pool_info info;
     if (umbp_pool_get_info(r->pool, &info) == 0) {
@@ -436,8 +444,8 @@ static int stop_workers(struct run *r) {
     if (!r->w[i].pid) continue;
     int st = 0;
     pid_t got = 0;
-    for (int k = 0; k < 1000 && (got = waitpid(r->w[i].pid, &st, WNOHANG)) == 0; k++) {
-      struct timespec ts = {0, 10000000};
+    for (int k = 0; k < QUIT_WAIT_POLLS && (got = waitpid(r->w[i].pid, &st, WNOHANG)) == 0; k++) {
+      struct timespec ts = {0, REAP_POLL_NS};
       nanosleep(&ts, NULL);
     }
     if (got == r->w[i].pid && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
@@ -553,7 +561,7 @@ out:
     if (r.w[i].from >= 0) close(r.w[i].from);
   }
   if (r.pool) {
-    umbp_pool_detach(r.pool);
+    cli_pool_detach(r.pool);
     umbp_pool_destroy(r.name);
   }
   free(pool_ns);

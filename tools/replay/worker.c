@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pool_fault.h"
 #include "replay/replay.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
@@ -234,7 +235,12 @@ int rp_worker_main(int argc, char **argv) {
     umbp_attach_opts_init(&o);
     o.role = UMBP_ROLE_WORKER;
     o.rank = (int)w.rank;
-    if ((rc = umbp_pool_attach(w.pool_name, &o, &w.pool)) != 0) {
+    if ((rc = umbp_pool_attach(w.pool_name, &o, &w.pool)) == 0) {
+      char who[48]; /* a SIGBUS on the pool names this rank */
+      snprintf(who, sizeof who, "umbp replay: worker rank %u", w.rank);
+      cli_fault_watch(w.pool, who, false);
+    }
+    if (rc) {
       wlog(&w, "cannot attach to pool '%s': %s", w.pool_name, umbp_last_error());
       rep.status = rc;
     } else if ((rc = umbp_ns_lookup(w.pool, RP_NS_NAME, &w.ns)) != 0) {
@@ -287,7 +293,7 @@ int rp_worker_main(int argc, char **argv) {
     }
   }
 out:
-  umbp_pool_detach(w.pool);
+  cli_pool_detach(w.pool);
   free(w.buf);
   free(w.keys);
   free(w.slots);
