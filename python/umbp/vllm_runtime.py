@@ -6,8 +6,8 @@ vLLM 0.34 ships ``UMBPStoreConnector`` in tree
 itself and delegates storage to an ``IUMBPRuntime`` (``…/umbp/runtime/base.py``)
 built by ``UMBPRuntimeFactory`` for the mode ``embedded`` or ``standalone``.
 ``UMBPRuntime`` here is that runtime over libumbp: the same pool handling
-(``umbp.vllm._Pool``), options (``umbp.vllm.UMBPConfig``), placement
-(``umbp.vllm.plan_placement``) and C copy engine (umbp_dp_*) as ``umbp.vllm``.
+(``umbp.vllm_config._Pool``), options (``UMBPConfig``), placement
+(``plan_placement``) and C copy engine (umbp_dp_*) as ``umbp.vllm``.
 ``umbp.vllm_plugin.register`` puts it behind ``backend: "umbp"``.
 
 How the contract maps onto libumbp
@@ -80,7 +80,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
 from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import UMBPRuntimeConfig
 
 from . import _lib as L
-from .vllm import _CONFIG_KEYS, UMBPConfig, _Pool, layout_and_engine, plan_placement
+from .vllm_config import _CONFIG_KEYS, UMBPConfig, _Pool, layout_and_engine, plan_placement
 
 logger = logging.getLogger("vllm.umbp.runtime")
 

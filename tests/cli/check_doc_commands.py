@@ -13,7 +13,7 @@ Lines that cannot run here are listed in NOT_HERE with the reason; the rest
 must pass.
 
 Messages: every `'umbp ...'`, `` `umbp ...` `` and `(umbp ...)` in a string
-of src/, tools/ and python/umbp/vllm.py (C literals split over lines are
+of src/, tools/ and python/umbp/*.py (C literals split over lines are
 joined first) must be in MESSAGES: run in the state whose error suggests it
 (pool missing, pool present), or marked as prose that names a command without
 being one. A new suggestion fails the test until it is added there."""
@@ -245,7 +245,7 @@ def suggestions():
     pat = re.compile(r"""(?<=['`(])umbp (?:pool|daemon|inspect|topo|size|replay|bench)\b[^'`)\n"\\]*(?=['`)])""")
     files = (glob.glob(os.path.join(SRC, "src", "**", "*.c"), recursive=True) +
              glob.glob(os.path.join(SRC, "tools", "**", "*.c"), recursive=True) +
-             [os.path.join(SRC, "python", "umbp", "vllm.py")])
+             glob.glob(os.path.join(SRC, "python", "umbp", "*.py")))
     found = {}
     for f in files:
         text = open(f).read()
@@ -266,7 +266,7 @@ MESSAGES = {
     # no pool named NAME (attach, inspect, daemon without --capacity)
     "umbp pool create NAME --capacity SIZE": ("missing", ["pool", "create", POOL, "--capacity", CAP], 0),
     "umbp pool ls": ("missing", ["pool", "ls"], 0),
-    "umbp daemon NAME --capacity SIZE": ("missing", "daemon", 0),  # vllm.py's standalone error
+    "umbp daemon NAME --capacity SIZE": ("missing", "daemon", 0),  # vllm_config.py's standalone error
     "umbp pool create NAME": ("missing", ["pool", "create", POOL, "--capacity", CAP], 0),
     # a pool that exists (stale, corrupted, of another layout, stuck)
     "umbp pool destroy NAME": ("present", ["pool", "destroy", POOL], 0),
@@ -293,7 +293,7 @@ MESSAGES = {
 }
 
 
-@check("every umbp command quoted in a message of src/, tools/, python/umbp/vllm.py is known here")
+@check("every umbp command quoted in a message of src/, tools/, python/umbp/*.py is known here")
 def _():
     unknown = {t: w for t, w in suggestions().items() if t not in MESSAGES}
     assert not unknown, "add these to MESSAGES in tests/cli/check_doc_commands.py: " + json.dumps(unknown)
@@ -331,7 +331,7 @@ def _():
     assert rc == 1 and f"'umbp pool create {POOL} --capacity SIZE'" in err and "'umbp pool ls'" in err, err
     rc, _, err = umbp("daemon")
     assert rc == 2 and "'umbp daemon NAME --capacity SIZE'" in err, err
-    src = open(os.path.join(SRC, "python", "umbp", "vllm.py")).read()
+    src = "".join(open(f).read() for f in glob.glob(os.path.join(SRC, "python", "umbp", "*.py")))
     assert "`umbp daemon {self.name} --capacity SIZE`" in src
 
 

