@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <getopt.h>
 #include <grp.h>
 #include <pthread.h>
@@ -32,6 +33,7 @@
 #include "cli.h"
 #include "pool_fault.h"
 #include "metrics_http.h"
+#include "pool_notes.h" /* namespace labels, for label quotas */
 #include "umbp/admin.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
@@ -83,9 +85,20 @@ static const char *daemon_usage =
     "  --unlink-on-exit      destroy the pool when the daemon stops on SIGTERM or\n"
     "                        SIGINT (default: keep it for the next daemon).\n"
     "  --quota NS=SIZE       byte quota of namespace NS (registered if new); 0 means\n"
-    "                        none. Repeatable.\n"
+    "                        none. Repeatable. NS may be a glob ('vllm-*') or\n"
+    "                        'label:PATTERN', see --quota-file.\n"
     "  --quota-file FILE     quotas from FILE, one 'NAMESPACE SIZE' per line, '#'\n"
     "                        starts a comment; read at start and again on SIGHUP.\n"
+    "                        NAMESPACE is a name (registered if new), a glob of\n"
+    "                        names ('vllm-*'), or 'label:PATTERN', a glob of the\n"
+    "                        labels the vLLM connector gives derived namespaces\n"
+    "                        (model, TP, dtype, block size: 'umbp inspect NAME'\n"
+    "                        shows them), e.g. 'label:Qwen/Qwen2.5-7B* tp8* 16GiB'.\n"
+    "                        Globs and labels apply to namespaces as engines\n"
+    "                        register them; where several lines match one, the\n"
+    "                        last wins (--quota options come before the file). A\n"
+    "                        quota larger than the pool never limits: it is logged\n"
+    "                        as a warning.\n"
     "  --reap-interval MS    how often dead processes are reaped (default 1000).\n"
     "  --evict-low PCT       start evicting below PCT%% free slots (default 5).\n"
     "  --evict-high PCT      evict until PCT%% are free (default 10); low < high <= 100.\n"
@@ -167,11 +180,56 @@ static int fatal(const char *fmt, ...) {
 }
 
 /* ---- quotas ----------------------------------------------------------------- */
+/* A quota names a namespace exactly (registered at start if new), a glob of
+ * names, or a glob of labels (the connector's, in the pool's notes); globs
+ * are applied each reap interval to the namespaces registered by then. */
+enum quota_kind { Q_NAME = 0, Q_GLOB = 1, Q_LABEL = 2 };
 struct quota {
-  char ns[129];
+  char ns[488]; /* the name, the glob, or the label pattern (without "label:") */
+  int kind;
   uint64_t bytes;
 };
 #define MAX_QUOTAS UMBP_MAX_NAMESPACES
+#define LABEL_PREFIX "label:"
+
+/* Parse KEY (a line's or a --quota's text before its SIZE) into q: 0, or -1
+ * when it is not a namespace name, a glob or a label pattern. */
+static int parse_quota_key(const char *key, size_t len, struct quota *q) {
+  while (len && (*key == ' ' || *key == '\t')) key++, len--;
+  while (len && (key[len - 1] == ' ' || key[len - 1] == '\t')) len--;
+  size_t pl = strlen(LABEL_PREFIX);
+  if (len > pl && !strncmp(key, LABEL_PREFIX, pl)) {
+    key += pl, len -= pl;
+    while (len && (*key == ' ' || *key == '\t')) key++, len--;
+    if (!len || len >= sizeof q->ns) return -1;
+    q->kind = Q_LABEL;
+  } else {
+    if (!len || len > 128 || memchr(key, ' ', len) || memchr(key, '\t', len)) return -1;
+    bool glob = false;
+    for (size_t i = 0; i < len; i++) glob |= key[i] == '*' || key[i] == '?' || key[i] == '[';
+    q->kind = glob ? Q_GLOB : Q_NAME;
+  }
+  snprintf(q->ns, sizeof q->ns, "%.*s", (int)len, key);
+  return 0;
+}
+
+/* "namespace 'chat'", "namespaces 'vllm-*'" or "namespaces labelled 'Qwen*'": a quota, for the log. */
+static const char *quota_what(const struct quota *q, char *buf, size_t n) {
+  snprintf(buf, n, "%s '%s'", q->kind == Q_LABEL ? "namespaces labelled" : q->kind == Q_GLOB ? "namespaces" : "namespace",
+           q->ns);
+  return buf;
+}
+
+/* A quota above the pool's slot bytes never limits: say so (once per apply). */
+static void warn_big_quota(umbp_pool *p, const struct quota *q) {
+  umbp_pool_info info;
+  if (!q->bytes || umbp_pool_get_info(p, &info)) return;
+  uint64_t cap = (uint64_t)info.slot_count * info.slot_size;
+  if (q->bytes <= cap) return;
+  char a[32], b[32], w[600];
+  dlog("warning: the quota of %s (%s) is larger than the pool (%s of slots): it never evicts anything",
+       quota_what(q, w, sizeof w), cli_fmt_size(q->bytes, a, sizeof a), cli_fmt_size(cap, b, sizeof b));
+}
 
 /* Parse FILE; 0 and *n entries, or -1 with err filled ("FILE:LINE: ..."). */
 static int read_quota_file(const char *path, struct quota *q, unsigned *n, char *err, size_t errn) {
@@ -186,12 +244,18 @@ static int read_quota_file(const char *path, struct quota *q, unsigned *n, char 
     lineno++;
     char *hash = strchr(line, '#');
     if (hash) *hash = 0;
-    char ns[256], size[64], extra[8];
-    int got = sscanf(line, "%255s %63s %7s", ns, size, extra);
-    if (got <= 0) continue;
+    /* KEY SIZE: SIZE is the last word, KEY all before it (a label pattern may have spaces) */
+    size_t len = strcspn(line, "\n");
+    while (len && (line[len - 1] == ' ' || line[len - 1] == '\t' || line[len - 1] == '\r')) len--;
+    line[len] = 0;
+    size_t start = strspn(line, " \t");
+    if (start == len) continue;
+    char *sp = line + len;
+    while (sp > line + start && sp[-1] != ' ' && sp[-1] != '\t') sp--;
     uint64_t b;
-    if (got != 2 || strlen(ns) > 128 || cli_parse_size(size, &b)) {
-      snprintf(err, errn, "%s:%u: expected 'NAMESPACE SIZE' (e.g. 'chat 8GiB'), got '%.*s'", path, lineno,
+    struct quota pq;
+    if (sp == line + start || cli_parse_size(sp, &b) || parse_quota_key(line + start, (size_t)(sp - line - start), &pq)) {
+      snprintf(err, errn, "%s:%u: expected 'NAMESPACE SIZE' (e.g. 'chat 8GiB', 'vllm-* 8GiB' or 'label:Qwen* 8GiB'), got '%.*s'", path, lineno,
                (int)strcspn(line, "\n"), line);
       fclose(f);
       return -1;
@@ -201,8 +265,8 @@ static int read_quota_file(const char *path, struct quota *q, unsigned *n, char 
       fclose(f);
       return -1;
     }
-    snprintf(q[k].ns, sizeof q[k].ns, "%s", ns);
-    q[k++].bytes = b;
+    pq.bytes = b;
+    q[k++] = pq;
   }
   fclose(f);
   *n = k;
@@ -212,6 +276,8 @@ static int read_quota_file(const char *path, struct quota *q, unsigned *n, char 
 static int apply_quotas(umbp_pool *p, const struct quota *q, unsigned n) {
   int bad = 0;
   for (unsigned i = 0; i < n; i++) {
+    warn_big_quota(p, &q[i]);
+    if (q[i].kind != Q_NAME) continue; /* globs and labels: apply_pattern_quotas() */
     uint32_t id;
     int rc = umbp_ns_register(p, q[i].ns, &id);
     if (!rc) rc = umbp_ns_set_quota(p, id, q[i].bytes);
@@ -236,10 +302,63 @@ static void drop_removed_quotas(umbp_pool *p, const struct quota *cmdline, unsig
     for (unsigned j = 0; j < nnow && !kept; j++) kept = !strcmp(old[i].ns, now[j].ns);
     if (kept) continue;
     struct quota q = old[i];
+    if (q.kind != Q_NAME) continue; /* apply_pattern_quotas() lets go of what no line matches */
     q.bytes = 0;
     for (unsigned j = 0; j < ncmd; j++)
       if (!strcmp(cmdline[j].ns, q.ns)) q.bytes = cmdline[j].bytes;
     apply_quotas(p, &q, 1);
+  }
+}
+
+/* Glob and label quotas, applied to every namespace registered now: for each,
+ * the last quota that matches it (command line, then file) wins; when that is
+ * a glob or label one, the namespace gets its bytes. A namespace that a glob
+ * or label quota had set and that no quota matches any more (after SIGHUP)
+ * goes back to none. set_by_pattern[id] remembers which ones this set. */
+static void apply_pattern_quotas(umbp_pool *p, const char *pool, const struct quota *cmd, unsigned ncmd,
+                                 const struct quota *file, unsigned nfile, bool *set_by_pattern) {
+  bool globs = false, labels = false;
+  for (unsigned i = 0; i < ncmd + nfile; i++) {
+    int k = (i < ncmd ? cmd[i] : file[i - ncmd]).kind;
+    globs |= k != Q_NAME;
+    labels |= k == Q_LABEL;
+  }
+  static struct pool_notes notes; /* ~200 KiB: off the stack */
+  notes.valid = false;
+  if (labels) {
+    umbp_pool_info info;
+    if (umbp_pool_get_info(p, &info) == 0) notes_read(pool, info.uuid, &notes);
+  }
+  for (uint32_t id = 0; id < UMBP_MAX_NAMESPACES; id++) {
+    if (!globs && !set_by_pattern[id]) continue;
+    umbp_ns_info ni;
+    if (umbp_ns_info_get(p, id, &ni)) continue;
+    const char *label = notes_label(&notes, ni.name);
+    const struct quota *win = NULL;
+    for (unsigned i = 0; i < ncmd + nfile; i++) {
+      const struct quota *q = i < ncmd ? &cmd[i] : &file[i - ncmd];
+      bool m = q->kind == Q_NAME   ? !strcmp(q->ns, ni.name)
+               : q->kind == Q_GLOB ? fnmatch(q->ns, ni.name, 0) == 0
+                                   : label && fnmatch(q->ns, label, 0) == 0;
+      if (m) win = q;
+    }
+    char b[32], w[600];
+    if (win && win->kind != Q_NAME) {
+      set_by_pattern[id] = true;
+      if (ni.quota_bytes == win->bytes) continue;
+      if (umbp_ns_set_quota(p, id, win->bytes))
+        dlog("error: quota of namespace '%s' not applied: %s", ni.name, umbp_last_error());
+      else
+        dlog("quota of namespace '%s' (id %u%s%s%s): %s, from the quota of %s", ni.name, id, label ? ", label '" : "",
+             label ? label : "", label ? "'" : "", win->bytes ? cli_fmt_size(win->bytes, b, sizeof b) : "none",
+             quota_what(win, w, sizeof w));
+    } else if (!win && set_by_pattern[id]) {
+      set_by_pattern[id] = false;
+      if (ni.quota_bytes && umbp_ns_set_quota(p, id, 0) == 0)
+        dlog("quota of namespace '%s' (id %u): none (no quota matches it any more)", ni.name, id);
+    } else if (win) {
+      set_by_pattern[id] = false; /* a name quota holds it: apply_quotas() set it */
+    }
   }
 }
 
@@ -334,11 +453,14 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
     case O_UNLINK: o->unlink_on_exit = true; break;
     case O_QUOTA: {
       const char *eq = strrchr(optarg, '=');
-      if (!eq || eq == optarg || eq - optarg > 128 || cli_parse_size(eq + 1, &v))
-        return cli_usage_error("daemon", "--quota '%s': use NAMESPACE=SIZE, e.g. --quota chat=8GiB", optarg);
+      struct quota q;
+      if (!eq || cli_parse_size(eq + 1, &v) || parse_quota_key(optarg, (size_t)(eq - optarg), &q))
+        return cli_usage_error("daemon",
+                               "--quota '%s': use NAMESPACE=SIZE, e.g. --quota chat=8GiB, 'vllm-*=8GiB' or "
+                               "'label:Qwen*=8GiB'", optarg);
       if (o->nquotas == MAX_QUOTAS) return cli_usage_error("daemon", "more than %d --quota options", MAX_QUOTAS);
-      snprintf(o->quotas[o->nquotas].ns, sizeof o->quotas[0].ns, "%.*s", (int)(eq - optarg), optarg);
-      o->quotas[o->nquotas++].bytes = v;
+      q.bytes = v;
+      o->quotas[o->nquotas++] = q;
       break;
     }
     case O_QFILE: o->quota_file = optarg; break;
@@ -724,6 +846,8 @@ int cmd_daemon(int argc, char **argv) {
   cli_fault_watch(p, who, true);
   apply_quotas(p, o.quotas, o.nquotas);
   apply_quotas(p, fileq, nfileq);
+  static bool set_by_pattern[UMBP_MAX_NAMESPACES];
+  apply_pattern_quotas(p, o.pool, o.quotas, o.nquotas, fileq, nfileq, set_by_pattern);
   rc = umbp_evictor_start(p, o.low, o.high, EVICTOR_PERIOD_MS);
   if (rc) {
     umbp_admin_daemon_unlock(p);
@@ -785,6 +909,7 @@ int cmd_daemon(int argc, char **argv) {
       }
     }
     umbp_pool_heartbeat(p);
+    apply_pattern_quotas(p, o.pool, o.quotas, o.nquotas, fileq, nfileq, set_by_pattern);
     n = umbp_pool_reap(p);
     if (n > 0) dlog("reaped %d dead process%s", n, n == 1 ? "" : "es");
     watch_stopped(p, stopped_since);
@@ -800,6 +925,7 @@ int cmd_daemon(int argc, char **argv) {
     rc = -1; /* not ours to remove or keep any more */
   } else if (o.unlink_on_exit) {
     rc = umbp_pool_destroy(o.pool);
+    notes_remove(o.pool); /* its notes (namespace labels) go with it */
     if (rc) dlog("error: --unlink-on-exit: %s", umbp_last_error());
     else dlog("pool '%s' destroyed (--unlink-on-exit)", o.pool);
   } else {

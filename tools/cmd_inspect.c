@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "pool_fault.h"
+#include "pool_notes.h" /* namespace labels */
 #include "snapshot.h"
 #include "umbp/admin.h"
 #include "umbp/check.h"
@@ -43,7 +44,8 @@ static const char *inspect_usage =
     "ways, probe-length histogram: entries found d buckets from their home),\n"
     "slots by state, processes (registry slot, pid, role, rank, alive or dead,\n"
     "pins held, heartbeat age), namespaces (id, name, blocks, bytes, quota, hit\n"
-    "rate = hits / lookups, per lookup since the pool was created), recent events\n"
+    "rate = hits / lookups, per lookup since the pool was created, and the label\n"
+    "the vLLM connector gave a derived namespace: model, TP, dtype), recent events\n"
     "(peeked, not consumed; 'no consumer attached' when nothing ever drained the\n"
     "ring, which then fills and drops by design), counters summed\n"
     "over every process, live and reaped (a live process's figures lag by up to\n"
@@ -143,6 +145,9 @@ static void print_event_summary(umbp_pool *p, const struct snap *s) {
   printf("\n");
 }
 
+/* The pool's notes (~200 KiB, so not on the stack): namespace labels. */
+static struct pool_notes g_notes;
+
 static void print_text(umbp_pool *p, const struct snap *s, const struct snap *prev, const umbp_check_report *ck) {
   const umbp_pool_info *i = &s->info;
   char a[32], b[32], c[32], t[32];
@@ -207,12 +212,13 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
     printf("  (a stopped process holds its pins and reserved slots, and nothing else, until it is resumed: "
            "kill -CONT PID)\n");
   printf("namespaces:\n");
+  notes_read(i->name, i->uuid, &g_notes);
   int shown = 0;
   for (unsigned k = 0; k < s->nns; k++) {
     const struct snap_ns *n = &s->ns[k];
     if (!shown++)
-      printf("  %-4s %-20s %8s %12s %12s %8s %10s%s   (hit rate: hits / lookups since the pool was created)\n", "id",
-             "name", "blocks", "bytes", "quota", "hit rate", "lookups", prev ? "   lookups/s" : "");
+      printf("  %-4s %-20s %8s %12s %12s %8s %10s%s  label   (hit rate: hits / lookups since the pool was created)\n",
+             "id", "name", "blocks", "bytes", "quota", "hit rate", "lookups", prev ? "   lookups/s" : "");
     printf("  %-4u %-20.20s %8llu %12s %12s %7.1f%% %10llu", n->id, n->name, (unsigned long long)n->blocks,
            cli_fmt_size(n->blocks * i->slot_size, a, sizeof a), n->quota_bytes ? cli_fmt_size(n->quota_bytes, b, sizeof b) : "none",
            100.0 * snap_ratio(n->c.hits, n->c.lookups), (unsigned long long)n->c.lookups);
@@ -220,7 +226,8 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
     for (unsigned q = 0; prev && q < prev->nns && !pn; q++)
       if (prev->ns[q].id == n->id) pn = &prev->ns[q];
     if (prev) printf(" %12.1f", pn ? rate(n->c.lookups, pn->c.lookups, s, prev) : 0.0);
-    printf("\n");
+    const char *label = notes_label(&g_notes, n->name);
+    printf("  %s\n", label ? label : "-");
   }
   if (!shown) printf("  (none registered)\n");
   print_event_state(s);
@@ -332,6 +339,7 @@ static void json_processes(struct jb *j, const struct snap *s) {
 
 static void json_namespaces(struct jb *j, const struct snap *s) {
   const umbp_pool_info *i = &s->info;
+  notes_read(i->name, i->uuid, &g_notes);
   jb_arr(j, "namespaces");
   for (unsigned k = 0; k < s->nns; k++) {
     const struct snap_ns *n = &s->ns[k];
@@ -347,6 +355,7 @@ static void json_namespaces(struct jb *j, const struct snap *s) {
     jb_u64(j, "inserts", n->c.inserts);
     jb_u64(j, "evictions", n->c.evictions);
     jb_u64(j, "removes", n->c.removes);
+    jb_str(j, "label", notes_label(&g_notes, n->name)); /* last: readers match the fields before it */
     jb_end_obj(j);
   }
   jb_end_arr(j);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* umbp pool — create, destroy, list, describe and reap pools. */
+/* umbp pool — create, destroy, list, describe, reap and collect pools. */
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "pool_notes.h" /* embedded pools, their engines and namespace labels */
 #include "snapshot.h" /* snap_fmt_time: the time format of 'umbp inspect' */
 #include "umbp/admin.h"
 #include "umbp/index.h"
@@ -41,6 +42,7 @@ static const char *pool_usage =
     "  ls [--json]\n"
     "  info NAME [--json]\n"
     "  reap NAME\n"
+    "  gc [NAME...] [--dry-run]\n"
     "\n"
     "Run 'umbp pool SUBCOMMAND --help' for details.\n"
     "Exit status: 0 success; 1 runtime error; 2 usage error.\n"
@@ -48,6 +50,7 @@ static const char *pool_usage =
     "  umbp pool create kv --capacity 8GiB --numa-nodes auto\n"
     "  umbp pool ls\n"
     "  umbp pool info kv\n"
+    "  umbp pool gc\n"
     "  umbp pool destroy kv\n";
 
 static const char *create_usage =
@@ -109,7 +112,9 @@ static const char *destroy_usage =
     "\n"
     "Remove pool NAME. Processes that still have it mapped keep their mapping until\n"
     "they detach, but no one can attach any more. Without --force, a pool with live\n"
-    "processes attached is not removed.\n"
+    "processes attached is not removed. Its notes (/dev/shm/umbp-notes.NAME: who\n"
+    "made it, namespace labels) and its index file go with it, also when they are\n"
+    "left without their pool.\n"
     "\n"
     "Options:\n"
     "  --force   remove it even with live processes attached (they keep their\n"
@@ -128,8 +133,12 @@ static const char *ls_usage =
     "(INDEX: 2M on 2 MiB pages, 4K on 4 KiB pages) and attached processes; and index\n"
     "files left without their pool (umbp-index.NAME on the hugetlbfs mount, after\n"
     "/dev/shm/umbp.NAME was removed alone), which 'umbp pool destroy NAME' removes.\n"
+    "STATUS says what a pool needs: 'has dead processes' (umbp pool reap frees what\n"
+    "they held), or, for an embedded pool (made by a vLLM engine, no daemon) whose\n"
+    "processes are all gone, that umbp pool gc removes it.\n"
     "JSON: one object a row: name, slot_count, slot_size, total_bytes, procs_alive,\n"
-    "procs_dead, hugepages, index_hugepages, status (\"ok\" or what is wrong).\n"
+    "procs_dead, hugepages, index_hugepages, embedded, status (\"ok\" or what is\n"
+    "wrong).\n"
     "\n"
     "Exit status: 0; 1 on a runtime error; 2 usage error.\n"
     "Examples:\n"
@@ -140,14 +149,19 @@ static const char *info_usage =
     "Usage: umbp pool info NAME [--json]\n"
     "\n"
     "Describe pool NAME: layout version, sizes, partitions, free slots, creation,\n"
-    "and the processes in its registry (alive or dead). Attaches read-only.\n"
+    "who owns it (a daemon, a vLLM engine in embedded mode, or no one), its\n"
+    "namespaces with their labels (model, TP, dtype: written by the vLLM\n"
+    "connector), and the processes in its registry (alive or dead, with the vLLM\n"
+    "engine each belongs to). Attaches read-only.\n"
     "\n"
     "JSON fields: name, path, layout (\"MAJOR.MINOR\"), uuid, total_bytes, slot_size,\n"
     "slot_count, hugepages, index_hugepages, index_huge_bytes, created (UTC),\n"
     "created_unix, creator_pid, run_generation,\n"
     "partitions[] {index, numa_node, slots, first_slot, bytes, free_slots},\n"
-    "slots {free, reserved, published, retired, pinned}, processes[] {slot, pid, role,\n"
-    "rank, alive, attach_unix, heartbeat_unix, comm}.\n"
+    "slots {free, reserved, published, retired, pinned}, embedded (null, or\n"
+    "{instance, namespace, creator_pid, capacity}), namespaces[] {id, name, label,\n"
+    "blocks, quota_bytes}, processes[] {slot, pid, role, rank, alive, attach_unix,\n"
+    "heartbeat_unix, comm, engine}.\n"
     "\n"
     "Times are UTC (2026-12-02T16:00:00Z) and the uuid is 8-4-4-4-12 hex, as in\n"
     "'umbp inspect'.\n"
@@ -165,6 +179,27 @@ static const char *reap_usage =
     "\n"
     "Exit status: 0; 1 runtime error; 2 usage error.\n"
     "Example: umbp pool reap kv   (what 'umbp pool ls' suggests for 'has dead processes')\n";
+
+static const char *gc_usage =
+    "Usage: umbp pool gc [NAME...] [--dry-run]\n"
+    "\n"
+    "Remove embedded pools whose processes are all dead: a vLLM engine in embedded\n"
+    "mode (no daemon) creates its pool and removes it at exit, but an engine killed\n"
+    "with SIGKILL (or by the OOM killer) leaves it in /dev/shm with all its memory.\n"
+    "A pool is embedded when its notes (/dev/shm/umbp-notes.NAME, written by the\n"
+    "connector) say so; pools made by 'umbp pool create' or a daemon are never\n"
+    "removed here. Notes left without their pool are removed too. Without NAME,\n"
+    "every pool on the host is looked at. The next engine that starts with the\n"
+    "same pool name does the same for its pool.\n"
+    "\n"
+    "Options:\n"
+    "  --dry-run   print what would be removed, remove nothing.\n"
+    "\n"
+    "Exit status: 0; 1 a pool could not be removed (another user's, or its notes\n"
+    "stayed locked); 2 usage error.\n"
+    "Examples:\n"
+    "  umbp pool gc\n"
+    "  umbp pool gc vllm --dry-run\n";
 
 static bool want_help(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
@@ -401,9 +436,65 @@ static int pool_destroy(int argc, char **argv) {
     }
   }
   int rc = umbp_pool_destroy(name);
+  int nr = notes_remove(name); /* the pool's notes go with it, also ones left alone */
+  if (rc == -ENOENT && nr == 0) {
+    char np[256];
+    printf("removed %s (notes left without their pool)\n", notes_path(name, np, sizeof np));
+    return CLI_OK;
+  }
   if (rc) return fail_rc(rc);
   printf("destroyed pool %s\n", name);
   return CLI_OK;
+}
+
+/* ---- who uses a pool: the registry and the notes -------------------------------- */
+struct pool_users {
+  umbp_pool_info info;
+  umbp_proc_info procs[UMBP_MAX_PROCS];
+  int nprocs;
+  unsigned alive;  /* alive processes that keep it in use (tools do not) */
+  bool daemon;     /* a daemon has a registry slot (alive or dead) */
+  bool embedded;   /* the notes say a vLLM engine made it in embedded mode */
+};
+
+/* The notes are ~200 KiB: one static copy for the subcommand that runs. */
+static struct pool_notes g_notes;
+
+/* Fill *u (and g_notes) for pool `name` through a read-only attach: 0 or the attach's -errno. */
+static int pool_users(const char *name, struct pool_users *u) {
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true;
+  o.timeout_ms = 1000;
+  umbp_pool *p;
+  int rc = umbp_pool_attach(name, &o, &p);
+  if (rc) return rc;
+  memset(u, 0, sizeof *u);
+  umbp_pool_get_info(p, &u->info);
+  u->nprocs = umbp_pool_list_procs(p, u->procs, UMBP_MAX_PROCS);
+  if (u->nprocs < 0) u->nprocs = 0;
+  umbp_pool_detach(p);
+  for (int i = 0; i < u->nprocs; i++) {
+    if (u->procs[i].alive && u->procs[i].role != UMBP_ROLE_TOOL) u->alive++;
+    if (u->procs[i].role == UMBP_ROLE_DAEMON) u->daemon = true;
+  }
+  notes_read(name, u->info.uuid, &g_notes);
+  u->embedded = g_notes.valid && g_notes.embedded;
+  return 0;
+}
+
+/* An embedded pool that no process uses any more: what `pool gc` removes. */
+static bool pool_is_garbage(const struct pool_users *u) { return u->embedded && !u->daemon && u->alive == 0; }
+
+/* "1234, 1240" of the processes (alive or dead as asked) into buf. */
+static const char *fmt_pids(const struct pool_users *u, bool alive, char *buf, size_t n) {
+  size_t l = 0;
+  buf[0] = 0;
+  for (int i = 0; i < u->nprocs && l + 16 < n; i++)
+    if (u->procs[i].alive == alive && (!alive || u->procs[i].role != UMBP_ROLE_TOOL))
+      l += (size_t)snprintf(buf + l, n - l, "%s%d", l ? ", " : "", u->procs[i].pid);
+  if (!l) snprintf(buf, n, "none");
+  return buf;
 }
 
 static int attach_ro(const char *name, umbp_pool **p) {
@@ -438,6 +529,19 @@ static int pool_info(int argc, char **argv) {
   umbp_census(p, &cs);
   umbp_proc_info pi[UMBP_MAX_PROCS];
   int np = umbp_pool_list_procs(p, pi, UMBP_MAX_PROCS);
+  if (np < 0) np = 0;
+  notes_read(name, info.uuid, &g_notes);
+  const struct pool_notes *nt = &g_notes;
+  int daemon_i = -1;
+  unsigned alive = 0;
+  for (int i = 0; i < np; i++) {
+    if (pi[i].role == UMBP_ROLE_DAEMON && (daemon_i < 0 || pi[i].alive)) daemon_i = i;
+    if (pi[i].alive && pi[i].role != UMBP_ROLE_TOOL) alive++;
+  }
+  umbp_ns_info nsi[UMBP_MAX_NAMESPACES];
+  int nns = 0;
+  for (uint32_t id = 0; id < UMBP_MAX_NAMESPACES; id++)
+    if (umbp_ns_info_get(p, id, &nsi[nns]) == 0) nns++;
   char uuid[40], a[32], b[32];
   cli_fmt_uuid(info.uuid, uuid, sizeof uuid);
   char tbuf[32]; /* UTC, ISO 8601, as 'umbp inspect' and the daemon's log print it */
@@ -481,6 +585,27 @@ static int pool_info(int argc, char **argv) {
     jb_u64(&j, "retired", cs.retired + cs.evicting);
     jb_u64(&j, "pinned", cs.pinned);
     jb_end_obj(&j);
+    if (nt->embedded) {
+      jb_obj(&j, "embedded");
+      jb_str(&j, "instance", nt->instance);
+      jb_str(&j, "namespace", nt->ns);
+      jb_i64(&j, "creator_pid", nt->creator_pid);
+      jb_u64(&j, "capacity", nt->capacity);
+      jb_end_obj(&j);
+    } else {
+      jb_null(&j, "embedded");
+    }
+    jb_arr(&j, "namespaces");
+    for (int k = 0; k < nns; k++) {
+      jb_obj(&j, NULL);
+      jb_u64(&j, "id", nsi[k].id);
+      jb_str(&j, "name", nsi[k].name);
+      jb_str(&j, "label", notes_label(nt, nsi[k].name));
+      jb_u64(&j, "blocks", nsi[k].blocks);
+      jb_u64(&j, "quota_bytes", nsi[k].quota_bytes);
+      jb_end_obj(&j);
+    }
+    jb_end_arr(&j);
     jb_arr(&j, "processes");
     for (int i = 0; i < np; i++) {
       jb_obj(&j, NULL);
@@ -492,6 +617,7 @@ static int pool_info(int argc, char **argv) {
       jb_u64(&j, "attach_unix", pi[i].attach_ns / 1000000000ull);
       jb_u64(&j, "heartbeat_unix", pi[i].heartbeat_ns / 1000000000ull);
       jb_str(&j, "comm", pi[i].comm);
+      jb_str(&j, "engine", notes_proc_instance(nt, pi[i].pid));
       jb_end_obj(&j);
     }
     jb_end_arr(&j);
@@ -503,6 +629,16 @@ static int pool_info(int argc, char **argv) {
     printf("  layout        %u.%u  uuid %s  generation %llu\n", info.layout_major, info.layout_minor, uuid,
            (unsigned long long)info.run_generation);
     printf("  created       %s by pid %d (uid %u)\n", tbuf, info.creator_pid, info.creator_uid);
+    if (daemon_i >= 0)
+      printf("  owner         daemon, pid %d (%s)\n", pi[daemon_i].pid, pi[daemon_i].alive ? "alive" : "DEAD");
+    else if (nt->embedded)
+      printf("  owner         embedded in vLLM engine %s (namespace %s, created by pid %d); %s\n", nt->instance,
+             nt->ns[0] ? nt->ns : "-", nt->creator_pid,
+             alive ? "the last process to leave removes it"
+                   : "its processes are gone: 'umbp pool gc' removes it");
+    else
+      printf("  owner         none recorded (no daemon attached, not a vLLM engine's embedded pool): kept until "
+             "destroyed\n");
     printf("  segment       %s\n", cli_fmt_size(info.total_size, a, sizeof a));
     char ib[256];
     printf("  index pages   %s\n", cli_fmt_index_pages(&info, ib, sizeof ib));
@@ -520,13 +656,22 @@ static int pool_info(int argc, char **argv) {
              info.partitions[k].first_slot, cli_fmt_size(info.partitions[k].bytes, a, sizeof a),
              (unsigned long long)info.partitions[k].free_slots);
     }
+    printf("  namespaces    %d\n", nns);
+    if (nns > 0) printf("    %-4s %10s  %-40s %s\n", "ID", "BLOCKS", "NAME", "LABEL");
+    for (int k = 0; k < nns; k++) {
+      const char *l = notes_label(nt, nsi[k].name);
+      printf("    %-4u %10llu  %-40s %s\n", nsi[k].id, (unsigned long long)nsi[k].blocks, nsi[k].name, l ? l : "-");
+    }
     printf("  processes     %d (%u alive, %u dead)\n", np, info.procs_live, info.procs_dead);
-    if (np > 0) printf("    %-4s %-7s %-9s %-4s %-5s %-20s %s\n", "SLOT", "PID", "ROLE", "RANK", "STATE", "ATTACHED", "COMMAND");
+    if (np > 0)
+      printf("    %-4s %-7s %-9s %-4s %-5s %-20s %-16s %s\n", "SLOT", "PID", "ROLE", "RANK", "STATE", "ATTACHED", "COMMAND",
+             "ENGINE");
     for (int i = 0; i < np; i++) {
       char at[32];
       snap_fmt_time(pi[i].attach_ns, at, sizeof at);
-      printf("    %-4u %-7d %-9s %-4d %-5s %-20s %s\n", pi[i].slot, pi[i].pid, umbp_role_name(pi[i].role), pi[i].rank,
-             pi[i].alive ? "alive" : "DEAD", at, pi[i].comm);
+      const char *eng = notes_proc_instance(nt, pi[i].pid);
+      printf("    %-4u %-7d %-9s %-4d %-5s %-20s %-16s %s\n", pi[i].slot, pi[i].pid, umbp_role_name(pi[i].role),
+             pi[i].rank, pi[i].alive ? "alive" : "DEAD", at, pi[i].comm, eng ? eng : "-");
     }
   }
   umbp_pool_detach(p);
@@ -534,11 +679,12 @@ static int pool_info(int argc, char **argv) {
 }
 
 /* One row of `pool ls` for the pool file umbp.NAME, or for an index file
- * umbp-index.NAME whose pool is gone (leftover: its path). */
+ * umbp-index.NAME or notes umbp-notes.NAME whose pool is gone (leftover: its path). */
 static void ls_row(const char *name, const char *leftover, bool json, struct jb *j) {
   if (leftover) {
     char msg[700];
-    snprintf(msg, sizeof msg, "leftover index file %s, no pool: 'umbp pool destroy %s' removes it", leftover, name);
+    snprintf(msg, sizeof msg, "leftover %s %s, no pool: 'umbp pool destroy %s' removes it",
+             strstr(leftover, NOTES_PREFIX) ? "notes" : "index file", leftover, name);
     if (json) {
       jb_obj(j, NULL);
       jb_str(j, "name", name);
@@ -549,37 +695,50 @@ static void ls_row(const char *name, const char *leftover, bool json, struct jb 
     }
     return;
   }
-  umbp_pool *p;
-  int rc = attach_ro(name, &p);
-  umbp_pool_info info;
-  if (rc == 0) umbp_pool_get_info(p, &info);
-  char a[32], b[32];
+  static struct pool_users u;
+  int rc = pool_users(name, &u);
+  const umbp_pool_info *ip = &u.info;
+  char a[32], b[32], status[300];
+  if (rc == 0 && pool_is_garbage(&u))
+    snprintf(status, sizeof status, "embedded pool of a vLLM engine that is gone: 'umbp pool gc' removes it");
+  else if (rc == 0)
+    snprintf(status, sizeof status, "%s", u.info.procs_dead ? "has dead processes (umbp pool reap)" : "ok");
   if (json) {
     jb_obj(j, NULL);
     jb_str(j, "name", name);
     if (rc == 0) {
-      jb_u64(j, "slot_count", info.slot_count);
-      jb_u64(j, "slot_size", info.slot_size);
-      jb_u64(j, "total_bytes", info.total_size);
-      jb_u64(j, "procs_alive", info.procs_live);
-      jb_u64(j, "procs_dead", info.procs_dead);
-      jb_bool(j, "hugepages", info.hugepages);
-      jb_bool(j, "index_hugepages", info.hugepages || info.index_hugepages);
-      jb_str(j, "status", "ok");
+      jb_u64(j, "slot_count", ip->slot_count);
+      jb_u64(j, "slot_size", ip->slot_size);
+      jb_u64(j, "total_bytes", ip->total_size);
+      jb_u64(j, "procs_alive", ip->procs_live);
+      jb_u64(j, "procs_dead", ip->procs_dead);
+      jb_bool(j, "hugepages", ip->hugepages);
+      jb_bool(j, "index_hugepages", ip->hugepages || ip->index_hugepages);
+      jb_bool(j, "embedded", u.embedded);
+      jb_str(j, "status", status);
     } else {
       jb_str(j, "status", umbp_last_error());
     }
     jb_end_obj(j);
   } else if (rc == 0) {
     char procs[16];
-    snprintf(procs, sizeof procs, "%u", info.procs_live);
-    printf("%-24s %10u %10s %8s %5s %6s  %s\n", name, info.slot_count, cli_fmt_size(info.slot_size, a, sizeof a),
-           cli_fmt_size(info.total_size, b, sizeof b), info.hugepages || info.index_hugepages ? "2M" : "4K", procs,
-           info.procs_dead ? "has dead processes (umbp pool reap)" : "ok");
+    snprintf(procs, sizeof procs, "%u", ip->procs_live);
+    printf("%-24s %10u %10s %8s %5s %6s  %s\n", name, ip->slot_count, cli_fmt_size(ip->slot_size, a, sizeof a),
+           cli_fmt_size(ip->total_size, b, sizeof b), ip->hugepages || ip->index_hugepages ? "2M" : "4K", procs,
+           status);
   } else {
     printf("%-24s %10s %10s %8s %5s %6s  %s\n", name, "-", "-", "-", "-", "-", umbp_last_error());
   }
-  if (rc == 0) umbp_pool_detach(p);
+}
+
+/* Whether pool NAME has its file, in /dev/shm or (--hugepages) on the hugetlbfs mount. */
+static bool pool_exists(const char *name) {
+  char path[600], hdir[256];
+  snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
+  if (access(path, F_OK) == 0) return true;
+  if (umbp_admin_hugetlbfs_mount(hdir, sizeof hdir) != 0) return false;
+  snprintf(path, sizeof path, "%s/umbp.%s", hdir, name);
+  return access(path, F_OK) == 0;
 }
 
 static int pool_ls(int argc, char **argv) {
@@ -617,6 +776,10 @@ static int pool_ls(int argc, char **argv) {
       char leftover[600] = "";
       if (!strncmp(e->d_name, "umbp.", 5)) {
         name = e->d_name + 5;
+      } else if (di == 0 && !strncmp(e->d_name, NOTES_PREFIX, strlen(NOTES_PREFIX))) {
+        name = e->d_name + strlen(NOTES_PREFIX);
+        if (pool_exists(name)) continue; /* listed with its pool */
+        snprintf(leftover, sizeof leftover, "%s/%s", dirs[0], e->d_name);
       } else if (di == 1 && !strncmp(e->d_name, "umbp-index.", 11)) {
         name = e->d_name + 11;
         char main_path[600];
@@ -660,6 +823,123 @@ static int pool_reap(int argc, char **argv) {
   return CLI_OK;
 }
 
+/* `pool gc` of one pool: 0 removed or kept (said why when `named`), 1 failed. */
+static int gc_one(const char *name, bool named, bool dry_run, unsigned *removed) {
+  static struct pool_users u;
+  char pids[512], np[256];
+  notes_path(name, np, sizeof np);
+  if (!pool_exists(name)) {
+    if (access(np, F_OK) != 0) {
+      if (named) printf("no pool named %s\n", name);
+      return 0;
+    }
+    if (dry_run) {
+      printf("would remove %s (notes left without their pool)\n", np);
+    } else {
+      int rc = notes_remove(name);
+      if (rc && rc != -ENOENT) {
+        cli_error("cannot remove %s: %s", np, strerror(-rc));
+        return 1;
+      }
+      printf("removed %s (notes left without their pool)\n", np);
+    }
+    (*removed)++;
+    return 0;
+  }
+  int rc = pool_users(name, &u);
+  if (rc) {
+    if (named) cli_error("pool %s: %s", name, umbp_last_error());
+    return named ? 1 : 0;
+  }
+  if (!u.embedded || u.daemon) {
+    if (named)
+      printf("kept %s: not an embedded pool of a vLLM engine (%s); 'umbp pool destroy %s' removes it\n", name,
+             u.daemon ? "a daemon owns it" : "made by 'umbp pool create' or an older connector", name);
+    return 0;
+  }
+  if (u.alive) {
+    printf("kept %s: embedded pool in use by %u live process%s (pid %s)\n", name, u.alive, u.alive == 1 ? "" : "es",
+           fmt_pids(&u, true, pids, sizeof pids));
+    return 0;
+  }
+  if (dry_run) {
+    printf("would remove embedded pool %s (vLLM engine %s, created by pid %d; processes %s are dead)\n", name,
+           g_notes.instance, g_notes.creator_pid, fmt_pids(&u, false, pids, sizeof pids));
+    (*removed)++;
+    return 0;
+  }
+  /* Under the notes' lock, as the connector's create-or-attach: an engine that
+   * starts with this name now either finished first (and the pool is in use:
+   * looked at again below) or waits, then finds no pool and creates one. */
+  int fd = notes_lock(name, 2000);
+  if (fd < 0) {
+    if (fd == -ENOENT) return 0; /* removed by the next engine meanwhile */
+    cli_error("skipped %s: %s %s", name, fd == -EWOULDBLOCK ? "an engine is creating or leaving it; its notes"
+                                                             : "cannot lock its notes",
+              fd == -EWOULDBLOCK ? "stayed locked: try again" : strerror(-fd));
+    return 1;
+  }
+  int ret = 0;
+  rc = pool_users(name, &u);
+  if (rc == 0 && pool_is_garbage(&u)) {
+    rc = umbp_pool_destroy(name);
+    if (rc == 0 || rc == -ENOENT) {
+      notes_remove(name);
+      printf("removed embedded pool %s (vLLM engine %s, created by pid %d; processes %s are dead)\n", name,
+             g_notes.instance, g_notes.creator_pid, fmt_pids(&u, false, pids, sizeof pids));
+      (*removed)++;
+    } else {
+      cli_error("cannot remove pool %s: %s", name, umbp_last_error());
+      ret = 1;
+    }
+  } else if (rc == 0) {
+    printf("kept %s: an engine attached to it meanwhile\n", name);
+  }
+  notes_unlock(fd);
+  return ret;
+}
+
+static int pool_gc(int argc, char **argv) {
+  if (want_help(argc, argv)) {
+    fputs(gc_usage, stdout);
+    return CLI_OK;
+  }
+  bool dry_run = false;
+  int nnames = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--dry-run") || !strcmp(argv[i], "-n")) dry_run = true;
+    else if (argv[i][0] == '-') return cli_usage_error("pool gc", "unknown option '%s'", argv[i]);
+    else if (umbp_pool_name_valid(argv[i])) return cli_usage_error("pool gc", "%s", umbp_last_error());
+    else nnames++;
+  }
+  unsigned removed = 0;
+  int failed = 0;
+  if (nnames) {
+    for (int i = 1; i < argc; i++)
+      if (argv[i][0] != '-') failed |= gc_one(argv[i], true, dry_run, &removed);
+  } else {
+    /* every pool and every notes file in /dev/shm (hugetlbfs pools are never embedded) */
+    DIR *d = opendir(NOTES_DIR);
+    if (!d) {
+      cli_error("cannot list %s: %s", NOTES_DIR, strerror(errno));
+      return CLI_RUNTIME;
+    }
+    char names[256][UMBP_NAME_MAX + 1];
+    unsigned n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 256) {
+      const char *name = NULL;
+      if (!strncmp(e->d_name, NOTES_PREFIX, strlen(NOTES_PREFIX))) name = e->d_name + strlen(NOTES_PREFIX);
+      if (!name || umbp_pool_name_valid(name)) continue; /* only pools with notes can be embedded ones */
+      snprintf(names[n++], sizeof names[0], "%s", name);
+    }
+    closedir(d);
+    for (unsigned k = 0; k < n; k++) failed |= gc_one(names[k], false, dry_run, &removed);
+  }
+  if (!removed) printf("nothing to remove\n");
+  return failed ? CLI_RUNTIME : CLI_OK;
+}
+
 int cmd_pool(int argc, char **argv) {
   if (argc < 2) {
     fputs(pool_usage, stderr);
@@ -675,5 +955,6 @@ int cmd_pool(int argc, char **argv) {
   if (!strcmp(sub, "ls") || !strcmp(sub, "list")) return pool_ls(argc - 1, argv + 1);
   if (!strcmp(sub, "info")) return pool_info(argc - 1, argv + 1);
   if (!strcmp(sub, "reap")) return pool_reap(argc - 1, argv + 1);
+  if (!strcmp(sub, "gc")) return pool_gc(argc - 1, argv + 1);
   return cli_usage_error("pool", "unknown subcommand '%s'", sub);
 }

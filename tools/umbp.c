@@ -8,7 +8,7 @@
 #include "umbp/common.h"
 
 static const struct cli_command commands[] = {
-    {"pool", "create, destroy, list and describe pools", cmd_pool},
+    {"pool", "create, destroy, list, describe, reap and gc pools", cmd_pool},
     {"topo", "show the machine's GPU/NUMA topology and the per-rank placement plan", cmd_topo},
     {"bench", "benchmarks: index lookups, copy bandwidth", cmd_bench},
     {"replay", "replay a serving trace through a real pool with N worker processes", cmd_replay},

@@ -31,14 +31,21 @@ HEADS, HEAD = 2, 8
 init_none_hash(sha256)
 
 
-def make_vllm_config(pool: str, tp: int = 1, rank: int = 0, role: str = "kv_both", **extra):
+def make_vllm_config(pool: str, tp: int = 1, rank: int = 0, role: str = "kv_both", engine: str = "test-engine",
+                     **extra):
+    """The VllmConfig of one process of engine `engine`: its instance id, which
+    vLLM gives every process of one engine alike (the config is pickled to
+    them), so that the scheduler here and the workers of worker_proc.py are one
+    engine to an embedded pool unless a test says otherwise."""
     extra = {"pool": pool, "capacity_bytes": 64 * 4096 * 4, "no_prefault": True,
              "key_namespace": "test-ns", **extra}
     ktc = KVTransferConfig(kv_connector="UMBPStoreConnector", kv_connector_module_path="umbp.vllm",
                            kv_role=role, kv_connector_extra_config=extra)
-    return VllmConfig(kv_transfer_config=ktc, cache_config=CacheConfig(block_size=BLOCK),
-                      parallel_config=ParallelConfig(tensor_parallel_size=tp, rank=rank),
-                      device_config=DeviceConfig("cpu"))
+    cfg = VllmConfig(kv_transfer_config=ktc, cache_config=CacheConfig(block_size=BLOCK),
+                     parallel_config=ParallelConfig(tensor_parallel_size=tp, rank=rank),
+                     device_config=DeviceConfig("cpu"))
+    cfg.instance_id = engine   # VllmConfig.__post_init__ sets a fresh one (time_ns) per construction
+    return cfg
 
 
 # Layouts: "one-group" (both layers in KV group 0) or "two-groups" (layer 0 in
@@ -102,7 +109,12 @@ def pool_name(request):
     name = f"t-py-{os.getpid()}-{request.node.name[:24]}".replace("[", "-").replace("]", "")
     yield name
     from umbp import _lib as L
+    from umbp import pool_notes
     L.lib().umbp_pool_destroy(name.encode())
+    try:
+        os.unlink(pool_notes.path(name))
+    except FileNotFoundError:
+        pass
 
 
 def stop_daemon(d: subprocess.Popen, timeout: float = 30) -> int | None:

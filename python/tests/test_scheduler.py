@@ -64,6 +64,7 @@ def make_scheduler(tmp_path, pool, extra, num_blocks=NUM_BLOCKS):
                                                      max_num_batched_tokens=1024, max_num_seqs=8),
                     parallel_config=ParallelConfig(tensor_parallel_size=TP),
                     device_config=DeviceConfig("cpu"))
+    vc.instance_id = "test-engine"   # one engine with the workers of worker_proc.py (conftest)
     # num_blocks < NUM_BLOCKS: the scheduler uses blocks [0, num_blocks) of the
     # workers' KV caches (which keep NUM_BLOCKS blocks)
     vc.cache_config.num_gpu_blocks = num_blocks

@@ -6,6 +6,7 @@ Steps follow vLLM's CPU model-runner order (v1/worker/cpu/kv_connector.py):
 handle_preemptions, bind_connector_metadata, start_load_kv, wait_for_layer_load,
 wait_for_save, get_finished, get_block_ids_with_load_errors, stats, events,
 build_connector_worker_meta, clear_connector_metadata."""
+import logging
 import os
 import pickle
 import sys
@@ -23,8 +24,9 @@ import torch  # noqa: E402
 def make(pool, tp, rank, seed, extra):
     """A worker-role connector and its KV caches, as vLLM's worker makes them."""
     extra = dict(extra)
-    layout = extra.pop("test_layout", "one-group")   # a test setting, not a connector key
-    cfg = make_vllm_config(pool, tp=tp, rank=rank, **extra)
+    layout = extra.pop("test_layout", "one-group")   # test settings, not connector keys
+    engine = extra.pop("test_engine", "test-engine")
+    cfg = make_vllm_config(pool, tp=tp, rank=rank, engine=engine, **extra)
     conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, make_kv_cache_config(layout))
     caches = make_kv_caches(seed if seed >= 0 else None, layout)
     conn.register_kv_caches(caches)
@@ -40,6 +42,22 @@ def make_intree(pool, tp, rank, seed, extra):
     caches = I.make_kv_caches(seed if seed >= 0 else None)
     conn.register_kv_caches(caches)
     return cfg, conn, caches
+
+
+class _Logs(logging.Handler):
+    """What the connector logged (logger vllm.umbp), for the 'logs' command."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.levelname}: {record.getMessage()}")
+
+
+LOGS = _Logs()
+logging.getLogger("vllm.umbp").addHandler(LOGS)
+logging.getLogger("vllm.umbp").setLevel(logging.INFO)
 
 
 def main():
@@ -89,6 +107,8 @@ def main():
             for t in caches.values():
                 t.zero_()
             reply = "ok"
+        elif cmd == "logs":
+            reply, LOGS.lines = LOGS.lines, []
         elif cmd == "shutdown":
             conn.shutdown()
             cfg = conn = caches = None

@@ -24,6 +24,8 @@ from pathlib import Path
 
 UMBP_KEY_HASH_MAX = 32
 UMBP_MAX_PARTITIONS = 16
+UMBP_NAME_MAX = 64           # pool names: [A-Za-z0-9._-]{1,64}
+UMBP_MAX_PROCS = 64          # registry slots
 UMBP_NO_SLOT = 0xFFFFFFFF
 UMBP_DP_STORE_DEFER_PUBLISH = 1 << 1  # enum umbp_dp_store_flags
 
@@ -124,6 +126,35 @@ class AttachOpts(C.Structure):
                 ("timeout_ms", C.c_uint)]
 
 
+class PartitionInfo(C.Structure):
+    _fields_ = [("numa_node", C.c_int), ("mempolicy", C.c_int), ("first_slot", C.c_uint32),
+                ("slot_count", C.c_uint32), ("bytes", C.c_uint64), ("free_slots", C.c_uint64)]
+
+
+class PoolInfo(C.Structure):
+    _fields_ = [("name", C.c_char * (UMBP_NAME_MAX + 1)), ("path", C.c_char * 256),
+                ("layout_major", C.c_uint16), ("layout_minor", C.c_uint16),
+                ("compat_features", C.c_uint64), ("incompat_features", C.c_uint64),
+                ("abi_fingerprint", C.c_uint64), ("total_size", C.c_uint64), ("slot_size", C.c_uint64),
+                ("slot_count", C.c_uint32), ("n_partitions", C.c_uint32),
+                ("partitions", PartitionInfo * UMBP_MAX_PARTITIONS), ("uuid", C.c_uint8 * 16),
+                ("run_generation", C.c_uint64), ("created_ns", C.c_uint64), ("creator_pid", C.c_int),
+                ("creator_uid", C.c_uint32), ("hugepages", C.c_bool), ("index_hugepages", C.c_bool),
+                ("index_huge_bytes", C.c_uint64), ("max_procs", C.c_uint32), ("procs_live", C.c_uint32),
+                ("procs_dead", C.c_uint32)]
+
+
+class ProcInfo(C.Structure):
+    _fields_ = [("slot", C.c_uint), ("pid", C.c_int), ("start_time", C.c_uint64), ("role", C.c_int),
+                ("rank", C.c_int), ("attach_ns", C.c_uint64), ("heartbeat_ns", C.c_uint64),
+                ("incarnation", C.c_uint64), ("alive", C.c_bool), ("self", C.c_bool),
+                ("comm", C.c_char * 16)]
+
+
+# enum umbp_role
+ROLE_OTHER, ROLE_SCHEDULER, ROLE_WORKER, ROLE_DAEMON, ROLE_TOOL = 0, 1, 2, 3, 4
+
+
 class KVRegion(C.Structure):
     _fields_ = [("base", C.c_void_p), ("block_bytes", C.c_uint64), ("stride", C.c_uint64),
                 ("block_count", C.c_uint32), ("device", C.c_int), ("device_id", C.c_int),
@@ -194,6 +225,8 @@ _SIGS = {
     "umbp_pool_attach": (_I, [C.c_char_p, C.POINTER(AttachOpts), C.POINTER(_P)]),
     "umbp_pool_detach": (None, [_P]),
     "umbp_pool_destroy": (_I, [C.c_char_p]),
+    "umbp_pool_get_info": (_I, [_P, C.POINTER(PoolInfo)]),
+    "umbp_pool_list_procs": (_I, [_P, C.POINTER(ProcInfo), _U]),
     "umbp_ns_register": (_I, [_P, C.c_char_p, C.POINTER(C.c_uint32)]),
     "umbp_slot_size": (C.c_uint64, [_P]),
     "umbp_slot_count": (C.c_uint32, [_P]),
@@ -271,7 +304,8 @@ _C_NAMES = {Key: "umbp_key", PoolParams: "umbp_pool_params", AttachOpts: "umbp_a
             KVRegion: "umbp_kv_region", DPOpts: "umbp_dp_opts", Event: "umbp_event",
             ConnEvent: "umbp_conn_event", StatsSnapshot: "umbp_conn_stats_snapshot",
             NsParams: "umbp_conn_ns_params", SlotCensus: "umbp_slot_census",
-            TopoPlanOpts: "umbp_topo_plan_opts", TopoRankInfo: "umbp_topo_rank_info"}
+            TopoPlanOpts: "umbp_topo_plan_opts", TopoRankInfo: "umbp_topo_rank_info",
+            PartitionInfo: "umbp_partition_info", PoolInfo: "umbp_pool_info", ProcInfo: "umbp_proc_info"}
 
 
 def check_abi(handle) -> None:

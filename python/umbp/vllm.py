@@ -24,8 +24,9 @@ finished_sending. When key_namespace is not configured, each worker derives the
 namespace from its KV layout and reports it through get_handshake_metadata; the
 scheduler binds it in set_xfer_handshake_metadata.
 
-Modules: umbp.vllm_config (kv_connector_extra_config, the pool, placement, the
-derived namespace), umbp.vllm_meta (what travels between the roles: metadata,
+Modules: umbp.vllm_config (kv_connector_extra_config, placement, the derived
+namespace and its label), umbp.vllm_pool (the pool: attach, or create, share
+and remove an embedded one), umbp.vllm_meta (what travels between the roles: metadata,
 events, stats, metrics), umbp.vllm_scheduler (the scheduler-role methods),
 umbp.vllm_worker (the worker-role methods). This module has the connector
 class, which joins them, and re-exports their names.
@@ -61,13 +62,13 @@ from .vllm_config import (  # noqa: F401
     _keys,
     _object_bytes,
     _parse_size,
-    _Pool,
     _slot_size,
     _u32,
     check_vllm_version,
     derive_namespace,
     layout_and_engine,
     logger,
+    namespace_label,
     plan_placement,
 )
 from .vllm_meta import (  # noqa: F401
@@ -87,6 +88,7 @@ from .vllm_meta import (  # noqa: F401
     UMBPStoreKVEvents,
     _cause,
 )
+from .vllm_pool import EngineId, _Pool  # noqa: F401
 from .vllm_scheduler import SchedulerSide, _ReqState  # noqa: F401
 from .vllm_worker import WorkerSide  # noqa: F401
 
@@ -131,7 +133,14 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
         if self.cfg.mode == "embedded" and self.cfg.numa_nodes is None:
             # the pool's partitions, should this process be the one that creates it
             nodes = plan_placement(self.cfg, self.tp_size, self.tp_rank, log_level=logging.DEBUG).numa_nodes
-        self.pool = _Pool(self.cfg, slot, 1 if sched else 2, -1 if sched else self.tp_rank, nodes)
+        # Who this process is to an embedded pool that another process made:
+        # vLLM's instance id is the same in this engine's scheduler and workers
+        # (the VllmConfig is pickled to them), the namespace is what the
+        # workers derive in register_kv_caches (the same inputs are known here).
+        derived = derive_namespace(vllm_config, kv_cache_config, self.cfg)
+        engine = EngineId(getattr(vllm_config, "instance_id", None) or None, derived,
+                          None if self.cfg.key_namespace else namespace_label(vllm_config, kv_cache_config))
+        self.pool = _Pool(self.cfg, slot, 1 if sched else 2, -1 if sched else self.tp_rank, nodes, engine)
         self.placement: Placement | None = None
         self.lib = L.lib()
         self.namespace: str | None = None

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The pool side of umbp.vllm: kv_connector_extra_config (UMBPConfig), the
-attached pool (_Pool), where copy threads and pool memory go (plan_placement),
-the KV layout and copy engine (layout_and_engine), and the block object's size
-and key namespace derived from vLLM's configs.
+"""The configuration side of umbp.vllm: kv_connector_extra_config
+(UMBPConfig), where copy threads and pool memory go (plan_placement), the KV
+layout and copy engine (layout_and_engine), and the block object's size, key
+namespace and namespace label derived from vLLM's configs. The pool itself
+(_Pool) is in umbp.vllm_pool.
 
 Nothing here imports vLLM or torch at module level, so the in-tree
 connector's runtime (umbp.vllm_runtime) and tools can use it; the connector
@@ -10,12 +11,10 @@ class and its roles are in umbp.vllm, umbp.vllm_scheduler and umbp.vllm_worker.
 """
 from __future__ import annotations
 
-import atexit
 import ctypes as C
 import errno
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,73 +134,6 @@ class UMBPConfig:
                    tier_timeout_ms=int(c["tier_timeout_ms"]), tier_wait_ms=float(c["tier_wait_ms"]))
 
 
-# ---- pool handling -----------------------------------------------------------
-
-class _Pool:
-    """An attached pool; the embedded creator destroys it at close/exit."""
-
-    def __init__(self, cfg: UMBPConfig, slot_size: int, role: int, rank: int,
-                 numa_nodes: list[int] | None = None):
-        self.lib = L.lib()
-        self.name = cfg.pool
-        self.owner = False
-        h = C.c_void_p()
-        opts = L.AttachOpts()
-        self.lib.umbp_attach_opts_init(C.byref(opts))
-        opts.role, opts.rank = role, rank
-        if cfg.mode == "standalone":
-            rc = self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h))
-            if rc == -errno.ENOENT:
-                raise ValueError(f"standalone UMBP pool {self.name!r} does not exist: start it with "
-                                 f"`umbp daemon {self.name} --capacity SIZE` or use mode 'embedded'")
-            L.check(rc, f"attach pool {self.name}")
-        else:
-            if cfg.capacity is None:
-                raise ValueError("embedded UMBP mode needs kv_connector_extra_config.capacity_bytes "
-                                 "(or total_capacity_bytes), e.g. \"64GiB\"")
-            free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else None
-            if free is not None and cfg.capacity > free:
-                raise ValueError(f"capacity_bytes={cfg.capacity} does not fit /dev/shm ({free} bytes "
-                                 "free): lower it, or enlarge /dev/shm (docker --shm-size)")
-            p = L.PoolParams()
-            self.lib.umbp_pool_params_init(C.byref(p))
-            p.capacity = cfg.capacity
-            p.slot_size = slot_size
-            p.no_prefault = cfg.no_prefault
-            p.index_pages = _INDEX_PAGES[cfg.index_pages]
-            nodes = cfg.numa_nodes if cfg.numa_nodes else numa_nodes
-            if nodes:
-                for i, n in enumerate(nodes):
-                    p.numa_nodes[i] = n
-                p.n_numa_nodes = len(nodes)
-            rc = self.lib.umbp_pool_create(self.name.encode(), C.byref(p), C.byref(h))
-            if rc == 0:
-                self.owner = True
-                atexit.register(self.close)
-            elif rc == -errno.EEXIST:  # another process of the engine created it
-                rc = self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h))
-            L.check(rc, f"create/attach pool {self.name}")
-        self.h = h
-        have = self.lib.umbp_slot_size(h)
-        if have < slot_size:
-            self.close()
-            raise ValueError(f"pool {self.name!r} has {have}-byte slots but this model's block object "
-                             f"needs {slot_size}: recreate the pool with slot_size >= {slot_size}")
-
-    def ns(self, name: str) -> int:
-        out = C.c_uint32()
-        L.check(self.lib.umbp_ns_register(self.h, name.encode(), C.byref(out)), f"namespace {name}")
-        return out.value
-
-    def close(self) -> None:
-        if getattr(self, "h", None):
-            self.lib.umbp_pool_detach(self.h)
-            self.h = None
-            if self.owner:
-                self.lib.umbp_pool_destroy(self.name.encode())
-                self.owner = False
-
-
 # ---- placement -----------------------------------------------------------------
 
 @dataclass
@@ -298,7 +230,7 @@ def plan_placement(cfg: UMBPConfig, tp_size: int, tp_rank: int, cuda_device: int
     return Placement(threads, cpus, nodes, src, notes)
 
 
-def layout_and_engine(pool: _Pool, regs: list, cfg: UMBPConfig, tp_size: int, tp_rank: int,
+def layout_and_engine(pool, regs: list, cfg: UMBPConfig, tp_size: int, tp_rank: int,
                       cuda_device: int | None):
     """The KV layout over regs and a data-path engine placed by the topology
     plan: (layout, Placement, engine), as umbp.vllm's workers and the in-tree
@@ -394,3 +326,30 @@ def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig) -> str:
     buf = C.create_string_buffer(L.UMBP_KEY_HASH_MAX * 8)
     L.check(L.lib().umbp_conn_ns_derive(C.byref(p), buf, len(buf)), "namespace")
     return buf.value.decode()
+
+
+def namespace_label(vllm_config, kv_cache_config) -> str:
+    """A person's name for the namespace derive_namespace() gives (its hex
+    digits say nothing): model[@revision], TP (and PCP/DCP when > 1), the KV
+    dtypes, the block size and a draft model, e.g.
+    "Qwen/Qwen2.5-7B-Instruct tp8 bfloat16 block16". Stored beside the
+    namespace in the pool's notes (umbp.pool_notes) for `umbp inspect`,
+    `umbp pool info` and the daemon's label quotas."""
+    mc, pc = vllm_config.model_config, vllm_config.parallel_config
+    model = str(getattr(mc, "model", None) or "unknown")
+    rev = getattr(mc, "revision", None)
+    parts = [model + (f"@{rev}" if rev else ""), f"tp{pc.tensor_parallel_size}"]
+    for attr, tag in (("prefill_context_parallel_size", "pcp"), ("decode_context_parallel_size", "dcp")):
+        v = getattr(pc, attr, 1) or 1
+        if v > 1:
+            parts.append(f"{tag}{v}")
+    groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
+    dtypes = list(dict.fromkeys(_dtype_name(g.kv_cache_spec) for g in groups))
+    if dtypes:
+        parts.append("/".join(dtypes))
+    parts.append(f"block{vllm_config.cache_config.block_size}")
+    sc = vllm_config.speculative_config
+    draft = getattr(sc, "model", None) if sc is not None else None
+    if draft:
+        parts.append(f"draft {draft}")
+    return " ".join(parts)[:480]

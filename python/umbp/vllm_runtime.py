@@ -6,7 +6,7 @@ vLLM 0.34 ships ``UMBPStoreConnector`` in tree
 itself and delegates storage to an ``IUMBPRuntime`` (``…/umbp/runtime/base.py``)
 built by ``UMBPRuntimeFactory`` for the mode ``embedded`` or ``standalone``.
 ``UMBPRuntime`` here is that runtime over libumbp: the same pool handling
-(``umbp.vllm_config._Pool``), options (``UMBPConfig``), placement
+(``umbp.vllm_pool._Pool``), options (``UMBPConfig``), placement
 (``plan_placement``) and C copy engine (umbp_dp_*) as ``umbp.vllm``.
 ``umbp.vllm_plugin.register`` puts it behind ``backend: "umbp"``.
 
@@ -80,7 +80,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
 from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import UMBPRuntimeConfig
 
 from . import _lib as L
-from .vllm_config import _CONFIG_KEYS, UMBPConfig, _Pool, layout_and_engine, plan_placement
+from .vllm_config import _CONFIG_KEYS, UMBPConfig, layout_and_engine, plan_placement
+from .vllm_pool import EngineId, _Pool
 
 logger = logging.getLogger("vllm.umbp.runtime")
 
@@ -311,7 +312,8 @@ class UMBPWorkerHandle:
         nodes = None
         if cfg.mode == "embedded" and cfg.numa_nodes is None:
             nodes = plan_placement(cfg, topology.tp_size, topology.tp_rank, log_level=logging.DEBUG).numa_nodes
-        self.pool = _Pool(cfg, slot, 2, topology.tp_rank, nodes)
+        # the in-tree connector gives no vLLM instance id: see umbp.vllm_pool's limits
+        self.pool = _Pool(cfg, slot, 2, topology.tp_rank, nodes, EngineId(None, namespace))
         self.ns_id = self.pool.ns(namespace)
         self.codec = KeyCodec(self.pool.ns)
         self._engine = None

@@ -6,6 +6,7 @@ outputs every pool hit must reproduce exactly: greedy tokens and top-5
 logprobs, with num_cached_tokens as the block math says."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -161,9 +162,14 @@ def test_tp2(tiny, workdir, ref, mode):
     pool = f"e2e-tp2-{mode}-{os.getpid()}"
     want = ref.get(tp=2)
     if mode == "embedded":
-        res = run_engine({"model": tiny, "tp": 2, "kv": kv_config(pool),
-                          "phases": [_phase([P_LONG]), _phase([P_LONG]), _phase([P_SHARE], check_pool=pool)]},
-                         workdir, "tp2-embedded")
+        e = Engine({"model": tiny, "tp": 2, "kv": kv_config(pool),
+                    "phases": [_phase([P_LONG]), _phase([P_LONG]), _phase([P_SHARE], check_pool=pool)]},
+                   workdir, "tp2-embedded")
+        res = e.result()
+        # the engine core and its two workers attach as one engine (vLLM's instance id), not as three
+        log = e.log_path.read_text(errors="replace")
+        assert "another vLLM engine" not in log and "removing embedded pool" not in log, e.log_tail()
+        assert not os.path.exists(f"/dev/shm/umbp.{pool}"), "the embedded pool outlived its engine"
         outs = [p["runs"][0]["outputs"][0] for p in res["phases"]]
         assert outs[0]["num_cached_tokens"] == 0
         same(outs[0], want["long"], "TP 2 first run")
@@ -261,6 +267,63 @@ def test_engine_killed_while_storing(tiny, workdir, ref):
         assert outs[0]["num_cached_tokens"] == cached_tokens(1600, 1600), "the prompt stored whole is a hit"
         same(outs[-1], want["long"], "a new prompt after the kill")
         check_pool_clean(after["phases"][-1])
+
+
+def _killed_embedded_engine(tiny, workdir, pool: str, name: str) -> Engine:
+    """An engine with embedded pool `pool` that stored P_X, then SIGKILLed
+    (with its engine core) while it waits for a file that never comes."""
+    note = workdir / f"{name}-notes"
+    e = Engine({"model": tiny, "kv": kv_config(pool),
+                "phases": [_phase([P_X], note=str(note)), _phase([P_Y], wait_for=str(workdir / "never"))]},
+               workdir, name)
+    end = time.monotonic() + 600
+    while not (note.exists() and "done" in note.read_text()):
+        assert e.proc.poll() is None and time.monotonic() < end, e.log_tail()
+        time.sleep(0.05)
+    e.kill()
+    # killpg() returns before the engine core and worker have exited: wait for the kernel to drop them
+    end = time.monotonic() + 30
+    while True:
+        r = subprocess.run([tool(), "pool", "info", pool, "--json"], capture_output=True, text=True, check=True)
+        if not any(p["alive"] for p in json.loads(r.stdout)["processes"]):
+            return e
+        assert time.monotonic() < end, r.stdout
+        time.sleep(0.1)
+
+
+def _ls_row(pool: str) -> dict:
+    r = subprocess.run([tool(), "pool", "ls", "--json"], capture_output=True, text=True, check=True)
+    return next(x for x in json.loads(r.stdout) if x["name"] == pool)
+
+
+def test_killed_embedded_engine_pool_is_removed(tiny, workdir, ref):
+    """An engine SIGKILLed leaves its embedded pool in /dev/shm; `umbp pool ls`
+    says `umbp pool gc` removes it, and it does. Killed again, the next engine
+    with the same pool name removes the pool itself (and says so): its first
+    run of P_X is a miss, not a hit from the dead engine's pool, and its second
+    run hits its own pool; when it exits, its pool goes."""
+    pool = f"e2e-embkill-{os.getpid()}"
+    _killed_embedded_engine(tiny, workdir, pool, "embkill-1")
+    assert os.path.exists(f"/dev/shm/umbp.{pool}"), "a SIGKILLed engine cannot remove its pool"
+    row = _ls_row(pool)
+    assert row["embedded"] and row["status"].endswith("'umbp pool gc' removes it"), row
+    r = subprocess.run([tool(), "pool", "gc", pool], capture_output=True, text=True)
+    assert r.returncode == 0 and f"removed embedded pool {pool} " in r.stdout, r.stdout + r.stderr
+    assert not os.path.exists(f"/dev/shm/umbp.{pool}") and not os.path.exists(f"/dev/shm/umbp-notes.{pool}")
+
+    _killed_embedded_engine(tiny, workdir, pool, "embkill-2")
+    nxt = Engine({"model": tiny, "kv": kv_config(pool), "phases": [_phase([P_X]), _phase([P_X])]},
+                 workdir, "embkill-next")
+    res = nxt.result()
+    log = nxt.log_path.read_text(errors="replace")
+    assert f"removing embedded pool '{pool}' left by an engine that is gone" in log, nxt.log_tail()
+    first, again = (p["runs"][0]["outputs"][0] for p in res["phases"])
+    want = ref.get()
+    assert first["num_cached_tokens"] == 0, "the dead engine's pool was used"
+    assert again["num_cached_tokens"] == cached_tokens(1200, 1200)
+    same(first, want["x"], "after the removal")
+    same(again, want["x"], "a hit in the new pool")
+    assert not os.path.exists(f"/dev/shm/umbp.{pool}"), "the embedded pool outlived its engine"
 
 
 def test_preemption_of_a_loaded_request(tiny, workdir):

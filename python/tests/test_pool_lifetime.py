@@ -1,0 +1,302 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Embedded pools across engines, and names people can read (issue 28 §3).
+
+Real processes on real /dev/shm segments: the scheduler-role connector runs
+here, worker-role connectors in processes of their own (worker_proc.py), each
+process with the VllmConfig of its engine (conftest.make_vllm_config: vLLM's
+instance id says which engine a process belongs to). An engine killed with
+SIGKILL is a worker process killed with SIGKILL; the umbp CLI and daemon are
+the built ones."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from conftest import make_kv_cache_config, make_vllm_config, stop_daemon
+from test_connector import Worker, _umbp_cli
+
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+from umbp import pool_notes
+
+# make_vllm_config has no model: the label of its derived namespace
+LABEL = "unknown tp1 float16 block16"
+
+
+def sched(pool, engine, **extra):
+    return KVConnectorFactory.create_connector(make_vllm_config(pool, engine=engine, **extra),
+                                               KVConnectorRole.SCHEDULER, make_kv_cache_config())
+
+
+def cli(*args, check=True):
+    r = subprocess.run([_umbp_cli(), *args], capture_output=True, text=True, timeout=60)
+    assert not check or r.returncode == 0, f"umbp {' '.join(args)}: exit {r.returncode}: {r.stdout}{r.stderr}"
+    return r
+
+
+def exists(pool):
+    return os.path.exists(f"/dev/shm/umbp.{pool}")
+
+
+def notes_exist(pool):
+    return os.path.exists(pool_notes.path(pool))
+
+
+def kill(w: Worker) -> None:
+    """SIGKILL the worker's process: no shutdown, no atexit."""
+    w.p.send_signal(signal.SIGKILL)
+    w.p.wait(timeout=30)
+
+
+@contextmanager
+def umbp_log():
+    """What the connector logs here (logger vllm.umbp: vLLM's logger tree does
+    not propagate to the root, where caplog listens)."""
+    lines: list[str] = []
+
+    class H(logging.Handler):
+        def emit(self, record):
+            lines.append(f"{record.levelname}: {record.getMessage()}")
+
+    h = H(logging.INFO)
+    lg = logging.getLogger("vllm.umbp")
+    old = lg.level
+    lg.addHandler(h)
+    lg.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        lg.removeHandler(h)
+        lg.setLevel(old)
+
+
+def ls_row(pool):
+    rows = [r for r in json.loads(cli("pool", "ls", "--json").stdout) if r["name"] == pool]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_a_killed_engines_embedded_pool_is_removed_by_the_next_engine(pool_name):
+    """An engine SIGKILLed leaves its embedded pool with all its memory;
+    `pool ls` and `pool info` say that `umbp pool gc` removes it (not reap);
+    the next engine with that pool name removes it, says so, and makes its own."""
+    w = Worker(pool_name, 1, 0, seed=1, test_engine="killed")
+    uuid0 = json.loads(cli("pool", "info", pool_name, "--json").stdout)["uuid"]
+    kill(w)
+    assert exists(pool_name) and notes_exist(pool_name)
+    row = ls_row(pool_name)
+    assert row["embedded"] is True and "'umbp pool gc' removes it" in row["status"], row
+    assert "reap" not in row["status"]
+    text = cli("pool", "ls").stdout
+    assert f"embedded pool of a vLLM engine that is gone: 'umbp pool gc' removes it" in text, text
+    info = cli("pool", "info", pool_name).stdout
+    assert "embedded in vLLM engine killed" in info and "its processes are gone: 'umbp pool gc' removes it" in info
+    with umbp_log() as log:
+        s = sched(pool_name, "next")
+    try:
+        assert s.pool.owner, "the next engine made the pool again"
+        said = [x for x in log if "removing embedded pool" in x]
+        assert len(said) == 1 and "vLLM instance killed" in said[0] and "are all dead" in said[0], log
+        info = json.loads(cli("pool", "info", pool_name, "--json").stdout)
+        assert info["uuid"] != uuid0 and info["embedded"]["instance"] == "next", info
+    finally:
+        s.shutdown()
+    assert not exists(pool_name) and not notes_exist(pool_name), "an engine that exits removes its pool"
+
+
+def test_pool_gc_removes_embedded_pools_whose_processes_are_all_dead(pool_name):
+    """`umbp pool gc`: a dead engine's embedded pool goes; an embedded pool in
+    use, a pool made by `umbp pool create` (even with dead processes: that one
+    needs reap, and ls says so) and notes of live pools stay; notes left
+    without their pool go."""
+    dead, live, made = pool_name, pool_name + "-live", pool_name + "-cli"
+    w = Worker(dead, 1, 0, seed=1, test_engine="gone")
+    kill(w)
+    s = sched(live, "alive")
+    cli("pool", "create", made, "--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quiet")
+    v = Worker(made, 1, 0, seed=1, mode="standalone", key_namespace=None)   # writes a label: notes exist
+    kill(v)
+    orphan = pool_notes.path(pool_name + "-orphan")
+    with open(orphan, "w") as f:
+        f.write("umbp-notes\t1\t" + "0" * 32 + "\n")
+    try:
+        assert notes_exist(made)
+        row = ls_row(made)
+        assert row["embedded"] is False and row["status"] == "has dead processes (umbp pool reap)", row
+        assert "leftover notes" in cli("pool", "ls").stdout
+        # every pool on the host, without removing (other tests' killed engines may be looked at now)
+        dry = cli("pool", "gc", "--dry-run").stdout
+        assert f"would remove embedded pool {dead} " in dry and exists(dead), dry
+        assert f"would remove {orphan} (notes left without their pool)" in dry, dry
+        assert f"kept {live}: embedded pool in use by 1 live process (pid {os.getpid()})" in dry, dry
+        assert made not in dry, dry
+        out = cli("pool", "gc", dead, live, made, pool_name + "-orphan").stdout
+        assert f"removed embedded pool {dead} (vLLM engine gone, created by pid {w.p.pid}" in out, out
+        assert f"removed {orphan} (notes left without their pool)" in out, out
+        assert f"kept {live}: embedded pool in use by 1 live process (pid {os.getpid()})" in out, out
+        assert f"kept {made}: not an embedded pool of a vLLM engine (made by 'umbp pool create'" in out, out
+        assert not exists(dead) and not notes_exist(dead) and not os.path.exists(orphan)
+        assert exists(live) and exists(made) and notes_exist(made)
+        out = cli("pool", "gc", dead).stdout
+        assert f"no pool named {dead}" in out and "nothing to remove" in out, out
+    finally:
+        s.shutdown()
+        cli("pool", "destroy", made, check=False)
+        cli("pool", "destroy", dead, check=False)
+    assert not exists(live) and not notes_exist(made), "destroy takes the notes with the pool"
+
+
+def test_a_second_engine_of_the_same_namespace_joins_and_the_pool_stays(pool_name):
+    """Engine A (scheduler here, one worker) makes the embedded pool; its
+    processes attach quietly. Engine B of the same key namespace joins,
+    knowingly: a warning says its capacity is not applied. A exits: the pool
+    stays for B; B exits: the pool goes."""
+    with umbp_log() as log:
+        a = sched(pool_name, "eng-a")
+    aw = Worker(pool_name, 1, 0, seed=1, test_engine="eng-a")
+    bw = None
+    try:
+        assert a.pool.owner and not log, log
+        said = [x for x in aw.call("logs") if not x.startswith("INFO: UMBP rank")]   # placement: see test_connector
+        assert said == [], "a process of the same engine is not a second engine"
+        bw = Worker(pool_name, 1, 0, seed=2, test_engine="eng-b", capacity_bytes="2MiB")
+        said = bw.call("logs")
+        assert any("is in use by another vLLM engine of the same key namespace test-ns" in x and "joins it" in x
+                   and "capacity_bytes=2097152 is not applied" in x for x in said), said
+        n = pool_notes.read(pool_name)
+        assert sorted(i for i, _ in n.procs.values()) == ["eng-a", "eng-a", "eng-b"], n   # A: here and a worker
+        aw.close()
+        aw = None
+        a.shutdown()
+        assert exists(pool_name), "engine A removed the pool under engine B"
+        bw.close()
+        bw = None
+        assert not exists(pool_name) and not notes_exist(pool_name), "the last engine to leave removes the pool"
+    finally:
+        for w in (aw, bw):
+            if w:
+                w.close()
+        a.shutdown()
+
+
+def test_a_second_engine_of_another_namespace_is_refused(pool_name):
+    """Engine B of another key namespace (another model or KV layout) is
+    refused with the fix; engine A and its pool go on."""
+    a = sched(pool_name, "eng-a")
+    try:
+        with pytest.raises(ValueError) as e:
+            Worker(pool_name, 1, 0, seed=2, test_engine="eng-b", key_namespace="other-ns")
+        msg = str(e.value)
+        assert f"embedded UMBP pool {pool_name!r} belongs to another running vLLM engine (pids {os.getpid()}, " \
+               "key namespace test-ns)" in msg, msg
+        assert "this engine's (other-ns)" in msg
+        assert f'kv_connector_extra_config.pool, e.g. "{pool_name}-2"' in msg
+        assert f"`umbp daemon {pool_name} --capacity SIZE` and \"mode\": \"standalone\"" in msg
+        assert exists(pool_name) and "eng-b" not in {i for i, _ in pool_notes.read(pool_name).procs.values()}
+        assert a.pool.ns("still-works") >= 0
+    finally:
+        a.shutdown()
+    assert not exists(pool_name)
+
+
+def test_a_pool_not_made_by_an_engine_is_attached_as_is(pool_name):
+    """An embedded-mode engine whose pool name is a pool made by `umbp pool
+    create` uses it as mode standalone would, says so, and never removes it."""
+    cli("pool", "create", pool_name, "--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quiet")
+    with umbp_log() as log:
+        s = sched(pool_name, "eng-a")
+    s.shutdown()
+    assert any("is not the embedded pool of a vLLM engine" in x and "never removes it" in x for x in log), log
+    assert exists(pool_name)
+
+
+def test_derived_namespaces_have_a_label_in_inspect_and_pool_info(pool_name):
+    """A worker that derives its namespace (vllm- + 32 hex digits) writes its
+    label beside it; `umbp inspect` and `umbp pool info` show it. An explicit
+    key_namespace is its own label."""
+    cli("pool", "create", pool_name, "--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quiet")
+    w = Worker(pool_name, 1, 0, seed=1, mode="standalone", key_namespace=None)
+    e = Worker(pool_name, 1, 0, seed=1, mode="standalone", key_namespace="chat")
+    try:
+        ns = w.call("info")["handshake"].namespace
+        assert ns.startswith("vllm-") and len(ns) == 37
+        assert pool_notes.read(pool_name).labels == {ns: LABEL}
+        ins = {n["name"]: n for n in json.loads(cli("inspect", pool_name, "--json").stdout)["namespaces"]}
+        assert ins[ns]["label"] == LABEL and ins["chat"]["label"] is None, ins
+        text = cli("inspect", pool_name).stdout
+        assert LABEL in text, text
+        info = json.loads(cli("pool", "info", pool_name, "--json").stdout)
+        got = {n["name"]: n["label"] for n in info["namespaces"]}
+        assert got == {ns: LABEL, "chat": None}, info
+        assert f"{ns}    {LABEL}" in cli("pool", "info", pool_name).stdout
+    finally:
+        w.close()
+        e.close()
+
+
+def _daemon(pool, *args):
+    d = subprocess.Popen([_umbp_cli(), "daemon", pool, "--capacity", "1MiB", "--slot-size", "4KiB",
+                          "--no-prefault", "--foreground", "--reap-interval", "100", *args],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log: list[str] = []
+    import threading
+    threading.Thread(target=lambda: [log.append(x) for x in d.stderr], daemon=True).start()
+    end = time.monotonic() + 30
+    while not any("ready:" in x for x in log):
+        assert d.poll() is None and time.monotonic() < end, log
+        time.sleep(0.05)
+    return d, log
+
+
+def _quota(pool, ns):
+    for n in json.loads(cli("inspect", pool, "--json", "--events", "0").stdout)["namespaces"]:
+        if n["name"] == ns:
+            return n["quota_bytes"]
+    return None
+
+
+def _wait(what, cond, timeout=10):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, what
+        time.sleep(0.05)
+
+
+def test_daemon_quota_file_names_namespaces_by_label_and_glob(pool_name, tmp_path):
+    """--quota-file lines name namespaces by label ('label:PATTERN') or by a
+    glob of names, applied as engines register them; the last matching line
+    wins; a quota larger than the pool is a warning; SIGHUP re-reads them."""
+    qf = tmp_path / "quotas"
+    qf.write_text("# by label, by glob, too big\n"
+                  "label:unknown tp1 float16* 64KiB\n"
+                  "chat-* 8KiB\n"
+                  "chat-b 16KiB\n"
+                  "huge 1TiB\n")
+    d, log = _daemon(pool_name, "--quota-file", str(qf))
+    w = []
+    try:
+        assert any("quota of namespace 'huge' (1 TiB) is larger than the pool (1 MiB of slots)" in x for x in log), log
+        w.append(Worker(pool_name, 1, 0, seed=1, mode="standalone", key_namespace=None))
+        ns = w[0].call("info")["handshake"].namespace
+        for name in ("chat-a", "chat-b"):
+            w.append(Worker(pool_name, 1, 0, seed=1, mode="standalone", key_namespace=name))
+        _wait("label quota", lambda: _quota(pool_name, ns) == 64 << 10)
+        _wait("glob quota", lambda: _quota(pool_name, "chat-a") == 8 << 10)
+        assert _quota(pool_name, "chat-b") == 16 << 10, "the last matching line wins"
+        assert any(f"quota of namespace '{ns}' (id" in x and f"label '{LABEL}'): 64 KiB" in x for x in log), log
+        qf.write_text("chat-* 4KiB\n")
+        d.send_signal(signal.SIGHUP)
+        _wait("SIGHUP", lambda: _quota(pool_name, ns) == 0 and _quota(pool_name, "chat-b") == 4 << 10)
+        assert _quota(pool_name, "chat-a") == 4 << 10
+    finally:
+        for x in w:
+            x.close()
+        assert stop_daemon(d) == 0, log

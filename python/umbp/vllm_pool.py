@@ -1,0 +1,323 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The pool of umbp.vllm (and of the in-tree connector's runtime): attach to
+a daemon's pool (mode standalone), or create, share and remove an embedded one.
+
+Embedded pools. The engine's processes (its scheduler and one worker per TP
+rank, which vLLM starts in any order) create the pool or attach to it by
+name; the pool's notes (umbp.pool_notes, /dev/shm/umbp-notes.NAME) record
+that it is embedded, vLLM's instance id of the engine that created it, and
+each attached process with its engine's instance id and key namespace. Every
+create-or-attach and every detach-and-maybe-remove holds the notes' lock, so
+what one process decides from the notes and the registry is still true when
+it acts. When a process finds the pool already there:
+
+  its engine's processes are alive, or      it attaches (one engine)
+  no process is and the instance is its own
+  no process is alive, another instance     the engine that made it was killed
+                                            (SIGKILL, OOM): the pool is removed
+                                            and created again, with a warning
+  processes of another engine are alive,    it joins (a warning says that its
+  same key namespace                        capacity_bytes is not applied)
+  ... another key namespace                 refused: ValueError naming the fix
+  no notes (umbp pool create, a daemon,     it attaches as mode standalone
+  an older umbp) or a daemon is alive       would, with a warning; never removes it
+
+A process leaves under the lock: it detaches, then removes the pool and its
+notes when it created the pool and no process of another engine is alive, or
+when no process at all is alive any more (the last one out, whoever created
+it). So one engine removes its pool at exit as before, and a pool that two
+engines share stays until the last of them exits. A pool whose last
+processes were all killed stays; the next engine that starts with its name,
+or `umbp pool gc`, removes it. "Alive" is the registry's liveness (an OFD
+lock the kernel drops at death); tools attached to the pool (role tool) do
+not count.
+
+Limits: the in-tree connector's runtime does not know vLLM's instance id, so
+it cannot tell a second engine from its own workers and attaches as before;
+processes are matched to engines by pid, as the registry and the notes record
+it in the attaching process's pid namespace.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes as C
+import errno
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+
+from . import _lib as L
+from . import pool_notes as N
+from .vllm_config import _INDEX_PAGES, UMBPConfig
+
+logger = logging.getLogger("vllm.umbp")
+
+
+@dataclass
+class EngineId:
+    """Who attaches: vLLM's instance id (VllmConfig.instance_id, the same in
+    one engine's scheduler and workers; None when unknown), the key namespace
+    the engine uses and its human label (derived namespaces only)."""
+
+    instance: str | None = None
+    namespace: str | None = None
+    label: str | None = None
+
+    @property
+    def tag(self) -> str:
+        return self.instance or "-"
+
+
+def _uuid_hex(info: L.PoolInfo) -> str:
+    return bytes(info.uuid).hex()
+
+
+def _snapshot(lib, name: str) -> tuple[int, L.PoolInfo | None, list]:
+    """(0, info, processes) of pool `name` through a read-only attach, or (rc, None, [])."""
+    h = C.c_void_p()
+    o = L.AttachOpts()
+    lib.umbp_attach_opts_init(C.byref(o))
+    o.read_only = True
+    rc = lib.umbp_pool_attach(name.encode(), C.byref(o), C.byref(h))
+    if rc < 0:
+        return rc, None, []
+    try:
+        info = L.PoolInfo()
+        lib.umbp_pool_get_info(h, C.byref(info))
+        buf = (L.ProcInfo * L.UMBP_MAX_PROCS)()
+        n = max(0, lib.umbp_pool_list_procs(h, buf, L.UMBP_MAX_PROCS))
+        return 0, info, list(buf[:n])
+    finally:
+        lib.umbp_pool_detach(h)
+
+
+def _alive(procs) -> list:
+    """Processes that keep a pool in use: alive, and not of role tool (a CLI command)."""
+    return [q for q in procs if q.alive and q.role != L.ROLE_TOOL]
+
+
+def _pids(procs) -> str:
+    return ", ".join(str(p) for p in sorted({q.pid for q in procs})) or "none"
+
+
+class _Pool:
+    """An attached pool. See the module for who creates, joins and removes an
+    embedded one. owner: this handle created it; embedded: it is an embedded
+    pool that this handle may remove when it leaves (see close())."""
+
+    def __init__(self, cfg: UMBPConfig, slot_size: int, role: int, rank: int,
+                 numa_nodes: list[int] | None = None, engine: EngineId | None = None):
+        self.lib = L.lib()
+        self.name = cfg.pool
+        self.owner = False
+        self.embedded = False
+        self.engine = engine or EngineId()
+        self.h = None
+        self._pid = os.getpid()
+        self._uuid: str | None = None
+        opts = L.AttachOpts()
+        self.lib.umbp_attach_opts_init(C.byref(opts))
+        opts.role, opts.rank = role, rank
+        if cfg.mode == "standalone":
+            h = C.c_void_p()
+            rc = self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h))
+            if rc == -errno.ENOENT:
+                raise ValueError(f"standalone UMBP pool {self.name!r} does not exist: start it with "
+                                 f"`umbp daemon {self.name} --capacity SIZE` or use mode 'embedded'")
+            L.check(rc, f"attach pool {self.name}")
+            self.h = h
+            self._note_label()
+        else:
+            self._open_embedded(cfg, slot_size, opts, numa_nodes)
+        have = self.lib.umbp_slot_size(self.h)
+        if have < slot_size:
+            self.close()
+            raise ValueError(f"pool {self.name!r} has {have}-byte slots but this model's block object "
+                             f"needs {slot_size}: recreate the pool with slot_size >= {slot_size}")
+
+    # ---- embedded: create, or attach to what is there --------------------------
+    def _params(self, cfg, slot_size: int, numa_nodes) -> L.PoolParams:
+        if cfg.capacity is None:
+            raise ValueError("embedded UMBP mode needs kv_connector_extra_config.capacity_bytes "
+                             "(or total_capacity_bytes), e.g. \"64GiB\"")
+        free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else None
+        if free is not None and cfg.capacity > free:
+            raise ValueError(f"capacity_bytes={cfg.capacity} does not fit /dev/shm ({free} bytes "
+                             "free): lower it, or enlarge /dev/shm (docker --shm-size)")
+        p = L.PoolParams()
+        self.lib.umbp_pool_params_init(C.byref(p))
+        p.capacity = cfg.capacity
+        p.slot_size = slot_size
+        p.no_prefault = cfg.no_prefault
+        p.index_pages = _INDEX_PAGES[cfg.index_pages]
+        nodes = cfg.numa_nodes if cfg.numa_nodes else numa_nodes
+        if nodes:
+            for i, n in enumerate(nodes):
+                p.numa_nodes[i] = n
+            p.n_numa_nodes = len(nodes)
+        return p
+
+    def _open_embedded(self, cfg, slot_size: int, opts, numa_nodes) -> None:
+        p = self._params(cfg, slot_size, numa_nodes)
+        me = self.engine
+        wait = lambda path: logger.info("UMBP: waiting for %s: another process is creating or "  # noqa: E731
+                                        "removing pool %r", path, self.name)
+        with N.Locked(self.name, on_wait=wait) as notes:
+            for _ in range(3):
+                h = C.c_void_p()
+                rc = self.lib.umbp_pool_create(self.name.encode(), C.byref(p), C.byref(h))
+                if rc == 0:
+                    self.h, self.owner, self.embedded = h, True, True
+                    self._uuid = self._info_uuid()
+                    notes.reset(self._uuid)
+                    notes.append("embedded", me.tag, me.namespace or "", cfg.capacity, os.getpid())
+                    break
+                if rc != -errno.EEXIST:
+                    if not os.path.exists(f"/dev/shm/umbp.{self.name}"):
+                        notes.remove()   # made by this call's lock: no pool to describe
+                    L.check(rc, f"create pool {self.name}")
+                verdict = self._classify(notes, cfg)
+                if verdict == "stale":
+                    continue            # removed: create it again
+                h = C.c_void_p()
+                L.check(self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h)),
+                        f"attach pool {self.name}")
+                self.h = h
+                self.embedded = verdict in ("same", "join")
+                break
+            else:
+                raise RuntimeError(f"UMBP pool {self.name!r} was removed and made again under this "
+                                   "engine three times: another program creates pools of that name")
+            if self.embedded:
+                notes.append("proc", me.tag, os.getpid(), me.namespace or "")
+                atexit.register(self.close)
+            self._note_label(notes)
+
+    def _info_uuid(self) -> str:
+        info = L.PoolInfo()
+        self.lib.umbp_pool_get_info(self.h, C.byref(info))
+        return _uuid_hex(info)
+
+    def _classify(self, notes: N.Locked, cfg) -> str:
+        """What the existing pool is to this engine: same, join, foreign or
+        stale (removed here); raises ValueError when it must refuse."""
+        rc, info, procs = _snapshot(self.lib, self.name)
+        if rc == -errno.ENOENT:
+            return "stale"              # removed since the create: make it
+        L.check(rc, f"attach pool {self.name}")
+        self._uuid = _uuid_hex(info)
+        n = notes.read(self._uuid)
+        me = self.engine
+        alive = _alive(procs)
+        if n.embedded is None or any(q.role == L.ROLE_DAEMON for q in alive):
+            logger.warning("UMBP: pool %r exists and is not the embedded pool of a vLLM engine (it was made "
+                           "by umbp pool create, by a daemon or by an older umbp): this engine attaches to it "
+                           "as mode 'standalone' would, does not apply capacity_bytes (the pool has %d bytes "
+                           "of slots) and never removes it", self.name, info.slot_count * info.slot_size)
+            return "foreign"
+        e = n.embedded
+        if not alive:
+            if e.instance == me.tag and me.instance is not None:
+                return "same"
+            logger.warning("UMBP: removing embedded pool %r left by an engine that is gone (vLLM instance %s, "
+                           "namespace %s, created by pid %d; its processes %s are all dead); creating it again",
+                           self.name, e.instance, e.namespace or "-", e.pid, _pids(procs) if procs else "were reaped")
+            rc = self.lib.umbp_pool_destroy(self.name.encode())
+            if rc < 0 and rc != -errno.ENOENT:
+                L.check(rc, f"remove the stale pool {self.name}")
+            return "stale"
+        others = [q for q in alive if n.procs.get(q.pid, ("?", ""))[0] != me.tag]
+        if not others or me.instance is None:
+            return "same"
+        theirs = sorted({n.procs[q.pid][1] for q in others if q.pid in n.procs})
+        if me.namespace is None or any(ns != me.namespace for ns in theirs):
+            label = {ns: n.labels.get(ns) for ns in theirs}
+            raise ValueError(
+                f"embedded UMBP pool {self.name!r} belongs to another running vLLM engine (pids {_pids(others)}, "
+                f"key namespace {', '.join(f'{ns} ({label[ns]})' if label[ns] else ns for ns in theirs)}), "
+                f"whose model or KV layout differs from this engine's ({me.namespace}"
+                f"{f' ({me.label})' if me.label else ''}): engines share an embedded pool only when they "
+                f"serve the same key namespace. Give this engine its own pool "
+                f"(kv_connector_extra_config.pool, e.g. \"{self.name}-2\"), or share one pool between "
+                f"engines through a daemon: `umbp daemon {self.name} --capacity SIZE` and \"mode\": \"standalone\"")
+        unknown = [q for q in others if q.pid not in n.procs]
+        logger.warning("UMBP: embedded pool %r is in use by another vLLM engine of the same key namespace %s "
+                       "(pids %s%s); this engine joins it: its capacity_bytes=%s is not applied (the pool has "
+                       "%d bytes of slots), and the pool stays until the last engine that uses it exits",
+                       self.name, me.namespace, _pids(others),
+                       f"; pids {_pids(unknown)} were not started by this connector" if unknown else "",
+                       cfg.capacity, info.slot_count * info.slot_size)
+        return "join"
+
+    # ---- labels ----------------------------------------------------------------
+    def _note_label(self, notes: N.Locked | None = None) -> None:
+        """Write this engine's namespace label to the pool's notes (once per
+        namespace and label). Best effort: a pool whose notes this user may
+        not write keeps its hex names."""
+        me = self.engine
+        if not (me.namespace and me.label):
+            return
+        try:
+            uuid = self._uuid or self._info_uuid()
+            if notes is not None:
+                self._append_label(notes, uuid)
+                return
+            if N.read(self.name, uuid).labels.get(me.namespace) == me.label:
+                return
+            with N.Locked(self.name, timeout_s=5) as n:
+                self._append_label(n, uuid)
+        except (OSError, TimeoutError) as e:
+            logger.debug("UMBP: namespace label of %s not written to %s: %s", me.namespace,
+                         N.path(self.name), e)
+
+    def _append_label(self, notes: N.Locked, uuid: str) -> None:
+        if notes.ensure(uuid).labels.get(self.engine.namespace) != self.engine.label:
+            notes.append("label", self.engine.namespace, self.engine.label)
+
+    # ---- use and leave ---------------------------------------------------------
+    def ns(self, name: str) -> int:
+        out = C.c_uint32()
+        L.check(self.lib.umbp_ns_register(self.h, name.encode(), C.byref(out)), f"namespace {name}")
+        return out.value
+
+    def close(self) -> None:
+        """Detach; for an embedded pool, remove it (and its notes) when this
+        handle created it and no process of another engine is alive, or when
+        no process is alive any more. Idempotent; a fork()ed child's copy of
+        the handle only forgets it (the parent's pool is not the child's to
+        detach or remove)."""
+        h, self.h = getattr(self, "h", None), None
+        if not h or os.getpid() != self._pid:
+            return
+        if not self.embedded:
+            self.lib.umbp_pool_detach(h)
+            return
+        try:
+            lock = N.Locked(self.name, timeout_s=30).__enter__()
+        except (OSError, TimeoutError) as e:
+            self.lib.umbp_pool_detach(h)
+            logger.warning("UMBP: pool %r detached without its notes' lock (%s): it is kept; umbp pool gc "
+                           "removes it once its processes are gone", self.name, e)
+            return
+        try:
+            self.lib.umbp_pool_detach(h)
+            rc, info, procs = _snapshot(self.lib, self.name)
+            if rc < 0:
+                if rc == -errno.ENOENT:
+                    lock.remove()   # the pool went already; these notes describe nothing
+                return
+            if _uuid_hex(info) != self._uuid:
+                return              # a pool of that name made since: not ours
+            n = lock.read(self._uuid)
+            alive = _alive(procs)
+            other_engines = [q for q in alive if q.pid in n.procs and n.procs[q.pid][0] != self.engine.tag]
+            if (self.owner and not other_engines) or not alive:
+                rc = self.lib.umbp_pool_destroy(self.name.encode())
+                if rc == 0 or rc == -errno.ENOENT:
+                    lock.remove()
+                if not self.owner:
+                    logger.info("UMBP: removed embedded pool %r: this process was the last to use it", self.name)
+            self.owner = False
+        finally:
+            lock.__exit__(None, None, None)
