@@ -300,3 +300,22 @@ def test_daemon_quota_file_names_namespaces_by_label_and_glob(pool_name, tmp_pat
         for x in w:
             x.close()
         assert stop_daemon(d) == 0, log
+
+
+def test_notes_lock_is_never_held_on_a_removed_file(pool_name):
+    """A process that waited for the notes' lock while its holder removed the
+    file (a pool removed by its last process, or by umbp pool gc) locks the
+    file at the path, not the removed one: two lockers never both hold it."""
+    import threading
+    got = {}
+    with pool_notes.Locked(pool_name) as first:
+        def waiter():
+            with pool_notes.Locked(pool_name, timeout_s=10) as second:
+                got["same"] = os.fstat(second.fd).st_ino == os.stat(pool_notes.path(pool_name)).st_ino
+        t = threading.Thread(target=waiter)
+        t.start()
+        time.sleep(0.2)
+        assert "same" not in got, "the lock was not exclusive"
+        first.remove()
+    t.join(10)
+    assert got == {"same": True}, got

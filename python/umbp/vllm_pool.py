@@ -160,39 +160,51 @@ class _Pool:
 
     def _open_embedded(self, cfg, slot_size: int, opts, numa_nodes) -> None:
         p = self._params(cfg, slot_size, numa_nodes)
-        me = self.engine
         wait = lambda path: logger.info("UMBP: waiting for %s: another process is creating or "  # noqa: E731
                                         "removing pool %r", path, self.name)
-        with N.Locked(self.name, on_wait=wait) as notes:
-            for _ in range(3):
-                h = C.c_void_p()
-                rc = self.lib.umbp_pool_create(self.name.encode(), C.byref(p), C.byref(h))
-                if rc == 0:
-                    self.h, self.owner, self.embedded = h, True, True
-                    self._uuid = self._info_uuid()
-                    notes.reset(self._uuid)
-                    notes.append("embedded", me.tag, me.namespace or "", cfg.capacity, os.getpid())
-                    break
-                if rc != -errno.EEXIST:
-                    if not os.path.exists(f"/dev/shm/umbp.{self.name}"):
-                        notes.remove()   # made by this call's lock: no pool to describe
-                    L.check(rc, f"create pool {self.name}")
-                verdict = self._classify(notes, cfg)
-                if verdict == "stale":
-                    continue            # removed: create it again
-                h = C.c_void_p()
-                L.check(self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h)),
-                        f"attach pool {self.name}")
-                self.h = h
-                self.embedded = verdict in ("same", "join")
+        try:
+            notes = N.Locked(self.name, on_wait=wait).__enter__()
+        except PermissionError as e:
+            raise ValueError(f"embedded UMBP pool {self.name!r} is another user's ({e.filename} cannot be opened "
+                             f"for writing): give this engine its own pool (kv_connector_extra_config.pool, "
+                             f"e.g. \"{self.name}-2\")") from e
+        try:
+            self._create_or_attach(notes, cfg, p, opts)
+        finally:
+            notes.__exit__(None, None, None)
+
+    def _create_or_attach(self, notes: N.Locked, cfg, p: L.PoolParams, opts: L.AttachOpts) -> None:
+        """Under the notes' lock: create the pool, or attach to it as _classify() decides."""
+        me = self.engine
+        for _ in range(3):
+            h = C.c_void_p()
+            rc = self.lib.umbp_pool_create(self.name.encode(), C.byref(p), C.byref(h))
+            if rc == 0:
+                self.h, self.owner, self.embedded = h, True, True
+                self._uuid = self._info_uuid()
+                notes.reset(self._uuid)
+                notes.append("embedded", me.tag, me.namespace or "", cfg.capacity, os.getpid())
                 break
-            else:
-                raise RuntimeError(f"UMBP pool {self.name!r} was removed and made again under this "
-                                   "engine three times: another program creates pools of that name")
-            if self.embedded:
-                notes.append("proc", me.tag, os.getpid(), me.namespace or "")
-                atexit.register(self.close)
-            self._note_label(notes)
+            if rc != -errno.EEXIST:
+                if not os.path.exists(f"/dev/shm/umbp.{self.name}"):
+                    notes.remove()   # made by this call's lock: no pool to describe
+                L.check(rc, f"create pool {self.name}")
+            verdict = self._classify(notes, cfg)
+            if verdict == "stale":
+                continue            # removed: create it again
+            h = C.c_void_p()
+            L.check(self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h)),
+                    f"attach pool {self.name}")
+            self.h = h
+            self.embedded = verdict in ("same", "join")
+            break
+        else:
+            raise RuntimeError(f"UMBP pool {self.name!r} was removed and made again under this "
+                               "engine three times: another program creates pools of that name")
+        if self.embedded:
+            notes.append("proc", me.tag, os.getpid(), me.namespace or "")
+            atexit.register(self.close)
+        self._note_label(notes)
 
     def _info_uuid(self) -> str:
         info = L.PoolInfo()
