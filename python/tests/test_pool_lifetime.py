@@ -154,6 +154,19 @@ def test_pool_gc_removes_embedded_pools_whose_processes_are_all_dead(pool_name):
     assert not exists(live) and not notes_exist(made), "destroy takes the notes with the pool"
 
 
+def test_an_engine_whose_workers_are_killed_at_shutdown_still_removes_its_pool(pool_name):
+    """A worker made the pool; the engine core's scheduler leaves first (vLLM
+    shuts the core down, then kills workers that do not exit in time): the
+    scheduler removes the pool, so the killed worker leaves nothing behind."""
+    w = Worker(pool_name, 1, 0, seed=1, test_engine="eng-a")
+    s = sched(pool_name, "eng-a")
+    assert not s.pool.owner
+    s.shutdown()
+    assert not exists(pool_name) and not notes_exist(pool_name), "the engine core's exit is its engine's"
+    kill(w)
+    assert not exists(pool_name) and not notes_exist(pool_name)
+
+
 def test_a_second_engine_of_the_same_namespace_joins_and_the_pool_stays(pool_name):
     """Engine A (scheduler here, one worker) makes the embedded pool; its
     processes attach quietly. Engine B of the same key namespace joins,

