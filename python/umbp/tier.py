@@ -80,21 +80,10 @@ class TierInfo(C.Structure):
                 ("stats", C.c_uint64 * STAT_COUNT)]
 
 
-class PartitionInfo(C.Structure):
-    _fields_ = [("numa_node", C.c_int), ("mempolicy", C.c_int), ("first_slot", C.c_uint32),
-                ("slot_count", C.c_uint32), ("bytes", C.c_uint64), ("free_slots", C.c_uint64)]
-
-
-class PoolInfo(C.Structure):
-    _fields_ = [("name", C.c_char * 65), ("path", C.c_char * 256), ("layout_major", C.c_uint16),
-                ("layout_minor", C.c_uint16), ("compat_features", C.c_uint64), ("incompat_features", C.c_uint64),
-                ("abi_fingerprint", C.c_uint64), ("total_size", C.c_uint64), ("slot_size", C.c_uint64),
-                ("slot_count", C.c_uint32), ("n_partitions", C.c_uint32),
-                ("partitions", PartitionInfo * L.UMBP_MAX_PARTITIONS), ("uuid", C.c_uint8 * 16),
-                ("run_generation", C.c_uint64), ("created_ns", C.c_uint64), ("creator_pid", C.c_int),
-                ("creator_uid", C.c_uint32), ("hugepages", C.c_bool), ("index_hugepages", C.c_bool),
-                ("index_huge_bytes", C.c_uint64), ("max_procs", C.c_uint32), ("procs_live", C.c_uint32),
-                ("procs_dead", C.c_uint32)]
+# umbp_pool_info: one ctypes class for the whole package (umbp._lib, size-checked
+# at load), since argtypes are set on the one shared library handle.
+PartitionInfo = L.PartitionInfo
+PoolInfo = L.PoolInfo
 
 
 _P, _I, _U = C.c_void_p, C.c_int, C.c_uint

@@ -13,8 +13,8 @@ Lines that cannot run here are listed in NOT_HERE with the reason; the rest
 must pass.
 
 Messages: every `'umbp ...'`, `` `umbp ...` `` and `(umbp ...)` in a string
-of src/, tools/ and python/umbp/*.py (C literals split over lines are
-joined first) must be in MESSAGES: run in the state whose error suggests it
+of src/, tools/ and the vLLM connector's python/umbp/vllm*.py and pool_notes.py
+(C literals split over lines are joined first) must be in MESSAGES: run in the state whose error suggests it
 (pool missing, pool present), or marked as prose that names a command without
 being one. A new suggestion fails the test until it is added there."""
 import glob
@@ -239,13 +239,17 @@ def _():
 
 
 # ---- error messages ---------------------------------------------------------------
+# The vLLM connector's modules (split by concern: the standalone-pool error is in vllm_pool.py)
+CONNECTOR_PY = sorted(glob.glob(os.path.join(SRC, "python", "umbp", "vllm*.py")) +
+                      [os.path.join(SRC, "python", "umbp", "pool_notes.py")])
+
 def suggestions():
     """{normalised template: [file:line]} of the commands quoted in message strings."""
     # a backslash ends a candidate: help texts wrap commands over "\n" escapes
     pat = re.compile(r"""(?<=['`(])umbp (?:pool|daemon|inspect|topo|size|replay|bench)\b[^'`)\n"\\]*(?=['`)])""")
     files = (glob.glob(os.path.join(SRC, "src", "**", "*.c"), recursive=True) +
              glob.glob(os.path.join(SRC, "tools", "**", "*.c"), recursive=True) +
-             glob.glob(os.path.join(SRC, "python", "umbp", "*.py")))
+             CONNECTOR_PY)
     found = {}
     for f in files:
         text = open(f).read()
@@ -298,7 +302,7 @@ MESSAGES = {
 }
 
 
-@check("every umbp command quoted in a message of src/, tools/, python/umbp/*.py is known here")
+@check("every umbp command quoted in a message of src/, tools/ and the vLLM connector is known here")
 def _():
     unknown = {t: w for t, w in suggestions().items() if t not in MESSAGES}
     assert not unknown, "add these to MESSAGES in tests/cli/check_doc_commands.py: " + json.dumps(unknown)
@@ -336,7 +340,7 @@ def _():
     assert rc == 1 and f"'umbp pool create {POOL} --capacity SIZE'" in err and "'umbp pool ls'" in err, err
     rc, _, err = umbp("daemon")
     assert rc == 2 and "'umbp daemon NAME --capacity SIZE'" in err, err
-    src = "".join(open(f).read() for f in glob.glob(os.path.join(SRC, "python", "umbp", "*.py")))
+    src = "".join(open(f).read() for f in CONNECTOR_PY)
     assert "`umbp daemon {self.name} --capacity SIZE`" in src
 
 
