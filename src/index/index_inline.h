@@ -308,15 +308,25 @@ static inline bool meta_still(struct umbp_slot_meta *m, uint64_t st) {
  * removed and reused at any moment (no grace period holds it): the state is
  * loaded before the key (acquire: the key written before PUBLISHED was
  * stored is visible) and checked unchanged after it (meta_still()). */
-static inline uint32_t way_check(struct umbp_index *ix, uint32_t x, const struct umbp_key_shm *k, uint64_t *ret_st) {
+static inline __attribute__((always_inline)) uint32_t way_check_x(struct umbp_index *ix, uint32_t x,
+                                                                   const struct umbp_key_shm *k, uint64_t *ret_st,
+                                                                   bool pin) {
   uint32_t s = x - 1;
   if (UMBP_UNLIKELY(s >= ix->slot_count)) return UMBP_NO_SLOT; /* empty, or garbage from a buggy writer */
   struct umbp_slot_meta *m = &ix->meta[s];
   uint64_t st = atomic_load_explicit(&m->state, memory_order_acquire);
   if (!key_eq(&m->key, k)) return UMBP_NO_SLOT;
-  if (ST_STATE(st) != UMBP_SLOT_PUBLISHED || !meta_still(m, st)) return UMBP_NO_SLOT;
+  if (ST_STATE(st) != UMBP_SLOT_PUBLISHED) return UMBP_NO_SLOT;
+  /* A pin validates the same word after its pin is visible (pin_slot()),
+   * which covers the key read too: an unchanged word then means no
+   * transition since the first load. */
+  if (!pin && !meta_still(m, st)) return UMBP_NO_SLOT;
   *ret_st = st;
   return s;
+}
+
+static inline uint32_t way_check(struct umbp_index *ix, uint32_t x, const struct umbp_key_shm *k, uint64_t *ret_st) {
+  return way_check_x(ix, x, k, ret_st, false);
 }
 
 /* The way of bucket b, among those whose hints matched (mask), that holds k
@@ -333,7 +343,7 @@ static inline __attribute__((always_inline)) uint32_t match_ways(struct umbp_ind
     mask &= mask - 1;
     uint32_t x = way_x(bucket_slot(b, w), sig);
     if (pin && x - 1 < ix->slot_count) prefetch_w((const void *)pin_at(ix->pins, ix->pin_stride, ix->p->proc_slot, x - 1));
-    uint32_t s = way_check(ix, x, k, ret_st);
+    uint32_t s = way_check_x(ix, x, k, ret_st, pin);
     if (s != UMBP_NO_SLOT) return s;
   }
   return UMBP_NO_SLOT;

@@ -213,12 +213,16 @@ struct tl_state {
   struct tl_slot s[TL_MAX];
 };
 /* This thread's slots (one per pool it uses) and the slot of the last pool it
- * used. Local-dynamic, the model the compiler gave them while they were
- * static: thread_slot() reads umbp_ix_tl_last on every call (one
- * __tls_get_addr either way, but the same instructions as before). */
+ * used, which thread_slot() reads on every call. */
 #define UMBP_IX_TLS UMBP_IX_HIDDEN __attribute__((tls_model("local-dynamic")))
 extern UMBP_IX_TLS _Thread_local struct tl_state umbp_ix_tl;
-extern UMBP_IX_TLS _Thread_local struct tl_slot *umbp_ix_tl_last;
+/* The pointer every call reads is initial-exec: one %fs-relative load in
+ * libumbp.so too, where the dynamic models call __tls_get_addr on every
+ * lookup. Eight bytes, well inside the static TLS that glibc keeps for
+ * libraries loaded later (dlopen, as Python's ctypes does); the slots
+ * themselves (umbp_ix_tl, about 1 KiB) stay dynamic. */
+#define UMBP_IX_TLS_IE UMBP_IX_HIDDEN __attribute__((tls_model("initial-exec")))
+extern UMBP_IX_TLS_IE _Thread_local struct tl_slot *umbp_ix_tl_last;
 
 /* index.c */
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_fail(umbp_pool *p);

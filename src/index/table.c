@@ -190,7 +190,7 @@ static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_ind
     uint64_t st = 0;
     if (s == UMBP_NO_SLOT) {
       /* no hint in the home bucket and nothing homed there overflowed: a miss */
-    } else if (s != UMBP_SLOW && way_check(ix, s + 1, &k[i], &st) == s) {
+    } else if (s != UMBP_SLOW && way_check_x(ix, s + 1, &k[i], &st, pin) == s) {
       /* validated: published, key equal, state unchanged across the compare */
     } else {
       s = probe(ix, &k[i], h[i], &st); /* other ways, overflow buckets */
