@@ -32,7 +32,7 @@ def check(what, cond, detail=""):
 
 
 try:
-    for sub in ["create", "destroy", "ls", "info", "reap"]:
+    for sub in ["create", "destroy", "ls", "info", "reap", "gc"]:
         rc, out, _ = umbp("pool", sub, "--help")
         check(f"pool {sub} --help", rc == 0 and "Usage: umbp pool " + sub in out and "Exit status" in out, out[:200])
     rc, out, _ = umbp("--help")
