@@ -343,8 +343,11 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
         /* PUBLISHED only once linked and signed: an evictor never sees a
          * published slot without its way; a reader that finds the way before
          * this store sees RESERVED and misses; one that sees PUBLISHED (acquire)
-         * also sees the key. seq_cst: before the duplicate check's loads below. */
-        atomic_store_explicit(&m->state, pub, memory_order_seq_cst);
+         * also sees the key. The fence orders it before the duplicate check's
+         * loads below (Dekker with another publisher of the key, which does
+         * the same: of two, at least one sees the other). */
+        atomic_store_explicit(&m->state, pub, memory_order_release);
+        atomic_thread_fence(memory_order_seq_cst);
         placed = true;
         break;
       }

@@ -326,19 +326,25 @@ UMBP_API int umbp_prefix_probe(umbp_pool *p, unsigned n, const umbp_key *keys) {
 }
 
 /* Another published slot than `self` that holds key k (hash h), or
- * UMBP_NO_SLOT: publish()'s check for a concurrent duplicate (reserve.c).
- * Looks at every way of the home bucket and as far as the home's reach. */
+ * UMBP_NO_SLOT: publish()'s check for a concurrent duplicate (reserve.c),
+ * called after a seq_cst fence that follows our PUBLISHED store. Looks at
+ * the matching ways of the home bucket and as far as the home's reach. */
 uint32_t umbp_ix_probe_other(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint32_t self,
                              uint64_t *ret_st) {
   uint32_t home = umbp_bucket_home(h, ix->nb);
   uint16_t sig = umbp_key_sig(h);
-  unsigned ovf = atomic_load_explicit(&ix->buckets[home].overflow, memory_order_seq_cst);
+  unsigned ovf = atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire);
   unsigned reach = UMBP_OVF_REACH(ovf);
   if (reach >= UMBP_MAX_PROBE) reach = UMBP_MAX_PROBE - 1;
   for (unsigned d = 0; d <= reach; d++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
-    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
-      uint32_t x = way_x(atomic_load_explicit(&b->slot[w], memory_order_seq_cst), sig);
+    unsigned o;
+    /* the ways whose hint matches (a copy linked before our PUBLISHED store
+     * had its hint stored before its own: publish() stores the hint, then
+     * PUBLISHED, seq_cst) */
+    for (unsigned mask = bucket_match16(b, sig, &o); mask; mask &= mask - 1) {
+      unsigned w = (unsigned)__builtin_ctz(mask);
+      uint32_t x = way_x(atomic_load_explicit(&b->slot[w], memory_order_acquire), sig);
       if (x - 1 == self) continue;
       uint32_t s = way_check(ix, x, k, ret_st);
       if (s != UMBP_NO_SLOT) return s;
