@@ -216,13 +216,13 @@ struct tl_state {
  * used, which thread_slot() reads on every call. */
 #define UMBP_IX_TLS UMBP_IX_HIDDEN __attribute__((tls_model("local-dynamic")))
 extern UMBP_IX_TLS _Thread_local struct tl_state umbp_ix_tl;
-/* The pointer every call reads is initial-exec: one %fs-relative load in
- * libumbp.so too, where the dynamic models call __tls_get_addr on every
- * lookup. Eight bytes, well inside the static TLS that glibc keeps for
- * libraries loaded later (dlopen, as Python's ctypes does); the slots
- * themselves (umbp_ix_tl, about 1 KiB) stay dynamic. */
-#define UMBP_IX_TLS_IE UMBP_IX_HIDDEN __attribute__((tls_model("initial-exec")))
-extern UMBP_IX_TLS_IE _Thread_local struct tl_slot *umbp_ix_tl_last;
+/* Dynamic TLS, as the slots: in libumbp.so every call reads this pointer
+ * through __tls_get_addr. initial-exec would make that one %fs load (single
+ * hits through the .so 0.80-0.89x -> 1.09-1.22x rte_hash, docs/bench-index.md),
+ * but a library loaded with dlopen() into a process whose static TLS block is
+ * already full (Python after torch) then fails to load: "cannot allocate
+ * memory in static TLS block". */
+extern UMBP_IX_TLS _Thread_local struct tl_slot *umbp_ix_tl_last;
 
 /* index.c */
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_fail(umbp_pool *p);

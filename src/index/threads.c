@@ -37,7 +37,7 @@ static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
 UMBP_IX_TLS _Thread_local struct tl_state umbp_ix_tl;
 static _Thread_local bool tl_registered;
 
-UMBP_IX_TLS_IE _Thread_local struct tl_slot *umbp_ix_tl_last; /* the slot of the last pool this thread used */
+UMBP_IX_TLS _Thread_local struct tl_slot *umbp_ix_tl_last; /* the slot of the last pool this thread used */
 
 static struct umbp_index *instance_find(uint64_t id) {
   for (unsigned i = 0; i < 64; i++)
