@@ -98,8 +98,9 @@ void umbp_ix_emit(struct umbp_index *ix, int type, const struct umbp_key_shm *k)
   feed_emit(ix, type, k);
 }
 
-/* A key in the segment's layout, back in the caller's (umbp_key). */
-static void key_from_shm(const struct umbp_key_shm *s, umbp_key *k) {
+/* A key in the segment's layout, back in the caller's (umbp_key); also for
+ * inspect.c's event peek. */
+void umbp_ix_key_from_shm(const struct umbp_key_shm *s, umbp_key *k) {
   memset(k, 0, sizeof *k);
   k->ns = s->ns;
   k->tp_rank = s->tp;
@@ -122,7 +123,7 @@ UMBP_API int umbp_events_drain(umbp_pool *p, umbp_event *out, unsigned max) {
     unsigned got = umbp_ring_dequeue_burst_g(p->index->events, &p->index->ev_geo, ev, want, p->owner_id);
     for (unsigned i = 0; i < got; i++) {
       out[n + i].type = ev[i].type;
-      key_from_shm(&ev[i].key, &out[n + i].key);
+      umbp_ix_key_from_shm(&ev[i].key, &out[n + i].key);
     }
     n += got;
     if (got < want) break;
@@ -616,7 +617,7 @@ UMBP_API int umbp_feed_read(umbp_feed *f, umbp_feed_entry *out, unsigned max, ui
         e->pos = cur;
         e->type = (int)(w[0] & 0xff);
         e->owner = (uint16_t)(w[0] >> 8);
-        key_from_shm(&k, &e->key);
+        umbp_ix_key_from_shm(&k, &e->key);
       } else {
         lost++; /* overwritten while copied, or torn by an overtaken producer */
       }

@@ -308,6 +308,7 @@ UMBP_IX_HIDDEN uint64_t umbp_ix_ns_used(const struct umbp_ns_shm *n);
 UMBP_IX_HIDDEN bool umbp_ix_ns_over_quota(struct umbp_index *ix, uint32_t ns);
 
 /* events.c */
+UMBP_IX_HIDDEN void umbp_ix_key_from_shm(const struct umbp_key_shm *s, umbp_key *k);
 UMBP_IX_HIDDEN void umbp_ix_emit(struct umbp_index *ix, int type, const struct umbp_key_shm *k);
 /* Set up / tear down this process's feed state (attach and detach hooks). */
 UMBP_IX_HIDDEN void umbp_ix_feed_init(struct umbp_index *ix);

@@ -59,19 +59,6 @@ UMBP_API int umbp_admin_pins_by_proc(umbp_pool *p, uint64_t *ret, unsigned n) {
   return (int)n;
 }
 
-/* A key in the segment's layout, in the caller's (umbp_key). */
-static void key_out(const struct umbp_key_shm *s, umbp_key *k) {
-  memset(k, 0, sizeof *k);
-  k->ns = s->ns;
-  k->tp_rank = s->tp;
-  k->pcp_rank = s->pcp;
-  k->dcp_rank = s->dcp;
-  k->pp_rank = s->pp;
-  k->group = s->group;
-  k->hash_len = s->hash_len > UMBP_KEY_HASH_MAX ? UMBP_KEY_HASH_MAX : s->hash_len;
-  memcpy(k->hash, s->hash, k->hash_len);
-}
-
 UMBP_API int umbp_admin_events_peek(umbp_pool *p, unsigned max, umbp_event *out, uint64_t *ret_pos,
                                     umbp_admin_event_ring *ret_ring) {
   if (!p || (!out && max)) return umbp_fail(-EINVAL, "umbp_admin_events_peek: pool, and out for max = %u, are required", max);
@@ -103,7 +90,7 @@ UMBP_API int umbp_admin_events_peek(umbp_pool *p, unsigned max, umbp_event *out,
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&c->word, memory_order_relaxed) != w) continue;
     out[n].type = ev.type;
-    key_out(&ev.key, &out[n].key);
+    umbp_ix_key_from_shm(&ev.key, &out[n].key);
     if (ret_pos) ret_pos[n] = pos;
     n++;
   }

@@ -140,20 +140,26 @@ static int removed_events(umbp_pool *p, const umbp_key *k) {
   return hits;
 }
 
+/* A 256-slot pool with blocks 0..63 published in namespace *ns. */
+static umbp_pool *mk_pool_64(const char *name, uint32_t *ns) {
+  umbp_pool *p = mk_pool(name, 256, ns);
+  for (uint64_t i = 0; i < 64; i++) {
+    umbp_key k = itu_key(*ns, i, 0);
+    uint32_t s;
+    assert_int_equal(umbp_reserve(p, -1, *ns, &s), 0);
+    itu_fill(umbp_slot_ptr(p, s), 4096, &k);
+    assert_int_equal(umbp_publish(p, s, &k), 0);
+  }
+  return p;
+}
+
 /* Kill a helper at `point` and check the pool after reaping it. pin0: this
  * process pins block 0 first (a reader loading it), so that a removal killed
  * at that block must leave it in place. */
 static void exact_point_pin(const char *point, bool pin0) {
   const char *name = tu_name("ixpoint");
   uint32_t ns;
-  umbp_pool *p = mk_pool(name, 256, &ns);
-  for (uint64_t i = 0; i < 64; i++) {
-    umbp_key k = itu_key(ns, i, 0);
-    uint32_t s;
-    assert_int_equal(umbp_reserve(p, -1, ns, &s), 0);
-    itu_fill(umbp_slot_ptr(p, s), 4096, &k);
-    assert_int_equal(umbp_publish(p, s, &k), 0);
-  }
+  umbp_pool *p = mk_pool_64(name, &ns);
   umbp_key k0 = itu_key(ns, 0, 0);
   uint32_t s0 = UINT32_MAX;
   if (pin0) assert_int_equal(umbp_lookup_pin(p, &k0, &s0), 0);
@@ -245,14 +251,7 @@ static void wait_stopped(pid_t pid) {
 static void stop_case(const char *point, bool kill_it) {
   const char *name = tu_name("ixstop");
   uint32_t ns;
-  umbp_pool *p = mk_pool(name, 256, &ns);
-  for (uint64_t i = 0; i < 64; i++) {
-    umbp_key k = itu_key(ns, i, 0);
-    uint32_t s;
-    assert_int_equal(umbp_reserve(p, -1, ns, &s), 0);
-    itu_fill(umbp_slot_ptr(p, s), 4096, &k);
-    assert_int_equal(umbp_publish(p, s, &k), 0);
-  }
+  umbp_pool *p = mk_pool_64(name, &ns);
   char nsb[16];
   snprintf(nsb, sizeof nsb, "%u", ns);
   char *argv[] = {(char *)tu_helper("index_helper"), "stop-at", (char *)point, (char *)name, nsb, NULL};
