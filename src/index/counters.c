@@ -55,8 +55,8 @@ __attribute__((noinline)) void umbp_ix_count_ns_switch(struct umbp_index *ix, st
 
 UMBP_API void umbp_counters_flush(umbp_pool *p) {
   if (!p || !p->index) return;
-  for (unsigned i = 0; i < TL_MAX; i++)
-    if (umbp_ix_tl.s[i].instance == p->index->instance) umbp_ix_flush_slot(p->index, &umbp_ix_tl.s[i]);
+  struct tl_slot *t = umbp_ix_thread_slot_find(p->index);
+  if (t) umbp_ix_flush_slot(p->index, t);
 }
 
 /* ---- statistics --------------------------------------------------------------- */

@@ -278,6 +278,10 @@ int umbp_index_attach_hook(umbp_pool *p) {
     ix->readers = ix->lines + (size_t)p->proc_slot * UMBP_MAX_THREADS;
     ix->ctr = (struct umbp_counter_row *)umbp_pool_region(p, UMBP_REG_COUNTERS) + p->proc_slot;
   }
+  if (umbp_ix_threads_init(ix)) {
+    free(ix);
+    return umbp_fail(-ENOMEM, "pool '%s': no memory for this process's index state", p->name);
+  }
   umbp_ix_feed_init(ix);
   umbp_ix_instance_add(ix);
   p->index = ix;
@@ -292,6 +296,7 @@ void umbp_index_forget(umbp_pool *p) {
   if (!ix) return;
   p->forked_index = NULL;
   umbp_ix_feed_fini(ix);
+  free(ix->tcache);
   free(ix);
 }
 
@@ -299,7 +304,9 @@ void umbp_index_detach_hook(umbp_pool *p) {
   struct umbp_index *ix = p->index;
   if (!ix) return;
   umbp_evictor_stop(p);
-  umbp_counters_flush(p);
+  /* Every thread line's counts into the process's row (the reaper below
+   * folds that row into the reaped row), and the lines given back. */
+  umbp_ix_instance_remove(ix);
   /* A clean detach releases everything the process holds exactly as the
    * reaper of a dead process would (reap.c): count records, ring ledger,
    * pins (their reads cannot go on once the mapping is gone), reservations
@@ -310,9 +317,9 @@ void umbp_index_detach_hook(umbp_pool *p) {
    * which is what the reaper holds; the caller promises no other thread of
    * ours is inside a call on this handle. */
   if (p->proc_slot >= 0) umbp_index_reap_proc(p, (unsigned)p->proc_slot);
-  umbp_ix_instance_remove(ix);
   if (p->proc_slot >= 0) atomic_store_explicit(&p->procs[p->proc_slot].thread_bits, 0, memory_order_release);
   umbp_ix_feed_fini(ix);
+  free(ix->tcache);
   free(ix);
   p->index = NULL;
 }

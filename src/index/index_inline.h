@@ -38,10 +38,16 @@ static inline _Atomic uint8_t *pin_at(_Atomic uint8_t *pins, uint64_t stride, un
 }
 
 /* ---- thread slots (threads.c) -------------------------------------------------- */
-/* This thread's slot for ix: reader line and ledger index. NULL: all 64 taken. */
+/* This thread's slot for ix: reader line and ledger index. NULL: all 64 taken.
+ * The fast path is the thread cache (threads.c): the thread pointer, a
+ * multiply and one load of a line only this process writes. */
 static inline struct tl_slot *thread_slot(struct umbp_index *ix) {
-  struct tl_slot *t = umbp_ix_tl_last;
-  if (UMBP_LIKELY(t && t->instance == ix->instance)) return t;
+  uintptr_t self = umbp_ix_self();
+  unsigned h = umbp_ix_tc_hash(self);
+  uint64_t e = atomic_load_explicit(&ix->tcache[h], memory_order_relaxed);
+  if (UMBP_LIKELY((e & ~(uint64_t)63) == self)) return &ix->tl[e & 63];
+  e = atomic_load_explicit(&ix->tcache[h + 1], memory_order_relaxed);
+  if (UMBP_LIKELY((e & ~(uint64_t)63) == self)) return &ix->tl[e & 63];
   return umbp_ix_thread_slot_slow(ix);
 }
 

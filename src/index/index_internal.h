@@ -22,19 +22,27 @@
 #define ST_MAKE(state, owner, gen) ((uint64_t)(state) | ((uint64_t)(owner) << 8) | ((uint64_t)(gen) << 24))
 #define ST_NEXT(w, state, owner) ST_MAKE(state, owner, ST_GEN(w) + 1)
 
+/* Entries of the thread cache (struct umbp_index.tcache, threads.c). */
+#define UMBP_TC_SIZE 256u
+
 /* Process-local. The fields every lookup reads come first and are written
  * only at attach; what the evictor writes starts on a cache line of its own
  * (allocated 64-byte aligned), so that it never takes away a line lookups
  * read. */
 struct umbp_index {
   umbp_pool *p;
-  uint64_t instance; /* unique per process, for thread-local caches */
+  uint64_t instance; /* unique per process (threads.c's list of instances) */
   struct umbp_index_hdr *ih;
   struct umbp_bucket *buckets;
   uint32_t nb; /* buckets (hdr->n_buckets) */
   struct umbp_slot_meta *meta;
   _Atomic uint8_t *pins; /* process-major pin bytes (umbp_pin_stride()) */
   uint64_t pin_stride;
+  /* threads.c: the thread cache (UMBP_TC_SIZE entries) and this process's
+   * thread slots (UMBP_MAX_THREADS), one allocation; NULL on a handle without
+   * a registry slot */
+  _Atomic uint64_t *tcache;
+  struct tl_slot *tl;
   _Atomic bool pin_bit; /* our bit in ih->pin_procs is set */
   struct umbp_reader_shm *readers; /* this process's row of UMBP_MAX_THREADS */
   struct umbp_reader_shm *lines;   /* every process's rows (the READERS region) */
@@ -196,10 +204,13 @@ union ring_elem {
   unsigned char b[UMBP_RING_MAX_ELEM];
 };
 
-/* A thread's state for one pool (readers.c): its reader line and ledger index
- * (tid), and the counts not yet added to the process's row (counters.c). */
+/* A thread's state for one pool (threads.c): its reader line and ledger index
+ * (tid), and the counts not yet added to the process's row (counters.c).
+ * Process memory, one per thread line (ix->tl[tid]), a cache line or more
+ * each, so that no two threads write one line. */
 struct tl_slot {
-  uint64_t instance;
+  /* the thread that holds line tid (its thread pointer, umbp_ix_self()), 0: none */
+  _Atomic uintptr_t owner;
   unsigned tid;
   /* pending counters */
   uint32_t ctr_ns;
@@ -207,22 +218,31 @@ struct tl_slot {
   uint32_t pend_ops;
   uint64_t pend_ns[UMBP_CTR_COUNT];
   uint64_t pend_part[UMBP_CTR_COUNT];
-};
-#define TL_MAX 8
-struct tl_state {
-  struct tl_slot s[TL_MAX];
-};
-/* This thread's slots (one per pool it uses) and the slot of the last pool it
- * used, which thread_slot() reads on every call. */
-#define UMBP_IX_TLS UMBP_IX_HIDDEN __attribute__((tls_model("local-dynamic")))
-extern UMBP_IX_TLS _Thread_local struct tl_state umbp_ix_tl;
-/* Dynamic TLS, as the slots: in libumbp.so every call reads this pointer
- * through __tls_get_addr. initial-exec would make that one %fs load (single
- * hits through the .so 0.80-0.89x -> 1.09-1.22x rte_hash, docs/bench-index.md),
- * but a library loaded with dlopen() into a process whose static TLS block is
- * already full (Python after torch) then fails to load: "cannot allocate
- * memory in static TLS block". */
-extern UMBP_IX_TLS _Thread_local struct tl_slot *umbp_ix_tl_last;
+} __attribute__((aligned(64)));
+
+/* The calling thread's identity: its thread pointer (the TCB address, one
+ * register read on x86-64 and AArch64), unique among live threads. Not a
+ * thread-local variable: in libumbp.so every dynamic-TLS read is a call to
+ * __tls_get_addr, which cost single-key lookups 20-30%, and initial-exec TLS
+ * makes the library fail to load into a process whose static TLS block is
+ * full (Python after torch). docs/bench-index.md, "Why the hot path looks as
+ * it does". */
+static inline uintptr_t umbp_ix_self(void) {
+#if defined(__x86_64__) || defined(__aarch64__)
+  return (uintptr_t)__builtin_thread_pointer();
+#else
+  return (uintptr_t)pthread_self();
+#endif
+}
+
+/* The thread cache: which thread holds which line of this pool, as
+ * self | tid in one word (a TCB is 64-byte aligned, so the low 6 bits are
+ * free; a thread whose pointer is not is never cached and takes the slow
+ * path). Two entries per hash, written by thread_slot()'s slow path and
+ * cleared by a thread's exit. */
+static inline unsigned umbp_ix_tc_hash(uintptr_t self) {
+  return (unsigned)(((uint64_t)(self >> 6) * 0x9e3779b97f4a7c15ull) >> 56) & (UMBP_TC_SIZE - 2);
+}
 
 /* index.c */
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_fail(umbp_pool *p);
@@ -274,6 +294,10 @@ UMBP_IX_HIDDEN bool umbp_ix_unlink_way(struct umbp_bucket *buckets, uint32_t nb,
 
 /* threads.c */
 UMBP_IX_HIDDEN struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix);
+/* The calling thread's slot in ix if it holds one, else NULL (no claim). */
+UMBP_IX_HIDDEN struct tl_slot *umbp_ix_thread_slot_find(struct umbp_index *ix);
+/* Allocate ix's thread cache and slots (attach); -ENOMEM. */
+UMBP_IX_HIDDEN int umbp_ix_threads_init(struct umbp_index *ix);
 UMBP_IX_HIDDEN void umbp_ix_instance_add(struct umbp_index *ix);
 UMBP_IX_HIDDEN void umbp_ix_instance_remove(struct umbp_index *ix);
 

@@ -11,8 +11,14 @@
  * A thread gets its line (and its ledger index, the same tid) in its
  * process's row on its first call on a pool, by setting a bit in the
  * process's thread_bits; its thread-exit destructor flushes its counts and
- * gives the line back. The per-thread slots are cached in thread-local
- * memory, one per pool the thread uses (TL_MAX).
+ * gives the line back. Its slot (struct tl_slot: pending counts) is process
+ * memory, ix->tl[tid], named by the thread's pointer (umbp_ix_self()); every
+ * call finds it through the thread cache, a small table from thread pointer
+ * to tid, not through a thread-local variable: in a shared library a
+ * dynamic-TLS read is a call (__tls_get_addr) on every lookup, and
+ * initial-exec TLS fails to load into a full static TLS block (Python
+ * after torch). A thread pointer is reused only after its thread exited,
+ * and exit takes the thread's entries out of every cache first.
  *
  * Lookups keep no reader state: slots are type-stable (a slot's metadata is
  * always a slot's metadata, in a fixed array) and a lookup validates what it
@@ -31,58 +37,79 @@
 static pthread_mutex_t inst_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct umbp_index *instances[64];
 static uint64_t next_instance = 1;
+/* Its destructor gives back, at thread exit, the lines the thread holds in
+ * every pool; its value is non-NULL once the thread has one. */
 static pthread_key_t tl_key;
 static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
 
-UMBP_IX_TLS _Thread_local struct tl_state umbp_ix_tl;
-static _Thread_local bool tl_registered;
+/* Take the cache entry ent off the thread cache of ix, wherever it is. */
+static void tc_drop(struct umbp_index *ix, uint64_t ent) {
+  unsigned h = umbp_ix_tc_hash((uintptr_t)(ent & ~(uint64_t)63));
+  for (unsigned w = 0; w < 2; w++) {
+    uint64_t e = ent;
+    atomic_compare_exchange_strong_explicit(&ix->tcache[h + w], &e, 0, memory_order_relaxed, memory_order_relaxed);
+  }
+}
 
-UMBP_IX_TLS _Thread_local struct tl_slot *umbp_ix_tl_last; /* the slot of the last pool this thread used */
-
-static struct umbp_index *instance_find(uint64_t id) {
-  for (unsigned i = 0; i < 64; i++)
-    if (instances[i] && instances[i]->instance == id) return instances[i];
-  return NULL;
+/* Give back line tid of ix, which the calling thread holds (its exit, or
+ * detach): its counts go into the process's row, it leaves the thread cache
+ * before its bit is cleared, so that no thread finds it there afterwards. */
+static void line_release(struct umbp_index *ix, unsigned tid) {
+  struct tl_slot *t = &ix->tl[tid];
+  uintptr_t self = atomic_load_explicit(&t->owner, memory_order_relaxed);
+  umbp_ix_flush_slot(ix, t);
+  tc_drop(ix, (uint64_t)self | tid);
+  atomic_store_explicit(&t->owner, 0, memory_order_relaxed);
+  if (ix->p->proc_slot >= 0)
+    atomic_fetch_and_explicit(&ix->p->procs[ix->p->proc_slot].thread_bits, ~(1ull << tid), memory_order_release);
 }
 
 static void tl_destructor(void *arg) {
   (void)arg;
+  uintptr_t self = umbp_ix_self();
   pthread_mutex_lock(&inst_mu);
-  for (unsigned i = 0; i < TL_MAX; i++) {
-    struct tl_slot *t = &umbp_ix_tl.s[i];
-    if (!t->instance) continue;
-    struct umbp_index *ix = instance_find(t->instance);
-    if (ix) {
-      umbp_ix_flush_slot(ix, t);
-      struct umbp_proc_slot *ps = &ix->p->procs[ix->p->proc_slot];
-      atomic_fetch_and_explicit(&ps->thread_bits, ~(1ull << t->tid), memory_order_release);
-    }
-    t->instance = 0;
+  for (unsigned i = 0; i < 64; i++) {
+    struct umbp_index *ix = instances[i];
+    if (!ix || !ix->tl) continue;
+    for (unsigned tid = 0; tid < UMBP_MAX_THREADS; tid++)
+      if (atomic_load_explicit(&ix->tl[tid].owner, memory_order_relaxed) == self) line_release(ix, tid);
   }
   pthread_mutex_unlock(&inst_mu);
 }
 
 static void tl_init_key(void) { pthread_key_create(&tl_key, tl_destructor); }
 
+struct tl_slot *umbp_ix_thread_slot_find(struct umbp_index *ix) {
+  if (!ix->tl) return NULL;
+  uintptr_t self = umbp_ix_self();
+  for (unsigned tid = 0; tid < UMBP_MAX_THREADS; tid++)
+    if (atomic_load_explicit(&ix->tl[tid].owner, memory_order_relaxed) == self) return &ix->tl[tid];
+  return NULL;
+}
+
+/* Put this thread's line tid in the thread cache: the free one of its
+ * entry's two ways, else the second (the thread there finds its line
+ * again on its next call, by the slow path). */
+static void tc_put(struct umbp_index *ix, uintptr_t self, unsigned tid) {
+  if (self & 63) return; /* not representable: this thread always takes the slow path */
+  unsigned h = umbp_ix_tc_hash(self);
+  unsigned w = atomic_load_explicit(&ix->tcache[h], memory_order_relaxed) == 0 ? 0 : 1;
+  atomic_store_explicit(&ix->tcache[h + w], (uint64_t)self | tid, memory_order_relaxed);
+}
+
 /* thread_slot()'s slow path (index_inline.h): find or claim this thread's
- * slot for ix, and a reader line in the process's row. NULL (-EUSERS, with a
- * message): the thread uses TL_MAX pools, or the process's row is full. */
+ * line in ix, and cache it. NULL (-EUSERS, with a message): all of the
+ * process's lines are taken. */
 struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix) {
-  for (unsigned i = 0; i < TL_MAX; i++)
-    if (umbp_ix_tl.s[i].instance == ix->instance) return umbp_ix_tl_last = &umbp_ix_tl.s[i];
-  struct tl_slot *t = NULL;
-  for (unsigned i = 0; i < TL_MAX && !t; i++)
-    if (!umbp_ix_tl.s[i].instance) t = &umbp_ix_tl.s[i];
-  if (!t) {
-    /* evict the cache entry of an instance that no longer exists */
-    pthread_mutex_lock(&inst_mu);
-    for (unsigned i = 0; i < TL_MAX && !t; i++)
-      if (!instance_find(umbp_ix_tl.s[i].instance)) t = &umbp_ix_tl.s[i];
-    pthread_mutex_unlock(&inst_mu);
-    if (!t) {
-      umbp_fail(-EUSERS, "this thread uses more than %d pools at once", TL_MAX);
-      return NULL;
-    }
+  if (UMBP_UNLIKELY(!ix->tl || ix->p->proc_slot < 0)) {
+    umbp_fail(-EUSERS, "pool '%s': this handle has no thread lines (no registry slot)", ix->p->name);
+    return NULL;
+  }
+  uintptr_t self = umbp_ix_self();
+  struct tl_slot *t = umbp_ix_thread_slot_find(ix);
+  if (t) {
+    tc_put(ix, self, t->tid);
+    return t;
   }
   struct umbp_proc_slot *ps = &ix->p->procs[ix->p->proc_slot];
   for (;;) {
@@ -96,23 +123,33 @@ struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix) {
     unsigned tid = (unsigned)__builtin_ctzll(~bits);
     if (atomic_compare_exchange_weak_explicit(&ps->thread_bits, &bits, bits | (1ull << tid),
                                               memory_order_acq_rel, memory_order_relaxed)) {
-      memset(t, 0, sizeof *t);
-      t->instance = ix->instance;
+      t = &ix->tl[tid];
+      memset((char *)t + sizeof t->owner, 0, sizeof *t - sizeof t->owner);
       t->tid = tid;
       /* what a thread that held this line before us left uncounted is lost,
        * as its thread-local counts would be */
       if (ix->readers) ix->readers[tid].pend_lookups = ix->readers[tid].pend_pins = 0;
       t->ctr_part = -1;
       t->ctr_ns = UINT32_MAX;
+      atomic_store_explicit(&t->owner, self, memory_order_relaxed);
       break;
     }
   }
-  if (!tl_registered) {
-    pthread_once(&tl_once, tl_init_key);
-    pthread_setspecific(tl_key, &umbp_ix_tl);
-    tl_registered = true;
-  }
-  return umbp_ix_tl_last = t;
+  pthread_once(&tl_once, tl_init_key);
+  if (!pthread_getspecific(tl_key)) pthread_setspecific(tl_key, ix);
+  tc_put(ix, self, t->tid);
+  return t;
+}
+
+/* Allocate the thread cache and slots of ix (attach). */
+int umbp_ix_threads_init(struct umbp_index *ix) {
+  size_t tcsz = UMBP_TC_SIZE * sizeof(uint64_t), tlsz = UMBP_MAX_THREADS * sizeof(struct tl_slot);
+  void *m = aligned_alloc(64, tcsz + tlsz);
+  if (!m) return -ENOMEM;
+  memset(m, 0, tcsz + tlsz);
+  ix->tcache = m;
+  ix->tl = (struct tl_slot *)((char *)m + tcsz);
+  return 0;
 }
 
 /* fork(): the instances list is also the list of this process's read-write
@@ -131,9 +168,6 @@ static void atfork_child(void) {
     struct umbp_index *ix = instances[i];
     if (!ix) continue;
     instances[i] = NULL;
-    for (unsigned j = 0; j < TL_MAX; j++)
-      if (umbp_ix_tl.s[j].instance == ix->instance) umbp_ix_tl.s[j].instance = 0;
-    umbp_ix_tl_last = NULL;
     ix->p->index = NULL;
     ix->p->forked_index = ix;
     umbp_pool_fork_child(ix->p);
@@ -156,14 +190,16 @@ void umbp_ix_instance_add(struct umbp_index *ix) {
   pthread_mutex_unlock(&inst_mu);
 }
 
-/* Take ix out of this process's instances and out of the calling thread's
- * slots (umbp_index_detach_hook()). */
+/* Take ix out of this process's instances and give back every thread line
+ * it holds, with their counts (umbp_index_detach_hook(): no other thread of
+ * ours is inside a call on this handle). */
 void umbp_ix_instance_remove(struct umbp_index *ix) {
   pthread_mutex_lock(&inst_mu);
   for (unsigned i = 0; i < 64; i++)
     if (instances[i] == ix) instances[i] = NULL;
-  for (unsigned i = 0; i < TL_MAX; i++)
-    if (umbp_ix_tl.s[i].instance == ix->instance) umbp_ix_tl.s[i].instance = 0;
+  if (ix->tl)
+    for (unsigned tid = 0; tid < UMBP_MAX_THREADS; tid++)
+      if (atomic_load_explicit(&ix->tl[tid].owner, memory_order_relaxed)) line_release(ix, tid);
   pthread_mutex_unlock(&inst_mu);
 }
 

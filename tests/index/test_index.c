@@ -1179,6 +1179,108 @@ static void test_threads(void **state) {
   census_ok(f->p);
 }
 
+/* Thread lines: a thread's line and counts live in process memory named by
+ * its thread pointer (threads.c), found through the thread cache. Lines come
+ * back when threads exit (so 300 short-lived threads fit in 64 lines, with
+ * every lookup counted), the 64th concurrent thread gets -EUSERS while 63
+ * others and this one hold lines, and one thread may use any number of
+ * pools (the thread-local cache this replaced held 8). */
+struct line_arg {
+  umbp_pool *p;
+  umbp_key hit, miss;
+  pthread_barrier_t *hold; /* wait here (holding the line) before exit, if set */
+  int rc; /* 0, or the first failure (-EUSERS with its message) */
+};
+
+static void *line_thread(void *arg) {
+  struct line_arg *a = arg;
+  a->rc = 0;
+  for (int i = 0; i < 100 && a->rc >= 0; i++)
+    if ((a->rc = umbp_contains(a->p, &a->hit)) == 1) a->rc = 0;
+  for (int i = 0; i < 37 && a->rc >= 0; i++) a->rc = umbp_contains(a->p, &a->miss);
+  if (a->rc == -EUSERS && !strstr(umbp_last_error(), "use fewer threads")) a->rc = -EINVAL; /* the message */
+  if (a->hold) pthread_barrier_wait(a->hold);
+  return NULL;
+}
+
+static void test_thread_lines(void **state) {
+  struct fx *f = *state;
+  umbp_key k = itu_key(f->ns, 70, 0), miss = itu_key(f->ns, 71, 0);
+  put(f->p, &k); /* this thread holds a line from here on */
+  umbp_counters c0, c;
+  umbp_counters_flush(f->p);
+  assert_int_equal(umbp_counters_ns(f->p, f->ns, &c0), 0);
+  /* 300 threads, 16 at a time, each exits: its counts arrive, its line returns */
+  enum { WAVES = 20, PER = 15 };
+  for (int w = 0; w < WAVES; w++) {
+    pthread_t th[PER];
+    struct line_arg a[PER];
+    for (int i = 0; i < PER; i++) {
+      a[i] = (struct line_arg){.p = f->p, .hit = k, .miss = miss};
+      assert_int_equal(pthread_create(&th[i], NULL, line_thread, &a[i]), 0);
+    }
+    for (int i = 0; i < PER; i++) {
+      assert_int_equal(pthread_join(th[i], NULL), 0);
+      assert_int_equal(a[i].rc, 0);
+    }
+  }
+  assert_int_equal(umbp_counters_ns(f->p, f->ns, &c), 0);
+  assert_int_equal(c.hits - c0.hits, (uint64_t)WAVES * PER * 100);
+  assert_int_equal(c.misses - c0.misses, (uint64_t)WAVES * PER * 37);
+  /* 63 threads hold lines at once beside this one; a 64th is refused */
+  for (int round = 0; round < 2; round++) {
+    enum { N = UMBP_MAX_THREADS - 1 };
+    pthread_t th[N + 1];
+    struct line_arg a[N + 1];
+    pthread_barrier_t hold;
+    pthread_barrier_init(&hold, NULL, N + 2);
+    for (int i = 0; i < N + 1; i++) {
+      a[i] = (struct line_arg){.p = f->p, .hit = k, .miss = miss, .hold = &hold, .rc = 1};
+      assert_int_equal(pthread_create(&th[i], NULL, line_thread, &a[i]), 0);
+    }
+    /* every thread has made its calls once all N + 1 and we are at the barrier */
+    pthread_barrier_wait(&hold);
+    int ok = 0, refused = 0;
+    for (int i = 0; i < N + 1; i++) {
+      ok += a[i].rc == 0;
+      refused += a[i].rc == -EUSERS;
+    }
+    assert_int_equal(ok, N);
+    assert_int_equal(refused, 1);
+    for (int i = 0; i < N + 1; i++) assert_int_equal(pthread_join(th[i], NULL), 0);
+    pthread_barrier_destroy(&hold);
+  }
+  /* one thread, ten pools */
+  enum { NP = 10 };
+  umbp_pool *ps[NP];
+  char names[NP][64];
+  for (int i = 0; i < NP; i++) {
+    snprintf(names[i], sizeof names[i], "%s", tu_name("ixp"));
+    umbp_pool_params pp;
+    umbp_pool_params_init(&pp);
+    pp.slot_size = 4096;
+    pp.capacity = 64 * 4096;
+    pp.no_prefault = true;
+    assert_int_equal(umbp_pool_create(names[i], &pp, &ps[i]), 0);
+    uint32_t ns;
+    assert_int_equal(umbp_ns_register(ps[i], "m", &ns), 0);
+    umbp_key pk = itu_key(ns, 5, 0);
+    put(ps[i], &pk);
+    assert_int_equal(umbp_contains(ps[i], &pk), 1);
+  }
+  for (int i = 0; i < NP; i++) {
+    uint32_t ns;
+    assert_int_equal(umbp_ns_register(ps[i], "m", &ns), 0);
+    umbp_key pk = itu_key(ns, 5, 0);
+    assert_int_equal(umbp_contains(ps[i], &pk), 1);
+    umbp_counters_flush(ps[i]);
+    assert_int_equal(umbp_counters_ns(ps[i], ns, &c), 0);
+    assert_int_equal(c.hits, 2);
+    umbp_pool_detach(ps[i]);
+    umbp_pool_destroy(names[i]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_namespaces, setup, teardown),
@@ -1207,6 +1309,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_partition_table_rewritten, setup, teardown),
       cmocka_unit_test_setup_teardown(test_background_evictor, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_thread_lines, setup, teardown),
       cmocka_unit_test_setup_teardown(test_error_messages_belong_to_the_call, setup, teardown),
   };
   return cmocka_run_group_tests_name("index", tests, NULL, NULL);
