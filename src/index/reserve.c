@@ -60,7 +60,10 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
   struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
   int part = slot_part(p, s);
   if (part < 0) return;
-  atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_seq_cst);
+  /* The ledger names s before s is FREE (the release store below orders
+   * the two). Only a reaper reads it, after the process died, when every
+   * store of the process is visible: no full fence (seq_cst) is needed. */
+  atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_relaxed);
   uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
   atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
   union ring_elem v = {.v = s};

@@ -1207,6 +1207,15 @@ static void test_thread_lines(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 70, 0), miss = itu_key(f->ns, 71, 0);
   put(f->p, &k); /* this thread holds a line from here on */
+#if defined(__GLIBC__) && defined(__x86_64__)
+  /* glibc's TCB is 64-byte aligned there: every thread is cacheable (else
+   * each call would take the slow path) and this one is in the cache */
+  assert_int_equal(umbp_ix_self() & 63, 0);
+  unsigned h = umbp_ix_tc_hash(umbp_ix_self());
+  struct umbp_index *ix = f->p->index;
+  assert_true((atomic_load(&ix->tcache[h]) & ~(uint64_t)63) == umbp_ix_self() ||
+              (atomic_load(&ix->tcache[h + 1]) & ~(uint64_t)63) == umbp_ix_self());
+#endif
   umbp_counters c0, c;
   umbp_counters_flush(f->p);
   assert_int_equal(umbp_counters_ns(f->p, f->ns, &c0), 0);
