@@ -26,12 +26,12 @@
  *    umbp_lookup_pin*, umbp_contains* and umbp_prefix_probe, return -ECHILD
  *    (attach again in the child); the loads-only calls above still read.
  *  - -EUSERS: the calling thread is the 65th thread of its process to use
- *    this pool (UMBP_MAX_THREADS thread lines per process), or it already
- *    uses 8 other pools. Any call that counts can
- *    return it (every call taking a read-write handle, umbp_contains* and
- *    umbp_prefix_probe included).
- *  - Not async-signal-safe: a thread's first call takes a process mutex, and
- *    errors format a message.
+ *    this pool at once (UMBP_MAX_THREADS thread lines per process; a thread
+ *    gives its line back when it exits). A thread may use any number of
+ *    pools. Any call that counts can return it (every call taking a
+ *    read-write handle, umbp_contains* and umbp_prefix_probe included).
+ *  - Not async-signal-safe: a thread's first call on a pool registers a
+ *    thread-exit handler (pthread_setspecific), and errors format a message.
  *  - No call waits for another process, except umbp_ns_register() (off
  *    the data path), which waits at most 2 s for a live holder of the
  *    namespace table's lock and then returns -EBUSY naming it; a dead

@@ -222,11 +222,10 @@ struct tl_slot {
 
 /* The calling thread's identity: its thread pointer (the TCB address, one
  * register read on x86-64 and AArch64), unique among live threads. Not a
- * thread-local variable: in libumbp.so every dynamic-TLS read is a call to
- * __tls_get_addr, which cost single-key lookups 20-30%, and initial-exec TLS
- * makes the library fail to load into a process whose static TLS block is
- * full (Python after torch). docs/bench-index.md, "Why the hot path looks as
- * it does". */
+ * thread-local variable: in libumbp.so a dynamic-TLS read is a call to
+ * __tls_get_addr on every lookup, and initial-exec TLS makes the library
+ * fail to load into a process whose static TLS block is full (Python after
+ * torch). docs/bench-index.md, "Why the hot path looks as it does". */
 static inline uintptr_t umbp_ix_self(void) {
 #if defined(__x86_64__) || defined(__aarch64__)
   return (uintptr_t)__builtin_thread_pointer();
