@@ -122,15 +122,18 @@ UMBP_API void umbp_attach_opts_init(umbp_attach_opts *o);
  * A half-made pool of that name whose creator died is replaced (its own
  * user's only). Returns 0 and *ret_pool, or: -EINVAL bad name/params; -EEXIST
  * a pool of that name exists or is being created; -ENOSPC /dev/shm (or hugetlbfs) too small; -ENOMEM more
- * than available memory (both refused before any large allocation); -EACCES,
- * -EIO. The detailed reason is in umbp_last_error(). Any thread. */
+ * than available memory (both refused before any large allocation); -EMFILE
+ * this process already has 64 read-write handles attached; -EACCES, -EIO.
+ * The detailed reason is in umbp_last_error(). Any thread. */
 UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *params, umbp_pool **ret_pool);
 
 /* Attach to an existing pool. Returns 0 and *ret_pool, or: -ENOENT no such
  * pool; -EACCES no permission; -ETIMEDOUT creator still initialising after
  * timeout_ms; -EOWNERDEAD the creator died before finishing the pool (at
  * once, not after the timeout); -EPROTO other layout version or ABI; -EBADMSG truncated or
- * corrupted segment; -EUSERS registry full. Never crashes on a bad segment. */
+ * corrupted segment; -EUSERS registry full; -EMFILE this process already has
+ * 64 read-write handles attached (of any pools). Never crashes on a bad
+ * segment. */
 UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, umbp_pool **ret_pool);
 
 /* Release this process's registry slot and unmap. Accepts NULL. Not to be

@@ -282,8 +282,14 @@ int umbp_index_attach_hook(umbp_pool *p) {
     free(ix);
     return umbp_fail(-ENOMEM, "pool '%s': no memory for this process's index state", p->name);
   }
+  if (umbp_ix_instance_add(ix)) {
+    free(ix->tcache);
+    free(ix);
+    return umbp_fail(-EMFILE, "pool '%s': this process already has 64 read-write pool handles attached: detach "
+                              "one first",
+                     p->name);
+  }
   umbp_ix_feed_init(ix);
-  umbp_ix_instance_add(ix);
   p->index = ix;
   return 0;
 }

@@ -45,9 +45,9 @@ static inline struct tl_slot *thread_slot(struct umbp_index *ix) {
   uintptr_t self = umbp_ix_self();
   unsigned h = umbp_ix_tc_hash(self);
   uint64_t e = atomic_load_explicit(&ix->tcache[h], memory_order_relaxed);
-  if (UMBP_LIKELY((e & ~(uint64_t)63) == self)) return &ix->tl[e & 63];
+  if (UMBP_LIKELY(e >> 8 == self)) return &ix->tl[e & 63];
   e = atomic_load_explicit(&ix->tcache[h + 1], memory_order_relaxed);
-  if (UMBP_LIKELY((e & ~(uint64_t)63) == self)) return &ix->tl[e & 63];
+  if (UMBP_LIKELY(e >> 8 == self)) return &ix->tl[e & 63];
   return umbp_ix_thread_slot_slow(ix);
 }
 

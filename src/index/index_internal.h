@@ -39,8 +39,7 @@ struct umbp_index {
   _Atomic uint8_t *pins; /* process-major pin bytes (umbp_pin_stride()) */
   uint64_t pin_stride;
   /* threads.c: the thread cache (UMBP_TC_SIZE entries) and this process's
-   * thread slots (UMBP_MAX_THREADS), one allocation; NULL on a handle without
-   * a registry slot */
+   * thread slots (UMBP_MAX_THREADS), one allocation made at attach */
   _Atomic uint64_t *tcache;
   struct tl_slot *tl;
   _Atomic bool pin_bit; /* our bit in ih->pin_procs is set */
@@ -235,10 +234,12 @@ static inline uintptr_t umbp_ix_self(void) {
 }
 
 /* The thread cache: which thread holds which line of this pool, as
- * self | tid in one word (a TCB is 64-byte aligned, so the low 6 bits are
- * free; a thread whose pointer is not is never cached and takes the slow
- * path). Two entries per hash, written by thread_slot()'s slow path and
- * cleared by a thread's exit. */
+ * self << 8 | tid in one word (user-space addresses are below 2^56, so
+ * nothing of self is lost; a thread whose pointer is not is never cached and
+ * takes the slow path). Two entries per hash, written by thread_slot()'s slow
+ * path and cleared by a thread's exit. */
+_Static_assert(UMBP_MAX_THREADS <= 64, "a tid fits thread_bits (64 bits) and a cache entry's low byte");
+static inline uint64_t umbp_ix_tc_entry(uintptr_t self, unsigned tid) { return (uint64_t)self << 8 | tid; }
 static inline unsigned umbp_ix_tc_hash(uintptr_t self) {
   return (unsigned)(((uint64_t)(self >> 6) * 0x9e3779b97f4a7c15ull) >> 56) & (UMBP_TC_SIZE - 2);
 }
@@ -297,7 +298,7 @@ UMBP_IX_HIDDEN struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix);
 UMBP_IX_HIDDEN struct tl_slot *umbp_ix_thread_slot_find(struct umbp_index *ix);
 /* Allocate ix's thread cache and slots (attach); -ENOMEM. */
 UMBP_IX_HIDDEN int umbp_ix_threads_init(struct umbp_index *ix);
-UMBP_IX_HIDDEN void umbp_ix_instance_add(struct umbp_index *ix);
+UMBP_IX_HIDDEN int umbp_ix_instance_add(struct umbp_index *ix);
 UMBP_IX_HIDDEN void umbp_ix_instance_remove(struct umbp_index *ix);
 
 /* pins.c */

@@ -60,9 +60,11 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
   struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
   int part = slot_part(p, s);
   if (part < 0) return;
-  /* The ledger names s before s is FREE (the release store below orders
-   * the two). Only a reaper reads it, after the process died, when every
-   * store of the process is visible: no full fence (seq_cst) is needed. */
+  /* The ledger names s before s is FREE: the release store of FREE below
+   * orders the two for whoever acquires that state word. A reaper reads the
+   * ledger after the process died (every store of it visible);
+   * umbp_pool_check() (check.c) reads it while the process runs, but only
+   * for a slot whose FREE state it loaded (seq_cst) first. No full fence. */
   atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_relaxed);
   uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
   atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);

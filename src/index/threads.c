@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * threads.c — each thread's place in a pool: its slot (thread-local) and its
+ * threads.c — each thread's place in a pool: its slot (pending counts, in process memory) and its
  * line in the segment (struct umbp_reader_shm: pending lookup counts, its
  * namespace-count record), the process's list of index instances, fork(),
  * and umbp_reclaim(). thread_slot(), on every lookup's path, is static inline
@@ -35,16 +35,19 @@
 
 /* ---- per-process instances and thread slots ------------------------------- */
 static pthread_mutex_t inst_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct umbp_index *instances[64];
+/* The read-write handles this process has attached, of any pools. */
+#define UMBP_MAX_INSTANCES 64
+static struct umbp_index *instances[UMBP_MAX_INSTANCES];
 static uint64_t next_instance = 1;
 /* Its destructor gives back, at thread exit, the lines the thread holds in
  * every pool; its value is non-NULL once the thread has one. */
 static pthread_key_t tl_key;
+static int tl_key_err = -1; /* pthread_key_create()'s result, once */
 static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
 
 /* Take the cache entry ent off the thread cache of ix, wherever it is. */
 static void tc_drop(struct umbp_index *ix, uint64_t ent) {
-  unsigned h = umbp_ix_tc_hash((uintptr_t)(ent & ~(uint64_t)63));
+  unsigned h = umbp_ix_tc_hash((uintptr_t)(ent >> 8));
   for (unsigned w = 0; w < 2; w++) {
     uint64_t e = ent;
     atomic_compare_exchange_strong_explicit(&ix->tcache[h + w], &e, 0, memory_order_relaxed, memory_order_relaxed);
@@ -58,7 +61,7 @@ static void line_release(struct umbp_index *ix, unsigned tid) {
   struct tl_slot *t = &ix->tl[tid];
   uintptr_t self = atomic_load_explicit(&t->owner, memory_order_relaxed);
   umbp_ix_flush_slot(ix, t);
-  tc_drop(ix, (uint64_t)self | tid);
+  tc_drop(ix, umbp_ix_tc_entry(self, tid));
   atomic_store_explicit(&t->owner, 0, memory_order_relaxed);
   if (ix->p->proc_slot >= 0)
     atomic_fetch_and_explicit(&ix->p->procs[ix->p->proc_slot].thread_bits, ~(1ull << tid), memory_order_release);
@@ -68,7 +71,7 @@ static void tl_destructor(void *arg) {
   (void)arg;
   uintptr_t self = umbp_ix_self();
   pthread_mutex_lock(&inst_mu);
-  for (unsigned i = 0; i < 64; i++) {
+  for (unsigned i = 0; i < UMBP_MAX_INSTANCES; i++) {
     struct umbp_index *ix = instances[i];
     if (!ix || !ix->tl) continue;
     for (unsigned tid = 0; tid < UMBP_MAX_THREADS; tid++)
@@ -77,7 +80,7 @@ static void tl_destructor(void *arg) {
   pthread_mutex_unlock(&inst_mu);
 }
 
-static void tl_init_key(void) { pthread_key_create(&tl_key, tl_destructor); }
+static void tl_init_key(void) { tl_key_err = pthread_key_create(&tl_key, tl_destructor); }
 
 struct tl_slot *umbp_ix_thread_slot_find(struct umbp_index *ix) {
   if (!ix->tl) return NULL;
@@ -91,10 +94,10 @@ struct tl_slot *umbp_ix_thread_slot_find(struct umbp_index *ix) {
  * entry's two ways, else the second (the thread there finds its line
  * again on its next call, by the slow path). */
 static void tc_put(struct umbp_index *ix, uintptr_t self, unsigned tid) {
-  if (self & 63) return; /* not representable: this thread always takes the slow path */
+  if ((uint64_t)self >> 56) return; /* not representable: this thread always takes the slow path */
   unsigned h = umbp_ix_tc_hash(self);
   unsigned w = atomic_load_explicit(&ix->tcache[h], memory_order_relaxed) == 0 ? 0 : 1;
-  atomic_store_explicit(&ix->tcache[h + w], (uint64_t)self | tid, memory_order_relaxed);
+  atomic_store_explicit(&ix->tcache[h + w], umbp_ix_tc_entry(self, tid), memory_order_relaxed);
 }
 
 /* thread_slot()'s slow path (index_inline.h): find or claim this thread's
@@ -127,7 +130,7 @@ struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix) {
       memset((char *)t + sizeof t->owner, 0, sizeof *t - sizeof t->owner);
       t->tid = tid;
       /* what a thread that held this line before us left uncounted is lost,
-       * as its thread-local counts would be */
+       * as its pending counts would be */
       if (ix->readers) ix->readers[tid].pend_lookups = ix->readers[tid].pend_pins = 0;
       t->ctr_part = -1;
       t->ctr_ns = UINT32_MAX;
@@ -135,8 +138,18 @@ struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix) {
       break;
     }
   }
+  /* The thread-exit destructor gives the line back; without it the line
+   * would leak when the thread exits, so no destructor, no line. */
   pthread_once(&tl_once, tl_init_key);
-  if (!pthread_getspecific(tl_key)) pthread_setspecific(tl_key, ix);
+  int err = tl_key_err;
+  if (!err && !pthread_getspecific(tl_key)) err = pthread_setspecific(tl_key, ix);
+  if (err) {
+    atomic_store_explicit(&t->owner, 0, memory_order_relaxed);
+    atomic_fetch_and_explicit(&ps->thread_bits, ~(1ull << t->tid), memory_order_release);
+    umbp_fail(-EAGAIN, "pool '%s': cannot register this thread's exit handler (%s): retry", ix->p->name,
+              strerror(err));
+    return NULL;
+  }
   tc_put(ix, self, t->tid);
   return t;
 }
@@ -164,7 +177,7 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void atfork_prepare(void) { pthread_mutex_lock(&inst_mu); }
 static void atfork_parent(void) { pthread_mutex_unlock(&inst_mu); }
 static void atfork_child(void) {
-  for (unsigned i = 0; i < 64; i++) {
+  for (unsigned i = 0; i < UMBP_MAX_INSTANCES; i++) {
     struct umbp_index *ix = instances[i];
     if (!ix) continue;
     instances[i] = NULL;
@@ -177,17 +190,22 @@ static void atfork_child(void) {
 static void atfork_init(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
 
 /* Give ix its instance id and a place among this process's instances
- * (umbp_index_attach_hook()). */
-void umbp_ix_instance_add(struct umbp_index *ix) {
+ * (umbp_index_attach_hook()). -EMFILE when the process already has
+ * UMBP_MAX_INSTANCES read-write handles: a handle missing from the list would
+ * escape the thread-exit destructor and fork(). */
+int umbp_ix_instance_add(struct umbp_index *ix) {
   pthread_once(&atfork_once, atfork_init);
+  int rc = -EMFILE;
   pthread_mutex_lock(&inst_mu);
-  ix->instance = next_instance++;
-  for (unsigned i = 0; i < 64; i++)
+  for (unsigned i = 0; i < UMBP_MAX_INSTANCES; i++)
     if (!instances[i]) {
+      ix->instance = next_instance++;
       instances[i] = ix;
+      rc = 0;
       break;
     }
   pthread_mutex_unlock(&inst_mu);
+  return rc;
 }
 
 /* Take ix out of this process's instances and give back every thread line
@@ -195,7 +213,7 @@ void umbp_ix_instance_add(struct umbp_index *ix) {
  * ours is inside a call on this handle). */
 void umbp_ix_instance_remove(struct umbp_index *ix) {
   pthread_mutex_lock(&inst_mu);
-  for (unsigned i = 0; i < 64; i++)
+  for (unsigned i = 0; i < UMBP_MAX_INSTANCES; i++)
     if (instances[i] == ix) instances[i] = NULL;
   if (ix->tl)
     for (unsigned tid = 0; tid < UMBP_MAX_THREADS; tid++)
