@@ -16,7 +16,10 @@
  * scan saw of it (the ways pointing at it, the ring cells holding it) held for
  * the whole window. Slots whose word changed are counted as "in flux" and not
  * judged. A slot named by any thread's free ledger (proc_slot.inflight_slot)
- * in A or B is being put back on a ring and skips the ring checks. Registry
+ * in A or B is being put back on a ring and skips the ring checks; one the
+ * window found nowhere is looked for on its ring once more, since a free can
+ * fall between the two ledger snapshots and enqueue after the ring scan
+ * (free_slot_settled_since()). Registry
  * slots count as claimed when claimed in A or in B, so a process that attaches
  * or detaches during the scan does not produce a false report.
  *
@@ -50,6 +53,7 @@
 
 #include "index/index_internal.h"
 #include "shm/ring.h"
+#include "shm/ring_claim.h"
 #include "umbp/check.h"
 
 struct way_ent {
@@ -150,6 +154,27 @@ static void scan_ring(umbp_pool *p, unsigned part, uint8_t *on_ring, uint8_t *cl
       break;
     }
   }
+}
+
+/* A stable FREE slot (word w) that the window found on no ring and in no
+ * ledger: whether it is on its ring now, or moved meanwhile. A free whose
+ * ledger entry was written after snapshot A, whose FREE store came before
+ * the states (1), and whose enqueue came after the ring scan passed its
+ * cell and cleared its ledger entry before snapshot B is seen that way;
+ * its slot is on the ring by now. A slot that is really lost is not. */
+static bool free_slot_settled_since(umbp_pool *p, uint32_t s, uint64_t w) {
+  const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+  for (unsigned i = 0; i < p->hdr->n_partitions && i < UMBP_MAX_PARTITIONS; i++) {
+    const struct umbp_partition_desc *d = &p->hdr->partitions[i];
+    if (s - d->first_slot >= d->slot_count) continue;
+    void *ring = umbp_pool_at(p, d->ring_offset, d->ring_bytes);
+    struct umbp_ring_geo g;
+    if (!ring || umbp_ring_geo_get(ring, d->ring_bytes, &g)) return false;
+    union ring_elem v = {.v = s};
+    if (umbp_ring_contains(ring, &g, &v)) return true;
+    return atomic_load_explicit(&meta[s].state, memory_order_seq_cst) != w;
+  }
+  return false;
 }
 
 UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
@@ -295,7 +320,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
       /* off the ring is allowed while the partition's off_ring hint says
        * slots were left off a held-up ring (reserves find them by a scan);
        * on it twice is harmless (the state CAS decides who gets it) */
-      if (on_ring[s] == 0 && !claimed_cell[s] && !off_ring_any)
+      if (on_ring[s] == 0 && !claimed_cell[s] && !off_ring_any && !free_slot_settled_since(p, s, w))
         viol(r, "slot %u is FREE but on no free ring: its capacity is lost", s);
       break;
     case UMBP_SLOT_PUBLISHED:
