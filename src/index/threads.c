@@ -31,8 +31,6 @@
 
 #include <stdlib.h>
 
-#define THREAD_NONE UINT32_MAX
-
 /* ---- per-process instances and thread slots ------------------------------- */
 static pthread_mutex_t inst_mu = PTHREAD_MUTEX_INITIALIZER;
 /* The read-write handles this process has attached, of any pools. */
@@ -101,8 +99,9 @@ static void tc_put(struct umbp_index *ix, uintptr_t self, unsigned tid) {
 }
 
 /* thread_slot()'s slow path (index_inline.h): find or claim this thread's
- * line in ix, and cache it. NULL (-EUSERS, with a message): all of the
- * process's lines are taken. */
+ * line in ix, and cache it. NULL (the callers return -EUSERS; the message
+ * says why): all of the process's lines are taken, or the thread-exit
+ * handler that would give the line back could not be registered. */
 struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix) {
   if (UMBP_UNLIKELY(!ix->tl || ix->p->proc_slot < 0)) {
     umbp_fail(-EUSERS, "pool '%s': this handle has no thread lines (no registry slot)", ix->p->name);
@@ -146,8 +145,9 @@ struct tl_slot *umbp_ix_thread_slot_slow(struct umbp_index *ix) {
   if (err) {
     atomic_store_explicit(&t->owner, 0, memory_order_relaxed);
     atomic_fetch_and_explicit(&ps->thread_bits, ~(1ull << t->tid), memory_order_release);
-    umbp_fail(-EAGAIN, "pool '%s': cannot register this thread's exit handler (%s): retry", ix->p->name,
-              strerror(err));
+    umbp_fail(-EUSERS, "pool '%s': cannot register this thread's exit handler (%s), so it gets no thread line: "
+                       "retry",
+              ix->p->name, strerror(err));
     return NULL;
   }
   tc_put(ix, self, t->tid);
