@@ -285,9 +285,9 @@ int umbp_index_attach_hook(umbp_pool *p) {
   if (umbp_ix_instance_add(ix)) {
     free(ix->tcache);
     free(ix);
-    return umbp_fail(-EMFILE, "pool '%s': this process already has 64 read-write pool handles attached: detach "
+    return umbp_fail(-EMFILE, "pool '%s': this process already has %d read-write pool handles attached: detach "
                               "one first",
-                     p->name);
+                     p->name, UMBP_MAX_INSTANCES);
   }
   umbp_ix_feed_init(ix);
   p->index = ix;

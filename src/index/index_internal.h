@@ -24,6 +24,9 @@
 
 /* Entries of the thread cache (struct umbp_index.tcache, threads.c). */
 #define UMBP_TC_SIZE 256u
+/* Read-write handles one process may hold at once, of any pools (threads.c's
+ * list, which thread exit and fork() walk). */
+#define UMBP_MAX_INSTANCES 64
 
 /* Process-local. The fields every lookup reads come first and are written
  * only at attach; what the evictor writes starts on a cache line of its own
@@ -31,7 +34,6 @@
  * read. */
 struct umbp_index {
   umbp_pool *p;
-  uint64_t instance; /* unique per process (threads.c's list of instances) */
   struct umbp_index_hdr *ih;
   struct umbp_bucket *buckets;
   uint32_t nb; /* buckets (hdr->n_buckets) */

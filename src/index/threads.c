@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * threads.c — each thread's place in a pool: its slot (pending counts, in process memory) and its
- * line in the segment (struct umbp_reader_shm: pending lookup counts, its
- * namespace-count record), the process's list of index instances, fork(),
- * and umbp_reclaim(). thread_slot(), on every lookup's path, is static inline
- * in index_inline.h.
+ * threads.c — each thread's place in a pool: its slot (pending counts, in
+ * process memory) and its line in the segment (struct umbp_reader_shm:
+ * pending lookup counts, its namespace-count record), the process's list of
+ * index instances, fork(), and umbp_reclaim(). thread_slot(), on every
+ * lookup's path, is static inline in index_inline.h.
  *
  * Design note.
  *
@@ -34,9 +34,7 @@
 /* ---- per-process instances and thread slots ------------------------------- */
 static pthread_mutex_t inst_mu = PTHREAD_MUTEX_INITIALIZER;
 /* The read-write handles this process has attached, of any pools. */
-#define UMBP_MAX_INSTANCES 64
 static struct umbp_index *instances[UMBP_MAX_INSTANCES];
-static uint64_t next_instance = 1;
 /* Its destructor gives back, at thread exit, the lines the thread holds in
  * every pool; its value is non-NULL once the thread has one. */
 static pthread_key_t tl_key;
@@ -189,7 +187,7 @@ static void atfork_child(void) {
 }
 static void atfork_init(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
 
-/* Give ix its instance id and a place among this process's instances
+/* Give ix a place among this process's instances
  * (umbp_index_attach_hook()). -EMFILE when the process already has
  * UMBP_MAX_INSTANCES read-write handles: a handle missing from the list would
  * escape the thread-exit destructor and fork(). */
@@ -199,7 +197,6 @@ int umbp_ix_instance_add(struct umbp_index *ix) {
   pthread_mutex_lock(&inst_mu);
   for (unsigned i = 0; i < UMBP_MAX_INSTANCES; i++)
     if (!instances[i]) {
-      ix->instance = next_instance++;
       instances[i] = ix;
       rc = 0;
       break;

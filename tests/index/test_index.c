@@ -1179,6 +1179,18 @@ static void test_threads(void **state) {
   census_ok(f->p);
 }
 
+/* Create a 64-slot pool of 4 KiB slots under a fresh test name (written to
+ * name), attached read-write at *ret. */
+static void small_pool(char *name, size_t n, const char *tag, umbp_pool **ret) {
+  snprintf(name, n, "%s", tu_name(tag));
+  umbp_pool_params pp;
+  umbp_pool_params_init(&pp);
+  pp.slot_size = 4096;
+  pp.capacity = 64 * 4096;
+  pp.no_prefault = true;
+  assert_int_equal(umbp_pool_create(name, &pp, ret), 0);
+}
+
 /* Thread lines: a thread's line and counts live in process memory named by
  * its thread pointer (threads.c), found through the thread cache. Lines come
  * back when threads exit (so 300 short-lived threads fit in 64 lines, with
@@ -1260,13 +1272,7 @@ static void test_thread_lines(void **state) {
   umbp_pool *ps[NP];
   char names[NP][64];
   for (int i = 0; i < NP; i++) {
-    snprintf(names[i], sizeof names[i], "%s", tu_name("ixp"));
-    umbp_pool_params pp;
-    umbp_pool_params_init(&pp);
-    pp.slot_size = 4096;
-    pp.capacity = 64 * 4096;
-    pp.no_prefault = true;
-    assert_int_equal(umbp_pool_create(names[i], &pp, &ps[i]), 0);
+    small_pool(names[i], sizeof names[i], "ixp", &ps[i]);
     uint32_t ns;
     assert_int_equal(umbp_ns_register(ps[i], "m", &ns), 0);
     umbp_key pk = itu_key(ns, 5, 0);
@@ -1296,13 +1302,7 @@ static void test_handle_limit(void **state) {
   umbp_pool *h[NP * PER];
   unsigned nh = 0;
   for (int i = 0; i < NP; i++) {
-    snprintf(names[i], sizeof names[i], "%s", tu_name("ixh"));
-    umbp_pool_params pp;
-    umbp_pool_params_init(&pp);
-    pp.slot_size = 4096;
-    pp.capacity = 64 * 4096;
-    pp.no_prefault = true;
-    assert_int_equal(umbp_pool_create(names[i], &pp, &h[nh++]), 0);
+    small_pool(names[i], sizeof names[i], "ixh", &h[nh++]);
     for (int j = 1; j < PER; j++) {
       int rc = umbp_pool_attach(names[i], NULL, &h[nh]);
       if (nh == NP * PER - 1) {
