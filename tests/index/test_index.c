@@ -810,9 +810,32 @@ static void test_structured_keys(void **state) {
       if (hist[d]) far = d;
     fprintf(stderr, "# %s: %u keys, furthest %u buckets from home\n", what[set], total, far);
     assert_true(far < UMBP_MAX_PROBE / 2);
+    census_ok(f->p); /* with the check that each displaced key's bit is in its home's overflow filter */
+    /* every key is found, displaced ones through their home's overflow
+     * filter, by the single and the batched lookup; displaced keys exist */
+    unsigned displaced = 0;
+    for (unsigned i = 0; i < total; i++) {
+      umbp_key k = {.ns = ns[0], .hash_len = 8};
+      uint64_t id = i;
+      if (set == 1) k.tp_rank = (uint16_t)(i & 7), id = i >> 3;
+      if (set == 2) k.ns = ns[i & 15], id = i >> 4;
+      if (set == 3) id = (uint64_t)i << 12;
+      if (set == 4) k.group = (uint16_t)(i & 3), id = i >> 2;
+      memcpy(k.hash, &id, 8);
+      assert_int_equal(umbp_contains(f->p, &k), 1);
+      uint8_t present = 0;
+      assert_int_equal(umbp_contains_bulk(f->p, 1, &k, &present), 1);
+      assert_int_equal(present, 1);
+    }
+    for (uint32_t b = 0; b < f->p->hdr->n_buckets; b++)
+      displaced += UMBP_OVF_COUNT(atomic_load(&f->p->index->buckets[b].overflow));
+    assert_true(displaced > 0);
     for (unsigned i = 0; i < 16; i++) assert_true(umbp_clear_ns(f->p, ns[i]) >= 0);
     umbp_reclaim(f->p);
     census_ok(f->p);
+    /* with no key left, every overflow word (filter, count, reach) is 0 again */
+    for (uint32_t b = 0; b < f->p->hdr->n_buckets; b++)
+      assert_int_equal(atomic_load(&f->p->index->buckets[b].overflow), 0);
   }
 }
 
