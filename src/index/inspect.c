@@ -73,7 +73,14 @@ UMBP_API int umbp_admin_events_peek(umbp_pool *p, unsigned max, umbp_event *out,
     ret_ring->capacity = g.capacity;
     ret_ring->pending = umbp_ring_count_g(ring, &g);
     ret_ring->dropped = umbp_ring_dropped(ring);
-    ret_ring->drained = deq;
+    /* deq counts every position consumers passed: the events they took, and
+     * those dropped by overwrite (or repaired to tombstones) that a consumer
+     * jumped over. Drops still ahead of deq (positions below enq - cap) were
+     * not passed yet. So the events taken are deq less the passed drops
+     * (tombstones, rare, are counted as taken). */
+    uint64_t ahead = (int64_t)(enq - deq) > (int64_t)g.capacity ? enq - deq - g.capacity : 0;
+    uint64_t passed = ret_ring->dropped > ahead ? ret_ring->dropped - ahead : 0;
+    ret_ring->drained = deq > passed ? deq - passed : 0;
   }
   uint64_t first = enq - deq > g.capacity ? enq - g.capacity : deq;
   if (enq - first > max) first = enq - max;

@@ -143,9 +143,9 @@ int umbp_ring_geo_get(const void *mem, size_t mem_bytes, struct umbp_ring_geo *r
   return 0;
 }
 
-/* Attempts before enqueue_overwrite gives up and drops the new element: enough
- * to drop a whole ring's worth twice over, plus some spinning for a consumer
- * that is in the middle of reading the one cell we need. */
+/* Attempts before enqueue_overwrite gives up and drops the new element: spins
+ * for a consumer that is in the middle of reading the one cell the element
+ * needs, or for the producer of the previous lap still writing it. */
 #define RING_OVERWRITE_SPINS 1024u
 
 unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owner) {
@@ -153,29 +153,62 @@ unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owne
   return umbp_ring_enqueue_overwrite_g(ring, &g, elem, owner);
 }
 
+/* A full ring's next cell holds its oldest element (position pos - cap, seq
+ * pos - cap + 1). The producer claims that cell for pos in place, by one CAS
+ * from STABLE (or SKIP) pos - cap + 1 to WRITING pos, instead of dequeuing
+ * the oldest element and then enqueuing: two CASes a call instead of four
+ * plus a copy out (the removal path of the index emits one event per block
+ * removed, and with nobody draining the ring every emit is an overwrite).
+ * deq_pos is left behind; the next consumer jumps it forward
+ * (umbp_ring__dequeue_pass). */
 unsigned umbp_ring_enqueue_overwrite_g(void *ring, const struct umbp_ring_geo *g, const void *elem, uint16_t owner) {
   struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
-  const uint64_t limit = 2 * (uint64_t)g->capacity + RING_OVERWRITE_SPINS;
-  uint64_t scratch[UMBP_RING_MAX_ELEM / 8];
-  unsigned dropped = 0;
-
-  for (uint64_t tries = 0;; tries++) {
-    if (umbp_ring_enqueue_burst_g(ring, g, elem, 1, owner) == 1) return dropped;
-    if (tries >= limit) {
-      /* Nothing droppable and still no room: drop the new element itself. */
-      atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
-      return dropped + 1;
+  const uint64_t cap = g->capacity;
+  for (unsigned tries = 0;; tries++) {
+    uint64_t pos = atomic_load_explicit(&h->enq_pos, memory_order_relaxed);
+    struct umbp_ring_cell *c = umbp_ring__cellg(h, g, pos);
+    uint64_t w = atomic_load_explicit(&c->word, memory_order_relaxed);
+    int64_t d = umbp_ring__seqdiff(umbp_ring__wseq(w), pos);
+    unsigned kind = umbp_ring__wkind(w);
+    bool free_cell = d == 0 && kind == UMBP_RING_STABLE;
+    /* the previous lap's element (STABLE) or tombstone (SKIP), not being read */
+    bool oldest = d == 1 - (int64_t)cap && (kind == UMBP_RING_STABLE || kind == UMBP_RING_SKIP);
+    if (free_cell || oldest) {
+      /* [A2] acquire, as enqueue's claim: the previous lap's consumer or
+       * producer (or the repair that made the tombstone, [R3]) is done with
+       * the payload before we overwrite it. */
+      if (!atomic_compare_exchange_strong_explicit(&c->word, &w, umbp_ring__word(pos, UMBP_RING_WRITING, owner),
+                                                   memory_order_acquire, memory_order_relaxed))
+        continue; /* someone else took the cell: look again */
+      /* the claim before the payload stores, for readers that copy a cell
+       * without claiming it (umbp_admin_events_peek: load, copy, fence, load) */
+      atomic_thread_fence(memory_order_release);
+      UMBP_RING__HOOK(UMBP_RING_HOOK_PRODUCER_CLAIMED, ring, pos, owner);
+      umbp_ring__advance(&h->enq_pos, pos, pos + 1);
+      unsigned dropped = 0;
+      if (oldest && kind == UMBP_RING_STABLE) {
+        /* Relaxed: a statistic; no data is published through it. */
+        atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
+        dropped = 1;
+      }
+      umbp_ring__copy(c->payload, elem, g->elem_size);
+      /* [R1] publish the payload; pairs with the consumer's claim [A1]. */
+      atomic_store_explicit(&c->word, umbp_ring__word(pos + 1, UMBP_RING_STABLE, 0), memory_order_release);
+      return dropped;
     }
-    /* Consume exactly one position: a tombstone makes room without costing
-     * an element, a real element is dropped and counted. */
-    unsigned npos;
-    if (umbp_ring__dequeue_pass(ring, g, (unsigned char *)scratch, 1, 1, owner, &npos) == 1) {
-      /* Relaxed: a statistic; no data is published through it. */
-      atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
-      dropped++;
-    } else if (npos == 0) {
-      umbp_cpu_relax();
+    if (d >= 0) {
+      /* position taken (WRITING) or already completed: help, look again */
+      umbp_ring__help(&h->enq_pos, pos);
+      continue;
     }
+    /* The cell is being read by a consumer (slow, stopped, or dead and not
+     * yet repaired) or still written by the previous lap's producer: drop
+     * the new element rather than wait without bound. */
+    if (tries >= RING_OVERWRITE_SPINS) {
+      atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
+      return 1;
+    }
+    umbp_cpu_relax();
   }
 }
 

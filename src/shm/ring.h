@@ -19,7 +19,9 @@
  *     WRITING pos      producer `owner` is copying in       owner store  -> STABLE pos+1
  *                                                           repair CAS   -> SKIP   pos+1
  *     STABLE pos+1     full for the consumer at pos         consumer CAS -> READING
+ *                                                           overwrite CAS -> WRITING pos+cap
  *     SKIP   pos+1     full, but a tombstone                consumer CAS -> STABLE pos+cap
+ *                                                           overwrite CAS -> WRITING pos+cap
  *     READING pos+1    consumer `owner` is copying out      owner store  -> STABLE pos+cap
  *                                                           repair CAS   -> STABLE pos+cap
  *
@@ -40,7 +42,10 @@
  * (seq == p - cap + 1: full, tombstone or being read) reports full.  A
  * consumer at p whose cell is not yet full (seq == p, STABLE or WRITING)
  * reports empty.  Both are Vyukov's answers; under concurrency they are
- * snapshots.
+ * snapshots.  umbp_ring_enqueue_overwrite instead claims such a cell in
+ * place when it is not being read (the two overwrite rows of the table):
+ * the element of p - cap is dropped and deq_pos is left behind it; a
+ * consumer that finds its position passed jumps to enq_pos - cap.
  *
  * Sequence arithmetic.  Positions are 64-bit and wrap; seq is the position
  * modulo 2^46 and is compared as a signed 46-bit difference, so the ring
@@ -265,17 +270,18 @@ int umbp_ring_check_header(const void *mem, size_t mem_bytes);
  * returns; any thread. */
 int umbp_ring_geo_get(const void *mem, size_t mem_bytes, struct umbp_ring_geo *ret);
 
-/* Enqueue one element; when the ring is full, dequeue and discard the oldest
- * element(s) until it fits.  Each discarded element bumps the header's
- * dropped counter (atomic, relaxed: a statistic).  Returns how many elements
- * were dropped, 0 when it fitted at once.  Never blocks: if after
- * 2*capacity + 1024 attempts the element still does not fit (the cell it
- * needs is being read by a consumer that is slow, stopped or dead and not yet
- * repaired, and nothing older is left to drop), the new element itself is
- * dropped, counted and included in the returned number.  Tombstones in the way
- * are consumed (one position per attempt) without counting.  Context and
- * ordering as umbp_ring_enqueue_burst / umbp_ring_dequeue_burst; drops happen under
- * `owner`, so a process killed mid-drop is repaired like any consumer. */
+/* Enqueue one element; when the ring is full, the oldest element gives its
+ * cell to the new one (claimed in place: one CAS, as an enqueue) and bumps
+ * the header's dropped counter (atomic, relaxed: a statistic).  Returns how
+ * many elements were dropped: 0 when it fitted at once, else 1.  Never
+ * blocks: if the cell it needs is being read by a consumer that is slow,
+ * stopped or dead and not yet repaired (or still written by the previous
+ * lap's producer), it spins up to 1024 times, then drops the new element
+ * itself, counts it and returns 1.  A tombstone in the cell gives way without
+ * counting.  deq_pos stays where it was; the next dequeue jumps it to the
+ * oldest element left (umbp_ring__dequeue_pass).  Context and ordering as
+ * umbp_ring_enqueue_burst; the claim is under `owner`, so a process killed
+ * mid-call is repaired like any producer (the cell becomes a tombstone). */
 unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owner);
 unsigned umbp_ring_enqueue_overwrite_g(void *ring, const struct umbp_ring_geo *g, const void *elem, uint16_t owner);
 
@@ -478,8 +484,16 @@ static inline unsigned umbp_ring__dequeue_pass(void *ring, const struct umbp_rin
     }
     if (k > 0) break; /* keep the run we have */
     if (d < 0) return 0; /* not yet full (free or WRITING): empty */
-    /* READING by another consumer, or already consumed: help and retry. */
-    umbp_ring__help(&h->deq_pos, pos);
+    /* READING by another consumer, already consumed, or overwritten in
+     * place (umbp_ring_enqueue_overwrite, which leaves deq_pos behind): go
+     * on from the oldest position that can still hold an element. Every
+     * position below enq_pos - cap is done: its cell was claimed for the
+     * next lap (invariant 3), which needs it released or overwritten. */
+    uint64_t lo = atomic_load_explicit(&h->enq_pos, memory_order_relaxed) - cap;
+    if ((int64_t)(lo - pos) > 1)
+      umbp_ring__advance(&h->deq_pos, pos, lo);
+    else
+      umbp_ring__help(&h->deq_pos, pos);
     pos = atomic_load_explicit(&h->deq_pos, memory_order_relaxed);
   }
   umbp_ring__advance(&h->deq_pos, pos, pos + k);

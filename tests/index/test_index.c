@@ -7,6 +7,7 @@
 #include "index/index_inline.h"
 #include "shm/module.h"
 #include "index_test_util.h"
+#include "umbp/admin.h"
 #include "umbp/check.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
@@ -847,10 +848,20 @@ static void test_event_ring_drops_oldest(void **state) {
     put(f->p, &k);
     assert_int_equal(umbp_remove(f->p, &k), 0);
   }
+  /* nothing drained yet: inspect's "no consumer attached" (drained 0) holds
+   * although 24 events were dropped */
+  umbp_admin_event_ring ring;
+  assert_int_equal(umbp_admin_events_peek(f->p, 0, NULL, NULL, &ring), 0);
+  assert_int_equal(ring.drained, 0);
+  assert_int_equal(ring.pending, 16);
+  assert_int_equal(ring.dropped, 24);
   umbp_event ev[64];
   int n = umbp_events_drain(f->p, ev, 64);
   assert_int_equal(n, 16);
   assert_int_equal(umbp_events_dropped(f->p), 24);
+  assert_int_equal(umbp_admin_events_peek(f->p, 0, NULL, NULL, &ring), 0);
+  assert_int_equal(ring.drained, 16); /* the events taken, not the positions passed */
+  assert_int_equal(ring.pending, 0);
   for (int i = 0; i < 16; i++) {
     umbp_key k = itu_key(f->ns, 300 + 24 + (uint64_t)i, 0);
     assert_memory_equal(ev[i].key.hash, k.hash, 32); /* the newest 16, oldest first */

@@ -494,8 +494,9 @@ static void test_overwrite_tombstone(void **state) {
   free(r);
 }
 
-/* The cell the overwriter needs is held by a dead reader: it drops what it
- * can, then gives up (drops the new element) instead of blocking. */
+/* The cell the overwriter needs is held by a dead reader: it spins a
+ * bounded while, then drops the new element instead of blocking; the
+ * elements behind the held cell stay. */
 static void test_overwrite_gives_up(void **state) {
   (void)state;
   void *r = ring_new(2, 8);
@@ -503,15 +504,74 @@ static void test_overwrite_gives_up(void **state) {
   assert_int_equal(umbp_ring_enqueue(r, &a, 1), 0);
   assert_int_equal(umbp_ring_enqueue(r, &b, 1), 0);
   assert_int_equal(deq_die(r, &v, 1, 7, 1), 1); /* a is READING by dead 7 */
-  assert_int_equal(umbp_ring_enqueue_overwrite(r, &c, 1), 2); /* b dropped, then c itself */
-  assert_int_equal(umbp_ring_dropped(r), 2);
+  assert_int_equal(umbp_ring_enqueue_overwrite(r, &c, 1), 1); /* c itself */
+  assert_int_equal(umbp_ring_dropped(r), 1);
   struct collect got = {0};
   assert_int_equal(umbp_ring_repair(r, 7, collect_cb, &got), 1);
   assert_int_equal(got.n, 1);
   assert_int_equal(got.v[0], 1);
-  assert_int_equal(umbp_ring_enqueue_overwrite(r, &d, 1), 0);
+  assert_int_equal(umbp_ring_enqueue_overwrite(r, &d, 1), 0); /* a's cell is free again */
+  assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
+  assert_int_equal(v, 2);
   assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
   assert_int_equal(v, 4);
+  assert_int_equal(umbp_ring_dequeue(r, &v, 2), -EAGAIN);
+  free(r);
+}
+
+/* Many laps of overwrites with nobody dequeuing: each call drops exactly the
+ * oldest, deq_pos stays behind, and the first dequeue jumps it in one step to
+ * the oldest element left, which then come out in order. */
+static void test_overwrite_laps(void **state) {
+  (void)state;
+  void *r = ring_new(8, 8);
+  struct umbp_ring_hdr *h = r;
+  const uint64_t n = 8 * 1000 + 3;
+  for (uint64_t i = 1; i <= n; i++) assert_int_equal(umbp_ring_enqueue_overwrite(r, &i, 1), i > 8 ? 1 : 0);
+  assert_int_equal(umbp_ring_dropped(r), n - 8);
+  assert_int_equal(umbp_ring_count(r), 8);
+  assert_int_equal(atomic_load(&h->deq_pos), 0); /* no consumer ran */
+  uint64_t v;
+  assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
+  assert_int_equal(v, n - 7);
+  assert_int_equal(atomic_load(&h->deq_pos), n - 7); /* jumped, not stepped */
+  for (uint64_t i = n - 6; i <= n; i++) {
+    assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
+    assert_int_equal(v, i);
+  }
+  assert_int_equal(umbp_ring_dequeue(r, &v, 2), -EAGAIN);
+  /* and the ring works as a plain ring again */
+  v = 77;
+  assert_int_equal(umbp_ring_enqueue(r, &v, 1), 0);
+  assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
+  assert_int_equal(v, 77);
+  free(r);
+}
+
+/* An overwriter killed right after its in-place claim leaves the cell as
+ * any killed producer does (WRITING under its owner, seq of its position):
+ * consumers pass it, the repair makes it a tombstone, nothing else is lost. */
+static void test_overwrite_killed(void **state) {
+  (void)state;
+  void *r = ring_new(4, 8);
+  struct umbp_ring_hdr *h = r;
+  for (uint64_t i = 1; i <= 4; i++) assert_int_equal(umbp_ring_enqueue(r, &i, 1), 0);
+  /* the claim umbp_ring_enqueue_overwrite makes for position 4 (cell 0,
+   * holding element 1), and nothing after it */
+  struct umbp_ring_cell *c = umbp_ring__cell(h, 4);
+  uint64_t w = atomic_load(&c->word);
+  assert_true(atomic_compare_exchange_strong(&c->word, &w, umbp_ring__word(4, UMBP_RING_WRITING, 40)));
+  uint64_t v;
+  for (uint64_t i = 2; i <= 4; i++) {
+    assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
+    assert_int_equal(v, i);
+  }
+  assert_int_equal(umbp_ring_dequeue(r, &v, 2), -EAGAIN); /* stuck behind the dead claim */
+  assert_int_equal(umbp_ring_repair(r, 40, NULL, NULL), 1);
+  v = 5;
+  assert_int_equal(umbp_ring_enqueue_overwrite(r, &v, 1), 0);
+  assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
+  assert_int_equal(v, 5);
   assert_int_equal(umbp_ring_dequeue(r, &v, 2), -EAGAIN);
   free(r);
 }
@@ -1331,7 +1391,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_check_header_guard_page), cmocka_unit_test(test_fifo_full_empty),            \
       cmocka_unit_test(test_wrap_many_laps), cmocka_unit_test(test_seq_wrap), cmocka_unit_test(test_bursts), \
       cmocka_unit_test(test_elem_sizes), cmocka_unit_test(test_overwrite), cmocka_unit_test(test_overwrite_tombstone),                             \
-      cmocka_unit_test(test_overwrite_gives_up), cmocka_unit_test(test_repair_writing),                 \
+      cmocka_unit_test(test_overwrite_gives_up), cmocka_unit_test(test_overwrite_laps), cmocka_unit_test(test_overwrite_killed), cmocka_unit_test(test_repair_writing),                 \
       cmocka_unit_test(test_repair_reading), cmocka_unit_test(test_repair_reading_unwedges),            \
       cmocka_unit_test(test_repair_bursts), cmocka_unit_test(test_repair_owners),                       \
       cmocka_unit_test(test_skips_in_burst)
