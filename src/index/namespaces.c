@@ -45,18 +45,25 @@ static void ack(struct umbp_reader_shm *lines, unsigned line, uint32_t seq) {
     if (atomic_compare_exchange_weak_explicit(a, &cur, seq, memory_order_seq_cst, memory_order_seq_cst)) break;
 }
 
-void umbp_ix_ns_count_begin(struct umbp_reader_shm *rec, uint32_t ns, uint32_t s, uint8_t f) {
+/* The three steps are inlined into umbp_ix_ns_count_set(), which runs twice
+ * a block (publish, removal); the test helper that stops a change between
+ * steps calls them one by one. */
+__attribute__((always_inline)) inline void umbp_ix_ns_count_begin(struct umbp_reader_shm *rec, uint32_t ns,
+                                                                  uint32_t s, uint8_t f) {
   uint32_t seq = (atomic_load_explicit(&rec->rec_seq, memory_order_relaxed) + 1) & NSW_SEQ_MASK;
   atomic_store_explicit(&rec->rec_ns, ns, memory_order_relaxed);
   atomic_store_explicit(&rec->rec_flag, f, memory_order_relaxed);
   atomic_store_explicit(&rec->rec_seq, seq, memory_order_relaxed);
-  /* seq_cst: the record is valid before our CAS can be seen (a reaper that
-   * finds the count word naming us finds the record) */
-  atomic_store_explicit(&rec->rec_slot, s + 1, memory_order_seq_cst);
+  /* Release, and the count word's CAS after it is seq_cst (a release): a
+   * thread that reads the word naming us (acquire) finds the record. The
+   * reaper reads records only of a dead process, whose stores are all
+   * visible. A seq_cst store here was one more locked instruction. */
+  atomic_store_explicit(&rec->rec_slot, s + 1, memory_order_release);
 }
 
-void umbp_ix_ns_count_apply(struct umbp_reader_shm *lines, struct umbp_ns_shm *n, const struct umbp_reader_shm *rec,
-                            unsigned me) {
+__attribute__((always_inline)) inline void umbp_ix_ns_count_apply(struct umbp_reader_shm *lines,
+                                                                  struct umbp_ns_shm *n,
+                                                                  const struct umbp_reader_shm *rec, unsigned me) {
   uint32_t seq = atomic_load_explicit(&rec->rec_seq, memory_order_relaxed);
   uint8_t f = atomic_load_explicit(&rec->rec_flag, memory_order_relaxed);
   uint64_t w = atomic_load_explicit(&n->count_word, memory_order_seq_cst);
@@ -70,7 +77,8 @@ void umbp_ix_ns_count_apply(struct umbp_reader_shm *lines, struct umbp_ns_shm *n
   }
 }
 
-void umbp_ix_ns_count_end(struct umbp_reader_shm *rec, struct umbp_slot_meta *meta) {
+__attribute__((always_inline)) inline void umbp_ix_ns_count_end(struct umbp_reader_shm *rec,
+                                                                struct umbp_slot_meta *meta) {
   uint32_t s = atomic_load_explicit(&rec->rec_slot, memory_order_relaxed) - 1;
   atomic_store_explicit(&meta[s].counted, atomic_load_explicit(&rec->rec_flag, memory_order_relaxed),
                         memory_order_release);
