@@ -76,8 +76,10 @@ UMBP_API int umbp_admin_events_peek(umbp_pool *p, unsigned max, umbp_event *out,
     /* deq counts every position consumers passed: the events they took, and
      * those dropped by overwrite (or repaired to tombstones) that a consumer
      * jumped over. Drops still ahead of deq (positions below enq - cap) were
-     * not passed yet. So the events taken are deq less the passed drops
-     * (tombstones, rare, are counted as taken). */
+     * not passed yet. So the events taken are deq less the passed drops.
+     * Approximate, a statistic: a tombstone passed counts as taken, a new
+     * event dropped when its cell was held counts as passed, and the three
+     * words are read at different moments. */
     uint64_t ahead = (int64_t)(enq - deq) > (int64_t)g.capacity ? enq - deq - g.capacity : 0;
     uint64_t passed = ret_ring->dropped > ahead ? ret_ring->dropped - ahead : 0;
     ret_ring->drained = deq > passed ? deq - passed : 0;

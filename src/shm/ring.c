@@ -159,8 +159,8 @@ unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owne
  * the oldest element and then enqueuing: two CASes a call instead of four
  * plus a copy out (the removal path of the index emits one event per block
  * removed, and with nobody draining the ring every emit is an overwrite).
- * deq_pos is left behind; the next consumer jumps it forward
- * (umbp_ring__dequeue_pass). */
+ * deq_pos is left behind (by at most two laps: it is brought up once a lap);
+ * the next consumer jumps it forward (umbp_ring__dequeue_pass). */
 unsigned umbp_ring_enqueue_overwrite_g(void *ring, const struct umbp_ring_geo *g, const void *elem, uint16_t owner) {
   struct umbp_ring_hdr *h = (struct umbp_ring_hdr *)ring;
   const uint64_t cap = g->capacity;
@@ -185,6 +185,14 @@ unsigned umbp_ring_enqueue_overwrite_g(void *ring, const struct umbp_ring_geo *g
       atomic_thread_fence(memory_order_release);
       UMBP_RING__HOOK(UMBP_RING_HOOK_PRODUCER_CLAIMED, ring, pos, owner);
       umbp_ring__advance(&h->enq_pos, pos, pos + 1);
+      /* Once a lap, bring deq_pos up to the oldest position left (every
+       * position up to pos - cap is done). Consumers compare a cell's seq
+       * with their position as a 46-bit difference, so deq_pos must never
+       * fall 2^45 positions behind, which a ring that nobody drains would
+       * otherwise reach: it stays within two laps of enq_pos. One CAS a
+       * lap. */
+      if (oldest && (pos & g->mask) == 0)
+        umbp_ring__advance(&h->deq_pos, atomic_load_explicit(&h->deq_pos, memory_order_relaxed), pos - cap + 1);
       unsigned dropped = 0;
       if (oldest && kind == UMBP_RING_STABLE) {
         /* Relaxed: a statistic; no data is published through it. */

@@ -44,8 +44,10 @@
  * reports empty.  Both are Vyukov's answers; under concurrency they are
  * snapshots.  umbp_ring_enqueue_overwrite instead claims such a cell in
  * place when it is not being read (the two overwrite rows of the table):
- * the element of p - cap is dropped and deq_pos is left behind it; a
- * consumer that finds its position passed jumps to enq_pos - cap.
+ * the element of p - cap is dropped and deq_pos is left behind it (the
+ * overwriter brings it up once a lap, so that it never falls the 2^45
+ * positions behind that the seq arithmetic below allows); a consumer that
+ * finds its position passed jumps to enq_pos - cap.
  *
  * Sequence arithmetic.  Positions are 64-bit and wrap; seq is the position
  * modulo 2^46 and is compared as a signed 46-bit difference, so the ring
@@ -278,8 +280,9 @@ int umbp_ring_geo_get(const void *mem, size_t mem_bytes, struct umbp_ring_geo *r
  * stopped or dead and not yet repaired (or still written by the previous
  * lap's producer), it spins up to 1024 times, then drops the new element
  * itself, counts it and returns 1.  A tombstone in the cell gives way without
- * counting.  deq_pos stays where it was; the next dequeue jumps it to the
- * oldest element left (umbp_ring__dequeue_pass).  Context and ordering as
+ * counting.  deq_pos is left behind (brought up once a lap, so that it stays
+ * within two laps of enq_pos); the next dequeue jumps it to the oldest
+ * element left (umbp_ring__dequeue_pass).  Context and ordering as
  * umbp_ring_enqueue_burst; the claim is under `owner`, so a process killed
  * mid-call is repaired like any producer (the cell becomes a tombstone). */
 unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owner);
