@@ -450,6 +450,16 @@ static void test_elem_sizes(void **state) {
   }
 }
 
+/* Dequeue the values first..last, in that order, then find the ring empty. */
+static void expect_in_order(void *r, uint64_t first, uint64_t last) {
+  uint64_t v;
+  for (uint64_t want = first; want <= last; want++) {
+    assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
+    assert_int_equal(v, want);
+  }
+  assert_int_equal(umbp_ring_dequeue(r, &v, 2), -EAGAIN);
+}
+
 static void test_overwrite(void **state) {
   (void)state;
   void *r = ring_new(4, 8);
@@ -464,11 +474,7 @@ static void test_overwrite(void **state) {
   assert_int_equal(umbp_ring_enqueue_overwrite(r, &v, 1), 1);
   assert_int_equal(umbp_ring_dropped(r), 3);
   assert_int_equal(umbp_ring_count(r), 4);
-  for (uint64_t i = 4; i <= 7; i++) {
-    assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
-    assert_int_equal(v, i); /* the oldest went first */
-  }
-  assert_int_equal(umbp_ring_dequeue(r, &v, 2), -EAGAIN);
+  expect_in_order(r, 4, 7); /* the oldest went first */
   v = 8;
   assert_int_equal(umbp_ring_enqueue_overwrite(r, &v, 1), 0);
   assert_int_equal(umbp_ring_dropped(r), 3);
@@ -538,11 +544,7 @@ static void test_overwrite_laps(void **state) {
   assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
   assert_int_equal(v, n - 7);
   assert_int_equal(atomic_load(&h->deq_pos), n - 7); /* jumped, not stepped */
-  for (uint64_t i = n - 6; i <= n; i++) {
-    assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
-    assert_int_equal(v, i);
-  }
-  assert_int_equal(umbp_ring_dequeue(r, &v, 2), -EAGAIN);
+  expect_in_order(r, n - 6, n);
   /* and the ring works as a plain ring again */
   v = 77;
   assert_int_equal(umbp_ring_enqueue(r, &v, 1), 0);
@@ -569,11 +571,7 @@ static void test_overwrite_deq_lag(void **state) {
   assert_int_equal(umbp_ring_dequeue(r, &v, 2), -EAGAIN); /* the broken compare */
   for (v = 101; v <= 108; v++) assert_int_equal(umbp_ring_enqueue_overwrite(r, &v, 1), 1);
   assert_true(atomic_load(&h->deq_pos) > start); /* brought up at the lap's start */
-  for (uint64_t want = 101; want <= 108; want++) {
-    assert_int_equal(umbp_ring_dequeue(r, &v, 2), 0);
-    assert_int_equal(v, want);
-  }
-  assert_int_equal(umbp_ring_dequeue(r, &v, 2), -EAGAIN);
+  expect_in_order(r, 101, 108);
   free(r);
 }
 
