@@ -28,8 +28,11 @@
 /* Try to take published slot s (state st) out of the index and free it. 0,
  * -EBUSY (pinned or changed meanwhile). why: the counter to count it under
  * (UMBP_CTR_EVICTIONS, _REMOVES, _DUPLICATES). emit: announce the removal
- * (not for a duplicate copy, whose key stays published). */
-int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why, bool emit) {
+ * (not for a duplicate copy, whose key stays published). hash: the key's hash
+ * when the caller has it (it found s under state st, whose key it hashed),
+ * NULL to hash the key here. */
+int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why, bool emit,
+                       const uint64_t *hash) {
   struct umbp_index *ix = p->index;
   struct umbp_slot_meta *m = &ix->meta[s];
   uint64_t ev = ST_NEXT(st, UMBP_SLOT_EVICTING, p->owner_id);
@@ -41,7 +44,7 @@ int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st,
     return -EBUSY;
   }
   struct umbp_key_shm k = m->key; /* ours while EVICTING: no one rewrites it */
-  umbp_ix_unlink_way(ix->buckets, ix->nb, s, umbp_key_hash(&k));
+  umbp_ix_unlink_way(ix->buckets, ix->nb, s, hash ? *hash : umbp_key_hash(&k));
   UMBP_STOP_POINT(UMBP_STOP_REMOVE_UNLINKED);
   /* out of the namespace count (only this process moves an EVICTING slot of its own) */
   ns_count_set(ix, t, k.ns, s, 0);
@@ -65,7 +68,7 @@ UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
   if ((rc = key_load(key, &k, &h))) return rc;
   uint32_t s = probe(ix, &k, h, &st);
   if (s == UMBP_NO_SLOT) return umbp_fail(-ENOENT, "umbp_remove: no block has this key in namespace %u", k.ns);
-  rc = umbp_ix_try_remove(p, t, s, st, UMBP_CTR_REMOVES, true);
+  rc = umbp_ix_try_remove(p, t, s, st, UMBP_CTR_REMOVES, true, &h);
   if (rc == -EBUSY) return umbp_fail(-EBUSY, "the block is pinned by a reader: retry after it is unpinned");
   return rc;
 }
@@ -79,7 +82,7 @@ UMBP_API int umbp_clear_ns(umbp_pool *p, uint32_t ns) {
   for (uint32_t s = 0; s < ix->slot_count; s++) {
     uint64_t st = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
     if (ST_STATE(st) != UMBP_SLOT_PUBLISHED || ix->meta[s].key.ns != ns) continue;
-    if (umbp_ix_try_remove(p, t, s, st, UMBP_CTR_REMOVES, true) == 0) n++;
+    if (umbp_ix_try_remove(p, t, s, st, UMBP_CTR_REMOVES, true, NULL) == 0) n++;
   }
   return n;
 }
@@ -101,7 +104,7 @@ int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned 
       atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
       continue;
     }
-    if (umbp_ix_try_remove(p, t, s, st, UMBP_CTR_EVICTIONS, true) == 0) done++;
+    if (umbp_ix_try_remove(p, t, s, st, UMBP_CTR_EVICTIONS, true, NULL) == 0) done++;
   }
   return (int)done;
 }

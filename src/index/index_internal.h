@@ -341,7 +341,8 @@ UMBP_IX_HIDDEN void umbp_ix_feed_init(struct umbp_index *ix);
 UMBP_IX_HIDDEN void umbp_ix_feed_fini(struct umbp_index *ix);
 
 /* evict.c */
-UMBP_IX_HIDDEN int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why, bool emit);
+UMBP_IX_HIDDEN int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why, bool emit,
+                                      const uint64_t *hash);
 UMBP_IX_HIDDEN int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned want,
                                       uint32_t ns_filter);
 

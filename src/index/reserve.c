@@ -69,11 +69,17 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
   uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
   atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
   union ring_elem v = {.v = s};
-  void *ring = p->index ? p->index->rings[part] : part_ring(p, (unsigned)part);
+  void *ring;
   struct umbp_ring_geo g;
-  if (umbp_ix_ring_geo(p, part, &g)) { /* a corrupted header: the slot stays FREE off the queue (--check says so) */
-    atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
-    return;
+  if (p->index) {
+    ring = p->index->rings[part];
+    g = p->index->ring_geo[part];
+  } else {
+    ring = part_ring(p, (unsigned)part);
+    if (umbp_ix_ring_geo(p, part, &g)) { /* a corrupted header: the slot stays FREE off the queue (--check says so) */
+      atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
+      return;
+    }
   }
   /* The ring has a cell per slot, so it is never full of slots; but a process
    * killed or stopped while it held a cell claimed blocks producers once they
@@ -190,7 +196,7 @@ static bool ring_held_up(umbp_pool *p, struct umbp_index *ix, unsigned part, uin
 }
 
 static int pick_part(umbp_pool *p, int part) {
-  if (part >= 0) return part;
+  if (part >= 0 || p->index->n_parts == 1) return part >= 0 ? part : 0;
   unsigned best = 0;
   uint64_t bestn = 0;
   for (unsigned i = 0; i < p->index->n_parts; i++) {
@@ -252,6 +258,14 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
 }
 
 UMBP_API int umbp_reserve(umbp_pool *p, int part, uint32_t ns, uint32_t *ret_slot) {
+  if (!ret_slot) return umbp_fail(-EINVAL, "umbp_reserve: ret_slot is NULL");
+  /* the common case without umbp_reserve_bulk()'s loop: valid arguments, the
+   * namespace within its quota and a slot on the partition's free ring */
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  if (UMBP_LIKELY(ix_get(p, &ix, &t) == 0 && part >= -1 && part < (int)ix->n_parts && ns < UMBP_MAX_NAMESPACES) &&
+      !umbp_ix_ns_over_quota(ix, ns) && reserve_one(p, ix, (unsigned)pick_part(p, part), ret_slot) == 0)
+    return 0;
   uint32_t s;
   int rc = umbp_reserve_bulk(p, part, ns, 1, &s);
   if (rc < 0) return rc;
@@ -374,14 +388,14 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
       /* ours stays only if a pin made a remover put it back: PUBLISHED two
        * generations on (EVICTING, PUBLISHED); a slot taken from us is reused
        * only four or more on (EVICTING, FREE, RESERVED, ...) */
-      if (umbp_ix_try_remove(p, t, slot, pub, UMBP_CTR_DUPLICATES, false) == 0 ||
+      if (umbp_ix_try_remove(p, t, slot, pub, UMBP_CTR_DUPLICATES, false, &h) == 0 ||
           atomic_load_explicit(&m->state, memory_order_acquire) != ST_MAKE(UMBP_SLOT_PUBLISHED, 0, ST_GEN(pub) + 2))
         return umbp_fail(-EEXIST, "umbp_publish: the key was published meanwhile (slot %u holds it); slot %u is "
                                   "free again: use the published copy",
                          other, slot);
       /* ours is pinned already: both copies stay */
     } else {
-      umbp_ix_try_remove(p, t, other, st, UMBP_CTR_DUPLICATES, false);
+      umbp_ix_try_remove(p, t, other, st, UMBP_CTR_DUPLICATES, false, &h);
     }
   }
   count_ns(ix, t, k.ns, UMBP_CTR_INSERTS, 1);

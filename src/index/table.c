@@ -369,6 +369,39 @@ bool umbp_ix_relink_hint(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, u
   return false;
 }
 
+/* The ways of bucket b whose slot word is exactly v: three 16-byte compares
+ * of the twelve words on x86 (a remover knows its way's whole word, so the
+ * signature hints need not be consulted). */
+static inline unsigned bucket_find_word(struct umbp_bucket *b, uint32_t v) {
+#if defined(__SSE2__) && !defined(UMBP_TSAN)
+  const __m128i *sw = (const __m128i *)(const void *)b->slot;
+  __m128i x = _mm_set1_epi32((int)v);
+  __m128i e0 = _mm_cmpeq_epi32(_mm_load_si128(sw), x);
+  __m128i e1 = _mm_cmpeq_epi32(_mm_load_si128(sw + 1), x);
+  __m128i e2 = _mm_cmpeq_epi32(_mm_load_si128(sw + 2), x);
+  atomic_signal_fence(memory_order_acquire);
+  return (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_packs_epi32(e0, e1), _mm_packs_epi32(e2, e2))) &
+         ((1u << UMBP_BUCKET_WAYS) - 1);
+#else
+  unsigned m = 0;
+  for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++)
+    m |= (unsigned)(atomic_load_explicit(&b->slot[w], memory_order_relaxed) == v) << w;
+  return m;
+#endif
+}
+
+/* Clear way w of bucket b if it still holds v (signature first, then the
+ * slot word: umbp_ix_unlink_way()); the home's overflow count drops when b
+ * is not the home (d > 0). */
+static bool unlink_at(struct umbp_bucket *buckets, uint32_t home, unsigned d, struct umbp_bucket *b, unsigned w,
+                      uint32_t v) {
+  atomic_store_explicit(&b->sig[w], 0, memory_order_relaxed);
+  if (!atomic_compare_exchange_strong_explicit(&b->slot[w], &v, 0, memory_order_seq_cst, memory_order_relaxed))
+    return false;
+  if (d) umbp_ovf_sub(&buckets[home].overflow);
+  return true;
+}
+
 /* Clear the way that points at slot s (key hash h); returns true if found.
  * Only the process that moved s to EVICTING (or RESERVED), or its reaper,
  * unlinks s, and inserters only take empty ways, so the way found stays s's
@@ -377,16 +410,20 @@ bool umbp_ix_relink_hint(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, u
  * way (its acquire CAS reads our 0) writes its signature after ours. */
 bool umbp_ix_unlink_way(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h) {
   uint32_t home = umbp_bucket_home(h, nb);
+  /* the word publish() wrote for s: found with one compare a bucket */
+  uint32_t want = umbp_way_word(umbp_key_sig(h), s);
+  for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
+    struct umbp_bucket *b = &buckets[umbp_bucket_at(home, d, nb)];
+    for (unsigned m = bucket_find_word(b, want); m; m &= m - 1)
+      if (unlink_at(buckets, home, d, b, (unsigned)__builtin_ctz(m), want)) return true;
+  }
+  /* a way of s whose signature byte was rewritten (a co-tenant's scribble, a
+   * repair tool): the slot id alone decides */
   for (unsigned d = 0; d < UMBP_MAX_PROBE; d++) {
     struct umbp_bucket *b = &buckets[umbp_bucket_at(home, d, nb)];
     for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++) {
       uint32_t v = atomic_load_explicit(&b->slot[w], memory_order_relaxed);
-      if (UMBP_WAY_SLOT(v) != s + 1) continue;
-      atomic_store_explicit(&b->sig[w], 0, memory_order_relaxed);
-      if (atomic_compare_exchange_strong_explicit(&b->slot[w], &v, 0, memory_order_seq_cst, memory_order_relaxed)) {
-        if (d) umbp_ovf_sub(&buckets[home].overflow);
-        return true;
-      }
+      if (UMBP_WAY_SLOT(v) == s + 1 && unlink_at(buckets, home, d, b, w, v)) return true;
     }
   }
   return false;

@@ -414,6 +414,8 @@ static void test_errors(void **state) {
   assert_int_equal(umbp_publish(f->p, 1u << 30, &k), -EINVAL);
   assert_int_equal(umbp_reserve(f->p, 7, f->ns, &s), -EINVAL); /* no such partition */
   assert_int_equal(umbp_reserve(f->p, -1, 9999, &s), -EINVAL);
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, NULL), -EINVAL); /* nowhere to put the slot */
+  assert_non_null(strstr(umbp_last_error(), "ret_slot is NULL"));
   assert_int_equal(umbp_reserve(f->p, -1, f->ns, &s), 0);
   umbp_key bad = itu_key(77, 1, 0); /* unregistered namespace */
   assert_int_equal(umbp_publish(f->p, s, &bad), -EINVAL);
@@ -478,6 +480,44 @@ static void test_prefix_and_bulk(void **state) {
       assert_true(itu_check(umbp_slot_ptr(f->p, got[i]), 4096, &keys[i]));
     }
   assert_int_equal(umbp_unpin_bulk(f->p, 40, got), 0);
+  census_ok(f->p);
+}
+
+/* A removal that goes by slot (eviction, umbp_clear_ns(), the reaper) finds
+ * the slot's way by its whole slot word; a way whose signature byte was
+ * rewritten meanwhile (a co-tenant's scribble, a repair tool) no longer
+ * compares equal, and the scan by slot id must still clear it, with the
+ * overflow count of a displaced key. */
+static void test_unlink_scribbled_way(void **state) {
+  struct fx *f = *state;
+  struct umbp_key_shm ks;
+  umbp_key k[3];
+  uint32_t slot[3];
+  uint64_t h[3];
+  for (int i = 0; i < 3; i++) {
+    k[i] = itu_key(f->ns, 9000 + (uint64_t)i, 0);
+    slot[i] = put(f->p, &k[i]);
+    shm_of(&k[i], &ks);
+    h[i] = umbp_key_hash(&ks);
+    uint64_t v = way_of(f->p, slot[i], h[i]);
+    assert_int_equal((uint32_t)v, slot[i] + 1);
+  }
+  /* rewrite the high signature byte in key 1's slot word */
+  struct umbp_bucket *bk = umbp_pool_region(f->p, UMBP_REG_BUCKETS);
+  bool done = false;
+  for (uint32_t b = 0; b < f->p->hdr->n_buckets && !done; b++)
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS && !done; w++) {
+      uint32_t v = atomic_load(&bk[b].slot[w]);
+      if (UMBP_WAY_SLOT(v) != slot[1] + 1) continue;
+      atomic_store(&bk[b].slot[w], v ^ 0x5a000000u);
+      done = true;
+    }
+  assert_true(done);
+  assert_int_equal(umbp_clear_ns(f->p, f->ns), 3);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(way_of(f->p, slot[i], h[i]), 0); /* unlinked, the scribbled one too */
+    assert_int_equal(umbp_contains(f->p, &k[i]), 0);
+  }
   census_ok(f->p);
 }
 
@@ -1382,6 +1422,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_full_pool_churn, setup_awkward, teardown),
       cmocka_unit_test_setup_teardown(test_structured_keys, setup_awkward, teardown),
       cmocka_unit_test_setup_teardown(test_event_ring_drops_oldest, setup_ev16, teardown),
+      cmocka_unit_test_setup_teardown(test_unlink_scribbled_way, setup, teardown),
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reuse_while_reader_stopped, setup, teardown),
