@@ -46,8 +46,9 @@ static const char *inspect_usage =
     "pins held, heartbeat age), namespaces (id, name, blocks, bytes, quota, hit\n"
     "rate = hits / lookups, per lookup since the pool was created, and the label\n"
     "the vLLM connector gave a derived namespace: model, TP, dtype), recent events\n"
-    "(peeked, not consumed; 'no consumer attached' when nothing ever drained the\n"
-    "ring, which then fills and drops by design), counters summed\n"
+    "(peeked, not consumed; 'not recorded' until a process first drains the\n"
+    "ring: removals skip it until then; 'no consumer attached' when a process\n"
+    "turned recording on but has taken nothing yet), counters summed\n"
     "over every process, live and reaped (a live process's figures lag by up to\n"
     "64 operations per thread).\n"
     "\n"
@@ -103,12 +104,20 @@ static double rate(uint64_t now, uint64_t before, const struct snap *s, const st
   return dt > 0 && now >= before ? (double)(now - before) / dt : 0.0;
 }
 
-/* The event ring's state in words: with no consumer, a full ring that drops
- * is the expected state, not an error. */
+/* The event ring's state in words: a ring no one has drained records
+ * nothing; with a consumer that takes nothing, a full ring that drops is the
+ * expected state, not an error. */
 static void print_event_state(const struct snap *s) {
-  if (!s->ev_drained)
-    printf("events: no consumer attached (nothing has drained the ring: %llu of %llu cells hold events, %llu more "
-           "dropped; expected without a subscriber)\n",
+  if (!s->ev_recording && !s->ev_pending && !s->ev_dropped)
+    printf("events: not recorded (no process has drained the event ring yet; a consumer's first "
+           "umbp_events_drain() turns recording on for the pool's life)\n");
+  else if (!s->ev_recording)
+    printf("events: removals not recorded (no process has drained the ring yet); %llu stored events pending of "
+           "%llu, %llu dropped\n",
+           (unsigned long long)s->ev_pending, (unsigned long long)s->ev_cap, (unsigned long long)s->ev_dropped);
+  else if (!s->ev_drained)
+    printf("events: no consumer attached (recording, but nothing taken yet: %llu of %llu cells hold events, %llu "
+           "more dropped; expected without a subscriber)\n",
            (unsigned long long)s->ev_pending, (unsigned long long)s->ev_cap, (unsigned long long)s->ev_dropped);
   else
     printf("events: %llu pending of %llu, %llu drained, %llu dropped%s\n", (unsigned long long)s->ev_pending,
@@ -363,6 +372,7 @@ static void json_namespaces(struct jb *j, const struct snap *s) {
 
 static void json_events(struct jb *j, const struct snap *s) {
   jb_obj(j, "events");
+  jb_bool(j, "recording", s->ev_recording);
   jb_u64(j, "capacity", s->ev_cap);
   jb_u64(j, "pending", s->ev_pending);
   jb_u64(j, "dropped", s->ev_dropped);

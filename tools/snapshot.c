@@ -43,6 +43,7 @@ static unsigned peek_events(umbp_pool *p, struct snap *s, unsigned max) {
   s->ev_pending = r.pending;
   s->ev_dropped = r.dropped;
   s->ev_drained = r.drained;
+  s->ev_recording = r.recording != 0;
   for (int k = 0; k < n; k++) {
     s->ev[k].type = ev[k].type;
     s->ev[k].pos = pos[k];
@@ -235,6 +236,9 @@ int snap_prometheus(const struct snap *s, FILE *f) {
          "Attached processes that are stopped (SIGSTOP, a debugger): each holds its pins and reservations until "
          "resumed, and nothing else.");
   sample(f, "umbp_processes_stopped", s->procs_stopped);
+  family(f, "umbp_events_recording", "gauge",
+         "1 once a process has drained the event ring: removals record events from then on; 0 before.");
+  sample(f, "umbp_events_recording", s->ev_recording);
   family(f, "umbp_events_capacity", "gauge", "Cells of the event ring.");
   sample(f, "umbp_events_capacity", s->ev_cap);
   family(f, "umbp_events_pending", "gauge", "Events on the ring not yet drained.");

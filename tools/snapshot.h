@@ -59,6 +59,7 @@ struct snap {
   struct ev_peek ev[SNAP_MAX_EVENTS];
   unsigned nev;
   uint64_t ev_pending, ev_dropped, ev_cap, ev_drained; /* ev_drained: events ever dequeued */
+  bool ev_recording;                                   /* removals record events (a process drained the ring) */
 };
 
 /* Fill *s from pool p (attached read-only or not) with the nevents newest

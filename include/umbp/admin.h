@@ -149,6 +149,7 @@ typedef struct umbp_admin_event_ring {
   uint64_t pending;  /* events not yet drained */
   uint64_t dropped;  /* events dropped because the ring was full, since creation */
   uint64_t drained;  /* events ever drained (0: no consumer ever attached) */
+  uint64_t recording; /* 1: removals record events (a process has drained the ring); 0: not yet */
 } umbp_admin_event_ring;
 
 /* The newest events still on the ring, oldest first, without taking them

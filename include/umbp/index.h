@@ -198,7 +198,9 @@ UMBP_API int umbp_prefix_probe(umbp_pool *pool, unsigned n, const umbp_key *keys
 /* ---- removal and eviction ------------------------------------------------- */
 /* Remove key: 0; -ENOENT (absent); -EBUSY (pinned by some process); -EINVAL
  * (NULL or bad key); -EROFS; -ECHILD; -EUSERS. On 0 later lookups miss and a
- * removed event is emitted; the slot is free for reuse at once. */
+ * removed event is emitted (into the event ring once a process has drained
+ * it, umbp_events_drain(); to the feed once one is open, feed.h); the slot
+ * is free for reuse at once. */
 UMBP_API int umbp_remove(umbp_pool *pool, const umbp_key *key);
 /* Remove every unpinned published block of ns; returns how many (>= 0;
  * pinned ones stay), or -EINVAL (NULL pool), -EROFS, -ECHILD, -EUSERS. A
@@ -207,7 +209,7 @@ UMBP_API int umbp_clear_ns(umbp_pool *pool, uint32_t ns);
 /* Evict up to `want` unpinned blocks from partition part (-1: all) by CLOCK
  * (namespaces over quota first); returns how many were evicted (>= 0), or
  * -EINVAL (NULL pool, no such partition), -EROFS, -ECHILD, -EUSERS. Each
- * eviction emits a removed event. */
+ * eviction emits a removed event, as umbp_remove() does. */
 UMBP_API int umbp_evict(umbp_pool *pool, int part, unsigned want);
 /* Kept for callers written for layouts before 6, where removed slots waited
  * for a grace period: since layout 6 a removed slot is free at once, so
@@ -236,16 +238,22 @@ typedef struct umbp_event {
 /* Take up to max events (oldest first) into out; each event goes to exactly
  * one drainer, in any process (feed.h broadcasts the same events to every
  * consumer at its own cursor). Returns how many (>= 0), or -EINVAL (NULL
- * pool, NULL out with max > 0), -EROFS, -ECHILD. When the ring is full the
- * oldest events are dropped and counted (umbp_events_dropped); eviction never
- * waits for drainers. A removed event is emitted before its slot can be
- * reused, and a remover killed midway has its event emitted by the reaper. */
+ * pool, NULL out with max > 0), -EROFS, -ECHILD. The pool records removed
+ * events from the first call of this function on the pool, by any process,
+ * for the pool's life; before it, removals skip the ring, since nothing reads
+ * it. A consumer calls umbp_events_drain(pool, NULL, 0) when it starts, so
+ * that it is told of every removal after that point. When the ring is full
+ * the oldest events are dropped and counted (umbp_events_dropped); eviction
+ * never waits for drainers. A removed event is emitted before its slot can
+ * be reused, and a remover killed midway has its event emitted by the
+ * reaper. */
 UMBP_API int umbp_events_drain(umbp_pool *pool, umbp_event *out, unsigned max);
 /* Events dropped because the ring was full, since creation (all processes;
  * 0 for a NULL pool). Loads only; read-only handles too. */
 UMBP_API uint64_t umbp_events_dropped(umbp_pool *pool);
 /* Emit stored events too, for this process's publishes (removed events are
- * always emitted). No effect on a NULL, read-only or fork()ed handle. */
+ * recorded once the ring has been drained, see umbp_events_drain()). No
+ * effect on a NULL, read-only or fork()ed handle. */
 UMBP_API void umbp_events_enable_stored(umbp_pool *pool, bool on);
 
 /* ---- counters and accounting --------------------------------------------- */

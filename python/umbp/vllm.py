@@ -188,6 +188,10 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
     def _bind_namespace(self, name: str) -> None:
         self.namespace = name
         self.ns_id = self.pool.ns(name)
+        # the scheduler turns BlockRemoved events out of the pool's event
+        # ring (take_events): a first drain turns recording on, so that every
+        # removal from here on is recorded (a read-only handle records none)
+        self.lib.umbp_events_drain(self.pool.h, None, 0)
 
     def _tmpl(self, tp_rank: int, group: int) -> L.Key:
         k = L.Key()

@@ -315,6 +315,9 @@ class UMBPWorkerHandle:
         # the in-tree connector gives no vLLM instance id: see umbp.vllm_pool's limits
         self.pool = _Pool(cfg, slot, 2, topology.tp_rank, nodes, EngineId(None, namespace))
         self.ns_id = self.pool.ns(namespace)
+        # take_evicted_keys() drains the event ring: a first drain turns
+        # recording on, so that every removal from here on is recorded
+        self.lib.umbp_events_drain(self.pool.h, None, 0)
         self.codec = KeyCodec(self.pool.ns)
         self._engine = None
         self._layout = None

@@ -8,7 +8,11 @@
  * Design note, event ring. Removals and evictions (evict.c) and publishes
  * (reserve.c) put their events into one ring in the segment, the key in the
  * segment's layout; a full ring drops its oldest event and counts the drop
- * (umbp_events_dropped()). A remover emits while its slot is still
+ * (umbp_events_dropped()). Removed events are recorded once any process has
+ * drained the ring (the index header's events_on, set by the first
+ * umbp_events_drain()): in a pool that no one drains, the ring would only be
+ * overwritten, and recording cost every removal three locked instructions on
+ * the ring's shared lines and about 150 instructions (docs/bench-index.md). A remover emits while its slot is still
  * EVICTING, so that the reaper of a remover killed before its RETIRED store
  * emits it instead (evict.c, reap.c) and no removal goes unannounced.
  * Draining converts each key back to the caller's layout. Each event goes to
@@ -88,7 +92,8 @@
 static void feed_emit(struct umbp_index *ix, int type, const struct umbp_key_shm *k);
 
 void umbp_ix_emit(struct umbp_index *ix, int type, const struct umbp_key_shm *k) {
-  if (type != UMBP_EV_STORED || atomic_load_explicit(&ix->ev_ring_stored, memory_order_relaxed)) {
+  if (type == UMBP_EV_STORED ? atomic_load_explicit(&ix->ev_ring_stored, memory_order_relaxed)
+                             : atomic_load_explicit(&ix->ih->events_on, memory_order_relaxed)) {
     struct umbp_event_shm ev;
     memset(&ev, 0, sizeof ev);
     ev.type = (uint8_t)type;
@@ -116,6 +121,9 @@ UMBP_API int umbp_events_drain(umbp_pool *p, umbp_event *out, unsigned max) {
   if (!p || (!out && max)) return umbp_fail(-EINVAL, "umbp_events_drain: pool, and out for max = %u, are required", max);
   if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only || !p->index) return umbp_fail(-EROFS, "draining events needs a read-write attachment");
+  /* from now on removals record their events (index_shm.h, events_on) */
+  if (!atomic_load_explicit(&p->index->ih->events_on, memory_order_relaxed))
+    atomic_store_explicit(&p->index->ih->events_on, 1, memory_order_seq_cst);
   unsigned n = 0;
   while (n < max) {
     struct umbp_event_shm ev[16];

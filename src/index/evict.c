@@ -10,8 +10,8 @@
  * if not set, so a hot block does not bounce its line); the hand clears set
  * bits and evicts the first unpinned PUBLISHED slot with a clear bit. A
  * namespace over its quota evicts its own blocks first. Each eviction emits a
- * removed event into the event ring; a full ring drops its oldest event and
- * counts the drop.
+ * removed event into the event ring, once a process has drained it
+ * (events.c); a full ring drops its oldest event and counts the drop.
  *
  * A removal moves the slot PUBLISHED -> EVICTING under its own id, checks the
  * pins (pins.c), unlinks the way (table.c), takes the slot out of its
@@ -51,7 +51,7 @@ int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st,
   /* the removed event while still EVICTING: a reaper of ours emits it for an
    * EVICTING slot, so a kill anywhere in here loses no event (one before the
    * free below gets it twice) */
-  if (emit) umbp_ix_emit(ix, UMBP_EV_REMOVED, &k);
+  if (emit && umbp_ix_removed_wanted(ix)) umbp_ix_emit(ix, UMBP_EV_REMOVED, &k);
   count_ns(ix, t, k.ns, why, 1);
   count_part(ix, t, slot_part(p, s), why, 1);
   umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);

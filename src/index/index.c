@@ -290,6 +290,11 @@ int umbp_index_attach_hook(umbp_pool *p) {
                      p->name, UMBP_MAX_INSTANCES);
   }
   umbp_ix_feed_init(ix);
+  /* a pool of a build that always recorded removed events, whose drainers
+   * never turn recording on (layout.h) */
+  if (p->proc_slot >= 0 && !(h->incompat_features & UMBP_FEAT_INCOMPAT_EVENTS_ON_DRAIN) &&
+      !atomic_load_explicit(&ix->ih->events_on, memory_order_relaxed))
+    atomic_store_explicit(&ix->ih->events_on, 1, memory_order_seq_cst);
   p->index = ix;
   return 0;
 }

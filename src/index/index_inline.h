@@ -416,6 +416,15 @@ static inline void ns_count_set(struct umbp_index *ix, struct tl_slot *t, uint32
                        ix->ns, ix->meta, ix->slot_count, ns, s, f);
 }
 
+/* ---- events (events.c) -------------------------------------------------------------- */
+/* Whether a removal has anyone to tell: the event ring, once a process has
+ * drained it (events_on), or the published-key feed, once a consumer has
+ * opened it (feed_gen; umbp_ix_emit() loads it again with acquire order). */
+static inline bool umbp_ix_removed_wanted(struct umbp_index *ix) {
+  return atomic_load_explicit(&ix->ih->events_on, memory_order_relaxed) ||
+         atomic_load_explicit(&ix->p->hdr->feed_gen, memory_order_relaxed);
+}
+
 /* ---- the owner-id lock (lock.c): release is one store ------------------------------ */
 static inline void spin_unlock(_Atomic uint32_t *lock) { atomic_store_explicit(lock, 0, memory_order_release); }
 

@@ -193,6 +193,11 @@ struct umbp_index_hdr {
   /* bit q: registry slot q may hold pins (set before its first pin, cleared
    * once its bytes are zeroed at detach or reap) */
   _Atomic uint64_t pin_procs __attribute__((aligned(64)));
+  /* 1 once any process has drained the event ring (umbp_events_drain()):
+   * removed events are recorded from then on. Before, nobody reads them, so
+   * removals skip the ring (events.c). Zero in a new pool. In the line every
+   * remover already reads for pin_procs. */
+  _Atomic uint32_t events_on;
 };
 
 #endif

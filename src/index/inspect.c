@@ -83,6 +83,8 @@ UMBP_API int umbp_admin_events_peek(umbp_pool *p, unsigned max, umbp_event *out,
     uint64_t ahead = (int64_t)(enq - deq) > (int64_t)g.capacity ? enq - deq - g.capacity : 0;
     uint64_t passed = ret_ring->dropped > ahead ? ret_ring->dropped - ahead : 0;
     ret_ring->drained = deq > passed ? deq - passed : 0;
+    struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+    ret_ring->recording = atomic_load_explicit(&ih->events_on, memory_order_relaxed) != 0;
   }
   uint64_t first = enq - deq > g.capacity ? enq - g.capacity : deq;
   if (enq - first > max) first = enq - max;

@@ -61,7 +61,15 @@
  * umbp_index_huge_range(). An attacher that does not map it would read the
  * /dev/shm file's hole there, so a build without this bit must refuse. */
 #define UMBP_FEAT_INCOMPAT_INDEX_HUGE (1ull << 1)
-#define UMBP_FEAT_INCOMPAT_KNOWN (UMBP_FEAT_INCOMPAT_HUGEPAGES | UMBP_FEAT_INCOMPAT_INDEX_HUGE)
+/* Removed events go into the event ring only once a process has drained it
+ * (the index header's events_on, src/index/events.c). A build without this
+ * bit would drain without turning recording on, and its consumer would get
+ * no removals from this build's removers, so it must refuse the pool. A pool
+ * of an earlier build lacks the bit: a read-write attacher of this build
+ * turns recording on there at once, as those builds always recorded. */
+#define UMBP_FEAT_INCOMPAT_EVENTS_ON_DRAIN (1ull << 2)
+#define UMBP_FEAT_INCOMPAT_KNOWN \
+  (UMBP_FEAT_INCOMPAT_HUGEPAGES | UMBP_FEAT_INCOMPAT_INDEX_HUGE | UMBP_FEAT_INCOMPAT_EVENTS_ON_DRAIN)
 /* compat feature bits (informational) */
 #define UMBP_FEAT_COMPAT_MEMBARRIER (1ull << 0) /* layouts before 6: readers relied on membarrier(GLOBAL_EXPEDITED) */
 

@@ -186,6 +186,7 @@ int umbp_layout_compute(const umbp_pool_params *pp, const int *nodes, unsigned n
   h->max_threads = UMBP_MAX_THREADS;
   h->max_namespaces = UMBP_MAX_NAMESPACES;
   if (pp->hugepages) h->incompat_features |= UMBP_FEAT_INCOMPAT_HUGEPAGES;
+  h->incompat_features |= UMBP_FEAT_INCOMPAT_EVENTS_ON_DRAIN;
   /* umbp_pool_create() resolves UMBP_INDEX_PAGES_TRY to one of the others
    * before it lays the pool out */
   bool index_huge = pp->index_pages == UMBP_INDEX_PAGES_HUGE && !pp->hugepages;

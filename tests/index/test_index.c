@@ -6,6 +6,7 @@
 
 #include "index/index_inline.h"
 #include "shm/module.h"
+#include "shm/pool_internal.h"
 #include "index_test_util.h"
 #include "umbp/admin.h"
 #include "umbp/check.h"
@@ -523,6 +524,7 @@ static void test_unlink_scribbled_way(void **state) {
 
 static void test_remove_and_events(void **state) {
   struct fx *f = *state;
+  assert_int_equal(umbp_events_drain(f->p, NULL, 0), 0); /* record removed events from here on */
   umbp_key k = itu_key(f->ns, 5, 0);
   put(f->p, &k);
   uint32_t got;
@@ -880,16 +882,76 @@ static void test_structured_keys(void **state) {
   }
 }
 
+/* A pool records removed events only once a process has drained its event
+ * ring: before, removals skip it (no events pending, none dropped); after the
+ * first drain, by this or another handle, every removal is recorded. */
+static void test_events_recorded_after_first_drain(void **state) {
+  struct fx *f = *state;
+  umbp_admin_event_ring ring;
+  for (int i = 0; i < 40; i++) { /* more than the ring holds */
+    umbp_key k = itu_key(f->ns, 700 + (uint64_t)i, 0);
+    put(f->p, &k);
+    assert_int_equal(umbp_remove(f->p, &k), 0);
+  }
+  assert_int_equal(umbp_admin_events_peek(f->p, 0, NULL, NULL, &ring), 0);
+  assert_int_equal(ring.recording, 0);
+  assert_int_equal(ring.pending, 0);
+  assert_int_equal(ring.dropped, 0);
+  umbp_counters c;
+  umbp_counters_flush(f->p);
+  assert_int_equal(umbp_counters_ns(f->p, f->ns, &c), 0);
+  assert_int_equal(c.removes, 40); /* the removals themselves happened */
+  /* the first drain, from a second handle of this process, turns recording on for every handle */
+  umbp_pool *q = NULL;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
+  assert_int_equal(umbp_events_drain(q, NULL, 0), 0);
+  assert_int_equal(umbp_admin_events_peek(f->p, 0, NULL, NULL, &ring), 0);
+  assert_int_equal(ring.recording, 1);
+  umbp_key k = itu_key(f->ns, 800, 0);
+  put(f->p, &k);
+  assert_int_equal(umbp_remove(f->p, &k), 0);
+  umbp_event ev[8];
+  assert_int_equal(umbp_events_drain(q, ev, 8), 1);
+  assert_int_equal(ev[0].type, UMBP_EV_REMOVED);
+  assert_memory_equal(ev[0].key.hash, k.hash, 32);
+  umbp_pool_detach(q);
+}
+
+/* A pool made by a build that always recorded removed events lacks
+ * UMBP_FEAT_INCOMPAT_EVENTS_ON_DRAIN, and its drainers never turn recording
+ * on: a read-write attacher of this build turns it on at once. A new pool
+ * carries the bit and starts with recording off. */
+static void test_events_pool_of_older_build(void **state) {
+  struct fx *f = *state;
+  struct umbp_shm_header *h = f->p->hdr;
+  struct umbp_index_hdr *ih = umbp_pool_region(f->p, UMBP_REG_INDEXHDR);
+  assert_true(h->incompat_features & UMBP_FEAT_INCOMPAT_EVENTS_ON_DRAIN);
+  assert_int_equal(atomic_load(&ih->events_on), 0);
+  h->incompat_features &= ~UMBP_FEAT_INCOMPAT_EVENTS_ON_DRAIN;
+  h->header_checksum = umbp_header_checksum(h);
+  umbp_pool *q = NULL;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
+  assert_int_equal(atomic_load(&ih->events_on), 1);
+  umbp_key k = itu_key(f->ns, 900, 0);
+  put(f->p, &k);
+  assert_int_equal(umbp_remove(f->p, &k), 0);
+  umbp_event ev[4];
+  assert_int_equal(umbp_events_drain(q, ev, 4), 1); /* recorded before any drain */
+  assert_int_equal(ev[0].type, UMBP_EV_REMOVED);
+  umbp_pool_detach(q);
+}
+
 static void test_event_ring_drops_oldest(void **state) {
   struct fx *f = *state;
+  assert_int_equal(umbp_events_drain(f->p, NULL, 0), 0); /* record removed events */
   /* 40 removals into a 16-event ring */
   for (int i = 0; i < 40; i++) {
     umbp_key k = itu_key(f->ns, 300 + (uint64_t)i, 0);
     put(f->p, &k);
     assert_int_equal(umbp_remove(f->p, &k), 0);
   }
-  /* nothing drained yet: inspect's "no consumer attached" (drained 0) holds
-   * although 24 events were dropped */
+  /* recording, nothing taken yet: inspect's "no consumer attached" (drained 0)
+   * holds although 24 events were dropped */
   umbp_admin_event_ring ring;
   assert_int_equal(umbp_admin_events_peek(f->p, 0, NULL, NULL, &ring), 0);
   assert_int_equal(ring.drained, 0);
@@ -1422,6 +1484,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_full_pool_churn, setup_awkward, teardown),
       cmocka_unit_test_setup_teardown(test_structured_keys, setup_awkward, teardown),
       cmocka_unit_test_setup_teardown(test_event_ring_drops_oldest, setup_ev16, teardown),
+      cmocka_unit_test_setup_teardown(test_events_recorded_after_first_drain, setup_ev16, teardown),
+      cmocka_unit_test_setup_teardown(test_events_pool_of_older_build, setup_ev16, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_scribbled_way, setup, teardown),
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_counters, setup, teardown),

@@ -140,9 +140,11 @@ static int removed_events(umbp_pool *p, const umbp_key *k) {
   return hits;
 }
 
-/* A 256-slot pool with blocks 0..63 published in namespace *ns. */
+/* A 256-slot pool with blocks 0..63 published in namespace *ns, recording
+ * removed events (a first drain turns that on). */
 static umbp_pool *mk_pool_64(const char *name, uint32_t *ns) {
   umbp_pool *p = mk_pool(name, 256, ns);
+  assert_int_equal(umbp_events_drain(p, NULL, 0), 0);
   for (uint64_t i = 0; i < 64; i++) {
     umbp_key k = itu_key(*ns, i, 0);
     uint32_t s;
