@@ -11,10 +11,11 @@
  * (umbp_events_dropped()). Removed events are recorded once any process has
  * drained the ring (the index header's events_on, set by the first
  * umbp_events_drain()): in a pool that no one drains, the ring would only be
- * overwritten, and recording cost every removal three locked instructions on
- * the ring's shared lines and about 150 instructions (docs/bench-index.md). A remover emits while its slot is still
- * EVICTING, so that the reaper of a remover killed before its RETIRED store
- * emits it instead (evict.c, reap.c) and no removal goes unannounced.
+ * overwritten, and recording costs every removal three locked instructions
+ * on the ring's shared lines and about 150 instructions (docs/bench-index.md,
+ * "fifth session"). A remover emits while its slot is still EVICTING, so
+ * that the reaper of a remover killed before its RETIRED store emits it
+ * instead (evict.c, reap.c) and no recorded removal goes unannounced.
  * Draining converts each key back to the caller's layout. Each event goes to
  * one drainer: the vLLM connector drains removals.
  *
