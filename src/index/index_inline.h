@@ -244,6 +244,15 @@ static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned
   return m & ((1u << UMBP_BUCKET_WAYS) - 1);
 }
 
+/* Three compares of a bucket's twelve slot words, four ways each, as a 12-bit
+ * way mask: a way's 32-bit lane is negative iff the compare matched in its
+ * sign byte, and the signed saturating packs keep each lane's sign, so the
+ * ways land, in order, in the sign bits of bytes 0..11. */
+static inline unsigned way_lanes_mask(__m128i e0, __m128i e1, __m128i e2) {
+  return (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_packs_epi32(e0, e1), _mm_packs_epi32(e2, e2))) &
+         ((1u << UMBP_BUCKET_WAYS) - 1);
+}
+
 /* The ways of bucket b whose whole 16-bit signature is sig: bucket_match()'s
  * hint mask ANDed with a compare of the twelve slot words' top bytes (three
  * 16-byte loads of the same line, after the hint load: x86 keeps loads in
@@ -262,11 +271,8 @@ static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsig
   __m128i e0 = _mm_cmpeq_epi8(_mm_load_si128(sw), hv);
   __m128i e1 = _mm_cmpeq_epi8(_mm_load_si128(sw + 1), hv);
   __m128i e2 = _mm_cmpeq_epi8(_mm_load_si128(sw + 2), hv);
-  /* A slot word's byte compares read as a signed 32-bit lane are negative
-   * iff its top byte matched; the signed saturating packs keep each lane's
-   * sign, so the twelve ways' results land, in way order, in the sign bits
-   * of bytes 0..11. */
-  return m & (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_packs_epi32(e0, e1), _mm_packs_epi32(e2, e2)));
+  /* a slot word's byte compares read as a 32-bit lane: its sign byte is the top byte's */
+  return m & way_lanes_mask(e0, e1, e2);
 }
 #else
 static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned *ovf) {

@@ -196,7 +196,8 @@ static bool ring_held_up(umbp_pool *p, struct umbp_index *ix, unsigned part, uin
 }
 
 static int pick_part(umbp_pool *p, int part) {
-  if (part >= 0 || p->index->n_parts == 1) return part >= 0 ? part : 0;
+  if (part >= 0) return part;
+  if (p->index->n_parts == 1) return 0; /* nothing to choose between */
   unsigned best = 0;
   uint64_t bestn = 0;
   for (unsigned i = 0; i < p->index->n_parts; i++) {

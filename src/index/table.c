@@ -380,8 +380,7 @@ static inline unsigned bucket_find_word(struct umbp_bucket *b, uint32_t v) {
   __m128i e1 = _mm_cmpeq_epi32(_mm_load_si128(sw + 1), x);
   __m128i e2 = _mm_cmpeq_epi32(_mm_load_si128(sw + 2), x);
   atomic_signal_fence(memory_order_acquire);
-  return (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_packs_epi32(e0, e1), _mm_packs_epi32(e2, e2))) &
-         ((1u << UMBP_BUCKET_WAYS) - 1);
+  return way_lanes_mask(e0, e1, e2);
 #else
   unsigned m = 0;
   for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++)
