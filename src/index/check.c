@@ -31,8 +31,9 @@
  *  - an overflow count is incremented before a displaced way is linked and
  *    decremented after it is cleared, so count >= displaced entries at every
  *    instant, in particular for the stable PUBLISHED ones read before the
- *    overflow load; the reach is reset only when the count reaches 0, which
- *    it cannot while such an entry is linked, so reach >= its distance;
+ *    overflow load; the reach and the filter are reset only when the count
+ *    reaches 0, which it cannot while such an entry is linked, so reach >=
+ *    its distance and its filter bit is set;
  *  - a slot leaves a free ring only through a consumer claim (the cell turns
  *    READING, still holding it) followed by FREE -> RESERVED, or is taken off
  *    it by a scan while the ring is held up (reserve.c), which leaves the
@@ -232,7 +233,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
       memcpy(&k, (const void *)&meta[s].key, sizeof k);
       we[went++] = (struct way_ent){.bucket = b, .ns = k.ns, .v = v, .hash = umbp_key_hash(&k)};
     }
-  for (uint32_t b = 0; b < nb; b++) ovf[b] = atomic_load_explicit(&bk[b].overflow, memory_order_seq_cst);
+  for (uint32_t b = 0; b < nb; b++) ovf[b] = atomic_load_explicit(&bk[b].ovf, memory_order_seq_cst);
   for (unsigned i = 0; i < h->n_partitions; i++) scan_ring(p, i, on_ring, claimed_cell, r);
   {
     void *ev = umbp_pool_region(p, UMBP_REG_EVENTS);
@@ -285,6 +286,10 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
         viol(r, "bucket %u's overflow reach is %u but slot %u's key homed there lives %u buckets on: lookups of it "
                 "miss",
              home, UMBP_OVF_REACH(ovf[home]), s, d);
+      if (!(UMBP_OVF_FILTER(ovf[home]) & umbp_ovf_bit(we[i].hash)))
+        viol(r, "bucket %u's overflow filter 0x%04x lacks the bit 0x%04x of slot %u's key, which is homed there and "
+                "lives %u buckets on: batched lookups of it miss",
+             home, UMBP_OVF_FILTER(ovf[home]), umbp_ovf_bit(we[i].hash), s, d);
     }
   }
   for (uint32_t b = 0; b < nb; b++)

@@ -68,9 +68,10 @@ __attribute__((cold, noinline)) void umbp_ix_stop_here(void) {
 }
 
 /* ---- ABI ------------------------------------------------------------------------
- * The key hash (umbp_key_hash6()) and the bucket home (umbp_bucket_home()) are
- * part of the segment's ABI: a process that hashed differently would look
- * for keys in other buckets and miss or duplicate them. Their results on
+ * The key hash (umbp_key_hash6()), the bucket home (umbp_bucket_home()) and
+ * the overflow filter bit (umbp_ovf_bit()) are part of the segment's ABI: a
+ * process that hashed differently would look for keys in other buckets, or
+ * skip the buckets a displaced key lives in, and miss or duplicate them. Their results on
  * fixed inputs are folded into the ABI fingerprint (segment.c), so two builds
  * that place keys differently refuse each other's pools at attach. The
  * inputs exercise every key word, the high bits (the signature) and a table
@@ -87,7 +88,7 @@ uint64_t umbp_index_abi_part(void) {
   for (unsigned i = 0; i < sizeof keys / sizeof keys[0]; i++) {
     uint64_t h = umbp_key_hash_w(keys[i]);
     acc = umbp_rotl64(acc ^ h, 17) * 0x9e3779b97f4a7c15ull;
-    acc ^= umbp_key_sig(h);
+    acc ^= umbp_key_sig(h) | (uint64_t)umbp_ovf_bit(h) << 16;
     for (unsigned t = 0; t < sizeof tables / sizeof tables[0]; t++)
       acc = umbp_rotl64(acc ^ umbp_bucket_home(h, tables[t]), 23) * 0xff51afd7ed558ccdull;
   }

@@ -229,17 +229,32 @@ static inline void *part_ring(umbp_pool *p, unsigned part) {
  * acquire order before it is followed (bucket_slot()) and its key compared —
  * so a way changing underneath costs a wasted look, never a wrong answer.
  * (Under TSan the scalar loop below is used: it does not model this.) */
-/* *ovf: the bucket's overflow word, taken from the same 16-byte load (bytes
- * 14..15) rather than loaded again: a lookup that misses loads its bucket
- * line once, and how many loads wait on a missing line sets how many
- * lookups' misses the core keeps in flight. The compiler barrier gives the
- * word acquire order for what the probe reads next (x86 keeps loads in
- * order). */
-_Static_assert(offsetof(struct umbp_bucket, overflow) == 14, "overflow is word 7 of the bucket's first 16 bytes");
+/* *ovf: the upper half of the bucket's overflow word (count | reach << 8;
+ * index_internal.h), taken from the same 16-byte load (bytes 14..15) rather
+ * than loaded again: a lookup that misses loads its bucket line once, and
+ * how many loads wait on a missing line sets how many lookups' misses the
+ * core keeps in flight. The compiler barrier gives the word acquire order
+ * for what the probe reads next (x86 keeps loads in order). */
+_Static_assert(offsetof(struct umbp_bucket, ovf) == 12, "ovf is words 6 (filter) and 7 of the bucket's first 16 bytes");
 static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned *ovf) {
   __m128i l0 = _mm_load_si128((const __m128i *)(const void *)b);
   unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(l0, _mm_set1_epi8((char)sig)));
   *ovf = (unsigned)_mm_extract_epi16(l0, 7);
+  atomic_signal_fence(memory_order_acquire);
+  return m & ((1u << UMBP_BUCKET_WAYS) - 1);
+}
+
+/* bucket_match() for the batched probe: the hint mask, and in *far whether a
+ * key with hash h may live past bucket b: its bit in b's overflow filter
+ * (bytes 12..13, umbp_ovf_bit()), from the same 16-byte load. A filter is 0
+ * whenever the count is, so the bit alone decides; it is set for 0.4% of
+ * misses at load factor 0.9 where the count is non-zero for 3.5%, and a
+ * batched miss that takes the single-key probe for the buckets beyond costs
+ * several times one that does not (docs/bench-index.md). */
+static inline unsigned bucket_match_far(struct umbp_bucket *b, uint8_t sig, uint64_t h, unsigned *far) {
+  __m128i l0 = _mm_load_si128((const __m128i *)(const void *)b);
+  unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(l0, _mm_set1_epi8((char)sig)));
+  *far = (unsigned)_mm_extract_epi16(l0, 6) >> (h >> 60) & 1;
   atomic_signal_fence(memory_order_acquire);
   return m & ((1u << UMBP_BUCKET_WAYS) - 1);
 }
@@ -279,8 +294,14 @@ static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned
   unsigned mask = 0;
   for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++)
     mask |= (unsigned)(atomic_load_explicit(&b->sig[w], memory_order_relaxed) == sig) << w;
-  *ovf = atomic_load_explicit(&b->overflow, memory_order_acquire);
+  *ovf = atomic_load_explicit(&b->ovf, memory_order_acquire) >> 16;
   return mask;
+}
+static inline unsigned bucket_match_far(struct umbp_bucket *b, uint8_t sig, uint64_t h, unsigned *far) {
+  unsigned ovf, m = bucket_match(b, sig, &ovf);
+  (void)ovf;
+  *far = UMBP_OVF_FILTER(atomic_load_explicit(&b->ovf, memory_order_acquire)) >> (h >> 60) & 1;
+  return m;
 }
 /* the high signature bytes are checked by match_ways() (way_x()) */
 static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {

@@ -78,13 +78,18 @@ _Static_assert(sizeof(struct umbp_slot_meta) == 64, "slot meta is one cache line
 #define UMBP_MAX_SLOTS ((1u << 24) - 1)
 #define UMBP_WAY_SLOT(v) ((v) & 0xffffffu) /* slot id + 1, 0 empty */
 #define UMBP_WAY_SIG_HI(v) ((v) >> 24)
+/* ovf describes the keys homed here that live in later buckets (displaced
+ * keys): their filter bits (umbp_ovf_bit() of each key's hash) | their count
+ * << 16 | reach << 24, the furthest distance any of them has had since the
+ * count was last 0 (index_internal.h). One word, so that one CAS changes all
+ * three. */
 struct umbp_bucket {
   _Atomic uint8_t sig[UMBP_BUCKET_WAYS];  /* low byte of each way's signature; 0 no key */
-  _Atomic uint16_t reserved;              /* the inserters' lock of layouts before 6; 0 */
-  _Atomic uint16_t overflow;              /* keys homed here that live in later buckets: count | reach << 8 */
+  _Atomic uint32_t ovf;                   /* displaced keys: filter | count << 16 | reach << 24 */
   _Atomic uint32_t slot[UMBP_BUCKET_WAYS]; /* 0 empty; else sig_hi << 24 | (slot + 1) */
 };
 _Static_assert(sizeof(struct umbp_bucket) == 64, "bucket is one cache line");
+_Static_assert(offsetof(struct umbp_bucket, ovf) == 12, "ovf is bytes 12..15 of the bucket");
 _Static_assert(offsetof(struct umbp_bucket, slot) == 16, "bucket frozen");
 
 /* Pins: one byte per (process, slot), a slot is pinned iff any is non-zero.

@@ -348,7 +348,7 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
       if (atomic_load_explicit(&b->slot[i], memory_order_relaxed)) continue;
       /* overflow first (release), so a reader that finds the home bucket without
        * the key still looks further (pairs with probe()'s acquire load) */
-      if (d) umbp_ovf_add(&hb->overflow, d);
+      if (d) umbp_ovf_add(&hb->ovf, d, umbp_ovf_bit(h));
       uint32_t z = 0;
       /* The slot word decides who owns an empty way: other inserters may race
        * for it here. release: the key written before is visible to a reader
@@ -371,7 +371,7 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
         placed = true;
         break;
       }
-      if (d) umbp_ovf_sub(&hb->overflow);
+      if (d) umbp_ovf_sub(&hb->ovf);
     }
   }
   if (!placed) {

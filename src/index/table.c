@@ -19,9 +19,11 @@
  * matches too; the single-key probe compares the high bytes of all twelve
  * slot words at once as well (bucket_match16()), so that it does not branch
  * on a chance hint match while its bucket line is still in flight. The
- * hints sit beside a reserved 16-bit word (0) and an overflow word: how many keys whose home is this bucket live in one of the
- * next UMBP_MAX_PROBE-1 buckets, and how far on the furthest of them is (a
- * miss looks no further). A key's full bytes live in
+ * hints sit beside the overflow word (index_internal.h): how many keys whose
+ * home is this bucket live in one of the next UMBP_MAX_PROBE-1 buckets, how
+ * far on the furthest of them is (a miss looks no further), and a 16-bit
+ * filter of their hashes, by which a batched miss skips those buckets unless
+ * its key's bit is set. A key's full bytes live in
  * its slot's metadata (struct umbp_slot_meta), so there is one entry per
  * slot and the slot id is the entry id (DPDK's rte_hash keeps signatures in
  * buckets and keys in a flat store the same way). For 1M slots the bucket
@@ -74,12 +76,13 @@ __attribute__((noinline, cold)) int umbp_ix_key_fail(const umbp_key *k) {
 }
 
 /* The buckets after home that keys homed there may live in: up to the reach
- * its overflow word ovf gives. Out of line: 3.1% of homes overflow at load
+ * its overflow word gives (ovf: the word's upper half, count | reach << 8,
+ * as bucket_match() reads it). Out of line: 3.5% of homes overflow at load
  * factor 0.9 (1M keys), 0.02% at 0.5. */
 __attribute__((noinline)) uint32_t umbp_ix_probe_far(struct umbp_index *ix, const struct umbp_key_shm *k,
                                                      uint32_t home, uint16_t sig, unsigned ovf, uint64_t *ret_st,
                                                      bool pin) {
-  unsigned reach = UMBP_OVF_REACH(ovf);
+  unsigned reach = UMBP_OVF_REACH((uint32_t)ovf << 16);
   if (reach >= UMBP_MAX_PROBE) reach = UMBP_MAX_PROBE - 1;
   for (unsigned d = 1; d <= reach; d++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
@@ -134,8 +137,8 @@ static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const
 #define UMBP_SLOW (UINT32_MAX - 1)
 
 /* Bulk lookups in stages so that the cache misses of up to 32 keys overlap.
- * Stage 1 (bulk_prep, before the read section: it reads only the caller's
- * keys): convert each key, hash it, prefetch its home bucket. *one_ns:
+ * Stage 1 (bulk_prep, which reads only the caller's keys): convert each
+ * key, hash it, prefetch its home bucket. *one_ns:
  * whether all n keys share one namespace (counted with one update per
  * counter, count_bulk()). */
 static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, struct umbp_key_shm *k, uint64_t *h,
@@ -151,10 +154,10 @@ static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, st
   return 0;
 }
 
-/* Stages 2 and 3, inside the read section: match each home bucket's hints
+/* Stages 2 and 3: match each home bucket's hints
  * (prefetching the first candidate's metadata, and its pin line to pin), then
- * compare keys; anything else (a second candidate, an overflowed home) takes
- * the single-key probe. Results: slots[], and sts[] (state words, to pin)
+ * compare keys; anything else (a second candidate, a home whose overflow
+ * filter has the key's bit) takes the single-key probe. Results: slots[], and sts[] (state words, to pin)
  * or present[] (0/1) where given; returns the hits. Inlined into each caller
  * with pin constant: a miss then costs its stage 3 a load, a compare and its
  * stores. */
@@ -166,9 +169,9 @@ static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_ind
   unsigned hits = 0;
   for (unsigned i = 0; i < n; i++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_home(h[i], ix->nb)];
-    unsigned ovf;
+    unsigned far;
     uint16_t sig = umbp_key_sig(h[i]);
-    unsigned mask = bucket_match(b, (uint8_t)sig, &ovf);
+    unsigned mask = bucket_match_far(b, (uint8_t)sig, h[i], &far);
     uint32_t s = UMBP_NO_SLOT;
     if (mask) {
       s = way_x(bucket_slot(b, (unsigned)__builtin_ctz(mask)), sig) - 1;
@@ -178,10 +181,10 @@ static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_ind
       } else {
         /* the hint matched by chance (or the way emptied since): a miss
          * unless other ways or later buckets may hold the key */
-        s = (mask & (mask - 1)) || ovf ? UMBP_SLOW : UMBP_NO_SLOT;
+        s = (mask & (mask - 1)) || far ? UMBP_SLOW : UMBP_NO_SLOT;
       }
-    } else if (ovf != 0) {
-      s = UMBP_SLOW; /* keys homed here live further on */
+    } else if (far) {
+      s = UMBP_SLOW; /* a key homed here with this filter bit lives further on */
     }
     cand[i] = s;
   }
@@ -333,7 +336,7 @@ uint32_t umbp_ix_probe_other(struct umbp_index *ix, const struct umbp_key_shm *k
                              uint64_t *ret_st) {
   uint32_t home = umbp_bucket_home(h, ix->nb);
   uint16_t sig = umbp_key_sig(h);
-  unsigned ovf = atomic_load_explicit(&ix->buckets[home].overflow, memory_order_acquire);
+  unsigned ovf = atomic_load_explicit(&ix->buckets[home].ovf, memory_order_acquire);
   unsigned reach = UMBP_OVF_REACH(ovf);
   if (reach >= UMBP_MAX_PROBE) reach = UMBP_MAX_PROBE - 1;
   for (unsigned d = 0; d <= reach; d++) {
@@ -397,7 +400,7 @@ static bool unlink_at(struct umbp_bucket *buckets, uint32_t home, unsigned d, st
   atomic_store_explicit(&b->sig[w], 0, memory_order_relaxed);
   if (!atomic_compare_exchange_strong_explicit(&b->slot[w], &v, 0, memory_order_seq_cst, memory_order_relaxed))
     return false;
-  if (d) umbp_ovf_sub(&buckets[home].overflow);
+  if (d) umbp_ovf_sub(&buckets[home].ovf);
   return true;
 }
 

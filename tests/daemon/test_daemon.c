@@ -692,13 +692,20 @@ static void test_check_corrupted(void **st) {
             break;
           }
       }
-    umbp_ovf_add(&hb->overflow, 1);
+    umbp_ovf_add(&hb->ovf, 1, umbp_ovf_bit(h));
     assert_int_equal(check_cli(name), 0); /* consistent again */
   }
-  uint32_t ov = atomic_exchange(&ix->buckets[home].overflow, 0);
+  uint32_t ov = atomic_exchange(&ix->buckets[home].ovf, 0);
   snprintf(want, sizeof want, "bucket %u's overflow count is 0", home);
   expect_violation(name, want);
-  atomic_store(&ix->buckets[home].overflow, ov);
+  atomic_store(&ix->buckets[home].ovf, ov);
+  assert_int_equal(check_cli(name), 0);
+
+  /* 8. an overflow filter without a displaced key's bit (count and reach kept) */
+  atomic_store(&ix->buckets[home].ovf, ov & ~0xffffu);
+  snprintf(want, sizeof want, "bucket %u's overflow filter 0x0000 lacks the bit", home);
+  expect_violation(name, want);
+  atomic_store(&ix->buckets[home].ovf, ov);
   assert_int_equal(check_cli(name), 0);
   verify_set(p, ns, 30);
 

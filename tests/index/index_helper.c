@@ -273,7 +273,7 @@ static int die_at(const char *point, umbp_pool *p, uint32_t ns) {
           if (UMBP_WAY_SLOT(v) != s + 1) continue;
           atomic_store(&b->sig[w], 0);
           atomic_store(&b->slot[w], 0);
-          if (d) umbp_ovf_sub(&ix->buckets[home].overflow);
+          if (d) umbp_ovf_sub(&ix->buckets[home].ovf);
         }
       }
       count_change(p, ns, s, 0, false);
