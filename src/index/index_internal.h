@@ -261,8 +261,16 @@ UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_fail(umbp_pool *p);
 /* Test hook: a test's helper process sets umbp_ix_stop_at to a point's
  * number and stops itself there (raise(SIGSTOP), once), as the kill tests
  * kill at exact points; 0 in every other process. Only on the paths of
- * publish and removal (one load of a line no one writes), never a lookup's. */
-enum { UMBP_STOP_NONE, UMBP_STOP_COUNT_APPLIED, UMBP_STOP_PUBLISH_LINKED, UMBP_STOP_REMOVE_UNLINKED };
+ * publish, removal and reaping (one load of a line no one writes), never a
+ * lookup's. */
+enum {
+  UMBP_STOP_NONE,
+  UMBP_STOP_COUNT_APPLIED,
+  UMBP_STOP_PUBLISH_LINKED,
+  UMBP_STOP_REMOVE_UNLINKED,
+  UMBP_STOP_FREE_QUEUED,  /* a freed slot enqueued, its ledger entry not yet cleared */
+  UMBP_STOP_REAP_LEDGER,  /* a reaper saw a dead process's ledger slot FREE, before it looks for it on the ring */
+};
 extern UMBP_IX_HIDDEN int umbp_ix_stop_at;
 UMBP_IX_HIDDEN __attribute__((cold, noinline)) void umbp_ix_stop_here(void);
 #define UMBP_STOP_POINT(n)                                              \
@@ -368,6 +376,8 @@ UMBP_IX_HIDDEN int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned 
 UMBP_IX_HIDDEN int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret);
 UMBP_IX_HIDDEN void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                                       uint16_t as_owner);
+UMBP_IX_HIDDEN void umbp_ix_requeue_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
+                                         uint16_t as_owner);
 
 /* counters.c */
 UMBP_IX_HIDDEN void umbp_ix_flush_slot(struct umbp_index *ix, struct tl_slot *t);

@@ -10,6 +10,10 @@
  * RESERVED and EVICTING -> FREE (unlinked, counted out; an EVICTING one also
  * gets its removed event), except EVICTING with pins held and its way still
  * linked -> PUBLISHED, which is what Y would have done at its pin check.
+ * A slot the dead process had freed but maybe not enqueued (its ledger, or a
+ * ring cell it held) is FREE already and is only enqueued again: by then
+ * another process may own it, and a duplicate ring entry is harmless where a
+ * second free is not (umbp_ix_requeue_slot(), reserve.c).
  *
  * A clean detach runs the same umbp_index_reap_proc() on the detaching
  * process's own registry slot (index.c, umbp_index_detach_hook()), so a clean
@@ -34,7 +38,8 @@ static void reap_ring_item(void *arg, const void *elem) {
   uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
   if (ST_STATE(w) == UMBP_SLOT_RESERVED && ST_OWNER(w) == c->dead) return; /* handled as a reservation */
   if (ST_STATE(w) != UMBP_SLOT_FREE) return;
-  umbp_ix_free_slot(p, &p->procs[c->dead - 1], c->ledger_tid, (uint32_t)v, c->dead);
+  /* enqueued only: the slot may be taken by now (umbp_ix_requeue_slot()) */
+  umbp_ix_requeue_slot(p, &p->procs[c->dead - 1], c->ledger_tid, (uint32_t)v, c->dead);
 }
 
 /* Called with the dead process's registry lock held (registry.c). Acts under
@@ -64,16 +69,23 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
   for (unsigned i = 0; i < h->n_partitions; i++)
     if (!umbp_ix_ring_geo(p, (int)i, &g)) umbp_ring_repair_g(part_ring(p, i), &g, dead, reap_ring_item, &c);
   if (!umbp_ix_ring_geo(p, -1, &g)) umbp_ring_repair_g(umbp_pool_region(p, UMBP_REG_EVENTS), &g, dead, NULL, NULL);
-  /* 3. slots a thread was freeing: back on the queue unless they made it there */
+  /* 3. slots a thread was freeing: back on the queue unless they made it
+   * there. Only enqueued, never freed again: a slot FREE when read here may
+   * be reserved and published by another process before the ring search
+   * ends (a dequeue during the search hides it), and a free of it would turn
+   * that process's block FREE with its way still linked. A stale entry is
+   * what a reserve drops. */
   for (unsigned t = 0; t < UMBP_MAX_THREADS; t++) {
     uint32_t s = ledger[t];
     if (s >= h->slot_count) continue;
     uint64_t w = atomic_load_explicit(&meta[s].state, memory_order_acquire);
     int part = slot_part(p, s);
     union ring_elem v = {.v = s};
-    if (part >= 0 && ST_STATE(w) == UMBP_SLOT_FREE && !umbp_ix_ring_geo(p, part, &g) &&
-        !umbp_ring_contains(part_ring(p, (unsigned)part), &g, &v))
-      umbp_ix_free_slot(p, ps, 0, s, dead);
+    if (part >= 0 && ST_STATE(w) == UMBP_SLOT_FREE) {
+      UMBP_STOP_POINT(UMBP_STOP_REAP_LEDGER);
+      if (!umbp_ix_ring_geo(p, part, &g) && !umbp_ring_contains(part_ring(p, (unsigned)part), &g, &v))
+        umbp_ix_requeue_slot(p, ps, 0, s, dead);
+    }
     atomic_store_explicit(&ps->inflight_slot[t], UINT32_MAX, memory_order_relaxed);
   }
   /* 5. pins held by the dead process (before step 6 weighs other pins) */

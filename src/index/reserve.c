@@ -52,22 +52,10 @@ int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret) {
   return umbp_ring_geo_get(part_ring(p, (unsigned)part), p->hdr->partitions[part].ring_bytes, ret);
 }
 
-/* Put slot s (owned by us: RESERVED, or EVICTING and unlinked) back on its
- * free queue. The thread's ledger names s while it travels (see
- * umbp_index_reap_proc()). */
-void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
-                       uint16_t as_owner) {
-  struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
-  int part = slot_part(p, s);
-  if (part < 0) return;
-  /* The ledger names s before s is FREE: the release store of FREE below
-   * orders the two for whoever acquires that state word. A reaper reads the
-   * ledger after the process died (every store of it visible);
-   * umbp_pool_check() (check.c) reads it while the process runs, but only
-   * for a slot whose FREE state it loaded (seq_cst) first. No full fence. */
-  atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_relaxed);
-  uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
-  atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
+/* The enqueue of a FREE slot s (partition part) whose ledger entry names it:
+ * umbp_ix_free_slot() and umbp_ix_requeue_slot(). Clears the ledger entry. */
+static void enqueue_free(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
+                         uint16_t as_owner, int part) {
   union ring_elem v = {.v = s};
   void *ring;
   struct umbp_ring_geo g;
@@ -108,7 +96,46 @@ void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
   }
   if (atomic_load_explicit(&stuck_ring, memory_order_relaxed) == ring)
     atomic_store_explicit(&stuck_ring, NULL, memory_order_relaxed);
+  UMBP_STOP_POINT(UMBP_STOP_FREE_QUEUED);
   atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
+}
+
+/* Put FREE slot s on its free queue, the ledger naming it while it travels
+ * (see umbp_index_reap_proc()). Writes no state: the enqueue half of
+ * umbp_ix_free_slot(), and what a reaper does for a FREE slot that a dead
+ * process had freed but maybe not enqueued. Such a slot may have been taken
+ * meanwhile (a reserve dequeued it, or a scan took it): the entry is then
+ * stale, which a reserve drops (reserve_one()). */
+void umbp_ix_requeue_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
+                          uint16_t as_owner) {
+  int part = slot_part(p, s);
+  if (part < 0) return;
+  atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_relaxed);
+  enqueue_free(p, ledger_owner, tid, s, as_owner, part);
+}
+
+/* Free slot s, which as_owner owns (RESERVED, or EVICTING and unlinked: its
+ * process, or the reaper of that process acting under its id), and put it on
+ * its free queue. The ledger names s before s is FREE: the release store of
+ * FREE orders the two for whoever acquires that state word. A reaper reads
+ * the ledger after the process died (every store of it visible);
+ * umbp_pool_check() (check.c) reads it while the process runs, but only for a
+ * slot whose FREE state it loaded (seq_cst) first. No full fence. The state
+ * is stored, not CASed: no one else writes a slot's state while its owner
+ * holds it. A slot the caller does not own is left alone (a plain store
+ * there would free another owner's block with its way still linked). */
+void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
+                       uint16_t as_owner) {
+  struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
+  int part = slot_part(p, s);
+  if (part < 0) return;
+  uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
+  if (UMBP_UNLIKELY((ST_STATE(w) != UMBP_SLOT_RESERVED && ST_STATE(w) != UMBP_SLOT_EVICTING) ||
+                    ST_OWNER(w) != as_owner))
+    return;
+  atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_relaxed);
+  atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
+  enqueue_free(p, ledger_owner, tid, s, as_owner, part);
 }
 
 /* ---- reserve / publish / abort ------------------------------------------------ */

@@ -163,11 +163,14 @@ static void count_change(umbp_pool *p, uint32_t ns, uint32_t s, uint8_t f, bool 
 }
 
 /* Stop (SIGSTOP, by the library's test hook) at an exact point of a real
- * publish or removal: count-applied (publish of key 424242, its count word
- * changed, the slot's flag not yet), publish-linked (the same key linked and
- * PUBLISHED, before the duplicate check), remove-unlinked (block 0 EVICTING
- * and unlinked, before it is counted out and freed). Resumed, it finishes
- * the call and prints its result. */
+ * publish, removal, free or reap: count-applied (publish of key 424242, its
+ * count word changed, the slot's flag not yet), publish-linked (the same key
+ * linked and PUBLISHED, before the duplicate check), remove-unlinked (block 0
+ * EVICTING and unlinked, before it is counted out and freed), free-queued
+ * (a reserved slot, printed as "slot N", aborted: on its free ring, its
+ * ledger entry not yet cleared), reap-ledger (umbp_pool_reap() of a dead
+ * process whose ledger names a FREE slot, before it looks for the slot on
+ * the ring). Resumed, it finishes the call and prints its result. */
 static int stop_at(const char *point, umbp_pool *p, uint32_t ns) {
   int rc;
   umbp_key k = itu_key(ns, 424242, 0);
@@ -181,6 +184,16 @@ static int stop_at(const char *point, umbp_pool *p, uint32_t ns) {
     umbp_key k0 = itu_key(ns, 0, 0);
     umbp_ix_stop_at = UMBP_STOP_REMOVE_UNLINKED;
     rc = umbp_remove(p, &k0);
+  } else if (!strcmp(point, "free-queued")) {
+    uint32_t s;
+    if (umbp_reserve(p, -1, ns, &s)) return 4;
+    printf("slot %u\n", s);
+    fflush(stdout);
+    umbp_ix_stop_at = UMBP_STOP_FREE_QUEUED;
+    rc = umbp_abort(p, s);
+  } else if (!strcmp(point, "reap-ledger")) {
+    umbp_ix_stop_at = UMBP_STOP_REAP_LEDGER;
+    rc = umbp_pool_reap(p);
   } else {
     fprintf(stderr, "unknown point %s\n", point);
     return 2;
