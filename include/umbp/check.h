@@ -14,10 +14,12 @@
  *    UMBP_MAX_PROBE-1 buckets before the way's bucket;
  *  - no slot is reachable through two ways; no PUBLISHED slot is unreachable;
  *  - every bucket's overflow count >= the entries homed there that live in a
- *    later bucket;
- *  - each FREE slot is on its own partition's free ring exactly once, and no
- *    ring holds a slot that is not FREE (except a cell a consumer is claiming),
- *    nor a slot id of another partition;
+ *    later bucket, its reach >= their distances, and its filter holds each
+ *    one's bit;
+ *  - each FREE slot is on its own partition's free ring (or left off a ring
+ *    that was held up, which reserves scan for), and no ring holds a slot id
+ *    of another partition (an entry whose slot was taken meanwhile is stale:
+ *    a reserve drops it);
  *  - every slot's state byte is one of FREE, RESERVED, PUBLISHED, EVICTING,
  *    RETIRED (so free + reserved + published + evicting + retired == total),
  *    FREE and PUBLISHED carry no owner, and RESERVED/EVICTING/RETIRED name an

@@ -10,10 +10,11 @@
  * RESERVED and EVICTING -> FREE (unlinked, counted out; an EVICTING one also
  * gets its removed event), except EVICTING with pins held and its way still
  * linked -> PUBLISHED, which is what Y would have done at its pin check.
- * A slot the dead process had freed but maybe not enqueued (its ledger, or a
- * ring cell it held) is FREE already and is only enqueued again: by then
- * another process may own it, and a duplicate ring entry is harmless where a
- * second free is not (umbp_ix_requeue_slot(), reserve.c).
+ * A FREE slot that the dead process had freed but maybe not enqueued (its
+ * ledger), or was moving through a ring cell it held (an enqueue or a
+ * dequeue it did not finish), is only enqueued again: by then another
+ * process may own it, and a duplicate ring entry is harmless where a second
+ * free is not (umbp_ix_requeue_slot(), reserve.c).
  *
  * A clean detach runs the same umbp_index_reap_proc() on the detaching
  * process's own registry slot (index.c, umbp_index_detach_hook()), so a clean

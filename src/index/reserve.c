@@ -26,9 +26,11 @@
  * the partition's off_ring hint; and a reserve that finds the ring empty
  * while it holds entries (stuck behind a cell being filled) for
  * UMBP_RESERVE_STUCK_NS, or finds off_ring set, scans the partition's state
- * words for FREE slots. Entries a scan made stale (their slot was taken
- * off-ring) are dropped by the consumer that meets them, whose CAS on the
- * state word fails; a slot may so be on the ring twice, harmlessly.
+ * words for FREE slots. Entries made stale (their slot was taken off-ring by
+ * a scan, or a reaper enqueued a dead process's FREE slot that another
+ * process had taken meanwhile, umbp_ix_requeue_slot()) are dropped by the
+ * consumer that meets them, whose CAS on the state word fails; a slot may so
+ * be on the ring twice, harmlessly.
  */
 #include "index/index_inline.h"
 

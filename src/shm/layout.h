@@ -175,7 +175,8 @@ struct umbp_proc_slot {
   _Atomic uint64_t incarnation;
   char comm[16];
   /* Per-process ledger used by the index: the slot a thread of this process
-   * is dequeuing from a free ring (see the design note of src/index/reserve.c). */
+   * is freeing, from its FREE store until it is on its free ring
+   * (umbp_ix_free_slot(), src/index/reserve.c). */
   _Atomic uint32_t inflight_slot[UMBP_MAX_THREADS];
   _Atomic uint64_t thread_bits; /* reader-state slots in use by this process's threads */
   _Atomic uint32_t orphans;     /* unused since layout 6 (retired slots left under this id) */
