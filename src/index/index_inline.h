@@ -254,7 +254,7 @@ static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned
 static inline unsigned bucket_match_far(struct umbp_bucket *b, uint8_t sig, uint64_t h, unsigned *far) {
   __m128i l0 = _mm_load_si128((const __m128i *)(const void *)b);
   unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(l0, _mm_set1_epi8((char)sig)));
-  *far = (unsigned)_mm_extract_epi16(l0, 6) >> (h >> 60) & 1;
+  *far = (unsigned)_mm_extract_epi16(l0, 6) >> umbp_ovf_bit_index(h) & 1;
   atomic_signal_fence(memory_order_acquire);
   return m & ((1u << UMBP_BUCKET_WAYS) - 1);
 }
@@ -300,7 +300,7 @@ static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned
 static inline unsigned bucket_match_far(struct umbp_bucket *b, uint8_t sig, uint64_t h, unsigned *far) {
   unsigned ovf, m = bucket_match(b, sig, &ovf);
   (void)ovf;
-  *far = UMBP_OVF_FILTER(atomic_load_explicit(&b->ovf, memory_order_acquire)) >> (h >> 60) & 1;
+  *far = UMBP_OVF_FILTER(atomic_load_explicit(&b->ovf, memory_order_acquire)) >> umbp_ovf_bit_index(h) & 1;
   return m;
 }
 /* the high signature bytes are checked by match_ways() (way_x()) */

@@ -160,9 +160,11 @@ static inline uint32_t umbp_bucket_dist(uint32_t home, uint32_t b, uint32_t nb) 
 #define UMBP_OVF_FILTER(v) ((unsigned)(v) & 0xffffu)
 #define UMBP_OVF_COUNT(v) ((unsigned)(v) >> 16 & 0xffu)
 #define UMBP_OVF_REACH(v) ((unsigned)(v) >> 24)
-/* The filter bit of a key with hash h: its top four bits, independent of
- * the home (the low 32 bits, umbp_bucket_home()). */
-static inline unsigned umbp_ovf_bit(uint64_t h) { return 1u << (h >> 60); }
+/* The filter bit of a key with hash h: bit number umbp_ovf_bit_index(h), the
+ * hash's top four bits, independent of the home (the low 32 bits,
+ * umbp_bucket_home()). */
+static inline unsigned umbp_ovf_bit_index(uint64_t h) { return (unsigned)(h >> 60); }
+static inline unsigned umbp_ovf_bit(uint64_t h) { return 1u << umbp_ovf_bit_index(h); }
 static inline void umbp_ovf_add(_Atomic uint32_t *o, unsigned d, unsigned bit) {
   uint32_t v = atomic_load_explicit(o, memory_order_relaxed), nv;
   do {
