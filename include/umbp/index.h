@@ -211,10 +211,17 @@ UMBP_API int umbp_clear_ns(umbp_pool *pool, uint32_t ns);
  * -EINVAL (NULL pool, no such partition), -EROFS, -ECHILD, -EUSERS. Each
  * eviction emits a removed event, as umbp_remove() does. */
 UMBP_API int umbp_evict(umbp_pool *pool, int part, unsigned want);
-/* Kept for callers written for layouts before 6, where removed slots waited
- * for a grace period: since layout 6 a removed slot is free at once, so
- * there is nothing to reclaim. Returns 0, or -EINVAL (NULL pool), -EROFS,
- * -ECHILD. */
+/* Put the free queues right after a process held one up (stopped or
+ * descheduled inside a queue operation): drops the queue entries of slots
+ * that are no longer free and repeated entries, and puts free slots that
+ * were left off a queue back on it, so the free-slot figures
+ * (umbp_admin_free_slots(), watermark eviction) count free slots again. Only
+ * partitions marked as possibly untidy, or with slots left off their queue,
+ * are visited (a check of two words otherwise); every evictor thread does the
+ * same each period. Returns the entries dropped plus the slots put back from
+ * off a queue (>= 0), or -EINVAL (NULL pool), -EROFS, -ECHILD. (Before layout
+ * 6 it freed removed slots after a grace period; since layout 6 they are free
+ * at once.) */
 UMBP_API int umbp_reclaim(umbp_pool *pool);
 
 /* Start this process's background eviction thread: keeps every partition's
@@ -225,7 +232,8 @@ UMBP_API int umbp_reclaim(umbp_pool *pool);
  * (-EAGAIN). Owned by the handle: umbp_pool_detach() stops it. */
 UMBP_API int umbp_evictor_start(umbp_pool *pool, unsigned low_pct, unsigned high_pct, unsigned period_ms);
 /* Stop the evictor thread and wait for it to exit (at most about one
- * period). No effect if none runs or pool is NULL. Not from the evictor
+ * period, plus a free-queue tidy pass if one is under way: umbp_reclaim()).
+ * No effect if none runs or pool is NULL. Not from the evictor
  * thread itself; not concurrently with umbp_evictor_start() on the handle. */
 UMBP_API void umbp_evictor_stop(umbp_pool *pool);
 

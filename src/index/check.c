@@ -303,7 +303,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   {
     const struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
     for (unsigned i = 0; i < h->n_partitions && i < UMBP_MAX_PARTITIONS; i++)
-      off_ring_any |= atomic_load_explicit(&ih->off_ring[i], memory_order_relaxed) != 0;
+      off_ring_any |= UMBP_OFF_RING_SET(atomic_load_explicit(&ih->off_ring[i], memory_order_relaxed));
   }
   memset(nsc, 0, sizeof nsc);
   for (uint32_t s = 0; s < n; s++) {

@@ -133,6 +133,7 @@ static void *evictor_main(void *arg) {
   struct umbp_index *ix = p->index;
   while (!atomic_load_explicit(&ix->ev_stop, memory_order_acquire)) {
     umbp_pool_heartbeat(p);
+    umbp_ix_tidy(p); /* the free figures below are the rings' entry counts */
     for (unsigned i = 0; i < ix->n_parts; i++) {
       uint64_t total = ix->parts[i].slot_count;
       uint64_t low = total * ix->ev_low / 100, high = total * ix->ev_high / 100;

@@ -376,10 +376,12 @@ UMBP_IX_HIDDEN int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned 
  * scan at once for this long instead of retrying first. */
 #define UMBP_RESERVE_STUCK_MEMO_NS (50ull * 1000000ull)
 UMBP_IX_HIDDEN int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret);
-UMBP_IX_HIDDEN void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
+UMBP_IX_HIDDEN bool umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                                       uint16_t as_owner);
 UMBP_IX_HIDDEN void umbp_ix_requeue_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                                          uint16_t as_owner);
+UMBP_IX_HIDDEN int umbp_ix_tidy(umbp_pool *p);
+UMBP_IX_HIDDEN void umbp_ix_mark_untidy(struct umbp_index_hdr *ih, unsigned part);
 
 /* counters.c */
 UMBP_IX_HIDDEN void umbp_ix_flush_slot(struct umbp_index *ix, struct tl_slot *t);

@@ -181,6 +181,9 @@ struct umbp_event_shm {
 };
 _Static_assert(sizeof(struct umbp_event_shm) == 56, "event frozen");
 
+/* Whether an off_ring word says slots may be off the ring. */
+#define UMBP_OFF_RING_SET(w) (((w) & 0xffffu) != 0)
+
 struct umbp_index_hdr {
   _Atomic uint64_t reserved_epoch __attribute__((aligned(64))); /* the grace-period token of layouts before 6 */
   _Atomic uint32_t ns_lock __attribute__((aligned(64)));
@@ -189,10 +192,17 @@ struct umbp_index_hdr {
   _Atomic uint32_t clock_hand[UMBP_MAX_PARTITIONS] __attribute__((aligned(64)));
   /* Per partition: free slots left off the free ring because a stalled
    * process held the ring up (a hint: reserves then scan for FREE slots,
-   * reserve.c), and where that scan goes on from. */
+   * reserve.c), and where that scan goes on from. Since layout 8 the low
+   * 16 bits count such frees (saturating) and the high 16 bits count the
+   * clears (and frees past saturation), so a clear after a scan cannot erase
+   * a free made during it (UMBP_OFF_RING_SET). */
   _Atomic uint32_t off_ring[UMBP_MAX_PARTITIONS] __attribute__((aligned(64)));
   _Atomic uint32_t scan_hand[UMBP_MAX_PARTITIONS];
-  _Atomic uint64_t reserved_retired __attribute__((aligned(64))); /* unused */
+  /* Bit q: partition q's free ring may hold stale entries (a scan took
+   * slots while the ring held entries, or a reaper enqueued a slot again):
+   * umbp_reclaim() and the evictor tidy that ring (reserve.c). Zero in a new
+   * pool; unused before layout 8. */
+  _Atomic uint64_t untidy __attribute__((aligned(64)));
   _Atomic uint64_t low_watermark_pct;  /* eviction starts below this % free */
   _Atomic uint64_t high_watermark_pct; /* and stops at this % free */
   /* bit q: registry slot q may hold pins (set before its first pin, cleared

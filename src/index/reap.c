@@ -70,6 +70,11 @@ void umbp_index_reap_proc(umbp_pool *p, unsigned slot) {
   for (unsigned i = 0; i < h->n_partitions; i++)
     if (!umbp_ix_ring_geo(p, (int)i, &g)) umbp_ring_repair_g(part_ring(p, i), &g, dead, reap_ring_item, &c);
   if (!umbp_ix_ring_geo(p, -1, &g)) umbp_ring_repair_g(umbp_pool_region(p, UMBP_REG_EVENTS), &g, dead, NULL, NULL);
+  /* A process that died (not our own detach: only a detach reaps its own
+   * slot) may have died in a scan or a tidy pass, whose stale entries nobody
+   * else would mark: every ring gets a tidy pass (reserve.c). */
+  if ((int)slot != p->proc_slot)
+    for (unsigned i = 0; i < h->n_partitions && i < UMBP_MAX_PARTITIONS; i++) umbp_ix_mark_untidy(ih, i);
   /* 3. slots a thread was freeing: back on the queue unless they made it
    * there. Only enqueued, never freed again: a slot FREE when read here may
    * be reserved and published by another process before the ring search

@@ -31,9 +31,32 @@
  * process had taken meanwhile, umbp_ix_requeue_slot()) are dropped by the
  * consumer that meets them, whose CAS on the state word fails; a slot may so
  * be on the ring twice, harmlessly.
+ *
+ * Harmless to correctness, but not free: a ring's entry count is the
+ * partition's free-slot figure (watermark eviction, inspect, metrics), and a
+ * ring full of stale entries sends frees off it. A ring held up for a few
+ * milliseconds on a busy host (a producer preempted between its claim and its
+ * publish) fills with them: every reserve meanwhile scans, and every slot a
+ * scan takes that was on the ring, once evicted and freed, is enqueued again
+ * behind the hold. So a scan that took slots marks the partition untidy
+ * (index header), as do a reaper's re-enqueue and the reaper of a process
+ * that died (maybe inside a scan), and umbp_ix_tidy() (each evictor thread's
+ * period, umbp_reclaim()) puts that ring right: it takes every entry once,
+ * drops the stale and repeated ones, puts each FREE slot back at once, then
+ * puts back FREE slots that were left off the ring (tidy_part()). The
+ * off-ring hint is cleared only by a scan that looked at every slot, by a
+ * CAS that also counts clears, so that a clear cannot erase a free made
+ * during the scan (off_ring_add()). A wait for a held-up ring counts as held
+ * up only while nobody dequeues, and yields the CPU after a short spin: on an
+ * oversubscribed host the holder may be waiting for this very CPU, and a
+ * waiter that was itself descheduled past its deadline must not take the
+ * ring for held up.
  */
 #include "index/index_inline.h"
 
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* The last free ring this process found stuck full (process-local): later
@@ -54,9 +77,39 @@ int umbp_ix_ring_geo(umbp_pool *p, int part, struct umbp_ring_geo *ret) {
   return umbp_ring_geo_get(part_ring(p, (unsigned)part), p->hdr->partitions[part].ring_bytes, ret);
 }
 
+/* Partition part's free ring may hold stale entries (design note above). */
+void umbp_ix_mark_untidy(struct umbp_index_hdr *ih, unsigned part) {
+  uint64_t bit = 1ull << part;
+  if (!(atomic_load_explicit(&ih->untidy, memory_order_relaxed) & bit))
+    atomic_fetch_or_explicit(&ih->untidy, bit, memory_order_relaxed);
+}
+
+/* The off-ring hint (index_shm.h): a free that left a slot off the ring adds
+ * one to the low half (saturating, then to the high half); a scan that looked at every slot since
+ * it read the word w clears it by one CAS from w that zeroes the low half
+ * and adds one to the high half. The CAS fails if a free came in meanwhile
+ * (the low half moved) or another scan cleared it (the high half moved,
+ * even if frees brought the low half back to the same count). */
+static void off_ring_add(struct umbp_index_hdr *ih, unsigned part) {
+  uint32_t w = atomic_load_explicit(&ih->off_ring[part], memory_order_relaxed);
+  /* a saturated count still changes the word (its high half), so that a
+   * clear from an older value fails */
+  while (!atomic_compare_exchange_weak_explicit(&ih->off_ring[part], &w,
+                                                (w & 0xffffu) == 0xffffu ? w + 0x10000u : w + 1,
+                                                memory_order_release, memory_order_relaxed)) {
+  }
+}
+
+static void off_ring_clear(struct umbp_index_hdr *ih, unsigned part, uint32_t w) {
+  if (UMBP_OFF_RING_SET(w))
+    atomic_compare_exchange_strong_explicit(&ih->off_ring[part], &w, ((w >> 16) + 1) << 16, memory_order_relaxed,
+                                            memory_order_relaxed);
+}
+
 /* The enqueue of a FREE slot s (partition part) whose ledger entry names it:
- * umbp_ix_free_slot() and umbp_ix_requeue_slot(). Clears the ledger entry. */
-static void enqueue_free(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
+ * umbp_ix_free_slot() and umbp_ix_requeue_slot(). Clears the ledger entry.
+ * True if s went on the ring, false if it was left off it. */
+static bool enqueue_free(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                          uint16_t as_owner, int part) {
   union ring_elem v = {.v = s};
   void *ring;
@@ -68,7 +121,7 @@ static void enqueue_free(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsi
     ring = part_ring(p, (unsigned)part);
     if (umbp_ix_ring_geo(p, part, &g)) { /* a corrupted header: the slot stays FREE off the queue (--check says so) */
       atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
-      return;
+      return false;
     }
   }
   /* The ring has a cell per slot, so it is never full of slots; but a process
@@ -78,16 +131,19 @@ static void enqueue_free(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsi
    * (design note above) after UMBP_FREE_RING_WAIT_NS. */
   uint64_t give_up = 0;
   for (unsigned spins = 0; umbp_ring_enqueue_burst_g(ring, &g, &v, 1, as_owner) != 1; spins++) {
-    umbp_cpu_relax();
-    if (atomic_load_explicit(&stuck_ring, memory_order_relaxed) != ring && (spins & 255) != 255) continue;
+    bool stuck = atomic_load_explicit(&stuck_ring, memory_order_relaxed) == ring;
+    if (!stuck && spins < 128) {
+      umbp_cpu_relax();
+      continue;
+    }
     uint64_t now = umbp_now_ns();
-    if (!give_up) give_up = now + (atomic_load_explicit(&stuck_ring, memory_order_relaxed) == ring ? 0 : UMBP_FREE_RING_WAIT_NS);
+    if (!give_up) give_up = now + (stuck ? 0 : UMBP_FREE_RING_WAIT_NS);
     if (now >= give_up) {
       atomic_store_explicit(&stuck_ring, ring, memory_order_relaxed);
       struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
-      atomic_fetch_add_explicit(&ih->off_ring[part], 1, memory_order_release);
+      off_ring_add(ih, (unsigned)part);
       atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
-      return;
+      return false;
     }
     struct umbp_ring_hdr *rh = ring;
     uint64_t pos = atomic_load_explicit(&rh->enq_pos, memory_order_relaxed);
@@ -95,11 +151,13 @@ static void enqueue_free(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsi
     uint16_t o = umbp_ring__wowner(cw);
     if (o && o != as_owner && o <= UMBP_MAX_PROCS && !umbp_registry_alive(p, (unsigned)(o - 1)))
       umbp_registry_reap_slot(p, (unsigned)(o - 1));
+    sched_yield(); /* the holder of the cell may be waiting for this CPU */
   }
   if (atomic_load_explicit(&stuck_ring, memory_order_relaxed) == ring)
     atomic_store_explicit(&stuck_ring, NULL, memory_order_relaxed);
   UMBP_STOP_POINT(UMBP_STOP_FREE_QUEUED);
   atomic_store_explicit(&ledger_owner->inflight_slot[tid], UINT32_MAX, memory_order_release);
+  return true;
 }
 
 /* Put FREE slot s on its free queue, the ledger naming it while it travels
@@ -113,7 +171,10 @@ void umbp_ix_requeue_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, uns
   int part = slot_part(p, s);
   if (part < 0) return;
   atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_relaxed);
-  enqueue_free(p, ledger_owner, tid, s, as_owner, part);
+  (void)enqueue_free(p, ledger_owner, tid, s, as_owner, part);
+  /* after the enqueue: a tidy pass that began before it would not reach the
+   * entry */
+  umbp_ix_mark_untidy(umbp_pool_region(p, UMBP_REG_INDEXHDR), (unsigned)part);
 }
 
 /* Free slot s, which as_owner owns (RESERVED, or EVICTING and unlinked: its
@@ -125,22 +186,32 @@ void umbp_ix_requeue_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, uns
  * slot whose FREE state it loaded (seq_cst) first. No full fence. The state
  * is stored, not CASed: no one else writes a slot's state while its owner
  * holds it. A slot the caller does not own is left alone (a plain store
- * there would free another owner's block with its way still linked). */
-void umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
+ * there would free another owner's block with its way still linked). True
+ * if s is now FREE on its ring; false if it was left off the ring (the
+ * off-ring hint counts it) or left alone. */
+bool umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                        uint16_t as_owner) {
   struct umbp_slot_meta *m = (struct umbp_slot_meta *)umbp_pool_region(p, UMBP_REG_SLOTMETA) + s;
   int part = slot_part(p, s);
-  if (part < 0) return;
+  if (part < 0) return false;
   uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
   if (UMBP_UNLIKELY((ST_STATE(w) != UMBP_SLOT_RESERVED && ST_STATE(w) != UMBP_SLOT_EVICTING) ||
                     ST_OWNER(w) != as_owner))
-    return;
+    return false;
   atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_relaxed);
   atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
-  enqueue_free(p, ledger_owner, tid, s, as_owner, part);
+  return enqueue_free(p, ledger_owner, tid, s, as_owner, part);
 }
 
 /* ---- reserve / publish / abort ------------------------------------------------ */
+/* FREE -> RESERVED(owner) on slot m: whether it was FREE and is now ours. */
+static inline bool take_free(struct umbp_slot_meta *m, uint16_t owner) {
+  uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
+  return ST_STATE(w) == UMBP_SLOT_FREE &&
+         atomic_compare_exchange_strong_explicit(&m->state, &w, ST_NEXT(w, UMBP_SLOT_RESERVED, owner),
+                                                 memory_order_acq_rel, memory_order_relaxed);
+}
+
 static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint32_t *ret) {
   void *ring = ix->rings[part];
   const struct umbp_partition_desc *d = &ix->parts[part];
@@ -150,17 +221,9 @@ static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint3
     if (umbp_ring_dequeue_begin(ring, &ix->ring_geo[part], &e, p->owner_id, &c) != 0) return -ENOSPC;
     uint64_t v = e.v;
     uint32_t s = (uint32_t)v;
-    bool ok = false;
-    if (v < ix->slot_count && s - d->first_slot < d->slot_count) {
-      struct umbp_slot_meta *m = &ix->meta[s];
-      uint64_t w = atomic_load_explicit(&m->state, memory_order_acquire);
-      /* FREE -> RESERVED(us) before the dequeue completes: a reaper of ours finds
-       * the slot either in our claimed cell or RESERVED under our id */
-      if (ST_STATE(w) == UMBP_SLOT_FREE &&
-          atomic_compare_exchange_strong_explicit(&m->state, &w, ST_NEXT(w, UMBP_SLOT_RESERVED, p->owner_id),
-                                                  memory_order_acq_rel, memory_order_relaxed))
-        ok = true;
-    }
+    /* FREE -> RESERVED(us) before the dequeue completes: a reaper of ours finds
+     * the slot either in our claimed cell or RESERVED under our id */
+    bool ok = v < ix->slot_count && s - d->first_slot < d->slot_count && take_free(&ix->meta[s], p->owner_id);
     umbp_ring_dequeue_commit(ring, &ix->ring_geo[part], &c);
     if (ok) {
       *ret = s;
@@ -174,8 +237,8 @@ static int reserve_one(umbp_pool *p, struct umbp_index *ix, unsigned part, uint3
 /* Reserve up to `want` FREE slots of partition `part` by their state words
  * (design note above): one pass at most, from the partition's scan hand. A
  * pass that ends wanting more has taken every slot that was FREE off the
- * ring when it started, so it clears the off_ring hint (unless a free added
- * to it meanwhile). */
+ * ring when it started, so it clears the off_ring hint (off_ring_clear():
+ * unless a free added to it meanwhile). */
 static unsigned scan_reserve(umbp_pool *p, struct umbp_index *ix, unsigned part, unsigned want, uint32_t *out) {
   const struct umbp_partition_desc *d = &ix->parts[part];
   unsigned got = 0;
@@ -184,44 +247,194 @@ static unsigned scan_reserve(umbp_pool *p, struct umbp_index *ix, unsigned part,
   uint32_t i = 0;
   for (; i < d->slot_count && got < want; i++) {
     uint32_t s = d->first_slot + (start + i) % d->slot_count;
-    struct umbp_slot_meta *m = &ix->meta[s];
-    uint64_t w = atomic_load_explicit(&m->state, memory_order_relaxed);
-    if (ST_STATE(w) != UMBP_SLOT_FREE) continue;
-    if (atomic_compare_exchange_strong_explicit(&m->state, &w, ST_NEXT(w, UMBP_SLOT_RESERVED, p->owner_id),
-                                                memory_order_acq_rel, memory_order_relaxed))
-      out[got++] = s;
+    if (take_free(&ix->meta[s], p->owner_id)) out[got++] = s;
   }
   atomic_store_explicit(&ix->ih->scan_hand[part], (start + i) % d->slot_count, memory_order_relaxed);
-  if (got < want && hint)
-    atomic_compare_exchange_strong_explicit(&ix->ih->off_ring[part], &hint, 0, memory_order_relaxed,
-                                            memory_order_relaxed);
+  /* a slot taken here may have an entry on the ring (or one on its way
+   * there), now stale */
+  if (got) umbp_ix_mark_untidy(ix->ih, part);
+  if (got < want) off_ring_clear(ix->ih, part, hint);
   return got;
 }
 
 /* Whether partition part's free ring is held up (design note above): slots
  * were left off it, or it has entries that no dequeue could take for
- * UMBP_RESERVE_STUCK_NS (one retry loop; the common empty ring, with no
- * entries, answers at once). */
+ * UMBP_RESERVE_STUCK_NS while no other consumer got past its head either
+ * (one retry loop; the common empty ring, with no entries, answers at once). */
 static void *_Atomic held_ring;         /* process-local: the ring last found held up */
 static _Atomic uint64_t held_ring_until; /* and until when to scan it at once */
 
 static bool ring_held_up(umbp_pool *p, struct umbp_index *ix, unsigned part, uint32_t *ret) {
-  if (atomic_load_explicit(&ix->ih->off_ring[part], memory_order_relaxed)) return true;
+  if (UMBP_OFF_RING_SET(atomic_load_explicit(&ix->ih->off_ring[part], memory_order_relaxed))) return true;
   if (!umbp_ring_count_g(ix->rings[part], &ix->ring_geo[part])) return false;
   uint64_t now = umbp_now_ns();
   if (atomic_load_explicit(&held_ring, memory_order_relaxed) == ix->rings[part] &&
       now < atomic_load_explicit(&held_ring_until, memory_order_relaxed))
     return true;
   uint64_t end = now + UMBP_RESERVE_STUCK_NS;
-  do {
+  struct umbp_ring_hdr *rh = ix->rings[part];
+  uint64_t head = 0;
+  for (unsigned spins = 0;; spins++) {
     if (reserve_one(p, ix, part, ret) == 0) return false; /* got through: *ret is ours */
-    umbp_cpu_relax();
-  } while ((now = umbp_now_ns()) < end);
+    /* where the first try stopped (past the stale entries it dropped) */
+    if (!spins) head = atomic_load_explicit(&rh->deq_pos, memory_order_relaxed);
+    /* tried once more after the deadline: this thread may have been the one
+     * descheduled */
+    if ((now = umbp_now_ns()) >= end) break;
+    if (spins < 128) umbp_cpu_relax();
+    else sched_yield(); /* the holder may be waiting for this CPU */
+  }
   *ret = UMBP_NO_SLOT;
+  /* others dequeued meanwhile: the ring moves, it is only empty for us */
+  if (atomic_load_explicit(&rh->deq_pos, memory_order_relaxed) != head) return false;
   if (!umbp_ring_count_g(ix->rings[part], &ix->ring_geo[part])) return false;
   atomic_store_explicit(&held_ring, ix->rings[part], memory_order_relaxed);
   atomic_store_explicit(&held_ring_until, now + UMBP_RESERVE_STUCK_MEMO_NS, memory_order_relaxed);
   return true;
+}
+
+/* ---- tidying a free ring (design note above) ------------------------------------ */
+/* One entry of partition part's ring: 1 and *ret (a FREE slot, now RESERVED
+ * by us), 0 (dropped: a stale entry, or one that repeats a slot this pass
+ * met before), -1 (nothing to take: empty, or its head is held up). Entries
+ * at positions from end on may be this pass's own put-backs: *past is set
+ * and a FREE slot there is taken even if met before (it is put back again),
+ * never dropped. */
+static int tidy_take(umbp_pool *p, struct umbp_index *ix, unsigned part, const uint64_t *seen, uint64_t end,
+                     bool *past, uint32_t *ret) {
+  void *ring = ix->rings[part];
+  const struct umbp_partition_desc *d = &ix->parts[part];
+  union ring_elem e;
+  struct umbp_ring_claim c;
+  if (umbp_ring_dequeue_begin(ring, &ix->ring_geo[part], &e, p->owner_id, &c) != 0) return -1;
+  *past = (int64_t)(c.pos - end) >= 0;
+  uint64_t v = e.v;
+  uint32_t s = (uint32_t)v, i = s - d->first_slot;
+  bool ok = v < ix->slot_count && i < d->slot_count && (*past || !(seen[i / 64] >> (i % 64) & 1)) &&
+            take_free(&ix->meta[s], p->owner_id);
+  umbp_ring_dequeue_commit(ring, &ix->ring_geo[part], &c);
+  *ret = s;
+  return ok;
+}
+
+/* Put slot s (RESERVED by us) back on its ring, and remember it if it went
+ * there: a slot left off the ring (a full ring, counted in the off-ring
+ * hint) stays one that the pass has not put back. */
+static bool tidy_put_back(umbp_pool *p, struct tl_slot *t, uint64_t *seen, uint32_t s, uint32_t first) {
+  uint32_t i = s - first;
+  if (!umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id)) return false;
+  seen[i / 64] |= 1ull << (i % 64);
+  return true;
+}
+
+/* How long a tidy pass retries a ring whose head is a cell still being
+ * filled (an enqueue in progress) before it leaves the rest for later. */
+#define TIDY_HEAD_WAIT_NS (100ull * 1000ull)
+
+/* One pass over partition part's ring: each entry on it when the pass
+ * began is taken once; a FREE slot goes back on the ring at once (so a
+ * tidier stopped or killed holds one slot at most, which its reaper frees);
+ * anything else, and a repeat of a slot this pass already put back, is
+ * dropped. A repeat is safe to drop: the slot's put-back entry is behind
+ * every entry of the pass, so no consumer can have taken it yet. Returns the
+ * entries dropped; *held is set (and the partition marked again) when the
+ * ring's head stayed a cell still being filled, or a put-back found the ring
+ * full. */
+static int tidy_pass(umbp_pool *p, struct umbp_index *ix, struct tl_slot *t, unsigned part, uint64_t *seen,
+                     bool *held, uint64_t *put) {
+  const struct umbp_partition_desc *d = &ix->parts[part];
+  struct umbp_ring_hdr *rh = ix->rings[part];
+  memset(seen, 0, ((size_t)d->slot_count + 63) / 64 * sizeof *seen);
+  int dropped = 0;
+  *held = false;
+  /* the entries enqueued before this pass: positions up to end */
+  uint64_t end = atomic_load_explicit(&rh->enq_pos, memory_order_acquire), wait_end = 0;
+  for (bool past = false; !past && (int64_t)(atomic_load_explicit(&rh->deq_pos, memory_order_relaxed) - end) < 0;) {
+    uint32_t s;
+    int r = tidy_take(p, ix, part, seen, end, &past, &s);
+    if (r > 0) {
+      if (!tidy_put_back(p, t, seen, s, d->first_slot)) {
+        /* the ring is full behind a cell a stopped consumer holds: the slot
+         * is off the ring (the hint counts it); stop before the pass moves
+         * every free slot there */
+        *held = true;
+        umbp_ix_mark_untidy(ix->ih, part);
+        break;
+      }
+      ++*put;
+    } else if (r == 0) {
+      dropped++;
+    } else if (umbp_ring_count_g(ix->rings[part], &ix->ring_geo[part])) {
+      /* a cell still being filled: an enqueue in progress, or a held-up one */
+      uint64_t now = umbp_now_ns();
+      if (!wait_end) wait_end = now + TIDY_HEAD_WAIT_NS;
+      if (now < wait_end) {
+        sched_yield();
+        continue;
+      }
+      *held = true;
+      umbp_ix_mark_untidy(ix->ih, part);
+      break;
+    } else {
+      break; /* empty: others took the rest */
+    }
+    wait_end = 0;
+  }
+  return dropped;
+}
+
+/* Put partition part's free ring right if it is marked untidy or slots were
+ * left off it. Whoever clears the mark makes the pass (one tidier per mark).
+ * Then, with slots left off the ring and the ring not held up (a scan then
+ * would take slots whose entries wait behind the hold), FREE slots that the
+ * pass did not put back are put back. The off-ring hint is cleared from its
+ * value before the pass (off_ring_clear()): a slot the pass put back may have
+ * been taken, freed and left off the ring since, skipped here as put back,
+ * but that free changed the hint, so the clear fails and the hint stays for
+ * the next call. Returns the entries dropped plus the slots put back from
+ * off the ring. */
+static int tidy_part(umbp_pool *p, struct umbp_index *ix, struct tl_slot *t, unsigned part) {
+  struct umbp_index_hdr *ih = ix->ih;
+  const struct umbp_partition_desc *d = &ix->parts[part];
+  uint64_t bit = 1ull << part;
+  bool marked = atomic_load_explicit(&ih->untidy, memory_order_relaxed) & bit;
+  uint32_t off = atomic_load_explicit(&ih->off_ring[part], memory_order_acquire);
+  if (!marked && !UMBP_OFF_RING_SET(off)) return 0;
+  if (marked) marked = atomic_fetch_and_explicit(&ih->untidy, ~bit, memory_order_acq_rel) & bit;
+  uint64_t *seen = malloc(((size_t)d->slot_count + 63) / 64 * sizeof *seen);
+  if (!seen) {
+    if (marked) umbp_ix_mark_untidy(ih, part); /* the next call tries again */
+    return 0;
+  }
+  bool held = false;
+  struct umbp_ring_hdr *rh = ix->rings[part];
+  uint64_t enq0 = atomic_load_explicit(&rh->enq_pos, memory_order_acquire), put = 0;
+  int fixed = tidy_pass(p, ix, t, part, seen, &held, &put);
+  if (!held && UMBP_OFF_RING_SET(off)) {
+    for (uint32_t i = 0; i < d->slot_count; i++) {
+      if (seen[i / 64] >> (i % 64) & 1) continue;
+      uint32_t s = d->first_slot + i;
+      if (!take_free(&ix->meta[s], p->owner_id)) continue;
+      put += umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
+      fixed++;
+    }
+    off_ring_clear(ih, part, off);
+    /* others enqueued since the pass began: a slot this scan took may have
+     * been one of theirs, its entry now stale (the next pass drops it) */
+    if (atomic_load_explicit(&rh->enq_pos, memory_order_relaxed) - enq0 > put) umbp_ix_mark_untidy(ih, part);
+  }
+  free(seen);
+  return fixed;
+}
+
+int umbp_ix_tidy(umbp_pool *p) {
+  struct umbp_index *ix;
+  struct tl_slot *t;
+  int rc = ix_get(p, &ix, &t);
+  if (rc) return rc;
+  int fixed = 0;
+  for (unsigned q = 0; q < ix->n_parts; q++) fixed += tidy_part(p, ix, t, q);
+  return fixed;
 }
 
 static int pick_part(umbp_pool *p, int part) {

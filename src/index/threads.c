@@ -218,10 +218,11 @@ void umbp_ix_instance_remove(struct umbp_index *ix) {
   pthread_mutex_unlock(&inst_mu);
 }
 
-/* Since layout 6 a removed slot is free at once (design note above): there
- * is nothing left to reclaim. Kept for callers of earlier versions. */
+/* Since layout 6 a removed slot is free at once (design note above); what
+ * is left to reclaim is a free ring's stale entries and the free slots left
+ * off it after a process held it up (reserve.c, umbp_ix_tidy()). */
 UMBP_API int umbp_reclaim(umbp_pool *p) {
   if (p && p->forked) return umbp_pool_forked_fail(p); /* a fork() child's copy of the handle */
   if (!p || !p->index) return umbp_ix_fail(p);      /* -EINVAL (NULL) or -EROFS (read-only) */
-  return 0;
+  return umbp_ix_tidy(p);
 }

@@ -170,7 +170,16 @@ static void count_change(umbp_pool *p, uint32_t ns, uint32_t s, uint8_t f, bool 
  * (a reserved slot, printed as "slot N", aborted: on its free ring, its
  * ledger entry not yet cleared), reap-ledger (umbp_pool_reap() of a dead
  * process whose ledger names a FREE slot, before it looks for the slot on
- * the ring). Resumed, it finishes the call and prints its result. */
+ * the ring), ring-filling (a slot of partition 0 reserved, printed as "slot
+ * N", and its id enqueued on the free ring by the ring's own enqueue, stopped
+ * by the ring's test hook after the cell's claim; resumed, it publishes the
+ * entry, now stale, and aborts the slot). Resumed, it finishes the call and
+ * prints its result. */
+static void stop_on_claim(int point, void *ring, uint64_t pos, uint16_t owner) {
+  (void)ring, (void)pos, (void)owner;
+  if (point == UMBP_RING_HOOK_PRODUCER_CLAIMED) raise(SIGSTOP);
+}
+
 static int stop_at(const char *point, umbp_pool *p, uint32_t ns) {
   int rc;
   umbp_key k = itu_key(ns, 424242, 0);
@@ -191,6 +200,22 @@ static int stop_at(const char *point, umbp_pool *p, uint32_t ns) {
     fflush(stdout);
     umbp_ix_stop_at = UMBP_STOP_FREE_QUEUED;
     rc = umbp_abort(p, s);
+  } else if (!strcmp(point, "ring-filling")) {
+    /* a free of a reserved slot stopped between its claim of a free-ring
+     * cell and its publish of the entry: consumers cannot pass the cell */
+    uint32_t s;
+    if (umbp_reserve(p, 0, ns, &s)) return 4;
+    printf("slot %u\n", s);
+    fflush(stdout);
+    union {
+      uint64_t v;
+      unsigned char b[UMBP_RING_MAX_ELEM];
+    } e = {.v = s};
+    umbp_ring_test_hook = stop_on_claim;
+    unsigned n = umbp_ring_enqueue_burst_g(p->index->rings[0], &p->index->ring_geo[0], &e, 1, p->owner_id);
+    umbp_ring_test_hook = 0;
+    /* the entry is stale (the slot is still reserved); the abort frees it */
+    rc = n == 1 ? umbp_abort(p, s) : -ENOSPC;
   } else if (!strcmp(point, "reap-ledger")) {
     umbp_ix_stop_at = UMBP_STOP_REAP_LEDGER;
     rc = umbp_pool_reap(p);

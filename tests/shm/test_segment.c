@@ -270,8 +270,8 @@ static void patch_random(struct umbp_shm_header *h, int fd) {
 static void test_header_validation(void **state) {
   (void)state;
   char major_msg[64];
-  snprintf(major_msg, sizeof major_msg, "layout version %d.0, this build reads %d.x", UMBP_LAYOUT_MAJOR + 1,
-           UMBP_LAYOUT_MAJOR);
+  snprintf(major_msg, sizeof major_msg, "layout version %d.%d, this build reads %d.x", UMBP_LAYOUT_MAJOR + 1,
+           UMBP_LAYOUT_MINOR, UMBP_LAYOUT_MAJOR);
   struct {
     void (*patch)(struct umbp_shm_header *, int);
     int expect;
