@@ -199,7 +199,7 @@ struct umbp_index_hdr {
   _Atomic uint32_t off_ring[UMBP_MAX_PARTITIONS] __attribute__((aligned(64)));
   _Atomic uint32_t scan_hand[UMBP_MAX_PARTITIONS];
   /* Bit q: partition q's free ring may hold stale entries (a scan took
-   * slots while the ring held entries, or a reaper enqueued a slot again):
+   * slots, a reaper enqueued a slot again, or a process died):
    * umbp_reclaim() and the evictor tidy that ring (reserve.c). Zero in a new
    * pool; unused before layout 8. */
   _Atomic uint64_t untidy __attribute__((aligned(64)));

@@ -33,7 +33,8 @@
  * be on the ring twice, harmlessly.
  *
  * Harmless to correctness, but not free: a ring's entry count is the
- * partition's free-slot figure (watermark eviction, inspect, metrics), and a
+ * partition's free-slot figure (watermark eviction, umbp_admin_free_slots(),
+ * inspect's partition table), and a
  * ring full of stale entries sends frees off it. A ring held up for a few
  * milliseconds on a busy host (a producer preempted between its claim and its
  * publish) fills with them: every reserve meanwhile scans, and every slot a
@@ -85,9 +86,9 @@ void umbp_ix_mark_untidy(struct umbp_index_hdr *ih, unsigned part) {
 }
 
 /* The off-ring hint (index_shm.h): a free that left a slot off the ring adds
- * one to the low half (saturating, then to the high half); a scan that looked at every slot since
- * it read the word w clears it by one CAS from w that zeroes the low half
- * and adds one to the high half. The CAS fails if a free came in meanwhile
+ * one to the low half (once saturated, to the high half); a scan that looked
+ * at every slot since it read the word w clears it by one CAS from w that
+ * zeroes the low half and adds one to the high half. The CAS fails if a free came in meanwhile
  * (the low half moved) or another scan cleared it (the high half moved,
  * even if frees brought the low half back to the same count). */
 static void off_ring_add(struct umbp_index_hdr *ih, unsigned part) {
@@ -278,8 +279,8 @@ static bool ring_held_up(umbp_pool *p, struct umbp_index *ix, unsigned part, uin
     if (reserve_one(p, ix, part, ret) == 0) return false; /* got through: *ret is ours */
     /* where the first try stopped (past the stale entries it dropped) */
     if (!spins) head = atomic_load_explicit(&rh->deq_pos, memory_order_relaxed);
-    /* tried once more after the deadline: this thread may have been the one
-     * descheduled */
+    /* the deadline is checked after a try, so a thread descheduled while it
+     * waited tries once more before it gives up */
     if ((now = umbp_now_ns()) >= end) break;
     if (spins < 128) umbp_cpu_relax();
     else sched_yield(); /* the holder may be waiting for this CPU */
