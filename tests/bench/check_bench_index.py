@@ -148,6 +148,36 @@ def _():
     assert not left, "pools left behind: %s" % left
 
 
+@check("a run removes the pools of an earlier run that was killed (SIGKILL)")
+def _():
+    import signal
+    import time
+    p = subprocess.Popen([TOOL, "bench", "index", "--keys", str(KEYS), "--seconds", "5", "--reps", "100",
+                          "--impls", "ours", "--lf", "0.5", "--filter", "hit-single-lf0.5-p1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    name = "umbp-bench-index-%d-0" % p.pid
+    deadline = time.monotonic() + 60
+    try:
+        while not os.path.exists("/dev/shm/umbp." + name):
+            assert p.poll() is None, "the run to be killed exited (%s) before it made its pool" % p.returncode
+            assert time.monotonic() < deadline, "the run made no pool in 60 s"
+            time.sleep(0.05)
+        time.sleep(0.3)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert os.path.exists("/dev/shm/umbp." + name), "SIGKILL left no pool: nothing to test"
+    r = run(["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "1", "--impls", "ours",
+             "--lf", "0.5", "--filter", "hit-single-lf0.5-p1", "--json"])
+    assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
+    left = [f for f in os.listdir("/dev/shm") if f == "umbp." + name]
+    for d in hugetlbfs_dirs():
+        left += [d + "/" + f for f in os.listdir(d) if f == "umbp-index." + name]
+    assert not left, "the killed run's pool is still there: %s" % left
+    assert "removed pool '%s'" % name in r.stderr and "process %d" % p.pid in r.stderr, \
+        "the run did not say what it removed:\n%s" % r.stderr
+
+
 @check("the run says where our index is (--index-pages: try by default, small on 4 KiB pages)")
 def _():
     doc = json.loads(json_run()["out"])

@@ -44,6 +44,7 @@
  *    the reader's lookups/s. Ours runs writer and reader as two threads of
  *    one process (p1) and as two processes (p2).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -1329,6 +1330,39 @@ static void on_signal(int sig) {
   raise(sig);
 }
 
+/* Remove the pools that an earlier run left behind when it was killed by a
+ * signal it cannot catch (SIGKILL, the OOM killer, a debugger's kill):
+ * umbp-bench-index-PID-N whose process PID no longer exists. Each holds its
+ * slot bytes in /dev/shm (4 GiB at the default --keys) and, with the index on
+ * 2 MiB pages, huge pages that a later run then cannot get, so that it
+ * measures an index on 4 KiB pages. */
+static void sweep_stale_pools(void) {
+  char hdir[256];
+  const char *dirs[2] = {"/dev/shm", umbp_admin_hugetlbfs_mount(hdir, sizeof hdir) == 0 ? hdir : NULL};
+  static const char *const prefixes[2] = {"umbp.", "umbp-index."};
+  for (unsigned di = 0; di < 2; di++) {
+    DIR *d = dirs[di] ? opendir(dirs[di]) : NULL;
+    if (!d) continue;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      for (unsigned k = 0; k < 2; k++) {
+        size_t pl = strlen(prefixes[k]);
+        if (strncmp(e->d_name, prefixes[k], pl)) continue;
+        const char *name = e->d_name + pl;
+        int pid = 0, n = 0;
+        unsigned lf = 0;
+        if (sscanf(name, "umbp-bench-index-%d-%u%n", &pid, &lf, &n) != 2 || name[n] || pid <= 0 ||
+            pid == (int)getpid() || kill(pid, 0) == 0 || errno != ESRCH)
+          continue;
+        if (umbp_pool_destroy(name) == 0)
+          fprintf(stderr, "umbp: bench index: removed pool '%s', left by an earlier run (process %d, no longer "
+                          "running)\n", name, pid);
+      }
+    }
+    closedir(d);
+  }
+}
+
 /* ---- output -------------------------------------------------------------------------------- */
 static void fmt_v(char *buf, size_t n, double v) {
   if (isnan(v)) snprintf(buf, n, "-");
@@ -1493,9 +1527,14 @@ static const char *usage_text =
     "Every repetition checks the answers (a hit run must find every key, a miss\n"
     "run none); a wrong answer ends the run with exit status 1.\n"
     "\n"
+    "Pools. Each load factor's pool is umbp-bench-index-PID-I, removed at the end\n"
+    "of the run and on SIGINT or SIGTERM. A run killed otherwise (SIGKILL, the OOM\n"
+    "killer) leaves it, with its /dev/shm memory and huge pages; the next run\n"
+    "removes such pools of processes that no longer exist, and says so.\n"
+    "\n"
     "Options:\n"
     "  --keys N        table size N (slots, entries, buckets); default 1048576.\n"
-    "                  The pool needs N*4 KiB of /dev/shm address space (sparse).\n"
+    "                  Our pool reserves N*4 KiB of /dev/shm memory while it runs.\n"
     "  --seconds S     length of one table's run in a repetition; default 0.02.\n"
     "  --reps R        repetitions per case (1 to 1000), medians reported;\n"
     "                  default 75.\n"
@@ -1698,6 +1737,7 @@ int bench_index_main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
 
+  sweep_stale_pools();
   urcu_memb_register_thread();
   dpdk_start(&o);
   if (!o.json || g_progress)
