@@ -1142,6 +1142,15 @@ static double rep_churn(struct bench *b, int impl, unsigned par, unsigned rep, c
   return mops(&w[0].res);
 }
 
+/* The k-th table to run in repetition rep: the order rotates from one
+ * repetition to the next, so that no table always runs first, or always
+ * right after the same other table (whose run leaves the caches full of its
+ * own lines). Which table ran before matters: on this project's Intel VM,
+ * single misses measured ours 41-43 M/s alone and 29-30 beside another table,
+ * rte_hash 32-36 alone and 31-33 beside ours (docs/bench-index.md, "The
+ * eighth session"). */
+static int rep_impl(unsigned rep, int k) { return (int)((rep + (unsigned)k) % IMPL_N); }
+
 static bool impl_ready(const struct bench *b, int impl) {
   if (!b->o->impl_on[impl]) return false;
   if (impl == IMPL_RTE) return b->have_rte;
@@ -1207,7 +1216,8 @@ static int run_lf(struct bench *b, unsigned lf_idx) {
       bool measured[IMPL_N];
       for (int impl = 0; impl < IMPL_N; impl++) measured[impl] = impl_ready(b, impl);
       for (unsigned rep = 0; rep < o->reps; rep++)
-        for (int impl = 0; impl < IMPL_N; impl++) {
+        for (int k = 0; k < IMPL_N; k++) {
+          int impl = rep_impl(rep, k);
           if (!measured[impl]) continue;
           vals[impl][rep] = rep_lookup(b, impl, impl == IMPL_OURS ? op : base_op(op), par, rep, name, &err);
           if (err) goto out;
@@ -1237,7 +1247,8 @@ static int run_lf(struct bench *b, unsigned lf_idx) {
       bool measured[IMPL_N];
       for (int impl = 0; impl < IMPL_N; impl++) measured[impl] = impl_ready(b, impl);
       for (unsigned rep = 0; rep < o->reps; rep++)
-        for (int impl = 0; impl < IMPL_N; impl++) {
+        for (int k = 0; k < IMPL_N; k++) {
+          int impl = rep_impl(rep, k);
           if (!measured[impl]) continue;
           vals[impl][rep] = rep_churn(b, impl, impl == IMPL_OURS ? par : 1, rep, name, &rdv[impl][rep], &err);
           if (err) goto out;
@@ -1515,8 +1526,11 @@ static const char *usage_text =
     "in any pool without an event consumer (docs/bench-index.md).\n"
     "\n"
     "Repetitions. A case runs R repetitions; in each, every table runs S seconds,\n"
-    "one after the other, from the same place in the key stream (a different\n"
-    "place each repetition); pN rows of ours start both processes at one instant.\n"
+    "one after the other (the order rotates from one repetition to the next), from\n"
+    "the same place in the key stream (a different place each repetition); pN rows\n"
+    "of ours start both processes at one instant. A short repetition starts with\n"
+    "the caches full of the previous table's lines, as a lookup amid other work\n"
+    "does; longer ones (--seconds 0.3) measure warmer tables.\n"
     "Each table's figure is its median over the repetitions, each ratio the median\n"
     "of the repetitions' ratios. Short repetitions pair the tables closely in\n"
     "time, so that a shared machine's noise (other tenants, clock changes) hits\n"
