@@ -15,6 +15,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import traceback
 
 TOOL = os.environ.get("UMBP_TOOL", "")
@@ -176,6 +177,46 @@ def _():
     assert not left, "the killed run's pool is still there: %s" % left
     assert "removed pool '%s'" % name in r.stderr and "process %d" % p.pid in r.stderr, \
         "the run did not say what it removed:\n%s" % r.stderr
+
+
+@check("a run leaves alone a pool named like a killed run's that a live process holds")
+def _():
+    import signal
+    import time
+    # a PID that no process of this namespace has, as for a run in another
+    # container that shares /dev/shm
+    pid = 4194303
+    while pid > 1 and os.path.exists("/proc/%d" % pid):
+        pid -= 1
+    name = "umbp-bench-index-%d-0" % pid
+    log = tempfile.TemporaryFile(mode="w+")
+    d = subprocess.Popen([TOOL, "daemon", name, "--capacity", "16MiB", "--slot-size", "64KiB", "--foreground"],
+                         stdout=subprocess.DEVNULL, stderr=log, text=True)
+
+    def daemon_log():
+        log.seek(0)
+        return log.read()
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists("/dev/shm/umbp." + name):
+            assert d.poll() is None, "the daemon exited (%s): %s" % (d.returncode, daemon_log())
+            assert time.monotonic() < deadline, "the daemon made no pool in 60 s"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        r = run(["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "1", "--impls", "ours",
+                 "--lf", "0.5", "--filter", "hit-single-lf0.5-p1", "--json"])
+        assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
+        assert os.path.exists("/dev/shm/umbp." + name), "the run removed a pool that a live daemon holds"
+        assert name not in r.stderr, "the run named the held pool:\n%s" % r.stderr
+    finally:
+        d.send_signal(signal.SIGTERM)
+        try:
+            d.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
+        run(["pool", "destroy", name])
+        log.close()
 
 
 @check("the run says where our index is (--index-pages: try by default, small on 4 KiB pages)")

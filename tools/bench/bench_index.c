@@ -1341,12 +1341,34 @@ static void on_signal(int sig) {
   raise(sig);
 }
 
+/* Whether a process holds pool `name`: its registry's locks, which also
+ * see processes of other PID namespaces (containers sharing /dev/shm, where
+ * a PID of this namespace says nothing). A pool whose creator died half-way
+ * (-EOWNERDEAD) or an index file without its pool (-ENOENT) is held by no one;
+ * a pool still being made, or one this process cannot read, counts as held. */
+static bool pool_held(const char *name) {
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  ao.read_only = true;
+  ao.timeout_ms = 100;
+  umbp_pool *p = NULL;
+  int rc = umbp_pool_attach(name, &ao, &p);
+  if (rc == -EOWNERDEAD || rc == -ENOENT) return false;
+  if (rc) return true;
+  umbp_proc_info pi[UMBP_MAX_PROCS];
+  int n = umbp_pool_list_procs(p, pi, UMBP_MAX_PROCS);
+  bool held = n < 0;
+  for (int i = 0; i < n; i++) held = held || pi[i].alive;
+  umbp_pool_detach(p);
+  return held;
+}
+
 /* Remove the pools that an earlier run left behind when it was killed by a
  * signal it cannot catch (SIGKILL, the OOM killer, a debugger's kill):
- * umbp-bench-index-PID-N whose process PID no longer exists. Each holds its
- * slot bytes in /dev/shm (4 GiB at the default --keys) and, with the index on
- * 2 MiB pages, huge pages that a later run then cannot get, so that it
- * measures an index on 4 KiB pages. */
+ * umbp-bench-index-PID-N whose process PID no longer exists and that no
+ * process holds. Each holds its slot bytes in /dev/shm (4 GiB at the default
+ * --keys) and, with the index on 2 MiB pages, huge pages that a later run then
+ * cannot get, so that it measures an index on 4 KiB pages. */
 static void sweep_stale_pools(void) {
   char hdir[256];
   const char *dirs[2] = {"/dev/shm", umbp_admin_hugetlbfs_mount(hdir, sizeof hdir) == 0 ? hdir : NULL};
@@ -1363,7 +1385,7 @@ static void sweep_stale_pools(void) {
         int pid = 0, n = 0;
         unsigned lf = 0;
         if (sscanf(name, "umbp-bench-index-%d-%u%n", &pid, &lf, &n) != 2 || name[n] || pid <= 0 ||
-            pid == (int)getpid() || kill(pid, 0) == 0 || errno != ESRCH)
+            pid == (int)getpid() || kill(pid, 0) == 0 || errno != ESRCH || pool_held(name))
           continue;
         if (umbp_pool_destroy(name) == 0)
           fprintf(stderr, "umbp: bench index: removed pool '%s', left by an earlier run (process %d, no longer "
@@ -1544,7 +1566,8 @@ static const char *usage_text =
     "Pools. Each load factor's pool is umbp-bench-index-PID-I, removed at the end\n"
     "of the run and on SIGINT or SIGTERM. A run killed otherwise (SIGKILL, the OOM\n"
     "killer) leaves it, with its /dev/shm memory and huge pages; the next run\n"
-    "removes such pools of processes that no longer exist, and says so.\n"
+    "removes such pools of processes that no longer exist when no process holds\n"
+    "them (a run in another container sharing /dev/shm does), and says so.\n"
     "\n"
     "Options:\n"
     "  --keys N        table size N (slots, entries, buckets); default 1048576.\n"
