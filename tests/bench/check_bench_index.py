@@ -208,14 +208,27 @@ def _():
         assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
         assert os.path.exists("/dev/shm/umbp." + name), "the run removed a pool that a live daemon holds"
         assert name not in r.stderr, "the run named the held pool:\n%s" % r.stderr
-    finally:
+        # once no process holds it, the same name is a leftover: the next run
+        # removes it (so the run above left it for the daemon, not for its name)
         d.send_signal(signal.SIGTERM)
-        try:
-            d.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            d.kill()
-            d.wait()
-        run(["pool", "destroy", name])
+        d.wait(timeout=30)
+        assert os.path.exists("/dev/shm/umbp." + name), "the daemon removed its pool on SIGTERM"
+        r = run(["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "1", "--impls", "ours",
+                 "--lf", "0.5", "--filter", "hit-single-lf0.5-p1", "--json"])
+        assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
+        assert not os.path.exists("/dev/shm/umbp." + name), \
+            "the pool is still there once its daemon stopped:\n%s" % r.stderr
+        assert "removed pool '%s'" % name in r.stderr, "the run did not say what it removed:\n%s" % r.stderr
+    finally:
+        if d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+            try:
+                d.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                d.kill()
+                d.wait()
+        if os.path.exists("/dev/shm/umbp." + name):
+            run(["pool", "destroy", "--force", name])
         log.close()
 
 

@@ -58,6 +58,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1142,14 +1143,19 @@ static double rep_churn(struct bench *b, int impl, unsigned par, unsigned rep, c
   return mops(&w[0].res);
 }
 
-/* The k-th table to run in repetition rep: the order rotates from one
- * repetition to the next, so that no table always runs first, or always
- * right after the same other table (whose run leaves the caches full of its
- * own lines). Which table ran before matters: on this project's Intel VM,
- * single misses measured ours 41-43 M/s alone and 29-30 beside another table,
- * rte_hash 32-36 alone and 31-33 beside ours (docs/bench-index.md, "The
- * eighth session"). */
-static int rep_impl(unsigned rep, int k) { return (int)((rep + (unsigned)k) % IMPL_N); }
+/* The k-th table to run in repetition rep, among the measured ones (-1: no
+ * k-th). The order rotates from one repetition to the next, so that no table
+ * always runs first, or always right after the same other table (whose run
+ * leaves the caches full of its own lines). Which table ran before matters:
+ * on this project's Intel VM, single misses measured ours 41-43 M/s alone and
+ * 29-30 beside another table, rte_hash 32-36 alone and 31-33 beside ours
+ * (docs/bench-index.md, "The eighth session"). */
+static int rep_impl(const bool measured[IMPL_N], unsigned rep, int k) {
+  int order[IMPL_N], m = 0;
+  for (int i = 0; i < IMPL_N; i++)
+    if (measured[i]) order[m++] = i;
+  return k < m ? order[(rep + (unsigned)k) % (unsigned)m] : -1;
+}
 
 static bool impl_ready(const struct bench *b, int impl) {
   if (!b->o->impl_on[impl]) return false;
@@ -1217,8 +1223,8 @@ static int run_lf(struct bench *b, unsigned lf_idx) {
       for (int impl = 0; impl < IMPL_N; impl++) measured[impl] = impl_ready(b, impl);
       for (unsigned rep = 0; rep < o->reps; rep++)
         for (int k = 0; k < IMPL_N; k++) {
-          int impl = rep_impl(rep, k);
-          if (!measured[impl]) continue;
+          int impl = rep_impl(measured, rep, k);
+          if (impl < 0) continue;
           vals[impl][rep] = rep_lookup(b, impl, impl == IMPL_OURS ? op : base_op(op), par, rep, name, &err);
           if (err) goto out;
         }
@@ -1248,8 +1254,8 @@ static int run_lf(struct bench *b, unsigned lf_idx) {
       for (int impl = 0; impl < IMPL_N; impl++) measured[impl] = impl_ready(b, impl);
       for (unsigned rep = 0; rep < o->reps; rep++)
         for (int k = 0; k < IMPL_N; k++) {
-          int impl = rep_impl(rep, k);
-          if (!measured[impl]) continue;
+          int impl = rep_impl(measured, rep, k);
+          if (impl < 0) continue;
           vals[impl][rep] = rep_churn(b, impl, impl == IMPL_OURS ? par : 1, rep, name, &rdv[impl][rep], &err);
           if (err) goto out;
         }
@@ -1343,17 +1349,31 @@ static void on_signal(int sig) {
 
 /* Whether a process holds pool `name`: its registry's locks, which also
  * see processes of other PID namespaces (containers sharing /dev/shm, where
- * a PID of this namespace says nothing). A pool whose creator died half-way
- * (-EOWNERDEAD) or an index file without its pool (-ENOENT) is held by no one;
- * a pool still being made, or one this process cannot read, counts as held. */
-static bool pool_held(const char *name) {
+ * a PID of this namespace says nothing). Held by no one: a pool whose creator
+ * died half-way (-EOWNERDEAD), and an index file whose pool file is gone
+ * (-ENOENT with no umbp.NAME in /dev/shm or hdir). Counted as held: a pool
+ * still being made, one this process cannot read or attach (another user's;
+ * an index file this namespace cannot find, -ENOENT with the pool file
+ * there). */
+static bool pool_held(const char *name, const char *hdir) {
   umbp_attach_opts ao;
   umbp_attach_opts_init(&ao);
   ao.read_only = true;
   ao.timeout_ms = 100;
   umbp_pool *p = NULL;
   int rc = umbp_pool_attach(name, &ao, &p);
-  if (rc == -EOWNERDEAD || rc == -ENOENT) return false;
+  if (rc == -EOWNERDEAD) return false;
+  if (rc == -ENOENT) {
+    char path[600];
+    struct stat st;
+    snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
+    if (lstat(path, &st) == 0) return true;
+    if (hdir) {
+      snprintf(path, sizeof path, "%s/umbp.%s", hdir, name);
+      if (lstat(path, &st) == 0) return true;
+    }
+    return false;
+  }
   if (rc) return true;
   umbp_proc_info pi[UMBP_MAX_PROCS];
   int n = umbp_pool_list_procs(p, pi, UMBP_MAX_PROCS);
@@ -1363,12 +1383,25 @@ static bool pool_held(const char *name) {
   return held;
 }
 
+/* The PID in a pool name of this benchmark, umbp-bench-index-PID-N exactly
+ * as ours_setup() writes it (no sign, no leading zero, nothing after), or 0. */
+static int bench_pool_pid(const char *name) {
+  int pid = 0, n = 0;
+  unsigned lf = 0;
+  if (sscanf(name, "umbp-bench-index-%9d-%2u%n", &pid, &lf, &n) != 2 || name[n] || pid <= 0) return 0;
+  char again[UMBP_NAME_MAX + 1];
+  snprintf(again, sizeof again, "umbp-bench-index-%d-%u", pid, lf);
+  return strcmp(again, name) == 0 ? pid : 0;
+}
+
 /* Remove the pools that an earlier run left behind when it was killed by a
  * signal it cannot catch (SIGKILL, the OOM killer, a debugger's kill):
  * umbp-bench-index-PID-N whose process PID no longer exists and that no
  * process holds. Each holds its slot bytes in /dev/shm (4 GiB at the default
  * --keys) and, with the index on 2 MiB pages, huge pages that a later run then
- * cannot get, so that it measures an index on 4 KiB pages. */
+ * cannot get, so that it measures an index on 4 KiB pages. It runs before this
+ * run makes its pools, so a pool with this process's own PID is a leftover of
+ * an earlier process that had the same PID. */
 static void sweep_stale_pools(void) {
   char hdir[256];
   const char *dirs[2] = {"/dev/shm", umbp_admin_hugetlbfs_mount(hdir, sizeof hdir) == 0 ? hdir : NULL};
@@ -1382,10 +1415,8 @@ static void sweep_stale_pools(void) {
         size_t pl = strlen(prefixes[k]);
         if (strncmp(e->d_name, prefixes[k], pl)) continue;
         const char *name = e->d_name + pl;
-        int pid = 0, n = 0;
-        unsigned lf = 0;
-        if (sscanf(name, "umbp-bench-index-%d-%u%n", &pid, &lf, &n) != 2 || name[n] || pid <= 0 ||
-            pid == (int)getpid() || kill(pid, 0) == 0 || errno != ESRCH || pool_held(name))
+        int pid = bench_pool_pid(name);
+        if (!pid || (pid != (int)getpid() && (kill(pid, 0) == 0 || errno != ESRCH)) || pool_held(name, dirs[1]))
           continue;
         if (umbp_pool_destroy(name) == 0)
           fprintf(stderr, "umbp: bench index: removed pool '%s', left by an earlier run (process %d, no longer "
