@@ -127,6 +127,52 @@ def _():
                 "%s: rte_hash figures without DPDK" % n
 
 
+def machine_expected():
+    """The machine as /proc/cpuinfo and sysfs describe it, read here apart
+    from the tool: the first CPU's model name, family and model number,
+    the online CPUs, CPU 0's unified L2 and L3 sizes."""
+    want = {"cpu_model": None, "cpu_family": None, "cpu_model_number": None, "l2": None, "l3": None}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if not line.strip():
+                break
+            k, _, v = line.partition(":")
+            k, v = k.strip(), v.strip()
+            if k == "model name":
+                want["cpu_model"] = v
+            elif k == "cpu family":
+                want["cpu_family"] = int(v)
+            elif k == "model":
+                want["cpu_model_number"] = int(v)
+    want["cpus"] = os.sysconf("SC_NPROCESSORS_ONLN")
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for idx in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        def rd(n):
+            try:
+                with open("%s/%s/%s" % (base, idx, n)) as f:
+                    return f.read().strip()
+            except OSError:
+                return ""
+        if rd("type") == "Unified" and rd("level") in ("2", "3"):
+            want["l" + rd("level")] = rd("size")
+    return want
+
+
+@check("the run says which machine it measured (JSON 'machine', the table's 'machine:' line)")
+def _():
+    doc = json.loads(json_run()["out"])
+    want = machine_expected()
+    assert doc.get("machine") == want, "machine %r, /proc/cpuinfo and sysfs say %r" % (doc.get("machine"), want)
+    r = run(["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "1", "--impls", "ours",
+             "--lf", "0.5", "--filter", "hit-single-lf0.5-p1"])
+    assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("machine: ")), None)
+    assert line, "no 'machine:' line in:\n%s" % r.stdout
+    for part in (want["cpu_model"], "%d CPUs" % want["cpus"], "L2 %s" % want["l2"], "L3 %s" % want["l3"]):
+        if part and part != "None":
+            assert part in line, "%r is not in %r" % (part, line)
+
+
 @check("without DPDK the run says why")
 def _():
     doc = json.loads(json_run()["out"])

@@ -1435,10 +1435,70 @@ static void fmt_v(char *buf, size_t n, double v) {
 
 static double ratio(const struct case_res *c, int ref) { return c->r[ref]; }
 
+/* The machine a run measured, so that every result says where it came
+ * from (the target is per machine kind, and figures differ between kinds):
+ * the CPU model, family and model number from /proc/cpuinfo (under a
+ * hypervisor the model name can be generic), the online CPUs, and the sizes of CPU 0's
+ * unified level 2 and level 3 caches from sysfs, as the kernel reports them
+ * ("2048K"; a VM reports what its hypervisor tells it). Empty where the
+ * system does not say. */
+struct machine {
+  char model[128];
+  int family, model_number; /* -1: not reported (not x86) */
+  long cpus;
+  char l2[32], l3[32];
+};
+
+static void read_line(const char *path, char *buf, size_t n) {
+  buf[0] = 0;
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  if (fgets(buf, (int)n, f)) buf[strcspn(buf, "\n")] = 0;
+  fclose(f);
+}
+
+static void machine_read(struct machine *m) {
+  memset(m, 0, sizeof *m);
+  m->family = m->model_number = -1;
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (f) {
+    char line[512];
+    /* the first CPU's block, up to its blank line */
+    while (fgets(line, sizeof line, f) && line[0] != '\n') {
+      const char *v = strchr(line, ':');
+      if (!v) continue;
+      v++;
+      while (*v == ' ' || *v == '\t') v++;
+      if (!strncmp(line, "model name", 10)) snprintf(m->model, sizeof m->model, "%.*s", (int)strcspn(v, "\n"), v);
+      else if (!strncmp(line, "cpu family", 10)) m->family = atoi(v);
+      else if (!strncmp(line, "model\t", 6) || !strncmp(line, "model ", 6)) m->model_number = atoi(v);
+    }
+    fclose(f);
+  }
+  m->cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  for (unsigned i = 0; i < 8; i++) {
+    char path[96], level[16], type[32], size[32];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%u/level", i);
+    read_line(path, level, sizeof level);
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%u/type", i);
+    read_line(path, type, sizeof type);
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%u/size", i);
+    read_line(path, size, sizeof size);
+    if (strcmp(type, "Unified")) continue;
+    if (!strcmp(level, "2")) snprintf(m->l2, sizeof m->l2, "%s", size);
+    if (!strcmp(level, "3")) snprintf(m->l3, sizeof m->l3, "%s", size);
+  }
+}
+
 static void print_table(const struct opts *o) {
   printf("umbp bench index: table size %llu, reps %u x %.2f s, medians in M ops/s (lookups, or insert+remove "
          "pairs for churn-*); ratios: medians of each repetition's ratio\n",
          (unsigned long long)o->keys, o->reps, o->seconds);
+  struct machine m;
+  machine_read(&m);
+  printf("machine: %s", m.model[0] ? m.model : "(CPU model unknown)");
+  if (m.family >= 0 && m.model_number >= 0) printf(" (family %d model %d)", m.family, m.model_number);
+  printf(", %ld CPUs, L2 %s, L3 %s\n", m.cpus, m.l2[0] ? m.l2 : "unknown", m.l3[0] ? m.l3 : "unknown");
   printf("rte_hash: %s\n", g_dpdk_note);
   if (g_ours_note[0]) printf("ours: %s\n", g_ours_note);
   printf("%-28s %9s %9s %9s %9s %9s\n", "case", "ours", "rte_hash", "cds_lfht", "ours/rte", "ours/lfht");
@@ -1488,6 +1548,18 @@ static void print_json(const struct opts *o) {
   jb_u64(&j, "keys", o->keys);
   jb_u64(&j, "reps", o->reps);
   jb_dbl(&j, "seconds", o->seconds);
+  struct machine m;
+  machine_read(&m);
+  jb_obj(&j, "machine");
+  jb_str(&j, "cpu_model", m.model[0] ? m.model : NULL);
+  if (m.family >= 0) jb_i64(&j, "cpu_family", m.family);
+  else jb_null(&j, "cpu_family");
+  if (m.model_number >= 0) jb_i64(&j, "cpu_model_number", m.model_number);
+  else jb_null(&j, "cpu_model_number");
+  jb_i64(&j, "cpus", m.cpus);
+  jb_str(&j, "l2", m.l2[0] ? m.l2 : NULL);
+  jb_str(&j, "l3", m.l3[0] ? m.l3 : NULL);
+  jb_end_obj(&j);
   jb_bool(&j, "dpdk", g_dpdk);
   jb_str(&j, "dpdk_note", g_dpdk_note);
   if (g_ours_note[0]) {
@@ -1631,9 +1703,15 @@ static const char *usage_text =
     "is at least rte_hash's figure and name the others: first the lookup cases\n"
     "(hit-*, miss-*: the target), then the pin-* and churn-* rows, which time more\n"
     "work than the reference's (a pin and an unpin against a plain lookup).\n"
-    "Progress goes to stderr when it is a terminal.\n"
+    "The first lines say what ran: table size and repetitions; 'machine:' the CPU\n"
+    "model (family and model number), online CPUs and CPU 0's L2 and L3 sizes as\n"
+    "the kernel reports them (a VM's, as its hypervisor says); 'rte_hash:' and\n"
+    "'ours:' where each table's memory was. Progress goes to stderr when it is a\n"
+    "terminal.\n"
     "\n"
-    "JSON (--json): {\"keys\":N, \"reps\":R, \"seconds\":S, \"dpdk\":true|false,\n"
+    "JSON (--json): {\"keys\":N, \"reps\":R, \"seconds\":S, \"machine\":{\"cpu_model\":\n"
+    "\"model name\", \"cpu_family\":F, \"cpu_model_number\":M, \"cpus\":C, \"l2\":\"2048K\",\n"
+    "\"l3\":\"32768K\"} (the 'machine:' line), \"dpdk\":true|false,\n"
     "\"dpdk_note\":\"DPDK version and EAL arguments, or why rte_hash was not\n"
     "measured\", \"ours_index_pages\":\"2MiB\"|\"4KiB\", \"ours_note\":\"the 'ours:'\n"
     "line\" (both null when ours was not measured),\n"
