@@ -56,6 +56,9 @@ int cli_parse_numa_nodes(const char *sub, const char *arg, struct umbp_pool_para
 int cli_parse_index_pages(const char *s, int *out);
 /* The option's word for an enum umbp_index_pages value. */
 const char *cli_index_pages_name(int mode);
+/* Whether pool NAME has its file, in /dev/shm or (--hugepages) on the
+ * hugetlbfs mount. */
+bool cli_pool_file_exists(const char *name);
 /* "2 MiB pages, 72 MiB in /dev/hugepages/umbp-index.NAME" or "4 KiB pages"
  * for a pool's index (umbp_pool_info); buf returned. */
 const char *cli_fmt_index_pages(const void *pool_info, char *buf, size_t n);

@@ -10,6 +10,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "umbp/admin.h"
 #include "umbp/pool.h"
 
 int cli_parse_size(const char *s, uint64_t *ret) {
@@ -108,6 +109,15 @@ int cli_parse_index_pages(const char *s, int *out) {
       return 0;
     }
   return -EINVAL;
+}
+
+bool cli_pool_file_exists(const char *name) {
+  char path[600], hdir[256];
+  snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
+  if (access(path, F_OK) == 0) return true;
+  if (umbp_admin_hugetlbfs_mount(hdir, sizeof hdir) != 0) return false;
+  snprintf(path, sizeof path, "%s/umbp.%s", hdir, name);
+  return access(path, F_OK) == 0;
 }
 
 const char *cli_index_pages_name(int mode) {

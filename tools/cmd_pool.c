@@ -731,16 +731,6 @@ static void ls_row(const char *name, const char *leftover, bool json, struct jb 
   }
 }
 
-/* Whether pool NAME has its file, in /dev/shm or (--hugepages) on the hugetlbfs mount. */
-static bool pool_exists(const char *name) {
-  char path[600], hdir[256];
-  snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
-  if (access(path, F_OK) == 0) return true;
-  if (umbp_admin_hugetlbfs_mount(hdir, sizeof hdir) != 0) return false;
-  snprintf(path, sizeof path, "%s/umbp.%s", hdir, name);
-  return access(path, F_OK) == 0;
-}
-
 static int pool_ls(int argc, char **argv) {
   if (want_help(argc, argv)) {
     fputs(ls_usage, stdout);
@@ -778,7 +768,7 @@ static int pool_ls(int argc, char **argv) {
         name = e->d_name + 5;
       } else if (di == 0 && !strncmp(e->d_name, NOTES_PREFIX, strlen(NOTES_PREFIX))) {
         name = e->d_name + strlen(NOTES_PREFIX);
-        if (pool_exists(name)) continue; /* listed with its pool */
+        if (cli_pool_file_exists(name)) continue; /* listed with its pool */
         snprintf(leftover, sizeof leftover, "%s/%s", dirs[0], e->d_name);
       } else if (di == 1 && !strncmp(e->d_name, "umbp-index.", 11)) {
         name = e->d_name + 11;
@@ -828,7 +818,7 @@ static int gc_one(const char *name, bool named, bool dry_run, unsigned *removed)
   static struct pool_users u;
   char pids[512], np[256];
   notes_path(name, np, sizeof np);
-  if (!pool_exists(name)) {
+  if (!cli_pool_file_exists(name)) {
     if (access(np, F_OK) != 0) {
       if (named) printf("no pool named %s\n", name);
       return 0;

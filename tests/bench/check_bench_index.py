@@ -36,6 +36,14 @@ def run(args, timeout=240):
     return subprocess.run([TOOL] + args, capture_output=True, text=True, timeout=timeout)
 
 
+def small_run(as_json=True):
+    """A run of one case on a 2000-key table of ours alone (a second or two):
+    for the checks of what a run says and does before and after it measures."""
+    args = ["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "1", "--impls", "ours",
+            "--lf", "0.5", "--filter", "hit-single-lf0.5-p1"]
+    return run(args + (["--json"] if as_json else []))
+
+
 def expected_names():
     names = []
     for lf in ("lf0.5", "lf0.9"):
@@ -163,8 +171,7 @@ def _():
     doc = json.loads(json_run()["out"])
     want = machine_expected()
     assert doc.get("machine") == want, "machine %r, /proc/cpuinfo and sysfs say %r" % (doc.get("machine"), want)
-    r = run(["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "1", "--impls", "ours",
-             "--lf", "0.5", "--filter", "hit-single-lf0.5-p1"])
+    r = small_run(as_json=False)
     assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("machine: ")), None)
     assert line, "no 'machine:' line in:\n%s" % r.stdout
@@ -214,8 +221,7 @@ def _():
         p.send_signal(signal.SIGKILL)
         p.wait()
     assert os.path.exists("/dev/shm/umbp." + name), "SIGKILL left no pool: nothing to test"
-    r = run(["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "1", "--impls", "ours",
-             "--lf", "0.5", "--filter", "hit-single-lf0.5-p1", "--json"])
+    r = small_run()
     assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
     left = [f for f in os.listdir("/dev/shm") if f == "umbp." + name]
     for d in hugetlbfs_dirs():
@@ -249,8 +255,7 @@ def _():
             assert time.monotonic() < deadline, "the daemon made no pool in 60 s"
             time.sleep(0.05)
         time.sleep(0.5)
-        r = run(["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "1", "--impls", "ours",
-                 "--lf", "0.5", "--filter", "hit-single-lf0.5-p1", "--json"])
+        r = small_run()
         assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
         assert os.path.exists("/dev/shm/umbp." + name), "the run removed a pool that a live daemon holds"
         assert name not in r.stderr, "the run named the held pool:\n%s" % r.stderr
@@ -259,8 +264,7 @@ def _():
         d.send_signal(signal.SIGTERM)
         d.wait(timeout=30)
         assert os.path.exists("/dev/shm/umbp." + name), "the daemon removed its pool on SIGTERM"
-        r = run(["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "1", "--impls", "ours",
-                 "--lf", "0.5", "--filter", "hit-single-lf0.5-p1", "--json"])
+        r = small_run()
         assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
         assert not os.path.exists("/dev/shm/umbp." + name), \
             "the pool is still there once its daemon stopped:\n%s" % r.stderr

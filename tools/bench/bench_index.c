@@ -58,7 +58,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -866,6 +865,10 @@ static int check_res(int impl, int op, const struct run_res *r, const char *cnam
   return 0;
 }
 
+/* Our pools' names: this process's PID and the load factor's index; the
+ * sweep of killed runs' pools (sweep_stale_pools()) reads them back. */
+#define BENCH_POOL_FMT "umbp-bench-index-%d-%u"
+
 /* ---- setup / teardown ------------------------------------------------------------------ */
 static int ours_setup(struct bench *b, unsigned lf_idx) {
   umbp_pool_params pp;
@@ -874,7 +877,7 @@ static int ours_setup(struct bench *b, unsigned lf_idx) {
   pp.slot_size = 4096;
   pp.no_prefault = true;
   pp.index_pages = b->o->index_pages;
-  snprintf(b->pool_name, sizeof b->pool_name, "umbp-bench-index-%d-%u", (int)getpid(), lf_idx);
+  snprintf(b->pool_name, sizeof b->pool_name, BENCH_POOL_FMT, (int)getpid(), lf_idx);
   int rc = umbp_pool_create(b->pool_name, &pp, &b->pool);
   if (rc) {
     cli_error("bench index: cannot create pool '%s' (%llu slots of 4 KiB): %s", b->pool_name,
@@ -1351,11 +1354,11 @@ static void on_signal(int sig) {
  * see processes of other PID namespaces (containers sharing /dev/shm, where
  * a PID of this namespace says nothing). Held by no one: a pool whose creator
  * died half-way (-EOWNERDEAD), and an index file whose pool file is gone
- * (-ENOENT with no umbp.NAME in /dev/shm or hdir). Counted as held: a pool
+ * (-ENOENT with no pool file, cli_pool_file_exists()). Counted as held: a pool
  * still being made, one this process cannot read or attach (another user's;
  * an index file this namespace cannot find, -ENOENT with the pool file
  * there). */
-static bool pool_held(const char *name, const char *hdir) {
+static bool pool_held(const char *name) {
   umbp_attach_opts ao;
   umbp_attach_opts_init(&ao);
   ao.read_only = true;
@@ -1363,17 +1366,7 @@ static bool pool_held(const char *name, const char *hdir) {
   umbp_pool *p = NULL;
   int rc = umbp_pool_attach(name, &ao, &p);
   if (rc == -EOWNERDEAD) return false;
-  if (rc == -ENOENT) {
-    char path[600];
-    struct stat st;
-    snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
-    if (lstat(path, &st) == 0) return true;
-    if (hdir) {
-      snprintf(path, sizeof path, "%s/umbp.%s", hdir, name);
-      if (lstat(path, &st) == 0) return true;
-    }
-    return false;
-  }
+  if (rc == -ENOENT) return cli_pool_file_exists(name);
   if (rc) return true;
   umbp_proc_info pi[UMBP_MAX_PROCS];
   int n = umbp_pool_list_procs(p, pi, UMBP_MAX_PROCS);
@@ -1390,7 +1383,7 @@ static int bench_pool_pid(const char *name) {
   unsigned lf = 0;
   if (sscanf(name, "umbp-bench-index-%9d-%2u%n", &pid, &lf, &n) != 2 || name[n] || pid <= 0) return 0;
   char again[UMBP_NAME_MAX + 1];
-  snprintf(again, sizeof again, "umbp-bench-index-%d-%u", pid, lf);
+  snprintf(again, sizeof again, BENCH_POOL_FMT, pid, lf);
   return strcmp(again, name) == 0 ? pid : 0;
 }
 
@@ -1416,7 +1409,7 @@ static void sweep_stale_pools(void) {
         if (strncmp(e->d_name, prefixes[k], pl)) continue;
         const char *name = e->d_name + pl;
         int pid = bench_pool_pid(name);
-        if (!pid || (pid != (int)getpid() && (kill(pid, 0) == 0 || errno != ESRCH)) || pool_held(name, dirs[1]))
+        if (!pid || (pid != (int)getpid() && (kill(pid, 0) == 0 || errno != ESRCH)) || pool_held(name))
           continue;
         if (umbp_pool_destroy(name) == 0)
           fprintf(stderr, "umbp: bench index: removed pool '%s', left by an earlier run (process %d, no longer "
