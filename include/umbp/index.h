@@ -115,7 +115,9 @@ UMBP_API int umbp_ns_set_quota(umbp_pool *pool, uint32_t id, uint64_t bytes);
 
 /* ---- slots ---------------------------------------------------------------- */
 /* Reserve a free slot on partition `part` (-1: the partition with the most
- * free slots) for a block of namespace `ns`. When the partition has none, the
+ * free slots) for a block of namespace `ns`: first a slot this thread kept
+ * from its umbp_remove() (the one removed last), of that partition (-1: any),
+ * while the namespace is within its quota. When the partition has none, the
  * call evicts unpinned blocks and reaps dead processes (bounded effort: a
  * few rounds) and then fails. Returns 0 and *ret_slot; -EINVAL (NULL
  * argument, no such partition, ns out of range); -ENOSPC (nothing could be
@@ -200,7 +202,10 @@ UMBP_API int umbp_prefix_probe(umbp_pool *pool, unsigned n, const umbp_key *keys
  * (NULL or bad key); -EROFS; -ECHILD; -EUSERS. On 0 later lookups miss and a
  * removed event is emitted (into the event ring once a process has drained
  * it, umbp_events_drain(); to the feed once one is open, feed.h); the slot
- * is free for reuse at once. */
+ * is free for reuse at once. In a pool of 1024 slots a partition or more,
+ * the calling thread keeps the slot (RESERVED, up to 8 a thread) for its
+ * next umbp_reserve(); its exit, a detach or the process's death give kept
+ * slots back. */
 UMBP_API int umbp_remove(umbp_pool *pool, const umbp_key *key);
 /* Remove every unpinned published block of ns; returns how many (>= 0;
  * pinned ones stay), or -EINVAL (NULL pool), -EROFS, -ECHILD, -EUSERS. A

@@ -17,7 +17,9 @@
  * pins (pins.c), unlinks the way (table.c), takes the slot out of its
  * namespace's count (namespaces.c), emits the removed event (events.c) and
  * puts the slot back on its free ring at once: no grace period, since
- * lookups validate what they read (way_check(), index_inline.h). The evictor
+ * lookups validate what they read (way_check(), index_inline.h). A slot that
+ * umbp_remove() took out may instead stay with the removing thread for its
+ * next reserve (reserve.c, "The thread's slot cache"). The evictor
  * thread keeps each partition's free slots between the low and high
  * watermarks.
  */
@@ -30,9 +32,11 @@
  * (UMBP_CTR_EVICTIONS, _REMOVES, _DUPLICATES). emit: announce the removal
  * (not for a duplicate copy, whose key stays published). hash: the key's hash
  * when the caller has it (it found s under state st, whose key it hashed),
- * NULL to hash the key here. */
+ * NULL to hash the key here. keep: the slot may stay with thread t for its
+ * next reserve (umbp_remove(); reserve.c, "The thread's slot cache") rather
+ * than go back on its free ring. */
 int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why, bool emit,
-                       const uint64_t *hash) {
+                       const uint64_t *hash, bool keep) {
   struct umbp_index *ix = p->index;
   struct umbp_slot_meta *m = &ix->meta[s];
   uint64_t ev = ST_NEXT(st, UMBP_SLOT_EVICTING, p->owner_id);
@@ -54,7 +58,8 @@ int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st,
   if (emit && umbp_ix_removed_wanted(ix)) umbp_ix_emit(ix, UMBP_EV_REMOVED, &k);
   count_ns(ix, t, k.ns, why, 1);
   count_part(ix, t, slot_part(p, s), why, 1);
-  umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
+  if (keep) umbp_ix_fc_keep_or_free(p, t, s, ev);
+  else umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
   return 0;
 }
 
@@ -68,7 +73,7 @@ UMBP_API int umbp_remove(umbp_pool *p, const umbp_key *key) {
   if ((rc = key_load(key, &k, &h))) return rc;
   uint32_t s = probe(ix, &k, h, &st);
   if (s == UMBP_NO_SLOT) return umbp_fail(-ENOENT, "umbp_remove: no block has this key in namespace %u", k.ns);
-  rc = umbp_ix_try_remove(p, t, s, st, UMBP_CTR_REMOVES, true, &h);
+  rc = umbp_ix_try_remove(p, t, s, st, UMBP_CTR_REMOVES, true, &h, true);
   if (rc == -EBUSY) return umbp_fail(-EBUSY, "the block is pinned by a reader: retry after it is unpinned");
   return rc;
 }
@@ -82,7 +87,7 @@ UMBP_API int umbp_clear_ns(umbp_pool *p, uint32_t ns) {
   for (uint32_t s = 0; s < ix->slot_count; s++) {
     uint64_t st = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
     if (ST_STATE(st) != UMBP_SLOT_PUBLISHED || ix->meta[s].key.ns != ns) continue;
-    if (umbp_ix_try_remove(p, t, s, st, UMBP_CTR_REMOVES, true, NULL) == 0) n++;
+    if (umbp_ix_try_remove(p, t, s, st, UMBP_CTR_REMOVES, true, NULL, false) == 0) n++;
   }
   return n;
 }
@@ -104,7 +109,7 @@ int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned 
       atomic_store_explicit(&m->ref, 0, memory_order_relaxed);
       continue;
     }
-    if (umbp_ix_try_remove(p, t, s, st, UMBP_CTR_EVICTIONS, true, NULL) == 0) done++;
+    if (umbp_ix_try_remove(p, t, s, st, UMBP_CTR_EVICTIONS, true, NULL, false) == 0) done++;
   }
   return (int)done;
 }

@@ -267,6 +267,9 @@ int umbp_index_attach_hook(umbp_pool *p) {
   }
   ix->n_parts = h->n_partitions < UMBP_MAX_PARTITIONS ? h->n_partitions : UMBP_MAX_PARTITIONS;
   memcpy(ix->parts, h->partitions, ix->n_parts * sizeof ix->parts[0]);
+  ix->fc_cap = UMBP_FC_MAX;
+  for (unsigned i = 0; i < ix->n_parts; i++)
+    if (ix->parts[i].slot_count / UMBP_FC_SLOTS_PER < ix->fc_cap) ix->fc_cap = ix->parts[i].slot_count / UMBP_FC_SLOTS_PER;
   for (unsigned i = 0; i < h->n_partitions; i++) {
     ix->rings[i] = part_ring(p, i);
     if (umbp_ring_geo_get(ix->rings[i], h->partitions[i].ring_bytes, &ix->ring_geo[i])) {

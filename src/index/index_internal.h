@@ -24,6 +24,12 @@
 
 /* Entries of the thread cache (struct umbp_index.tcache, threads.c). */
 #define UMBP_TC_SIZE 256u
+/* The most removed slots one thread keeps for its next reserves (struct
+ * tl_slot.fc; reserve.c, "The thread's slot cache"). */
+#define UMBP_FC_MAX 8u
+/* A thread keeps at most one removed slot per this many slots of the
+ * smallest partition: none in pools under 1024 slots a partition. */
+#define UMBP_FC_SLOTS_PER 1024u
 /* Read-write handles one process may hold at once, of any pools (threads.c's
  * list, which thread exit and fork() walk). */
 #define UMBP_MAX_INSTANCES 64
@@ -71,6 +77,8 @@ struct umbp_index {
    * from the shared header, which a co-tenant may rewrite. */
   unsigned n_parts;
   struct umbp_partition_desc parts[UMBP_MAX_PARTITIONS];
+  /* how many removed slots a thread keeps (struct tl_slot.fc): set at attach */
+  unsigned fc_cap;
   /* events.c. ev_stored (above) makes publishes call umbp_ix_emit() (set at
    * attach, so that the published-key feed sees every publish); ev_ring_stored
    * is umbp_events_enable_stored(): stored events go into the event ring too.
@@ -231,6 +239,11 @@ struct tl_slot {
   uint32_t pend_ops;
   uint64_t pend_ns[UMBP_CTR_COUNT];
   uint64_t pend_part[UMBP_CTR_COUNT];
+  /* Slots this thread removed (umbp_remove()), kept RESERVED under the
+   * process's id for its next reserves instead of going round the free ring
+   * (reserve.c, "The thread's slot cache"): a stack, fc[fc_n - 1] on top. */
+  uint32_t fc_n;
+  uint32_t fc[UMBP_FC_MAX];
 } __attribute__((aligned(64)));
 
 /* The calling thread's identity: its thread pointer (the TCB address, one
@@ -362,7 +375,7 @@ UMBP_IX_HIDDEN void umbp_ix_feed_fini(struct umbp_index *ix);
 
 /* evict.c */
 UMBP_IX_HIDDEN int umbp_ix_try_remove(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t st, int why, bool emit,
-                                      const uint64_t *hash);
+                                      const uint64_t *hash, bool keep);
 UMBP_IX_HIDDEN int umbp_ix_evict_part(umbp_pool *p, struct tl_slot *t, unsigned part, unsigned want,
                                       uint32_t ns_filter);
 
@@ -381,6 +394,11 @@ UMBP_IX_HIDDEN bool umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledge
 UMBP_IX_HIDDEN void umbp_ix_requeue_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsigned tid, uint32_t s,
                                          uint16_t as_owner);
 UMBP_IX_HIDDEN int umbp_ix_tidy(umbp_pool *p);
+/* The thread's slot cache (reserve.c): keep removed slot s (EVICTING under
+ * state word ev, its way unlinked) for thread t's next reserve, or free it;
+ * give every kept slot back to its ring (thread exit, detach). */
+UMBP_IX_HIDDEN void umbp_ix_fc_keep_or_free(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t ev);
+UMBP_IX_HIDDEN void umbp_ix_fc_flush(struct umbp_index *ix, struct tl_slot *t);
 UMBP_IX_HIDDEN void umbp_ix_mark_untidy(struct umbp_index_hdr *ih, unsigned part);
 
 /* counters.c */

@@ -52,6 +52,24 @@
  * oversubscribed host the holder may be waiting for this very CPU, and a
  * waiter that was itself descheduled past its deadline must not take the
  * ring for held up.
+ *
+ * The thread's slot cache. A slot that umbp_remove() takes out of the index
+ * stays with the removing thread, RESERVED under the process's id, and the
+ * thread's next umbp_reserve() takes it back (a stack: the slot removed last
+ * first), instead of a trip round the free ring: the ring puts a freed slot
+ * behind every other free one, so the next reserve gets the slot freed
+ * longest ago, its ring cell, state word and data cold. Reuse at once is
+ * safe for the same reason a removed slot is free at once: lookups validate
+ * what they read against the state word, which moved on two generations (as
+ * by way of FREE), and pins are checked before a removal. A thread keeps
+ * UMBP_FC_MAX slots at most, and one per UMBP_FC_SLOTS_PER slots of the
+ * smallest partition, so none in small pools, where a few kept slots would
+ * be missed by others. Kept slots count as reserved (census, inspect), not
+ * free; the thread's exit and detach put them back on their rings
+ * (line_release() in threads.c), and the reaper of a process that dies frees
+ * them as it frees any reservation of the dead. Only umbp_remove() keeps:
+ * eviction (on demand or by the evictor thread) and umbp_clear_ns() make room
+ * for every process, so their slots go back on the ring.
  */
 #include "index/index_inline.h"
 
@@ -202,6 +220,50 @@ bool umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
   atomic_store_explicit(&ledger_owner->inflight_slot[tid], s, memory_order_relaxed);
   atomic_store_explicit(&m->state, ST_NEXT(w, UMBP_SLOT_FREE, 0), memory_order_release);
   return enqueue_free(p, ledger_owner, tid, s, as_owner, part);
+}
+
+/* ---- the thread's slot cache (design note above) --------------------------------- */
+void umbp_ix_fc_keep_or_free(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t ev) {
+  struct umbp_index *ix = p->index;
+  if (t->fc_n < ix->fc_cap) {
+    /* EVICTING -> RESERVED(us), two generations on as by way of FREE. A
+     * store: no one else writes the state of a slot its owner holds. The
+     * ledger is not needed: the slot travels nowhere, and a reaper of ours
+     * frees it as RESERVED. */
+    atomic_store_explicit(&ix->meta[s].state, ST_NEXT(ST_NEXT(ev, UMBP_SLOT_FREE, 0), UMBP_SLOT_RESERVED, p->owner_id),
+                          memory_order_release);
+    t->fc[t->fc_n++] = s;
+    return;
+  }
+  umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
+}
+
+void umbp_ix_fc_flush(struct umbp_index *ix, struct tl_slot *t) {
+  umbp_pool *p = ix->p;
+  while (t->fc_n) {
+    uint32_t s = t->fc[--t->fc_n];
+    /* frees only a slot still RESERVED by us */
+    if (p->proc_slot >= 0) umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
+  }
+}
+
+/* A kept slot of partition part (-1: any) into *ret: the one kept last. A
+ * kept slot that is no longer RESERVED by us (a caller's umbp_abort() of a
+ * slot number it was never given) is dropped. */
+static bool fc_take(struct umbp_index *ix, struct tl_slot *t, int part, uint16_t owner, uint32_t *ret) {
+  for (unsigned i = t->fc_n; i-- > 0;) {
+    uint32_t s = t->fc[i];
+    if (part >= 0 && s - ix->parts[part].first_slot >= ix->parts[part].slot_count) continue;
+    /* out of the stack: the top moves into its place (the entries above i
+     * were passed over already) */
+    t->fc[i] = t->fc[--t->fc_n];
+    uint64_t w = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
+    if (ST_STATE(w) == UMBP_SLOT_RESERVED && ST_OWNER(w) == owner) {
+      *ret = s;
+      return true;
+    }
+  }
+  return false;
 }
 
 /* ---- reserve / publish / abort ------------------------------------------------ */
@@ -480,6 +542,9 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
     return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u)", part, ix->n_parts);
   if (ns >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", ns);
   unsigned got = 0;
+  if (t->fc_n && !umbp_ix_ns_over_quota(ix, ns))
+    while (got < n && fc_take(ix, t, part, p->owner_id, &ret_slots[got])) got++;
+  if (got == n) return (int)got;
   int q = pick_part(p, part);
   for (unsigned attempt = 0; got < n && attempt < 8; attempt++) {
     if (umbp_ix_ns_over_quota(ix, ns)) umbp_ix_evict_part(p, t, (unsigned)q, n - got, ns);
@@ -504,11 +569,14 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
 UMBP_API int umbp_reserve(umbp_pool *p, int part, uint32_t ns, uint32_t *ret_slot) {
   if (!ret_slot) return umbp_fail(-EINVAL, "umbp_reserve: ret_slot is NULL");
   /* the common case without umbp_reserve_bulk()'s loop: valid arguments, the
-   * namespace within its quota and a slot on the partition's free ring */
+   * namespace within its quota and a slot kept by this thread or on the
+   * partition's free ring */
   struct umbp_index *ix;
   struct tl_slot *t;
   if (UMBP_LIKELY(ix_get(p, &ix, &t) == 0 && part >= -1 && part < (int)ix->n_parts && ns < UMBP_MAX_NAMESPACES) &&
-      !umbp_ix_ns_over_quota(ix, ns) && reserve_one(p, ix, (unsigned)pick_part(p, part), ret_slot) == 0)
+      !umbp_ix_ns_over_quota(ix, ns) &&
+      ((t->fc_n && fc_take(ix, t, part, p->owner_id, ret_slot)) ||
+       reserve_one(p, ix, (unsigned)pick_part(p, part), ret_slot) == 0))
     return 0;
   uint32_t s;
   int rc = umbp_reserve_bulk(p, part, ns, 1, &s);
@@ -632,14 +700,14 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
       /* ours stays only if a pin made a remover put it back: PUBLISHED two
        * generations on (EVICTING, PUBLISHED); a slot taken from us is reused
        * only four or more on (EVICTING, FREE, RESERVED, ...) */
-      if (umbp_ix_try_remove(p, t, slot, pub, UMBP_CTR_DUPLICATES, false, &h) == 0 ||
+      if (umbp_ix_try_remove(p, t, slot, pub, UMBP_CTR_DUPLICATES, false, &h, false) == 0 ||
           atomic_load_explicit(&m->state, memory_order_acquire) != ST_MAKE(UMBP_SLOT_PUBLISHED, 0, ST_GEN(pub) + 2))
         return umbp_fail(-EEXIST, "umbp_publish: the key was published meanwhile (slot %u holds it); slot %u is "
                                   "free again: use the published copy",
                          other, slot);
       /* ours is pinned already: both copies stay */
     } else {
-      umbp_ix_try_remove(p, t, other, st, UMBP_CTR_DUPLICATES, false, &h);
+      umbp_ix_try_remove(p, t, other, st, UMBP_CTR_DUPLICATES, false, &h, false);
     }
   }
   count_ns(ix, t, k.ns, UMBP_CTR_INSERTS, 1);

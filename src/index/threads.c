@@ -51,11 +51,13 @@ static void tc_drop(struct umbp_index *ix, uint64_t ent) {
 }
 
 /* Give back line tid of ix, which the calling thread holds (its exit, or
- * detach): its counts go into the process's row, it leaves the thread cache
+ * detach): its kept slots go back on their rings, its counts into the
+ * process's row, it leaves the thread cache
  * before its bit is cleared, so that no thread finds it there afterwards. */
 static void line_release(struct umbp_index *ix, unsigned tid) {
   struct tl_slot *t = &ix->tl[tid];
   uintptr_t self = atomic_load_explicit(&t->owner, memory_order_relaxed);
+  umbp_ix_fc_flush(ix, t); /* its kept slots back on their rings */
   umbp_ix_flush_slot(ix, t);
   tc_drop(ix, umbp_ix_tc_entry(self, tid));
   atomic_store_explicit(&t->owner, 0, memory_order_relaxed);

@@ -1552,12 +1552,177 @@ static void test_handle_limit(void **state) {
   for (int i = 0; i < NP; i++) umbp_pool_destroy(names[i]);
 }
 
+/* The thread's slot cache (reserve.c): a slot umbp_remove() took out stays
+ * with the thread, RESERVED, and its next reserve gets it back, the slot
+ * removed last first; at most UMBP_FC_MAX (8) are kept, in a pool of 8192
+ * slots (one per 1024); --check is clean meanwhile; lookups of the old key
+ * miss after the slot is reused. */
+static int setup_fc(void **state) { return setup_n(state, 8192, 0); }
+static void test_slot_cache(void **state) {
+  struct fx *f = *state;
+  umbp_slot_census c0, c;
+  assert_int_equal(umbp_census(f->p, &c0), 0);
+  uint32_t s[10];
+  umbp_key k[10];
+  for (unsigned i = 0; i < 10; i++) {
+    k[i] = itu_key(f->ns, 500 + i, 0);
+    s[i] = put(f->p, &k[i]);
+  }
+  for (unsigned i = 0; i < 10; i++) assert_int_equal(umbp_remove(f->p, &k[i]), 0);
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  assert_int_equal(c.reserved, 8);           /* the first 8 removed are kept */
+  assert_int_equal(c.free_, c0.free_ - 8);   /* the last 2 went back on the ring */
+  assert_int_equal(c.published, 0);
+  census_ok(f->p);
+  for (unsigned i = 0; i < 10; i++) assert_int_equal(umbp_contains(f->p, &k[i]), 0);
+  /* the next reserves take them back, last removed first */
+  for (unsigned i = 8; i-- > 0;) {
+    uint32_t got;
+    assert_int_equal(umbp_reserve(f->p, -1, f->ns, &got), 0);
+    assert_int_equal(got, s[i]);
+    umbp_key nk = itu_key(f->ns, 900 + i, 0);
+    itu_fill(umbp_slot_ptr(f->p, got), umbp_slot_size(f->p), &nk);
+    assert_int_equal(umbp_publish(f->p, got, &nk), 0);
+    uint32_t hit;
+    assert_int_equal(umbp_lookup_pin(f->p, &nk, &hit), 0);
+    assert_int_equal(hit, got);
+    assert_true(itu_check(umbp_slot_ptr(f->p, hit), umbp_slot_size(f->p), &nk));
+    assert_int_equal(umbp_unpin(f->p, hit), 0);
+    assert_int_equal(umbp_contains(f->p, &k[i]), 0);
+  }
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  assert_int_equal(c.reserved, 0);
+  assert_int_equal(c.published, 8);
+  census_ok(f->p);
+  /* a bulk reserve takes kept slots too */
+  umbp_key nk0 = itu_key(f->ns, 900, 0), nk1 = itu_key(f->ns, 901, 0);
+  uint32_t a0, a1, b[2];
+  assert_int_equal(umbp_lookup_pin(f->p, &nk0, &a0), 0);
+  assert_int_equal(umbp_unpin(f->p, a0), 0);
+  assert_int_equal(umbp_lookup_pin(f->p, &nk1, &a1), 0);
+  assert_int_equal(umbp_unpin(f->p, a1), 0);
+  assert_int_equal(umbp_remove(f->p, &nk0), 0);
+  assert_int_equal(umbp_remove(f->p, &nk1), 0);
+  assert_int_equal(umbp_reserve_bulk(f->p, -1, f->ns, 2, b), 2);
+  assert_int_equal(b[0], a1);
+  assert_int_equal(b[1], a0);
+  assert_int_equal(umbp_abort(f->p, b[0]), 0);
+  assert_int_equal(umbp_abort(f->p, b[1]), 0);
+  census_ok(f->p);
+}
+
+/* Kept slots go back on the ring when their thread exits, when the handle
+ * is detached, and when their process dies (its reaper frees them). */
+static void *fc_thread(void *arg) {
+  struct fx *f = arg;
+  for (unsigned i = 0; i < 5; i++) {
+    umbp_key k = itu_key(f->ns, 700 + i, 0);
+    put(f->p, &k);
+    assert_int_equal(umbp_remove(f->p, &k), 0);
+  }
+  /* one slot kept, reused by each put (checked by the caller: cmocka's
+   * asserts belong to the main thread) */
+  umbp_slot_census c;
+  if (umbp_census(f->p, &c) != 0) return (void *)-1;
+  return (void *)(uintptr_t)c.reserved;
+}
+
+static void test_slot_cache_given_back(void **state) {
+  struct fx *f = *state;
+  umbp_slot_census c0, c;
+  assert_int_equal(umbp_census(f->p, &c0), 0);
+  /* thread exit */
+  pthread_t th;
+  void *kept;
+  assert_int_equal(pthread_create(&th, NULL, fc_thread, f), 0);
+  assert_int_equal(pthread_join(th, &kept), 0);
+  assert_int_equal((uintptr_t)kept, 1);
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  assert_int_equal(c.reserved, 0);
+  assert_int_equal(c.free_, c0.free_);
+  census_ok(f->p);
+  /* detach */
+  umbp_pool *q;
+  assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
+  for (unsigned i = 0; i < 3; i++) {
+    umbp_key k = itu_key(f->ns, 800 + i, 0);
+    put(q, &k);
+  }
+  for (unsigned i = 0; i < 3; i++) {
+    umbp_key k = itu_key(f->ns, 800 + i, 0);
+    assert_int_equal(umbp_remove(q, &k), 0);
+  }
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  assert_int_equal(c.reserved, 3);
+  umbp_pool_detach(q);
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  assert_int_equal(c.reserved, 0);
+  assert_int_equal(c.free_, c0.free_);
+  census_ok(f->p);
+  /* a process killed while it keeps slots */
+  int pfd[2];
+  assert_int_equal(pipe(pfd), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    umbp_pool *cq;
+    char ok = 0;
+    if (umbp_pool_attach(f->name, NULL, &cq) == 0) {
+      ok = 1;
+      for (unsigned i = 0; i < 4 && ok; i++) {
+        umbp_key k = itu_key(f->ns, 850 + i, 0);
+        uint32_t cs;
+        ok = umbp_reserve(cq, -1, f->ns, &cs) == 0 && umbp_publish(cq, cs, &k) == 0;
+      }
+      for (unsigned i = 0; i < 4 && ok; i++) {
+        umbp_key k = itu_key(f->ns, 850 + i, 0);
+        ok = umbp_remove(cq, &k) == 0;
+      }
+    }
+    if (write(pfd[1], &ok, 1) != 1) _exit(3);
+    pause();
+    _exit(0);
+  }
+  close(pfd[1]);
+  char ok = 0;
+  assert_int_equal(read(pfd[0], &ok, 1), 1);
+  close(pfd[0]);
+  assert_int_equal(ok, 1);
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  assert_int_equal(c.reserved, 4);
+  kill(pid, SIGKILL);
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(umbp_pool_reap(f->p) >= 1);
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  assert_int_equal(c.reserved, 0);
+  assert_int_equal(c.free_, c0.free_);
+  census_ok(f->p);
+}
+
+/* A pool under 1024 slots a partition keeps nothing: a removed slot is
+ * free at once for every process. */
+static void test_slot_cache_off_in_small_pools(void **state) {
+  struct fx *f = *state;
+  umbp_slot_census c0, c;
+  umbp_key k = itu_key(f->ns, 42, 0);
+  put(f->p, &k);
+  assert_int_equal(umbp_census(f->p, &c0), 0);
+  assert_int_equal(umbp_remove(f->p, &k), 0);
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  assert_int_equal(c.reserved, 0);
+  assert_int_equal(c.free_, c0.free_ + 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_namespaces, setup, teardown),
       cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_detach_releases_pins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_detach_releases_reservations, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_slot_cache, setup_fc, teardown),
+      cmocka_unit_test_setup_teardown(test_slot_cache_given_back, setup_fc, teardown),
+      cmocka_unit_test_setup_teardown(test_slot_cache_off_in_small_pools, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reclaim_tidies, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ring_header_scribbled, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fingerprint_covers_hash, setup, teardown),

@@ -40,7 +40,9 @@
  *    umbp_publish + umbp_remove; rte_hash: add_key + del_key on a table with
  *    RTE_HASH_EXTRA_FLAGS_RW_CONCURRENCY_LF whose freed entries go through an
  *    rte_rcu_qsbr defer queue; cds_lfht: add_unique + lookup + del + call_rcu)
- *    while one reader runs single hit lookups. Reported: writer pairs/s and
+ *    while one reader runs single hit lookups (ours: the writer's thread
+ *    keeps the slot it removed and reserves it again, reserve.c's slot
+ *    cache). Reported: writer pairs/s and
  *    the reader's lookups/s. Ours runs writer and reader as two threads of
  *    one process (p1) and as two processes (p2).
  */
@@ -1637,11 +1639,13 @@ static const char *usage_text =
     "rte_hash_del_key on a table with RTE_HASH_EXTRA_FLAGS_RW_CONCURRENCY_LF whose\n"
     "freed entries pass an rte_rcu_qsbr defer queue; cds_lfht: add_unique, lookup,\n"
     "del and call_rcu) while one reader runs single hit lookups; figure: writer\n"
-    "M pairs/s. churn-reader-LF-pN: that reader's M lookups/s. p1: writer and\n"
-    "reader are two threads; p2 (ours only): two processes; in p2 rows the\n"
-    "references run their two-thread churn again, in every repetition. Nothing\n"
-    "drains our pool's event ring, so our removals record no removed events, as\n"
-    "in any pool without an event consumer (docs/bench-index.md).\n"
+    "M pairs/s. Ours reuses one slot: a thread keeps a slot it removed for its\n"
+    "next reserve (docs/operations.md). churn-reader-LF-pN: that reader's M\n"
+    "lookups/s. p1: writer and reader are two threads; p2 (ours only): two\n"
+    "processes; in p2 rows the references run their two-thread churn again, in\n"
+    "every repetition. Nothing drains our pool's event ring, so our removals\n"
+    "record no removed events, as in any pool without an event consumer\n"
+    "(docs/bench-index.md).\n"
     "\n"
     "Repetitions. A case runs R repetitions; in each, every table runs S seconds,\n"
     "one after the other (the order rotates from one repetition to the next), from\n"
