@@ -127,7 +127,8 @@ UMBP_API int umbp_ns_set_quota(umbp_pool *pool, uint32_t id, uint64_t bytes);
 UMBP_API int umbp_reserve(umbp_pool *pool, int part, uint32_t ns, uint32_t *ret_slot);
 /* Reserve up to n slots into ret_slots[0..k); returns k (>= 1, or 0 for
  * n == 0), or the errors of umbp_reserve() when none could be reserved
- * (-ENOSPC). Ownership as umbp_reserve(). */
+ * (-ENOSPC). Slots this thread kept come first, as in umbp_reserve(); with
+ * part -1 they may be of several partitions. Ownership as umbp_reserve(). */
 UMBP_API int umbp_reserve_bulk(umbp_pool *pool, int part, uint32_t ns, unsigned n, uint32_t *ret_slots);
 /* Give a reserved, unpublished slot back to the free queue: 0, -EINVAL (slot
  * out of range or not reserved by this process), -EROFS, -ECHILD, -EUSERS.
@@ -202,10 +203,11 @@ UMBP_API int umbp_prefix_probe(umbp_pool *pool, unsigned n, const umbp_key *keys
  * (NULL or bad key); -EROFS; -ECHILD; -EUSERS. On 0 later lookups miss and a
  * removed event is emitted (into the event ring once a process has drained
  * it, umbp_events_drain(); to the feed once one is open, feed.h); the slot
- * is free for reuse at once. In a pool of 1024 slots a partition or more,
- * the calling thread keeps the slot (RESERVED, up to 8 a thread) for its
- * next umbp_reserve(); its exit, a detach or the process's death give kept
- * slots back. */
+ * is free for reuse at once. The calling thread may keep the slot
+ * (RESERVED) for its next umbp_reserve(): up to one per 8192 slots of the
+ * pool's smallest partition and 8 at most (none under 8192), and none once
+ * it removed more than that without a reserve between; its exit, a detach
+ * or the process's death give kept slots back (docs/operations.md). */
 UMBP_API int umbp_remove(umbp_pool *pool, const umbp_key *key);
 /* Remove every unpinned published block of ns; returns how many (>= 0;
  * pinned ones stay), or -EINVAL (NULL pool), -EROFS, -ECHILD, -EUSERS. A

@@ -28,8 +28,8 @@
  * tl_slot.fc; reserve.c, "The thread's slot cache"). */
 #define UMBP_FC_MAX 8u
 /* A thread keeps at most one removed slot per this many slots of the
- * smallest partition: none in pools under 1024 slots a partition. */
-#define UMBP_FC_SLOTS_PER 1024u
+ * smallest partition: none in pools under 8192 slots a partition. */
+#define UMBP_FC_SLOTS_PER 8192u
 /* Read-write handles one process may hold at once, of any pools (threads.c's
  * list, which thread exit and fork() walk). */
 #define UMBP_MAX_INSTANCES 64
@@ -243,7 +243,9 @@ struct tl_slot {
    * process's id for its next reserves instead of going round the free ring
    * (reserve.c, "The thread's slot cache"): a stack, fc[fc_n - 1] on top. */
   uint32_t fc_n;
+  uint32_t fc_rm; /* its removes since its last reserve */
   uint32_t fc[UMBP_FC_MAX];
+  uint64_t fc_w[UMBP_FC_MAX]; /* each kept slot's state word as it was kept */
 } __attribute__((aligned(64)));
 
 /* The calling thread's identity: its thread pointer (the TCB address, one

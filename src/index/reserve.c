@@ -61,15 +61,25 @@
  * longest ago, its ring cell, state word and data cold. Reuse at once is
  * safe for the same reason a removed slot is free at once: lookups validate
  * what they read against the state word, which moved on two generations (as
- * by way of FREE), and pins are checked before a removal. A thread keeps
- * UMBP_FC_MAX slots at most, and one per UMBP_FC_SLOTS_PER slots of the
- * smallest partition, so none in small pools, where a few kept slots would
- * be missed by others. Kept slots count as reserved (census, inspect), not
- * free; the thread's exit and detach put them back on their rings
- * (line_release() in threads.c), and the reaper of a process that dies frees
- * them as it frees any reservation of the dead. Only umbp_remove() keeps:
- * eviction (on demand or by the evictor thread) and umbp_clear_ns() make room
- * for every process, so their slots go back on the ring.
+ * by way of FREE), and pins are checked before a removal. What bounds the
+ * slots others cannot have:
+ *  - a thread keeps UMBP_FC_MAX slots at most, and one per UMBP_FC_SLOTS_PER
+ *    slots of the smallest partition, so none in small pools;
+ *  - only a thread that also reserves keeps: one that removes more than its
+ *    limit without a reserve between puts every kept slot back and keeps
+ *    none until it reserves again (a thread that only removes holds nothing
+ *    after a burst, and at most its limit after a short one);
+ *  - a reserve that would fail for want of a slot takes its own kept ones
+ *    whatever its namespace's quota;
+ *  - the thread's exit puts them back on their rings (line_release() in
+ *    threads.c); a detach, like the reaper of a process that dies, frees
+ *    them as it frees any reservation.
+ * Kept slots count as reserved (census, inspect, metrics), not free. A kept
+ * slot is handed out only if its state word is still the one it was kept
+ * with, so a caller's umbp_abort() of a slot number it was never given
+ * cannot make two owners of it. Only umbp_remove() keeps: eviction (on
+ * demand or by the evictor thread) and umbp_clear_ns() make room for every
+ * process, so their slots go back on the ring.
  */
 #include "index/index_inline.h"
 
@@ -225,15 +235,21 @@ bool umbp_ix_free_slot(umbp_pool *p, struct umbp_proc_slot *ledger_owner, unsign
 /* ---- the thread's slot cache (design note above) --------------------------------- */
 void umbp_ix_fc_keep_or_free(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t ev) {
   struct umbp_index *ix = p->index;
-  if (t->fc_n < ix->fc_cap) {
-    /* EVICTING -> RESERVED(us), two generations on as by way of FREE. A
-     * store: no one else writes the state of a slot its owner holds. The
-     * ledger is not needed: the slot travels nowhere, and a reaper of ours
-     * frees it as RESERVED. */
-    atomic_store_explicit(&ix->meta[s].state, ST_NEXT(ST_NEXT(ev, UMBP_SLOT_FREE, 0), UMBP_SLOT_RESERVED, p->owner_id),
-                          memory_order_release);
-    t->fc[t->fc_n++] = s;
-    return;
+  if (t->fc_rm < ix->fc_cap) {
+    t->fc_rm++;
+    if (t->fc_n < ix->fc_cap) {
+      /* EVICTING -> RESERVED(us), two generations on as by way of FREE. A
+       * store: no one else writes the state of a slot its owner holds. The
+       * ledger is not needed: the slot travels nowhere, and a reaper of ours
+       * frees it as RESERVED. */
+      uint64_t w = ST_NEXT(ST_NEXT(ev, UMBP_SLOT_FREE, 0), UMBP_SLOT_RESERVED, p->owner_id);
+      atomic_store_explicit(&ix->meta[s].state, w, memory_order_release);
+      t->fc[t->fc_n] = s;
+      t->fc_w[t->fc_n++] = w;
+      return;
+    }
+  } else if (t->fc_n) {
+    umbp_ix_fc_flush(ix, t); /* removes without reserves: give back what it kept */
   }
   umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
 }
@@ -248,17 +264,20 @@ void umbp_ix_fc_flush(struct umbp_index *ix, struct tl_slot *t) {
 }
 
 /* A kept slot of partition part (-1: any) into *ret: the one kept last. A
- * kept slot that is no longer RESERVED by us (a caller's umbp_abort() of a
- * slot number it was never given) is dropped. */
-static bool fc_take(struct umbp_index *ix, struct tl_slot *t, int part, uint16_t owner, uint32_t *ret) {
+ * kept slot whose state word moved since it was kept (a caller's
+ * umbp_abort() of a slot number it was never given, and maybe a reserve
+ * since) is no longer ours to hand out: dropped. */
+static bool fc_take(struct umbp_index *ix, struct tl_slot *t, int part, uint32_t *ret) {
   for (unsigned i = t->fc_n; i-- > 0;) {
     uint32_t s = t->fc[i];
     if (part >= 0 && s - ix->parts[part].first_slot >= ix->parts[part].slot_count) continue;
+    uint64_t kept = t->fc_w[i];
     /* out of the stack: the top moves into its place (the entries above i
      * were passed over already) */
-    t->fc[i] = t->fc[--t->fc_n];
-    uint64_t w = atomic_load_explicit(&ix->meta[s].state, memory_order_acquire);
-    if (ST_STATE(w) == UMBP_SLOT_RESERVED && ST_OWNER(w) == owner) {
+    --t->fc_n;
+    t->fc[i] = t->fc[t->fc_n];
+    t->fc_w[i] = t->fc_w[t->fc_n];
+    if (atomic_load_explicit(&ix->meta[s].state, memory_order_acquire) == kept) {
       *ret = s;
       return true;
     }
@@ -542,8 +561,9 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
     return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u)", part, ix->n_parts);
   if (ns >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", ns);
   unsigned got = 0;
+  t->fc_rm = 0;
   if (t->fc_n && !umbp_ix_ns_over_quota(ix, ns))
-    while (got < n && fc_take(ix, t, part, p->owner_id, &ret_slots[got])) got++;
+    while (got < n && fc_take(ix, t, part, &ret_slots[got])) got++;
   if (got == n) return (int)got;
   int q = pick_part(p, part);
   for (unsigned attempt = 0; got < n && attempt < 8; attempt++) {
@@ -562,6 +582,9 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
       else if (attempt >= 4) break;
     }
   }
+  /* the thread's kept slots, whatever the namespace's quota, rather than
+   * fail while it holds some */
+  while (got < n && t->fc_n && fc_take(ix, t, part, &ret_slots[got])) got++;
   if (got == 0 && n) return no_space_fail(p, q);
   return (int)got;
 }
@@ -575,9 +598,10 @@ UMBP_API int umbp_reserve(umbp_pool *p, int part, uint32_t ns, uint32_t *ret_slo
   struct tl_slot *t;
   if (UMBP_LIKELY(ix_get(p, &ix, &t) == 0 && part >= -1 && part < (int)ix->n_parts && ns < UMBP_MAX_NAMESPACES) &&
       !umbp_ix_ns_over_quota(ix, ns) &&
-      ((t->fc_n && fc_take(ix, t, part, p->owner_id, ret_slot)) ||
-       reserve_one(p, ix, (unsigned)pick_part(p, part), ret_slot) == 0))
+      ((t->fc_n && fc_take(ix, t, part, ret_slot)) || reserve_one(p, ix, (unsigned)pick_part(p, part), ret_slot) == 0)) {
+    t->fc_rm = 0;
     return 0;
+  }
   uint32_t s;
   int rc = umbp_reserve_bulk(p, part, ns, 1, &s);
   if (rc < 0) return rc;

@@ -1554,60 +1554,137 @@ static void test_handle_limit(void **state) {
 
 /* The thread's slot cache (reserve.c): a slot umbp_remove() took out stays
  * with the thread, RESERVED, and its next reserve gets it back, the slot
- * removed last first; at most UMBP_FC_MAX (8) are kept, in a pool of 8192
- * slots (one per 1024); --check is clean meanwhile; lookups of the old key
- * miss after the slot is reused. */
-static int setup_fc(void **state) { return setup_n(state, 8192, 0); }
+ * removed last first; a thread keeps one slot per 8192 of the partition (2
+ * here), and none after more removes than that without a reserve; --check
+ * is clean meanwhile; lookups of the old key miss after the slot is reused. */
+static int setup_fc(void **state) { return setup_n(state, 16384, 0); }
 static void test_slot_cache(void **state) {
   struct fx *f = *state;
+  const unsigned cap = f->p->index->fc_cap;
+  assert_int_equal(cap, 2);
   umbp_slot_census c0, c;
   assert_int_equal(umbp_census(f->p, &c0), 0);
-  uint32_t s[10];
-  umbp_key k[10];
-  for (unsigned i = 0; i < 10; i++) {
+  uint32_t s[3];
+  umbp_key k[3];
+  for (unsigned i = 0; i < 3; i++) {
     k[i] = itu_key(f->ns, 500 + i, 0);
     s[i] = put(f->p, &k[i]);
   }
-  for (unsigned i = 0; i < 10; i++) assert_int_equal(umbp_remove(f->p, &k[i]), 0);
+  /* two removes: both kept */
+  for (unsigned i = 0; i < 2; i++) assert_int_equal(umbp_remove(f->p, &k[i]), 0);
   assert_int_equal(umbp_census(f->p, &c), 0);
-  assert_int_equal(c.reserved, 8);           /* the first 8 removed are kept */
-  assert_int_equal(c.free_, c0.free_ - 8);   /* the last 2 went back on the ring */
-  assert_int_equal(c.published, 0);
+  assert_int_equal(c.reserved, 2);
+  assert_int_equal(c.published, 1);
+  assert_int_equal(c.free_, c0.free_ - 3);
   census_ok(f->p);
-  for (unsigned i = 0; i < 10; i++) assert_int_equal(umbp_contains(f->p, &k[i]), 0);
-  /* the next reserves take them back, last removed first */
-  for (unsigned i = 8; i-- > 0;) {
-    uint32_t got;
-    assert_int_equal(umbp_reserve(f->p, -1, f->ns, &got), 0);
-    assert_int_equal(got, s[i]);
-    umbp_key nk = itu_key(f->ns, 900 + i, 0);
-    itu_fill(umbp_slot_ptr(f->p, got), umbp_slot_size(f->p), &nk);
-    assert_int_equal(umbp_publish(f->p, got, &nk), 0);
-    uint32_t hit;
-    assert_int_equal(umbp_lookup_pin(f->p, &nk, &hit), 0);
-    assert_int_equal(hit, got);
-    assert_true(itu_check(umbp_slot_ptr(f->p, hit), umbp_slot_size(f->p), &nk));
-    assert_int_equal(umbp_unpin(f->p, hit), 0);
-    assert_int_equal(umbp_contains(f->p, &k[i]), 0);
-  }
+  /* a third remove without a reserve between: everything back on the ring */
+  assert_int_equal(umbp_remove(f->p, &k[2]), 0);
   assert_int_equal(umbp_census(f->p, &c), 0);
   assert_int_equal(c.reserved, 0);
-  assert_int_equal(c.published, 8);
+  assert_int_equal(c.free_, c0.free_);
+  for (unsigned i = 0; i < 3; i++) assert_int_equal(umbp_contains(f->p, &k[i]), 0);
+  /* put, remove, reserve: the same slot every time */
+  uint32_t a = put(f->p, &k[0]);
+  for (unsigned i = 0; i < 4; i++) {
+    assert_int_equal(umbp_remove(f->p, &k[i % 2]), 0);
+    assert_int_equal(umbp_contains(f->p, &k[i % 2]), 0);
+    assert_int_equal(put(f->p, &k[(i + 1) % 2]), a);
+    uint32_t hit;
+    assert_int_equal(umbp_lookup_pin(f->p, &k[(i + 1) % 2], &hit), 0);
+    assert_int_equal(hit, a);
+    assert_true(itu_check(umbp_slot_ptr(f->p, hit), umbp_slot_size(f->p), &k[(i + 1) % 2]));
+    assert_int_equal(umbp_unpin(f->p, hit), 0);
+  }
+  /* k[0] is published in slot a; two more, then remove two: the next
+   * reserves take them back, last removed first, a bulk reserve too */
+  uint32_t b1 = put(f->p, &k[1]), b2 = put(f->p, &k[2]);
+  assert_int_equal(umbp_remove(f->p, &k[1]), 0);
+  assert_int_equal(umbp_remove(f->p, &k[2]), 0);
+  uint32_t got[2];
+  assert_int_equal(umbp_reserve_bulk(f->p, -1, f->ns, 2, got), 2);
+  assert_int_equal(got[0], b2);
+  assert_int_equal(got[1], b1);
+  assert_int_equal(umbp_abort(f->p, got[0]), 0);
+  assert_int_equal(umbp_abort(f->p, got[1]), 0);
+  assert_int_equal(umbp_remove(f->p, &k[0]), 0);
   census_ok(f->p);
-  /* a bulk reserve takes kept slots too */
-  umbp_key nk0 = itu_key(f->ns, 900, 0), nk1 = itu_key(f->ns, 901, 0);
-  uint32_t a0, a1, b[2];
-  assert_int_equal(umbp_lookup_pin(f->p, &nk0, &a0), 0);
-  assert_int_equal(umbp_unpin(f->p, a0), 0);
-  assert_int_equal(umbp_lookup_pin(f->p, &nk1, &a1), 0);
-  assert_int_equal(umbp_unpin(f->p, a1), 0);
-  assert_int_equal(umbp_remove(f->p, &nk0), 0);
-  assert_int_equal(umbp_remove(f->p, &nk1), 0);
-  assert_int_equal(umbp_reserve_bulk(f->p, -1, f->ns, 2, b), 2);
-  assert_int_equal(b[0], a1);
-  assert_int_equal(b[1], a0);
-  assert_int_equal(umbp_abort(f->p, b[0]), 0);
-  assert_int_equal(umbp_abort(f->p, b[1]), 0);
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  assert_int_equal(c.reserved, 1); /* a, kept */
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &got[0]), 0);
+  assert_int_equal(got[0], a);
+  assert_int_equal(umbp_abort(f->p, got[0]), 0);
+  (void)s;
+}
+
+/* A kept slot whose state moved is not handed out: a caller that aborts a
+ * slot number it was never given frees the kept slot; another thread of the
+ * process reserves it from the ring; the keeping thread must not return it
+ * too. */
+struct fc_grab {
+  struct fx *f;
+  unsigned n;
+  uint32_t *slots;
+  int rc;
+};
+static void *fc_grab_thread(void *arg) {
+  struct fc_grab *g = arg;
+  g->rc = umbp_reserve_bulk(g->f->p, -1, g->f->ns, g->n, g->slots);
+  return NULL;
+}
+static void test_slot_cache_stale(void **state) {
+  struct fx *f = *state;
+  umbp_key k = itu_key(f->ns, 600, 0);
+  uint32_t s = put(f->p, &k);
+  assert_int_equal(umbp_remove(f->p, &k), 0); /* kept */
+  assert_int_equal(umbp_abort(f->p, s), 0);   /* the misuse: now FREE, on the ring */
+  umbp_slot_census c;
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  struct fc_grab g = {f, (unsigned)c.free_, calloc(c.free_, sizeof(uint32_t)), 0};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, fc_grab_thread, &g), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_int_equal(g.rc, (int)c.free_); /* every free slot, s among them */
+  bool has_s = false;
+  for (unsigned i = 0; i < g.n; i++) has_s |= g.slots[i] == s;
+  assert_true(has_s);
+  uint32_t other = UINT32_MAX;
+  int rc = umbp_reserve(f->p, -1, f->ns, &other);
+  assert_int_equal(rc, -ENOSPC);
+  for (unsigned i = 0; i < g.n; i++) assert_int_equal(umbp_abort(f->p, g.slots[i]), 0);
+  free(g.slots);
+  census_ok(f->p);
+}
+
+/* A reserve that finds no free slot and nothing to evict takes the
+ * thread's kept slot even though its namespace is over quota (where a
+ * reserve otherwise evicts the namespace's own blocks first). */
+static void test_slot_cache_last_resort(void **state) {
+  struct fx *f = *state;
+  umbp_key ka = itu_key(f->ns, 610, 0), kb = itu_key(f->ns, 611, 0), kc = itu_key(f->ns, 612, 0);
+  put(f->p, &ka);
+  put(f->p, &kb);
+  uint32_t pa, pb;
+  assert_int_equal(umbp_lookup_pin(f->p, &ka, &pa), 0);
+  assert_int_equal(umbp_lookup_pin(f->p, &kb, &pb), 0);
+  uint32_t sc = put(f->p, &kc);
+  assert_int_equal(umbp_remove(f->p, &kc), 0); /* kept */
+  assert_int_equal(umbp_ns_set_quota(f->p, f->ns, umbp_slot_size(f->p)), 0); /* 2 blocks: over */
+  umbp_slot_census c;
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  struct fc_grab g = {f, (unsigned)c.free_, calloc(c.free_, sizeof(uint32_t)), 0};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, fc_grab_thread, &g), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_int_equal(g.rc, (int)c.free_);
+  uint32_t got = UINT32_MAX;
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &got), 0);
+  assert_int_equal(got, sc);
+  assert_int_equal(umbp_abort(f->p, got), 0);
+  for (unsigned i = 0; i < g.n; i++) assert_int_equal(umbp_abort(f->p, g.slots[i]), 0);
+  free(g.slots);
+  assert_int_equal(umbp_unpin(f->p, pa), 0);
+  assert_int_equal(umbp_unpin(f->p, pb), 0);
+  assert_int_equal(umbp_ns_set_quota(f->p, f->ns, 0), 0);
   census_ok(f->p);
 }
 
@@ -1644,16 +1721,16 @@ static void test_slot_cache_given_back(void **state) {
   /* detach */
   umbp_pool *q;
   assert_int_equal(umbp_pool_attach(f->name, NULL, &q), 0);
-  for (unsigned i = 0; i < 3; i++) {
+  for (unsigned i = 0; i < 2; i++) {
     umbp_key k = itu_key(f->ns, 800 + i, 0);
     put(q, &k);
   }
-  for (unsigned i = 0; i < 3; i++) {
+  for (unsigned i = 0; i < 2; i++) {
     umbp_key k = itu_key(f->ns, 800 + i, 0);
     assert_int_equal(umbp_remove(q, &k), 0);
   }
   assert_int_equal(umbp_census(f->p, &c), 0);
-  assert_int_equal(c.reserved, 3);
+  assert_int_equal(c.reserved, 2);
   umbp_pool_detach(q);
   assert_int_equal(umbp_census(f->p, &c), 0);
   assert_int_equal(c.reserved, 0);
@@ -1669,12 +1746,12 @@ static void test_slot_cache_given_back(void **state) {
     char ok = 0;
     if (umbp_pool_attach(f->name, NULL, &cq) == 0) {
       ok = 1;
-      for (unsigned i = 0; i < 4 && ok; i++) {
+      for (unsigned i = 0; i < 2 && ok; i++) {
         umbp_key k = itu_key(f->ns, 850 + i, 0);
         uint32_t cs;
         ok = umbp_reserve(cq, -1, f->ns, &cs) == 0 && umbp_publish(cq, cs, &k) == 0;
       }
-      for (unsigned i = 0; i < 4 && ok; i++) {
+      for (unsigned i = 0; i < 2 && ok; i++) {
         umbp_key k = itu_key(f->ns, 850 + i, 0);
         ok = umbp_remove(cq, &k) == 0;
       }
@@ -1689,7 +1766,7 @@ static void test_slot_cache_given_back(void **state) {
   close(pfd[0]);
   assert_int_equal(ok, 1);
   assert_int_equal(umbp_census(f->p, &c), 0);
-  assert_int_equal(c.reserved, 4);
+  assert_int_equal(c.reserved, 2);
   kill(pid, SIGKILL);
   int st;
   assert_int_equal(waitpid(pid, &st, 0), pid);
@@ -1700,7 +1777,7 @@ static void test_slot_cache_given_back(void **state) {
   census_ok(f->p);
 }
 
-/* A pool under 1024 slots a partition keeps nothing: a removed slot is
+/* A pool under 8192 slots a partition keeps nothing: a removed slot is
  * free at once for every process. */
 static void test_slot_cache_off_in_small_pools(void **state) {
   struct fx *f = *state;
@@ -1722,6 +1799,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_detach_releases_reservations, setup, teardown),
       cmocka_unit_test_setup_teardown(test_slot_cache, setup_fc, teardown),
       cmocka_unit_test_setup_teardown(test_slot_cache_given_back, setup_fc, teardown),
+      cmocka_unit_test_setup_teardown(test_slot_cache_stale, setup_fc, teardown),
+      cmocka_unit_test_setup_teardown(test_slot_cache_last_resort, setup_fc, teardown),
       cmocka_unit_test_setup_teardown(test_slot_cache_off_in_small_pools, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reclaim_tidies, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ring_header_scribbled, setup, teardown),
