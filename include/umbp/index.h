@@ -117,7 +117,8 @@ UMBP_API int umbp_ns_set_quota(umbp_pool *pool, uint32_t id, uint64_t bytes);
 /* Reserve a free slot on partition `part` (-1: the partition with the most
  * free slots) for a block of namespace `ns`: first a slot this thread kept
  * from its umbp_remove() (the one removed last), of that partition (-1: any),
- * while the namespace is within its quota. When the partition has none, the
+ * while the namespace is within its quota (over it, only as a last resort,
+ * before -ENOSPC). When the partition has none, the
  * call evicts unpinned blocks and reaps dead processes (bounded effort: a
  * few rounds) and then fails. Returns 0 and *ret_slot; -EINVAL (NULL
  * argument, no such partition, ns out of range); -ENOSPC (nothing could be
@@ -127,8 +128,8 @@ UMBP_API int umbp_ns_set_quota(umbp_pool *pool, uint32_t id, uint64_t bytes);
 UMBP_API int umbp_reserve(umbp_pool *pool, int part, uint32_t ns, uint32_t *ret_slot);
 /* Reserve up to n slots into ret_slots[0..k); returns k (>= 1, or 0 for
  * n == 0), or the errors of umbp_reserve() when none could be reserved
- * (-ENOSPC). Slots this thread kept come first, as in umbp_reserve(); with
- * part -1 they may be of several partitions. Ownership as umbp_reserve(). */
+ * (-ENOSPC). Slots this thread kept come first (last, over quota), as in
+ * umbp_reserve(); with part -1 they may be of several partitions. Ownership as umbp_reserve(). */
 UMBP_API int umbp_reserve_bulk(umbp_pool *pool, int part, uint32_t ns, unsigned n, uint32_t *ret_slots);
 /* Give a reserved, unpublished slot back to the free queue: 0, -EINVAL (slot
  * out of range or not reserved by this process), -EROFS, -ECHILD, -EUSERS.

@@ -66,18 +66,21 @@
  *  - a thread keeps UMBP_FC_MAX slots at most, and one per UMBP_FC_SLOTS_PER
  *    slots of the smallest partition, so none in small pools;
  *  - only a thread that also reserves keeps: one that removes more than its
- *    limit without a reserve between puts every kept slot back and keeps
- *    none until it reserves again (a thread that only removes holds nothing
- *    after a burst, and at most its limit after a short one);
+ *    limit without a reserve between (one that took a kept slot, or any
+ *    while it keeps none) puts every kept slot back and keeps none until it
+ *    reserves again; so a thread that only removes, or reserves only on
+ *    another partition, holds nothing after a burst, and at most its limit
+ *    after a short one;
  *  - a reserve that would fail for want of a slot takes its own kept ones
  *    whatever its namespace's quota;
- *  - the thread's exit puts them back on their rings (line_release() in
- *    threads.c); a detach, like the reaper of a process that dies, frees
- *    them as it frees any reservation.
+ *  - the thread's exit and a detach put them back on their rings
+ *    (line_release() in threads.c), each only if its state word is still
+ *    the one it was kept with; the reaper of a process that dies frees them
+ *    as it frees any reservation of the dead.
  * Kept slots count as reserved (census, inspect, metrics), not free. A kept
- * slot is handed out only if its state word is still the one it was kept
- * with, so a caller's umbp_abort() of a slot number it was never given
- * cannot make two owners of it. Only umbp_remove() keeps: eviction (on
+ * slot is handed out or given back only if its state word is still the one
+ * it was kept with, so a caller's umbp_abort() of a slot number it was never
+ * given cannot make two owners of it. Only umbp_remove() keeps: eviction (on
  * demand or by the evictor thread) and umbp_clear_ns() make room for every
  * process, so their slots go back on the ring.
  */
@@ -248,18 +251,34 @@ void umbp_ix_fc_keep_or_free(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64
       t->fc_w[t->fc_n++] = w;
       return;
     }
-  } else if (t->fc_n) {
-    umbp_ix_fc_flush(ix, t); /* removes without reserves: give back what it kept */
   }
+  /* s first: the removal is finished before the flush's frees */
   umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
+  if (t->fc_rm >= ix->fc_cap && t->fc_n)
+    umbp_ix_fc_flush(ix, t); /* removes without reserves: give back what it kept */
+}
+
+/* Free kept slot s if its state word is still kept, the one it was kept
+ * with (a CAS, so that a slot a stray umbp_abort() freed and another thread
+ * of ours reserved since, RESERVED by us again, is left to that thread). The
+ * ledger names s before the CAS, as in umbp_ix_free_slot(). */
+static void fc_free_kept(umbp_pool *p, struct tl_slot *t, uint32_t s, uint64_t kept) {
+  int part = slot_part(p, s);
+  if (part < 0 || p->proc_slot < 0) return;
+  struct umbp_proc_slot *ps = &p->procs[p->proc_slot];
+  atomic_store_explicit(&ps->inflight_slot[t->tid], s, memory_order_relaxed);
+  if (!atomic_compare_exchange_strong_explicit(&p->index->meta[s].state, &kept, ST_NEXT(kept, UMBP_SLOT_FREE, 0),
+                                               memory_order_release, memory_order_relaxed)) {
+    atomic_store_explicit(&ps->inflight_slot[t->tid], UINT32_MAX, memory_order_release);
+    return;
+  }
+  enqueue_free(p, ps, t->tid, s, p->owner_id, part);
 }
 
 void umbp_ix_fc_flush(struct umbp_index *ix, struct tl_slot *t) {
-  umbp_pool *p = ix->p;
   while (t->fc_n) {
-    uint32_t s = t->fc[--t->fc_n];
-    /* frees only a slot still RESERVED by us */
-    if (p->proc_slot >= 0) umbp_ix_free_slot(p, &p->procs[p->proc_slot], t->tid, s, p->owner_id);
+    --t->fc_n;
+    fc_free_kept(ix->p, t, t->fc[t->fc_n], t->fc_w[t->fc_n]);
   }
 }
 
@@ -279,6 +298,7 @@ static bool fc_take(struct umbp_index *ix, struct tl_slot *t, int part, uint32_t
     t->fc_w[i] = t->fc_w[t->fc_n];
     if (atomic_load_explicit(&ix->meta[s].state, memory_order_acquire) == kept) {
       *ret = s;
+      t->fc_rm = 0;
       return true;
     }
   }
@@ -561,7 +581,10 @@ UMBP_API int umbp_reserve_bulk(umbp_pool *p, int part, uint32_t ns, unsigned n, 
     return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u)", part, ix->n_parts);
   if (ns >= UMBP_MAX_NAMESPACES) return umbp_fail(-EINVAL, "namespace id %u is out of range", ns);
   unsigned got = 0;
-  t->fc_rm = 0;
+  /* a reserve counts as one between removes if it took a kept slot
+   * (fc_take()) or the thread keeps none: one that reserves only on another
+   * partition than its kept slots' does not hold them for good */
+  if (!t->fc_n) t->fc_rm = 0;
   if (t->fc_n && !umbp_ix_ns_over_quota(ix, ns))
     while (got < n && fc_take(ix, t, part, &ret_slots[got])) got++;
   if (got == n) return (int)got;
@@ -599,7 +622,7 @@ UMBP_API int umbp_reserve(umbp_pool *p, int part, uint32_t ns, uint32_t *ret_slo
   if (UMBP_LIKELY(ix_get(p, &ix, &t) == 0 && part >= -1 && part < (int)ix->n_parts && ns < UMBP_MAX_NAMESPACES) &&
       !umbp_ix_ns_over_quota(ix, ns) &&
       ((t->fc_n && fc_take(ix, t, part, ret_slot)) || reserve_one(p, ix, (unsigned)pick_part(p, part), ret_slot) == 0)) {
-    t->fc_rm = 0;
+    if (!t->fc_n) t->fc_rm = 0; /* fc_take() resets it when it takes a kept slot */
     return 0;
   }
   uint32_t s;

@@ -57,6 +57,15 @@ static uint32_t put(umbp_pool *p, const umbp_key *k) {
   return s;
 }
 
+/* put() without cmocka's asserts, which belong to the main thread: the
+ * slot, or UINT32_MAX */
+static uint32_t put_nt(umbp_pool *p, const umbp_key *k) {
+  uint32_t s;
+  if (umbp_reserve(p, -1, k->ns, &s) != 0) return UINT32_MAX;
+  itu_fill(umbp_slot_ptr(p, s), umbp_slot_size(p), k);
+  return umbp_publish(p, s, k) == 0 ? s : UINT32_MAX;
+}
+
 static void census_ok(umbp_pool *p) {
   umbp_slot_census c;
   assert_int_equal(umbp_census(p, &c), 0);
@@ -1655,6 +1664,53 @@ static void test_slot_cache_stale(void **state) {
   census_ok(f->p);
 }
 
+/* The same misuse, then the keeping thread exits: its give-back must leave
+ * the slot to the thread of ours that reserved it since. */
+struct fc_keeper {
+  struct fx *f;
+  uint32_t slot;
+  pthread_barrier_t kept, go;
+};
+static void *fc_keeper_thread(void *arg) {
+  struct fc_keeper *kp = arg;
+  umbp_key k = itu_key(kp->f->ns, 620, 0);
+  kp->slot = put_nt(kp->f->p, &k);
+  if (kp->slot != UINT32_MAX && umbp_remove(kp->f->p, &k) != 0) kp->slot = UINT32_MAX;
+  pthread_barrier_wait(&kp->kept);
+  pthread_barrier_wait(&kp->go); /* then exit: line_release() gives back */
+  return NULL;
+}
+static void test_slot_cache_stale_give_back(void **state) {
+  struct fx *f = *state;
+  struct fc_keeper kp = {.f = f, .slot = UINT32_MAX};
+  assert_int_equal(pthread_barrier_init(&kp.kept, NULL, 2), 0);
+  assert_int_equal(pthread_barrier_init(&kp.go, NULL, 2), 0);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, fc_keeper_thread, &kp), 0);
+  pthread_barrier_wait(&kp.kept);
+  assert_int_not_equal(kp.slot, UINT32_MAX);
+  assert_int_equal(umbp_abort(f->p, kp.slot), 0); /* the misuse: FREE, on the ring */
+  umbp_slot_census c;
+  assert_int_equal(umbp_census(f->p, &c), 0);
+  uint32_t *all = calloc(c.free_, sizeof *all);
+  assert_int_equal(umbp_reserve_bulk(f->p, -1, f->ns, (unsigned)c.free_, all), (int)c.free_);
+  pthread_barrier_wait(&kp.go);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  /* every slot this thread reserved is still RESERVED, the keeper's old slot among them */
+  umbp_slot_census after;
+  assert_int_equal(umbp_census(f->p, &after), 0);
+  assert_int_equal(after.reserved, c.free_);
+  assert_int_equal(after.free_, 0);
+  struct umbp_index *ix = f->p->index;
+  uint64_t w = atomic_load(&ix->meta[kp.slot].state);
+  assert_int_equal(ST_STATE(w), UMBP_SLOT_RESERVED);
+  for (uint64_t i = 0; i < c.free_; i++) assert_int_equal(umbp_abort(f->p, all[i]), 0);
+  free(all);
+  pthread_barrier_destroy(&kp.kept);
+  pthread_barrier_destroy(&kp.go);
+  census_ok(f->p);
+}
+
 /* A reserve that finds no free slot and nothing to evict takes the
  * thread's kept slot even though its namespace is over quota (where a
  * reserve otherwise evicts the namespace's own blocks first). */
@@ -1694,11 +1750,9 @@ static void *fc_thread(void *arg) {
   struct fx *f = arg;
   for (unsigned i = 0; i < 5; i++) {
     umbp_key k = itu_key(f->ns, 700 + i, 0);
-    put(f->p, &k);
-    assert_int_equal(umbp_remove(f->p, &k), 0);
+    if (put_nt(f->p, &k) == UINT32_MAX || umbp_remove(f->p, &k) != 0) return (void *)-1;
   }
-  /* one slot kept, reused by each put (checked by the caller: cmocka's
-   * asserts belong to the main thread) */
+  /* one slot kept, reused by each put (checked by the caller) */
   umbp_slot_census c;
   if (umbp_census(f->p, &c) != 0) return (void *)-1;
   return (void *)(uintptr_t)c.reserved;
@@ -1742,6 +1796,7 @@ static void test_slot_cache_given_back(void **state) {
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
+    alarm(60); /* never outlive a parent that failed before its kill */
     umbp_pool *cq;
     char ok = 0;
     if (umbp_pool_attach(f->name, NULL, &cq) == 0) {
@@ -1800,6 +1855,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_slot_cache, setup_fc, teardown),
       cmocka_unit_test_setup_teardown(test_slot_cache_given_back, setup_fc, teardown),
       cmocka_unit_test_setup_teardown(test_slot_cache_stale, setup_fc, teardown),
+      cmocka_unit_test_setup_teardown(test_slot_cache_stale_give_back, setup_fc, teardown),
       cmocka_unit_test_setup_teardown(test_slot_cache_last_resort, setup_fc, teardown),
       cmocka_unit_test_setup_teardown(test_slot_cache_off_in_small_pools, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reclaim_tidies, setup, teardown),
