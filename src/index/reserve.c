@@ -74,9 +74,8 @@
  *  - a reserve that would fail for want of a slot takes its own kept ones
  *    whatever its namespace's quota;
  *  - the thread's exit and a detach put them back on their rings
- *    (line_release() in threads.c), each only if its state word is still
- *    the one it was kept with; the reaper of a process that dies frees them
- *    as it frees any reservation of the dead.
+ *    (line_release() in threads.c); the reaper of a process that dies frees
+ *    them as it frees any reservation of the dead.
  * Kept slots count as reserved (census, inspect, metrics), not free. A kept
  * slot is handed out or given back only if its state word is still the one
  * it was kept with, so a caller's umbp_abort() of a slot number it was never

@@ -66,6 +66,12 @@ static uint32_t put_nt(umbp_pool *p, const umbp_key *k) {
   return umbp_publish(p, s, k) == 0 ? s : UINT32_MAX;
 }
 
+/* Abort each of n reserved slots (each must succeed) and free the array. */
+static void abort_all(umbp_pool *p, uint32_t *slots, uint64_t n) {
+  for (uint64_t i = 0; i < n; i++) assert_int_equal(umbp_abort(p, slots[i]), 0);
+  free(slots);
+}
+
 static void census_ok(umbp_pool *p) {
   umbp_slot_census c;
   assert_int_equal(umbp_census(p, &c), 0);
@@ -719,8 +725,7 @@ static void test_detach_releases_reservations(void **state) {
   /* and they can be reserved again without evicting anything */
   uint32_t *all = calloc(after.free_, sizeof *all);
   assert_int_equal(umbp_reserve_bulk(f->p, -1, f->ns, (unsigned)after.free_, all), (int)after.free_);
-  for (uint64_t i = 0; i < after.free_; i++) assert_int_equal(umbp_abort(f->p, all[i]), 0);
-  free(all);
+  abort_all(f->p, all, after.free_);
 }
 
 /* Free slots left off the ring (a free that gave up on a held-up ring) and
@@ -1659,8 +1664,7 @@ static void test_slot_cache_stale(void **state) {
   uint32_t other = UINT32_MAX;
   int rc = umbp_reserve(f->p, -1, f->ns, &other);
   assert_int_equal(rc, -ENOSPC);
-  for (unsigned i = 0; i < g.n; i++) assert_int_equal(umbp_abort(f->p, g.slots[i]), 0);
-  free(g.slots);
+  abort_all(f->p, g.slots, g.n);
   census_ok(f->p);
 }
 
@@ -1704,8 +1708,7 @@ static void test_slot_cache_stale_give_back(void **state) {
   struct umbp_index *ix = f->p->index;
   uint64_t w = atomic_load(&ix->meta[kp.slot].state);
   assert_int_equal(ST_STATE(w), UMBP_SLOT_RESERVED);
-  for (uint64_t i = 0; i < c.free_; i++) assert_int_equal(umbp_abort(f->p, all[i]), 0);
-  free(all);
+  abort_all(f->p, all, c.free_);
   pthread_barrier_destroy(&kp.kept);
   pthread_barrier_destroy(&kp.go);
   census_ok(f->p);
@@ -1736,8 +1739,7 @@ static void test_slot_cache_last_resort(void **state) {
   assert_int_equal(umbp_reserve(f->p, -1, f->ns, &got), 0);
   assert_int_equal(got, sc);
   assert_int_equal(umbp_abort(f->p, got), 0);
-  for (unsigned i = 0; i < g.n; i++) assert_int_equal(umbp_abort(f->p, g.slots[i]), 0);
-  free(g.slots);
+  abort_all(f->p, g.slots, g.n);
   assert_int_equal(umbp_unpin(f->p, pa), 0);
   assert_int_equal(umbp_unpin(f->p, pb), 0);
   assert_int_equal(umbp_ns_set_quota(f->p, f->ns, 0), 0);
