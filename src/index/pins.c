@@ -48,11 +48,12 @@ __attribute__((noinline, cold)) void umbp_ix_pin_bit_set(struct umbp_index *ix) 
   atomic_store_explicit(&ix->pin_bit, true, memory_order_relaxed);
 }
 
-UMBP_API int umbp_unpin(umbp_pool *p, uint32_t slot) {
-  if (p && p->forked) return umbp_pool_forked_fail(p); /* a fork() child's copy of the handle */
-  if (!p || !p->index) return umbp_ix_fail(p);      /* -EINVAL (NULL) or -EROFS (read-only) */
-  if (slot >= p->index->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
-  _Atomic uint8_t *pb = pin_at(p->index->pins, p->index->pin_stride, p->proc_slot, slot);
+/* Drop one of this process's (registry slot q's) pins on slot: umbp_unpin()
+ * after its handle checks, and each slot of umbp_unpin_bulk(), which calls
+ * this rather than the exported umbp_unpin() (a call through the PLT a slot). */
+static inline int unpin_one(struct umbp_index *ix, unsigned q, uint32_t slot) {
+  if (slot >= ix->slot_count) return umbp_fail(-EINVAL, "slot %u is out of range", slot);
+  _Atomic uint8_t *pb = pin_at(ix->pins, ix->pin_stride, q, slot);
   /* only this process writes its pin byte, but its threads race: a byte that
    * is 0 now cannot be ours to drop; one that is not stays >= 1 until we drop it
    * unless another of our threads unpins the same pin twice (a caller bug) */
@@ -63,13 +64,20 @@ UMBP_API int umbp_unpin(umbp_pool *p, uint32_t slot) {
   return 0;
 }
 
+UMBP_API int umbp_unpin(umbp_pool *p, uint32_t slot) {
+  if (p && p->forked) return umbp_pool_forked_fail(p); /* a fork() child's copy of the handle */
+  if (!p || !p->index) return umbp_ix_fail(p);      /* -EINVAL (NULL) or -EROFS (read-only) */
+  return unpin_one(p->index, p->proc_slot, slot);
+}
+
 UMBP_API int umbp_unpin_bulk(umbp_pool *p, unsigned n, const uint32_t *slots) {
+  if (p && p->forked) return umbp_pool_forked_fail(p);
   if (!p || !p->index) return umbp_ix_fail(p);
   if (n && !slots) return umbp_fail(-EINVAL, "umbp_unpin_bulk: slots is NULL for n = %u", n);
   int rc = 0;
   for (unsigned i = 0; i < n; i++)
     if (slots[i] != UMBP_NO_SLOT) {
-      int r = umbp_unpin(p, slots[i]);
+      int r = unpin_one(p->index, p->proc_slot, slots[i]);
       if (r && !rc) rc = r;
     }
   return rc;
