@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 
 TOOL = os.environ.get("UMBP_TOOL", "")
@@ -354,11 +355,40 @@ def _():
             assert (n in line[0]) == (rows[n] < 1.0), line[0]
 
 
+@check("--warmup W runs each table W seconds, untimed, before each timed run, and says so")
+def _():
+    args = ["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "3", "--impls", "ours",
+            "--lf", "0.5", "--filter", "hit-single-lf0.5-p1"]
+    t0 = time.monotonic()
+    cold = run(args + ["--json"])
+    t_cold = time.monotonic() - t0
+    assert cold.returncode == 0, "exit %d, stderr:\n%s" % (cold.returncode, cold.stderr)
+    assert json.loads(cold.stdout)["warmup"] == 0, "default warmup is not 0"
+    t0 = time.monotonic()
+    warm = run(args + ["--warmup", "0.5", "--json"])
+    t_warm = time.monotonic() - t0
+    assert warm.returncode == 0, "exit %d, stderr:\n%s" % (warm.returncode, warm.stderr)
+    doc = json.loads(warm.stdout)
+    assert doc["warmup"] == 0.5, "warmup = %r" % doc["warmup"]
+    names = [c["name"] for c in doc["cases"]]
+    assert names == ["hit-single-lf0.5-p1", "pin-hit-single-lf0.5-p1"], names
+    # two cases of one table, three repetitions each, each after 0.5 s of untimed lookups:
+    # 3 s at least, however fast the machine; the same run without --warmup takes well under that
+    assert t_cold < 2.5, "the run without --warmup took %.2f s: too slow to tell" % t_cold
+    assert t_warm >= 3, "with --warmup 0.5 and 2 x 3 repetitions the run took %.2f s (< 3 s)" % t_warm
+    r = run(args + ["--warmup", "0.1"])
+    assert r.returncode == 0 and "after 0.10 s of warm-up each" in r.stdout, r.stdout
+    for bad in ("-1", "61", "x", ""):
+        r = run(["bench", "index", "--warmup", bad])
+        assert r.returncode == 2 and "--warmup" in r.stderr, "--warmup %r: exit %d, %s" % (bad, r.returncode,
+                                                                                         r.stderr)
+
+
 @check("--help exits 0 and documents every option; usage errors exit 2")
 def _():
     r = run(["bench", "index", "--help"])
     assert r.returncode == 0 and r.stdout.startswith("Usage: umbp bench index"), r
-    for opt in ("--keys", "--seconds", "--reps", "--lf", "--filter", "--impls", "--seed", "--no-dpdk",
+    for opt in ("--keys", "--seconds", "--warmup", "--reps", "--lf", "--filter", "--impls", "--seed", "--no-dpdk",
                 "--json", "--index-pages", "--rte-hugepages", "Exit status", "Example"):
         assert opt in r.stdout, "--help does not mention %s" % opt
     for bad in (["bench", "index", "--keys", "0"], ["bench", "index", "--seconds", "-1"],

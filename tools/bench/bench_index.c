@@ -109,6 +109,7 @@ static bool op_is_bulk(int op) { return op == OP_HITB || op == OP_MISSB || op ==
 struct opts {
   uint64_t keys;
   double seconds;
+  double warmup; /* untimed run of the same case before each timed one (0: none) */
   unsigned reps;
   bool json;
   uint64_t seed;
@@ -1063,9 +1064,10 @@ static void rte_teardown_churn(struct bench *b) {
 
 /* ---- the cases ------------------------------------------------------------------------- */
 /* One repetition of a lookup op with par workers for impl; returns Mops/s or NAN on error. */
-static double rep_lookup(struct bench *b, int impl, int op, unsigned par, unsigned rep, const char *cname,
-                         int *ret_err) {
-  uint64_t dur = (uint64_t)(b->o->seconds * 1e9), pos = rep_pos(rep);
+static double rep_lookup(struct bench *b, int impl, int op, unsigned par, unsigned rep, double secs,
+                         uint64_t shift, const char *cname, int *ret_err) {
+  uint64_t dur = (uint64_t)(secs * 1e9), pos = (rep_pos(rep) + shift) & STREAM_MASK;
+  if (par > 2) par = 2; /* 1 or 2 (r[], w[]); says so to the compiler's bounds warnings */
   struct run_res r[2];
   memset(r, 0, sizeof r);
   if (impl == IMPL_OURS) {
@@ -1109,9 +1111,9 @@ static double rep_lookup(struct bench *b, int impl, int op, unsigned par, unsign
 
 /* One churn repetition: writer + one reader. par 2 (ours only): reader in the
  * child process. Returns writer M pairs/s, *ret_reader the reader's Mops/s. */
-static double rep_churn(struct bench *b, int impl, unsigned par, unsigned rep, const char *cname,
-                        double *ret_reader, int *ret_err) {
-  uint64_t dur = (uint64_t)(b->o->seconds * 1e9), pos = rep_pos(rep);
+static double rep_churn(struct bench *b, int impl, unsigned par, unsigned rep, double secs, uint64_t shift,
+                        const char *cname, double *ret_reader, int *ret_err) {
+  uint64_t dur = (uint64_t)(secs * 1e9), pos = (rep_pos(rep) + shift) & STREAM_MASK;
   struct worker w[2];
   memset(w, 0, sizeof w);
   struct run_res rd = {0};
@@ -1147,6 +1149,12 @@ static double rep_churn(struct bench *b, int impl, unsigned par, unsigned rep, c
   *ret_reader = mops(&rd);
   return mops(&w[0].res);
 }
+
+/* --warmup: each table's timed run of a repetition follows an untimed run of
+ * the same case (same table, operation and processes or threads) for W
+ * seconds, which reads the key stream a quarter of the stream further on, so
+ * that it warms the table, not the very keys the timed run looks up. */
+#define WARMUP_SHIFT (STREAM_LEN / 4)
 
 /* The k-th table to run in repetition rep, among the measured ones (-1: no
  * k-th). The order rotates from one repetition to the next, so that no table
@@ -1230,7 +1238,12 @@ static int run_lf(struct bench *b, unsigned lf_idx) {
         for (int k = 0; k < IMPL_N; k++) {
           int impl = rep_impl(measured, rep, k);
           if (impl < 0) continue;
-          vals[impl][rep] = rep_lookup(b, impl, impl == IMPL_OURS ? op : base_op(op), par, rep, name, &err);
+          int iop = impl == IMPL_OURS ? op : base_op(op);
+          if (o->warmup > 0) {
+            rep_lookup(b, impl, iop, par, rep, o->warmup, WARMUP_SHIFT, name, &err);
+            if (err) goto out;
+          }
+          vals[impl][rep] = rep_lookup(b, impl, iop, par, rep, o->seconds, 0, name, &err);
           if (err) goto out;
         }
       case_medians(c, vals, o->reps, measured);
@@ -1261,7 +1274,13 @@ static int run_lf(struct bench *b, unsigned lf_idx) {
         for (int k = 0; k < IMPL_N; k++) {
           int impl = rep_impl(measured, rep, k);
           if (impl < 0) continue;
-          vals[impl][rep] = rep_churn(b, impl, impl == IMPL_OURS ? par : 1, rep, name, &rdv[impl][rep], &err);
+          unsigned ipar = impl == IMPL_OURS ? par : 1;
+          if (o->warmup > 0) {
+            double rd;
+            rep_churn(b, impl, ipar, rep, o->warmup, WARMUP_SHIFT, name, &rd, &err);
+            if (err) goto out;
+          }
+          vals[impl][rep] = rep_churn(b, impl, ipar, rep, o->seconds, 0, name, &rdv[impl][rep], &err);
           if (err) goto out;
         }
       case_medians(c, vals, o->reps, measured);
@@ -1486,9 +1505,11 @@ static void machine_read(struct machine *m) {
 }
 
 static void print_table(const struct opts *o) {
-  printf("umbp bench index: table size %llu, reps %u x %.2f s, medians in M ops/s (lookups, or insert+remove "
+  char warm[48] = "";
+  if (o->warmup > 0) snprintf(warm, sizeof warm, " after %.2f s of warm-up each", o->warmup);
+  printf("umbp bench index: table size %llu, reps %u x %.2f s%s, medians in M ops/s (lookups, or insert+remove "
          "pairs for churn-*); ratios: medians of each repetition's ratio\n",
-         (unsigned long long)o->keys, o->reps, o->seconds);
+         (unsigned long long)o->keys, o->reps, o->seconds, warm);
   struct machine m;
   machine_read(&m);
   printf("machine: %s", m.model[0] ? m.model : "(CPU model unknown)");
@@ -1543,6 +1564,7 @@ static void print_json(const struct opts *o) {
   jb_u64(&j, "keys", o->keys);
   jb_u64(&j, "reps", o->reps);
   jb_dbl(&j, "seconds", o->seconds);
+  jb_dbl(&j, "warmup", o->warmup);
   struct machine m;
   machine_read(&m);
   jb_obj(&j, "machine");
@@ -1595,7 +1617,7 @@ static void print_json(const struct opts *o) {
 
 /* ---- main ------------------------------------------------------------------------------------ */
 static const char *usage_text =
-    "Usage: umbp bench index [--keys N] [--seconds S] [--reps R] [--lf LIST]\n"
+    "Usage: umbp bench index [--keys N] [--seconds S] [--warmup W] [--reps R] [--lf LIST]\n"
     "                        [--filter LIST] [--impls LIST] [--seed N] [--no-dpdk] [--json]\n"
     "                        [--index-pages try|huge|small] [--rte-hugepages]\n"
     "\n"
@@ -1653,7 +1675,9 @@ static const char *usage_text =
     "the same place in the key stream (a different place each repetition); pN rows\n"
     "of ours start both processes at one instant. A short repetition starts with\n"
     "the caches full of the previous table's lines, as a lookup amid other work\n"
-    "does; longer ones (--seconds 0.3) measure warmer tables.\n"
+    "does; longer ones (--seconds 0.3) measure warmer tables. --warmup W keeps\n"
+    "the pairs close and measures warm tables: each table's timed run follows an\n"
+    "untimed run of the same case for W seconds, elsewhere in the key stream.\n"
     "Each table's figure is its median over the repetitions, each ratio the median\n"
     "of the repetitions' ratios. Short repetitions pair the tables closely in\n"
     "time, so that a shared machine's noise (other tenants, clock changes) hits\n"
@@ -1674,6 +1698,9 @@ static const char *usage_text =
     "  --keys N        table size N (slots, entries, buckets); default 1048576.\n"
     "                  Our pool reserves N*4 KiB of /dev/shm memory while it runs.\n"
     "  --seconds S     length of one table's run in a repetition; default 0.02.\n"
+    "  --warmup W      run each table W seconds, untimed, right before each of its\n"
+    "                  timed runs (lookup and churn rows alike); default 0. A run\n"
+    "                  takes (S + W) / S times as long.\n"
     "  --reps R        repetitions per case (1 to 1000), medians reported;\n"
     "                  default 75.\n"
     "  --lf LIST       load factors (keys/N), comma-separated, each in (0, 1];\n"
@@ -1707,7 +1734,8 @@ static const char *usage_text =
     "'ours:' where each table's memory was. Progress goes to stderr when it is a\n"
     "terminal.\n"
     "\n"
-    "JSON (--json): {\"keys\":N, \"reps\":R, \"seconds\":S, \"machine\":{\"cpu_model\":\n"
+    "JSON (--json): {\"keys\":N, \"reps\":R, \"seconds\":S, \"warmup\":W,\n"
+    "\"machine\":{\"cpu_model\":\n"
     "\"model name\", \"cpu_family\":F, \"cpu_model_number\":M, \"cpus\":C, \"l2\":\"2048K\",\n"
     "\"l3\":\"32768K\"} (the 'machine:' line), \"dpdk\":true|false,\n"
     "\"dpdk_note\":\"DPDK version and EAL arguments, or why rte_hash was not\n"
@@ -1755,9 +1783,10 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
   o->n_lf = 2;
   for (int i = 0; i < IMPL_N; i++) o->impl_on[i] = true;
 
-  enum { O_KEYS = 256, O_SECONDS, O_REPS, O_LF, O_FILTER, O_IMPLS, O_SEED, O_NODPDK, O_JSON, O_IPAGES, O_RTEHUGE };
+  enum { O_KEYS = 256, O_SECONDS, O_WARMUP, O_REPS, O_LF, O_FILTER, O_IMPLS, O_SEED, O_NODPDK, O_JSON, O_IPAGES, O_RTEHUGE };
   static const struct option lo[] = {
       {"keys", required_argument, NULL, O_KEYS},     {"seconds", required_argument, NULL, O_SECONDS},
+      {"warmup", required_argument, NULL, O_WARMUP},
       {"reps", required_argument, NULL, O_REPS},     {"lf", required_argument, NULL, O_LF},
       {"filter", required_argument, NULL, O_FILTER}, {"impls", required_argument, NULL, O_IMPLS},
       {"seed", required_argument, NULL, O_SEED},     {"no-dpdk", no_argument, NULL, O_NODPDK},
@@ -1779,6 +1808,10 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     case O_SECONDS:
       if (parse_double(optarg, &o->seconds) || o->seconds <= 0 || o->seconds > 60)
         return cli_usage_error("bench index", "--seconds '%s': give a duration in (0, 60]", optarg);
+      break;
+    case O_WARMUP:
+      if (parse_double(optarg, &o->warmup) || o->warmup < 0 || o->warmup > 60)
+        return cli_usage_error("bench index", "--warmup '%s': give a duration in [0, 60] seconds", optarg);
       break;
     case O_REPS:
       errno = 0;
