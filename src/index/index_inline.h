@@ -134,13 +134,10 @@ static inline uint64_t ld64(const void *p, unsigned i) {
   return v;
 }
 
-static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t *h) {
-  if (UMBP_UNLIKELY(!k || k->hash_len - 1u >= UMBP_KEY_HASH_MAX)) {
-    memset(out, 0, sizeof *out);
-    *h = 0;
-    return umbp_ix_key_fail(k);
-  }
-  unsigned len = k->hash_len;
+/* The copy of key_load() for any valid k: its first 15 bytes and the 32
+ * bytes from its block hash on; key_load() clears what lies past a shorter
+ * hash_len. */
+static inline void key_copy(const umbp_key *k, struct umbp_key_shm *out) {
   const unsigned char *b = (const unsigned char *)k;
   unsigned char *o = (unsigned char *)out;
 #if defined(__SSE2__)
@@ -153,9 +150,32 @@ static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t
   memcpy(o, w, 16);
 #endif
   memcpy(o + 16, b + offsetof(umbp_key, hash), UMBP_KEY_HASH_MAX);
+}
+
+static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t *h) {
+  if (UMBP_UNLIKELY(!k || k->hash_len - 1u >= UMBP_KEY_HASH_MAX)) {
+    memset(out, 0, sizeof *out);
+    *h = 0;
+    return umbp_ix_key_fail(k);
+  }
+  unsigned len = k->hash_len;
+  unsigned char *o = (unsigned char *)out;
+  key_copy(k, out);
   if (UMBP_UNLIKELY(len < UMBP_KEY_HASH_MAX)) memset(o + 16 + len, 0, UMBP_KEY_HASH_MAX - len);
   *h = umbp_key_hash6(ld64(o, 0), ld64(o, 1), ld64(o, 2), ld64(o, 3), ld64(o, 4), ld64(o, 5));
   return 0;
+}
+
+/* The hash key_load() gives a full-length key (hash_len UMBP_KEY_HASH_MAX),
+ * read from the caller's bytes: the copy's six words are the caller's bytes
+ * 0..14 and a zero byte, then bytes 15..46. The batched probe hashes so and
+ * copies only the keys whose home bucket has a candidate (key_copy()): a
+ * miss then costs no copy (docs/bench-index.md). */
+static inline uint64_t key_hash_full(const umbp_key *k) {
+  const unsigned char *b = (const unsigned char *)k;
+  const unsigned char *x = b + offsetof(umbp_key, hash);
+  return umbp_key_hash6(ld64(b, 0), ld64(b, 1) & 0x00ffffffffffffffull, ld64(x, 0), ld64(x, 1), ld64(x, 2),
+                        ld64(x, 3));
 }
 
 /* Word-wise, with one branch on the result instead of one per 16 bytes (a

@@ -118,8 +118,8 @@ UMBP_API int umbp_lookup_pin(umbp_pool *p, const umbp_key *key, uint32_t *ret_sl
 /* Count the hits and misses of n probed keys: one update per namespace run
  * (a batch's keys normally share one namespace). pins: also count each hit
  * as a pin held. */
-static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const struct umbp_key_shm *k,
-                                 const uint32_t *s, unsigned n, bool pins) {
+static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const umbp_key *k, const uint32_t *s,
+                                 unsigned n, bool pins) {
   unsigned i = 0;
   while (i < n) {
     uint32_t ns = k[i].ns;
@@ -137,21 +137,33 @@ static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const
 #define UMBP_SLOW (UINT32_MAX - 1)
 
 /* Bulk lookups in stages so that the cache misses of up to 32 keys overlap.
- * Stage 1 (bulk_prep, which reads only the caller's keys): convert each
- * key, hash it, prefetch its home bucket. *one_ns:
- * whether all n keys share one namespace (counted with one update per
- * counter, count_bulk()). */
+ * Stage 1 (bulk_prep, which reads only the caller's keys): hash each key,
+ * prefetch its home bucket. A full-length key is hashed from the caller's
+ * bytes and copied into k[] (the segment's layout) only if stage 3 needs it
+ * (bulk_key()); a shorter one is copied here. *one_ns: whether all n keys
+ * share one namespace (counted with one update per counter, count_bulk()). */
 static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, struct umbp_key_shm *k, uint64_t *h,
                      bool *one_ns) {
   uint32_t nsd = 0;
   for (unsigned i = 0; i < n; i++) {
-    int rc = key_load(&keys[i], &k[i], &h[i]);
-    if (UMBP_UNLIKELY(rc)) return rc;
+    if (UMBP_LIKELY(keys[i].hash_len == UMBP_KEY_HASH_MAX)) {
+      h[i] = key_hash_full(&keys[i]);
+    } else {
+      int rc = key_load(&keys[i], &k[i], &h[i]);
+      if (UMBP_UNLIKELY(rc)) return rc;
+    }
     __builtin_prefetch(&ix->buckets[umbp_bucket_home(h[i], ix->nb)]);
-    nsd |= k[i].ns ^ k[0].ns;
+    nsd |= keys[i].ns ^ keys[0].ns;
   }
   *one_ns = nsd == 0;
   return 0;
+}
+
+/* Key i of a batch in the segment's layout (k[i]), copied now if
+ * bulk_prep() left it to be copied when needed. */
+static inline const struct umbp_key_shm *bulk_key(const umbp_key *keys, struct umbp_key_shm *k, unsigned i) {
+  if (keys[i].hash_len == UMBP_KEY_HASH_MAX) key_copy(&keys[i], &k[i]);
+  return &k[i];
 }
 
 /* Stages 2 and 3: match each home bucket's hints
@@ -165,8 +177,9 @@ static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, st
  * (with a copy of them to the caller's array) made batched pin lookups of
  * misses 15% faster (docs/bench-index.md). */
 static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_index *ix, unsigned n,
-                                                                 const struct umbp_key_shm *k, const uint64_t *h,
-                                                                 uint32_t *slots, uint8_t *present, bool pin) {
+                                                                 const umbp_key *keys, struct umbp_key_shm *k,
+                                                                 const uint64_t *h, uint32_t *slots,
+                                                                 uint8_t *present, bool pin) {
   uint32_t cand[BULK_CHUNK];
   unsigned hits = 0;
   for (unsigned i = 0; i < n; i++) {
@@ -195,10 +208,13 @@ static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_ind
     uint64_t st = 0;
     if (s == UMBP_NO_SLOT) {
       /* no hint in the home bucket and nothing homed there overflowed: a miss */
-    } else if (s != UMBP_SLOW && way_check_x(ix, s + 1, &k[i], &st, pin) == s) {
-      /* validated: published, key equal, state unchanged across the compare */
     } else {
-      s = probe(ix, &k[i], h[i], &st); /* other ways, overflow buckets */
+      const struct umbp_key_shm *ki = bulk_key(keys, k, i);
+      if (s != UMBP_SLOW && way_check_x(ix, s + 1, ki, &st, pin) == s) {
+        /* validated: published, key equal, state unchanged across the compare */
+      } else {
+        s = probe(ix, ki, h[i], &st); /* other ways, overflow buckets */
+      }
     }
     if (pin && s != UMBP_NO_SLOT && pin_slot(ix, s, st) != 0) s = UMBP_NO_SLOT;
     slots[i] = s;
@@ -210,8 +226,8 @@ static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_ind
 
 /* Count n probed keys, `hits` of them hits: one update per counter when
  * they share one namespace (one_ns), else count_lookups(). */
-static inline void count_bulk(struct umbp_index *ix, struct tl_slot *t, const struct umbp_key_shm *k,
-                              const uint32_t *s, unsigned n, unsigned hits, bool one_ns, bool pins) {
+static inline void count_bulk(struct umbp_index *ix, struct tl_slot *t, const umbp_key *k, const uint32_t *s,
+                              unsigned n, unsigned hits, bool one_ns, bool pins) {
   if (!UMBP_LIKELY(one_ns)) {
     count_lookups(ix, t, k, s, n, pins);
     return;
@@ -239,8 +255,8 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
       return rc;
     }
     uint32_t *s = ret_slots + off; /* nothing fails from here on */
-    unsigned ch = probe_bulk(ix, c, k, h, s, NULL, true);
-    count_bulk(ix, t, k, s, c, ch, one_ns, true);
+    unsigned ch = probe_bulk(ix, c, keys + off, k, h, s, NULL, true);
+    count_bulk(ix, t, keys + off, s, c, ch, one_ns, true);
     hits += (int)ch;
   }
   return hits;
@@ -280,20 +296,20 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
     uint8_t *pr = present && !prefix ? present + off : NULL;
     unsigned hits;
     if (c == 1) {
-      s[0] = probe(ix, &k[0], h[0], &st[0]);
+      s[0] = probe(ix, bulk_key(keys + off, k, 0), h[0], &st[0]);
       hits = s[0] != UMBP_NO_SLOT;
       if (pr) pr[0] = (uint8_t)hits;
     } else {
-      hits = probe_bulk(ix, c, k, h, s, pr, false);
+      hits = probe_bulk(ix, c, keys + off, k, h, s, pr, false);
     }
     if (prefix) {
       for (hits = 0; hits < c && s[hits] != UMBP_NO_SLOT;) hits++;
-      if (t) count_bulk(ix, t, k, s, hits < c ? hits + 1 : c, hits, one_ns, false); /* up to the first miss */
+      if (t) count_bulk(ix, t, keys + off, s, hits < c ? hits + 1 : c, hits, one_ns, false); /* up to the first miss */
       count += (int)hits;
       if (hits < c) return count;
       continue;
     }
-    if (t) count_bulk(ix, t, k, s, c, hits, one_ns, false);
+    if (t) count_bulk(ix, t, keys + off, s, c, hits, one_ns, false);
     count += (int)hits;
   }
   return count;

@@ -145,6 +145,31 @@ static void test_roundtrip(void **state) {
   memset(k3.hash + 16, 0x11, 16);
   put(f->p, &k2);
   assert_int_equal(umbp_contains(f->p, &k3), 1);
+  /* batches of full-length and shorter keys (hashed and copied on different
+   * paths, bulk_prep()): the same answers as one key at a time */
+  umbp_key b[5] = {k, k3, k1, k2, k};
+  uint8_t present[5];
+  assert_int_equal(umbp_contains_bulk(f->p, 5, b, present), 4);
+  assert_int_equal(present[0] + present[1] + present[3] + present[4], 4);
+  assert_int_equal(present[2], 0);
+  uint32_t sl[5];
+  assert_int_equal(umbp_lookup_pin_bulk(f->p, 5, b, sl), 4);
+  assert_int_equal(sl[0], s);
+  assert_int_equal(sl[4], s);
+  assert_int_equal(sl[2], UMBP_NO_SLOT);
+  assert_int_equal(sl[1], sl[3]);
+  assert_int_not_equal(sl[1], s);
+  assert_int_equal(umbp_unpin_bulk(f->p, 5, sl), 0);
+  assert_int_equal(umbp_unpin(f->p, s), -EINVAL); /* both pins of s dropped */
+  /* a bad key anywhere in a batch: -EINVAL, and no pin left held */
+  umbp_key bad[40];
+  for (unsigned i = 0; i < 40; i++) bad[i] = i % 2 ? k : k3;
+  bad[37].hash_len = 0;
+  uint32_t bsl[40];
+  assert_int_equal(umbp_lookup_pin_bulk(f->p, 40, bad, bsl), -EINVAL);
+  assert_int_equal(umbp_contains_bulk(f->p, 40, bad, NULL), -EINVAL);
+  assert_int_equal(umbp_unpin(f->p, s), -EINVAL);
+  assert_int_equal(umbp_unpin(f->p, sl[1]), -EINVAL);
   census_ok(f->p);
 }
 
