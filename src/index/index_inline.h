@@ -152,6 +152,11 @@ static inline void key_copy(const umbp_key *k, struct umbp_key_shm *out) {
   memcpy(o + 16, b + offsetof(umbp_key, hash), UMBP_KEY_HASH_MAX);
 }
 
+/* Clear a copy's block-hash bytes past len (below UMBP_KEY_HASH_MAX). */
+static inline void key_clear_past(struct umbp_key_shm *out, unsigned len) {
+  memset((unsigned char *)out + offsetof(struct umbp_key_shm, hash) + len, 0, UMBP_KEY_HASH_MAX - len);
+}
+
 static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t *h) {
   if (UMBP_UNLIKELY(!k || k->hash_len - 1u >= UMBP_KEY_HASH_MAX)) {
     memset(out, 0, sizeof *out);
@@ -161,7 +166,7 @@ static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t
   unsigned len = k->hash_len;
   unsigned char *o = (unsigned char *)out;
   key_copy(k, out);
-  if (UMBP_UNLIKELY(len < UMBP_KEY_HASH_MAX)) memset(o + 16 + len, 0, UMBP_KEY_HASH_MAX - len);
+  if (UMBP_UNLIKELY(len < UMBP_KEY_HASH_MAX)) key_clear_past(out, len);
   *h = umbp_key_hash6(ld64(o, 0), ld64(o, 1), ld64(o, 2), ld64(o, 3), ld64(o, 4), ld64(o, 5));
   return 0;
 }

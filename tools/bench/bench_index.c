@@ -1152,8 +1152,10 @@ static double rep_churn(struct bench *b, int impl, unsigned par, unsigned rep, d
 
 /* --warmup: each table's timed run of a repetition follows an untimed run of
  * the same case (same table, operation and processes or threads) for W
- * seconds, which reads the key stream a quarter of the stream further on, so
- * that it warms the table, not the very keys the timed run looks up. */
+ * seconds. It starts a quarter of the key stream further on, so that it does
+ * not replay, in order, the keys the timed run starts with; a warm-up of
+ * 0.04 s or more reads most of the 2^20-key stream either way, as warming
+ * the whole table means to. */
 #define WARMUP_SHIFT (STREAM_LEN / 4)
 
 /* The k-th table to run in repetition rep, among the measured ones (-1: no
@@ -1675,9 +1677,10 @@ static const char *usage_text =
     "the same place in the key stream (a different place each repetition); pN rows\n"
     "of ours start both processes at one instant. A short repetition starts with\n"
     "the caches full of the previous table's lines, as a lookup amid other work\n"
-    "does; longer ones (--seconds 0.3) measure warmer tables. --warmup W keeps\n"
-    "the pairs close and measures warm tables: each table's timed run follows an\n"
-    "untimed run of the same case for W seconds, elsewhere in the key stream.\n"
+    "does; longer ones (--seconds 0.3) measure warmer tables. --warmup W measures\n"
+    "warm tables with short runs: each table's timed run follows an untimed run\n"
+    "of the same case for W seconds (so the two figures of a pair are S + W\n"
+    "apart rather than S).\n"
     "Each table's figure is its median over the repetitions, each ratio the median\n"
     "of the repetitions' ratios. Short repetitions pair the tables closely in\n"
     "time, so that a shared machine's noise (other tenants, clock changes) hits\n"
