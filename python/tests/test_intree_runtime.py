@@ -176,21 +176,35 @@ def test_per_key_load_failure_and_out_of_order_completion(pool_name):
 
 def test_cancel_queued_and_running_jobs(pool_name):
     """With one copy thread, job B queued behind a running A: cancel(B) cancels
-    (its keys never appear), cancel(A) waits until A's buffers are free."""
+    (its keys never appear), cancel(A) waits until A's buffers are free.
+    B's batch is built before A is submitted and A is ten times B's size, so
+    that B is still queued when it is cancelled; a round in which the copy
+    thread reached B first anyway (a cancel that waited and completed, as
+    cancel() does for a job already copying) is repeated with new keys, up to
+    three rounds."""
     rig = Rig(pool_name, num_blocks=384, head=256, copy_threads=1, capacity=96 << 20)
     try:
-        a_keys, b_keys = rig.keys(7, 160), rig.keys(8, 160)
-        a = rig.worker.store_blocks(rig.store_batch(a_keys, list(range(160))))
-        b = rig.worker.store_blocks(rig.store_batch(b_keys, list(range(160, 320))))
-        cb = rig.worker.cancel(b)
-        assert cb.status == TransferJobStatus.CANCELLED
-        ca = rig.worker.cancel(a)
-        assert ca.status in DONE, "cancel returned while A still copies"
-        assert rig.worker.poll(ca) is ca
-        if ca.status == TransferJobStatus.COMPLETED:
-            rig.worker.publish(ca)
-            assert all(rig.sched.lookup(a_keys))
-        assert not any(rig.sched.lookup(b_keys))
+        for rnd in range(3):
+            a_keys, b_keys = rig.keys(20 + rnd, 240), rig.keys(30 + rnd, 24)
+            a_batch = rig.store_batch(a_keys, list(range(240)))
+            b_batch = rig.store_batch(b_keys, list(range(240, 264)))
+            a = rig.worker.store_blocks(a_batch)
+            b = rig.worker.store_blocks(b_batch)
+            cb = rig.worker.cancel(b)
+            ca = rig.worker.cancel(a)
+            assert ca.status in DONE, "cancel returned while A still copies"
+            assert rig.worker.poll(ca) is ca
+            if ca.status == TransferJobStatus.COMPLETED:
+                rig.worker.publish(ca)
+                assert all(rig.sched.lookup(a_keys))
+            if cb.status == TransferJobStatus.COMPLETED:
+                rig.worker.publish(cb)  # B was already copying: cancel() waited for it
+                continue
+            assert cb.status == TransferJobStatus.CANCELLED
+            assert not any(rig.sched.lookup(b_keys))
+            break
+        else:
+            pytest.fail("in three rounds B was never still queued when cancelled")
         c = L.SlotCensus()
         L.check(L.lib().umbp_census(rig.worker.pool.h, C.byref(c)), "census")
         assert c.reserved == 0
