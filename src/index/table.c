@@ -179,9 +179,8 @@ static inline const struct umbp_key_shm *bulk_key(const umbp_key *keys, struct u
  * soon as it is validated (a hit whose pin fails is a miss). Results: slots[],
  * and present[] (0/1) where given; returns the hits. Inlined into each caller
  * with pin constant: a miss then costs its stage 3 a load, a compare and its
- * stores. Pinning here rather than in a loop of the caller's over the results
- * (with a copy of them to the caller's array) made batched pin lookups of
- * misses 15% faster (docs/bench-index.md). */
+ * stores. Pinning here, into the caller's array, saves the caller a second
+ * loop over the results and a copy of them (docs/bench-index.md). */
 static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_index *ix, unsigned n,
                                                                  const umbp_key *keys, struct umbp_key_shm *k,
                                                                  const uint64_t *h, uint32_t *slots,
