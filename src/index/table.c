@@ -144,8 +144,8 @@ static inline void count_lookups(struct umbp_index *ix, struct tl_slot *t, const
  * whether all n keys share one namespace (counted with one update per
  * counter, count_bulk()).
  *
- * The batch's prefetches (here and stage 2's) bring lines into L2 (locality
- * 2, prefetcht1 on x86), not L1, and stage 3 reads them from there. An L1
+ * The batch's prefetches (here and stage 2's) bring lines into L2
+ * (prefetch_l2()), not L1, and stage 3 reads them from there. An L1
  * prefetch holds one of the core's few L1 miss buffers until its line
  * arrives; into L2, batched misses and hits both measured faster
  * (docs/bench-index.md, "The eleventh session"). */
@@ -159,7 +159,7 @@ static int bulk_prep(struct umbp_index *ix, unsigned n, const umbp_key *keys, st
       int rc = key_load(&keys[i], &k[i], &h[i]);
       if (UMBP_UNLIKELY(rc)) return rc;
     }
-    __builtin_prefetch(&ix->buckets[umbp_bucket_home(h[i], ix->nb)], 0, 2);
+    prefetch_l2(&ix->buckets[umbp_bucket_home(h[i], ix->nb)]);
     nsd |= keys[i].ns ^ keys[0].ns;
   }
   *one_ns = nsd == 0;
@@ -202,7 +202,7 @@ static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_ind
     if (mask) {
       s = way_x(bucket_slot(b, (unsigned)__builtin_ctz(mask)), sig) - 1;
       if (s < ix->slot_count) {
-        __builtin_prefetch(&ix->meta[s], 0, 2);
+        prefetch_l2(&ix->meta[s]);
         if (pin) prefetch_w((const void *)pin_at(ix->pins, ix->pin_stride, ix->p->proc_slot, s));
       } else {
         /* the hint matched by chance (or the way emptied since): a miss
