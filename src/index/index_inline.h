@@ -252,34 +252,24 @@ static inline void *part_ring(umbp_pool *p, unsigned part) {
 
 #if defined(__x86_64__) && defined(__SSE2__) && !defined(UMBP_TSAN)
 #include <emmintrin.h>
-/* The ways of bucket b whose signature is sig, as a bit mask. SSE2: the
- * twelve 8-bit signatures (bytes 0..11 of the line) in one vector compare.
- * The signatures are a hint only — each candidate's slot word is loaded with
- * acquire order before it is followed (bucket_slot()) and its key compared —
- * so a way changing underneath costs a wasted look, never a wrong answer.
- * (Under TSan the scalar loop below is used: it does not model this.) */
-/* *ovf: the upper half of the bucket's overflow word (count | reach << 8;
- * index_internal.h), taken from the same 16-byte load (bytes 14..15) rather
- * than loaded again: a lookup that misses loads its bucket line once, and
- * how many loads wait on a missing line sets how many lookups' misses the
- * core keeps in flight. The compiler barrier gives the word acquire order
- * for what the probe reads next (x86 keeps loads in order). */
+/* The ways of bucket b whose 8-bit signature hint is sig, as a bit mask, and
+ * in *far whether a key with hash h may live past bucket b: its bit in b's
+ * overflow filter (bytes 12..13, umbp_ovf_bit(); index_internal.h). SSE2: the
+ * twelve hints (bytes 0..11 of the line) in one vector compare. The hints
+ * are a hint only: each candidate's slot word is loaded with acquire order
+ * before it is followed (bucket_slot()) and its key compared, so a way
+ * changing underneath costs a wasted look, never a wrong answer. (Under TSan
+ * the scalar loop below is used: it does not model this.)
+ * The filter bit comes from the same 16-byte load rather than a second one:
+ * a lookup that misses loads its bucket line once, and how many loads wait
+ * on a missing line sets how many lookups' misses the core keeps in flight.
+ * A filter is 0 whenever the count is, so the bit alone decides whether a
+ * probe looks past the home: it is set for 0.4% of misses at load factor 0.9
+ * where the count is non-zero for 3.5%, and for 3% where churn has left the
+ * count non-zero for 18% (docs/bench-index.md, "The twelfth session"). The
+ * compiler barrier gives the word acquire order for what the probe reads
+ * next (x86 keeps loads in order). */
 _Static_assert(offsetof(struct umbp_bucket, ovf) == 12, "ovf is words 6 (filter) and 7 of the bucket's first 16 bytes");
-static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned *ovf) {
-  __m128i l0 = _mm_load_si128((const __m128i *)(const void *)b);
-  unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(l0, _mm_set1_epi8((char)sig)));
-  *ovf = (unsigned)_mm_extract_epi16(l0, 7);
-  atomic_signal_fence(memory_order_acquire);
-  return m & ((1u << UMBP_BUCKET_WAYS) - 1);
-}
-
-/* bucket_match() for the batched probe: the hint mask, and in *far whether a
- * key with hash h may live past bucket b: its bit in b's overflow filter
- * (bytes 12..13, umbp_ovf_bit()), from the same 16-byte load. A filter is 0
- * whenever the count is, so the bit alone decides; it is set for 0.4% of
- * misses at load factor 0.9 where the count is non-zero for 3.5%, and a
- * batched miss that takes the single-key probe for the buckets beyond costs
- * several times one that does not (docs/bench-index.md). */
 static inline unsigned bucket_match_far(struct umbp_bucket *b, uint8_t sig, uint64_t h, unsigned *far) {
   __m128i l0 = _mm_load_si128((const __m128i *)(const void *)b);
   unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(l0, _mm_set1_epi8((char)sig)));
@@ -297,8 +287,8 @@ static inline unsigned way_lanes_mask(__m128i e0, __m128i e1, __m128i e2) {
          ((1u << UMBP_BUCKET_WAYS) - 1);
 }
 
-/* The ways of bucket b whose whole 16-bit signature is sig: bucket_match()'s
- * hint mask ANDed with a compare of the twelve slot words' top bytes (three
+/* The ways of bucket b whose whole 16-bit signature is sig (and *far, as
+ * bucket_match_far() gives it): bucket_match_far()'s hint mask ANDed with a compare of the twelve slot words' top bytes (three
  * 16-byte loads of the same line, after the hint load: x86 keeps loads in
  * order, and an inserter stores the slot word before the hint, so a hint seen
  * set brings its slot word). A different key's low byte matches one of ~7
@@ -308,8 +298,8 @@ static inline unsigned way_lanes_mask(__m128i e0, __m128i e1, __m128i e2) {
  * for memory; the filter costs 16 instructions a call and pays for them
  * there. The batched probe, whose lines were prefetched, keeps the hint mask
  * alone: there the filter cost more than it saved (docs/bench-index.md). */
-static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
-  unsigned m = bucket_match(b, (uint8_t)sig, ovf);
+static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, uint64_t h, unsigned *far) {
+  unsigned m = bucket_match_far(b, (uint8_t)sig, h, far);
   const __m128i *sw = (const __m128i *)(const void *)b->slot;
   __m128i hv = _mm_set1_epi8((char)(sig >> 8));
   __m128i e0 = _mm_cmpeq_epi8(_mm_load_si128(sw), hv);
@@ -319,22 +309,16 @@ static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsig
   return m & way_lanes_mask(e0, e1, e2);
 }
 #else
-static inline unsigned bucket_match(struct umbp_bucket *b, uint8_t sig, unsigned *ovf) {
+static inline unsigned bucket_match_far(struct umbp_bucket *b, uint8_t sig, uint64_t h, unsigned *far) {
   unsigned mask = 0;
   for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++)
     mask |= (unsigned)(atomic_load_explicit(&b->sig[w], memory_order_relaxed) == sig) << w;
-  *ovf = atomic_load_explicit(&b->ovf, memory_order_acquire) >> 16;
+  *far = UMBP_OVF_FILTER(atomic_load_explicit(&b->ovf, memory_order_acquire)) >> umbp_ovf_bit_index(h) & 1;
   return mask;
 }
-static inline unsigned bucket_match_far(struct umbp_bucket *b, uint8_t sig, uint64_t h, unsigned *far) {
-  unsigned ovf, m = bucket_match(b, sig, &ovf);
-  (void)ovf;
-  *far = UMBP_OVF_FILTER(atomic_load_explicit(&b->ovf, memory_order_acquire)) >> umbp_ovf_bit_index(h) & 1;
-  return m;
-}
 /* the high signature bytes are checked by match_ways() (way_x()) */
-static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, unsigned *ovf) {
-  return bucket_match(b, (uint8_t)sig, ovf);
+static inline unsigned bucket_match16(struct umbp_bucket *b, uint16_t sig, uint64_t h, unsigned *far) {
+  return bucket_match_far(b, (uint8_t)sig, h, far);
 }
 #endif
 
@@ -411,19 +395,20 @@ static inline __attribute__((always_inline)) uint32_t match_ways(struct umbp_ind
   return UMBP_NO_SLOT;
 }
 
-/* Find k: the home bucket's ways, then, only if keys homed there overflowed,
- * the buckets after it. A miss in a home that never overflowed (the common
- * case) ends after one bucket line and one branch on its overflow word.
+/* Find k: the home bucket's ways, then, only if k's bit is set in the home's
+ * filter of displaced keys, the buckets after it. A miss whose bit is clear
+ * (99.6% at load factor 0.9, 97% after long churn) ends after one bucket line
+ * and one branch on that bit.
  * Always inlined (as probe() is): the single-key calls are the hot path. */
 static inline __attribute__((always_inline)) uint32_t probe_x(struct umbp_index *ix, const struct umbp_key_shm *k,
                                                               uint64_t h, uint64_t *ret_st, bool pin) {
   uint32_t home = umbp_bucket_home(h, ix->nb);
   uint16_t sig = umbp_key_sig(h);
   struct umbp_bucket *b = &ix->buckets[home];
-  unsigned ovf;
-  uint32_t s = match_ways(ix, b, bucket_match16(b, sig, &ovf), sig, k, ret_st, pin);
-  if (s != UMBP_NO_SLOT || UMBP_LIKELY(ovf == 0)) return s;
-  return umbp_ix_probe_far(ix, k, home, sig, ovf, ret_st, pin);
+  unsigned far;
+  uint32_t s = match_ways(ix, b, bucket_match16(b, sig, h, &far), sig, k, ret_st, pin);
+  if (s != UMBP_NO_SLOT || UMBP_LIKELY(!far)) return s;
+  return umbp_ix_probe_far(ix, k, home, sig, h, ret_st, pin);
 }
 
 static inline __attribute__((always_inline)) uint32_t probe(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h, uint64_t *ret_st) {

@@ -156,15 +156,17 @@ static inline uint32_t umbp_bucket_dist(uint32_t home, uint32_t b, uint32_t nb) 
  * (bits 0..15), their count (bits 16..23; at most 15 buckets x 12 ways) and
  * their reach, the largest distance any of them has had since the count was
  * last 0 (bits 24..31). A lookup that misses in the home bucket looks at the
- * next `reach` buckets, and the batched lookup only when its key's filter bit
- * is set: 0.4% of misses at load factor 0.9 instead of the 3.5% whose home
- * has displaced keys (docs/bench-index.md). All parts change in one CAS: an
+ * next `reach` buckets, and only when its key's filter bit is set: 0.4% of
+ * misses at load factor 0.9 instead of the 3.5% whose home has displaced
+ * keys (docs/bench-index.md). All parts change in one CAS: an
  * inserter adds (count, reach, its bit) before it links a displaced way, a
  * remover subtracts after it unlinks one, and the count reaching 0 clears the
  * whole word. So at every instant count >= displaced ways, reach >= their
  * distances, and every displaced key's bit is set; a bit whose key left
  * stays set until the count is 0 (it costs a look, never a wrong answer).
- * The single-key probe reads the upper half only (count | reach << 8). */
+ * Both probes look past the home only when the key's bit is set
+ * (bucket_match_far() in index_inline.h); umbp_ix_probe_far() then reads the
+ * reach from the word again. */
 #define UMBP_OVF_FILTER(v) ((unsigned)(v) & 0xffffu)
 #define UMBP_OVF_COUNT(v) ((unsigned)(v) >> 16 & 0xffu)
 #define UMBP_OVF_REACH(v) ((unsigned)(v) >> 24)
@@ -325,7 +327,7 @@ UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_pin_overflow_fail(uint32_t s);
 UMBP_IX_HIDDEN uint32_t umbp_ix_probe_other(struct umbp_index *ix, const struct umbp_key_shm *k, uint64_t h,
                                             uint32_t self, uint64_t *ret_st);
 UMBP_IX_HIDDEN uint32_t umbp_ix_probe_far(struct umbp_index *ix, const struct umbp_key_shm *k, uint32_t home,
-                                          uint16_t sig, unsigned ovf, uint64_t *ret_st, bool pin);
+                                          uint16_t sig, uint64_t h, uint64_t *ret_st, bool pin);
 UMBP_IX_HIDDEN bool umbp_ix_relink_hint(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h);
 UMBP_IX_HIDDEN bool umbp_ix_unlink_way(struct umbp_bucket *buckets, uint32_t nb, uint32_t s, uint64_t h);
 

@@ -22,13 +22,13 @@
  * hints sit beside the overflow word (index_internal.h): how many keys whose
  * home is this bucket live in one of the next UMBP_MAX_PROBE-1 buckets, how
  * far on the furthest of them is (a miss looks no further), and a 16-bit
- * filter of their hashes, by which a batched miss skips those buckets unless
- * its key's bit is set. A key's full bytes live in
+ * filter of their hashes, by which a miss skips those buckets unless its
+ * key's bit is set. A key's full bytes live in
  * its slot's metadata (struct umbp_slot_meta), so there is one entry per
  * slot and the slot id is the entry id (DPDK's rte_hash keeps signatures in
  * buckets and keys in a flat store the same way). For 1M slots the bucket
  * array is 8 MiB, as rte_hash's is for 1M entries. Lines touched: a miss
- * reads its home bucket (one line; more only when the home overflowed); a
+ * reads its home bucket (one line; more only when its bit is set there); a
  * hit reads the bucket, the slot's metadata line and, to pin, a line of this
  * process's pin array.
  *
@@ -75,19 +75,26 @@ __attribute__((noinline, cold)) int umbp_ix_key_fail(const umbp_key *k) {
   return umbp_fail(-EINVAL, "block hash length %u is invalid: use 1 to %d bytes", k->hash_len, UMBP_KEY_HASH_MAX);
 }
 
-/* The buckets after home that keys homed there may live in: up to the reach
- * its overflow word gives (ovf: the word's upper half, count | reach << 8,
- * as bucket_match() reads it). Out of line: 3.5% of homes overflow at load
- * factor 0.9 (1M keys), 0.02% at 0.5. */
+/* The buckets after home that keys homed there may live in, for a key with
+ * hash h that the home bucket did not hold and whose bit the probe saw set
+ * in the home's filter of displaced keys (bucket_match_far()). The reach
+ * comes from the home's word read again, with the bit: that word is at least
+ * as current as the probe's, and its count, reach and bit cover every key
+ * displaced from home for as long as it is (index_internal.h), so a key whose
+ * bit has been cleared since (the count fell to 0) ends here. Out of line:
+ * the bit sends 0.4% of misses here at load factor 0.9 on a fresh table, 3%
+ * after long churn (docs/bench-index.md, "The twelfth session"). */
 __attribute__((noinline)) uint32_t umbp_ix_probe_far(struct umbp_index *ix, const struct umbp_key_shm *k,
-                                                     uint32_t home, uint16_t sig, unsigned ovf, uint64_t *ret_st,
+                                                     uint32_t home, uint16_t sig, uint64_t h, uint64_t *ret_st,
                                                      bool pin) {
-  unsigned reach = UMBP_OVF_REACH((uint32_t)ovf << 16);
+  uint32_t v = atomic_load_explicit(&ix->buckets[home].ovf, memory_order_acquire);
+  if (!(UMBP_OVF_FILTER(v) >> umbp_ovf_bit_index(h) & 1)) return UMBP_NO_SLOT;
+  unsigned reach = UMBP_OVF_REACH(v);
   if (reach >= UMBP_MAX_PROBE) reach = UMBP_MAX_PROBE - 1;
   for (unsigned d = 1; d <= reach; d++) {
     struct umbp_bucket *b = &ix->buckets[umbp_bucket_at(home, d, ix->nb)];
     unsigned o;
-    uint32_t s = match_ways(ix, b, bucket_match16(b, sig, &o), sig, k, ret_st, pin);
+    uint32_t s = match_ways(ix, b, bucket_match16(b, sig, h, &o), sig, k, ret_st, pin);
     if (s != UMBP_NO_SLOT) return s;
   }
   return UMBP_NO_SLOT;
@@ -367,7 +374,7 @@ uint32_t umbp_ix_probe_other(struct umbp_index *ix, const struct umbp_key_shm *k
     /* the ways whose hint matches (a copy linked before our PUBLISHED store
      * had its hint stored before its own: publish() stores the hint, then
      * PUBLISHED, seq_cst) */
-    for (unsigned mask = bucket_match16(b, sig, &o); mask; mask &= mask - 1) {
+    for (unsigned mask = bucket_match16(b, sig, h, &o); mask; mask &= mask - 1) {
       unsigned w = (unsigned)__builtin_ctz(mask);
       uint32_t x = way_x(atomic_load_explicit(&b->slot[w], memory_order_acquire), sig);
       if (x - 1 == self) continue;
