@@ -288,7 +288,8 @@ static inline unsigned way_lanes_mask(__m128i e0, __m128i e1, __m128i e2) {
 }
 
 /* The ways of bucket b whose whole 16-bit signature is sig (and *far, as
- * bucket_match_far() gives it): bucket_match_far()'s hint mask ANDed with a compare of the twelve slot words' top bytes (three
+ * bucket_match_far() gives it): bucket_match_far()'s hint mask ANDed with a
+ * compare of the twelve slot words' top bytes (three
  * 16-byte loads of the same line, after the hint load: x86 keeps loads in
  * order, and an inserter stores the slot word before the hint, so a hint seen
  * set brings its slot word). A different key's low byte matches one of ~7

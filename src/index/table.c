@@ -225,7 +225,7 @@ static inline __attribute__((always_inline)) unsigned probe_bulk(struct umbp_ind
     uint32_t s = cand[i];
     uint64_t st = 0;
     if (s == UMBP_NO_SLOT) {
-      /* no hint in the home bucket and nothing homed there overflowed: a miss */
+      /* no hint in the home bucket, and the key's bit is clear in its filter of displaced keys: a miss */
     } else {
       const struct umbp_key_shm *ki = bulk_key(keys, k, i);
       if (s != UMBP_SLOW && way_check_x(ix, s + 1, ki, &st, pin) == s) {
