@@ -175,7 +175,7 @@ static const char *reap_usage =
     "Usage: umbp pool reap NAME\n"
     "\n"
     "Free the registry slots of dead processes and what they held (pins, reserved\n"
-    "slots, reader state). Live processes are never touched.\n"
+    "slots, half-done queue operations). Live processes are never touched.\n"
     "\n"
     "Exit status: 0; 1 runtime error; 2 usage error.\n"
     "Example: umbp pool reap kv   (what 'umbp pool ls' suggests for 'has dead processes')\n";

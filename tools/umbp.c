@@ -10,7 +10,7 @@
 static const struct cli_command commands[] = {
     {"pool", "create, destroy, list, describe, reap and gc pools", cmd_pool},
     {"topo", "show the machine's GPU/NUMA topology and the per-rank placement plan", cmd_topo},
-    {"bench", "benchmarks: index lookups, copy bandwidth", cmd_bench},
+    {"bench", "benchmarks: index lookups, copy bandwidth, the host tier", cmd_bench},
     {"replay", "replay a serving trace through a real pool with N worker processes", cmd_replay},
     {"daemon", "create or adopt a pool and own it: reap, evict, quotas", cmd_daemon},
     {"inspect", "show (read-only) everything in a pool; --check verifies its invariants", cmd_inspect},

@@ -3,7 +3,7 @@
  * index.h — the block index: find, add, pin and evict blocks in a pool with no
  * server and no lock on the read path.
  *
- * Slot lifecycle (design notes: src/index/table.c, readers.c, pins.c, reserve.c,
+ * Slot lifecycle (design notes: src/index/table.c, threads.c, pins.c, reserve.c,
  * evict.c):
  *
  *   umbp_reserve()  → write bytes at umbp_slot_ptr() → umbp_publish(key)

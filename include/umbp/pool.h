@@ -26,7 +26,7 @@
  *    claim is tied to an open-file-description lock that the kernel drops when
  *    the process dies, so any process can tell a dead slot from a live one
  *    without trusting a pid. umbp_pool_reap() frees dead slots together with
- *    the per-process state hung on them (pins, reader state, reservations).
+ *    the per-process state hung on them (pins, reservations).
  *
  * Threading: a umbp_pool handle may be used by many threads of its process at
  * once unless a function says otherwise; create/attach/detach/destroy are not
