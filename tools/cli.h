@@ -69,7 +69,16 @@ const char *cli_fmt_uuid(const uint8_t *uuid, char *buf, size_t n);
 
 /* Print "umbp: <msg>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Report a usage error: message + "Try 'umbp SUB --help'." and return CLI_USAGE. */
+/* Flush stdout and check it: CLI_OK, or CLI_RUNTIME after "umbp WHAT: writing
+ * the output failed: <cause>" (stdout full, closed, a broken pipe). main()
+ * runs it after every command that succeeded; loops that print until Ctrl-C
+ * run it after each frame, so that they end rather than print into nothing. */
+int cli_stdout_check(const char *what);
+/* Whether s is a plain decimal number (digits, at most one '.'): what strtod()
+ * would also read as hex, an exponent, inf or nan is not. */
+bool cli_decimal(const char *s);
+/* Report a usage error: message + "Try 'umbp SUB --help'." (SUB NULL: 'umbp
+ * --help') and return CLI_USAGE. */
 int cli_usage_error(const char *sub, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* JSON output of every --json: a jansson tree built in document order and

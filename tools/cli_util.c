@@ -169,12 +169,32 @@ void cli_error(const char *fmt, ...) {
   va_end(ap);
 }
 
+bool cli_decimal(const char *s) {
+  unsigned dots = 0, digits = 0;
+  for (; *s; s++) {
+    if (*s == '.') dots++;
+    else if (*s >= '0' && *s <= '9') digits++;
+    else return false;
+  }
+  return digits > 0 && dots <= 1;
+}
+
+int cli_stdout_check(const char *what) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout)) return CLI_OK;
+  /* fflush() sets errno; a write that failed earlier left only the error flag */
+  if (errno) cli_error("%s: writing the output failed: %s", what, strerror(errno));
+  else cli_error("%s: writing the output failed (standard output is full or closed)", what);
+  return CLI_RUNTIME;
+}
+
 int cli_usage_error(const char *sub, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   fputs("umbp: ", stderr);
   vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\nTry 'umbp %s --help'.\n", sub);
+  if (sub) fprintf(stderr, "\nTry 'umbp %s --help'.\n", sub);
+  else fputs("\nTry 'umbp --help'.\n", stderr);
   va_end(ap);
   return CLI_USAGE;
 }

@@ -54,8 +54,9 @@ static const char *inspect_usage =
     "\n"
     "Options:\n"
     "  --json            one JSON object instead of text (schema: docs/operations.md).\n"
-    "  --watch SECONDS   redraw every SECONDS (decimals allowed) until Ctrl-C, with\n"
-    "                    a timestamp and per-second rates beside the totals.\n"
+    "  --watch SECONDS   redraw every SECONDS (0.1 to 86400, decimals allowed) until\n"
+    "                    Ctrl-C, with a timestamp and per-second rates beside the\n"
+    "                    totals.\n"
     "  --check           verify every invariant of the pool (ways point at valid\n"
     "                    published slots in their key's neighbourhood, no slot\n"
     "                    reachable twice, pins only of claimed registry slots and\n"
@@ -64,15 +65,16 @@ static const char *inspect_usage =
     "                    violation; see docs/operations.md. Slots held by dead\n"
     "                    processes that the daemon has not reaped yet are\n"
     "                    reported, not violations.\n"
-    "  --events N        show the N most recent events (default 10, 0: none).\n"
+    "  --events N        show the N most recent events (0 to 64, default 10; 0: none).\n"
     "                    With --watch they are counted by type and namespace.\n"
-    "  --stat [SECONDS]  one line per interval (default 1 s), like redis-cli --stat:\n"
-    "                    time, used % (slots not free), lookups/s, hit % over the\n"
-    "                    interval ('-': no lookup in it), inserts/s, evictions/s,\n"
-    "                    pinned blocks, live processes. Rates come from the\n"
-    "                    difference of the cumulative counters between two lines;\n"
-    "                    the first line has none. The header repeats every 20\n"
-    "                    lines. Until Ctrl-C.\n"
+    "  --stat [SECONDS]  one line per interval (0.1 to 86400 s, default 1), like\n"
+    "                    redis-cli --stat: time, used % (slots not free),\n"
+    "                    lookups/s, hit % over the interval ('-': no lookup in\n"
+    "                    it), inserts/s, evictions/s, pinned blocks, live\n"
+    "                    processes. Rates come from the difference of the\n"
+    "                    cumulative counters between two lines; the first line\n"
+    "                    has none. The header repeats every 20 lines. Until\n"
+    "                    Ctrl-C.\n"
     "                    Example: umbp inspect kv --stat 5\n"
     "  --prometheus      print the metrics of 'umbp daemon --metrics' once, in the\n"
     "                    Prometheus text format (for node_exporter's textfile\n"
@@ -162,7 +164,8 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
   char a[32], b[32], c[32], t[32];
   if (prev) {
     snap_fmt_time(s->wall_ns, t, sizeof t);
-    printf("at %s; rates per second over the last %.1f s\n", t, (double)(s->mono_ns - prev->mono_ns) / 1e9);
+    if (prev == s) printf("at %s; rates per second from the next frame on\n", t);
+    else printf("at %s; rates per second over the last %.1f s\n", t, (double)(s->mono_ns - prev->mono_ns) / 1e9);
   }
   snap_fmt_time(i->created_ns, t, sizeof t);
   printf("pool %s (%s)\n", i->name, i->path);
@@ -520,7 +523,7 @@ int cmd_inspect(int argc, char **argv) {
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
     char *end;
     switch (c) {
     case O_JSON: json = true; break;
@@ -531,16 +534,16 @@ int cmd_inspect(int argc, char **argv) {
       const char *arg = optarg;
       if (!arg && optind < argc && argv[optind][0] != '-') {
         strtod(argv[optind], &end);
-        if (!*end && end != argv[optind]) arg = argv[optind++];
+        if (!*end && end != argv[optind] && cli_decimal(argv[optind])) arg = argv[optind++];
       }
       stat = arg ? strtod(arg, &end) : 1.0;
-      if (arg && (*end || end == arg || !(stat >= 0.1 && stat <= 86400)))
+      if (arg && (*end || end == arg || !cli_decimal(arg) || !(stat >= 0.1 && stat <= 86400)))
         return cli_usage_error("inspect", "--stat '%s': give seconds per line, 0.1 to 86400 (default 1)", arg);
       break;
     }
     case O_WATCH:
       watch = strtod(optarg, &end);
-      if (*end || end == optarg || !(watch >= 0.1 && watch <= 86400))
+      if (*end || end == optarg || !cli_decimal(optarg) || !(watch >= 0.1 && watch <= 86400))
         return cli_usage_error("inspect", "--watch '%s': give seconds between redraws, 0.1 to 86400", optarg);
       break;
     case O_EVENTS: {
@@ -549,11 +552,14 @@ int cmd_inspect(int argc, char **argv) {
       nevents = (unsigned)v;
       break;
     }
-    default: return cli_usage_error("inspect", "unknown or incomplete option '%s'", argv[optind - 1]);
+    case ':': return cli_usage_error("inspect", "option '%s' needs a value", argv[optind - 1]);
+    default: return cli_usage_error("inspect", "unknown option '%s'", argv[optind - 1]);
     }
   }
-  if (optind != argc - 1)
-    return cli_usage_error("inspect", optind >= argc ? "missing pool NAME" : "too many arguments");
+  if (optind >= argc) return cli_usage_error("inspect", "missing pool NAME");
+  if (optind < argc - 1)
+    return cli_usage_error("inspect", "too many arguments: '%s' after pool NAME '%s'%s", argv[optind + 1], argv[optind],
+                           stat > 0 ? " (--stat takes a number of seconds, 0.1 to 86400)" : "");
   const char *name = argv[optind];
   if (umbp_pool_name_valid(name)) return cli_usage_error("inspect", "%s", umbp_last_error());
   if (watch > 0 && check) return cli_usage_error("inspect", "--check gives one verdict: use it without --watch");
@@ -614,7 +620,12 @@ int cmd_inspect(int argc, char **argv) {
     while (!stop_watch) {
       snap_take(p, s, 0);
       print_stat_line(s, have_prev ? prev : NULL, &lines);
-      fflush(stdout);
+      if (cli_stdout_check("inspect --stat") != CLI_OK) {
+        free(s);
+        free(prev);
+        cli_pool_detach(p);
+        return CLI_RUNTIME;
+      }
       struct snap *tmp = prev;
       prev = s;
       s = tmp;
@@ -638,7 +649,10 @@ int cmd_inspect(int argc, char **argv) {
     if (watch > 0 && tty && !json) fputs("\033[H\033[2J", stdout);
     if (json) print_json(s, ck);
     else print_text(p, s, watch > 0 ? (have_prev ? prev : s) : NULL, ck);
-    fflush(stdout);
+    if (cli_stdout_check("inspect") != CLI_OK) {
+      ret = CLI_RUNTIME;
+      break;
+    }
     if (ck && ck->n_violations) ret = CLI_RUNTIME;
     if (watch <= 0 || stop_watch) break;
     struct snap *tmp = prev;

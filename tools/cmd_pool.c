@@ -65,7 +65,7 @@ static const char *create_usage =
     "                       B, KiB, MiB, GiB, TiB (K/M/G/T and KB/MB/GB are read as\n"
     "                       binary units too) and decimals: 1.5GiB.\n"
     "  --slot-size SIZE     bytes per block slot (default 256KiB): the KV bytes of\n"
-    "                       one block on one rank; a multiple of 64, at least 4KiB.\n"
+    "                       one block on one rank; a multiple of 64, 4KiB to 4GiB.\n"
     "  --numa-nodes LIST    NUMA nodes that get a partition each, e.g. 0,1; 'all'\n"
     "                       (default): every node with memory; 'auto': the nodes\n"
     "                       local to the GPUs, from the topology plan (see 'umbp\n"
@@ -117,8 +117,8 @@ static const char *destroy_usage =
     "left without their pool.\n"
     "\n"
     "Options:\n"
-    "  --force   remove it even with live processes attached (they keep their\n"
-    "            mapping; a daemon that owns it notices and stops with status 1).\n"
+    "  -f, --force  remove it even with live processes attached (they keep their\n"
+    "               mapping; a daemon that owns it notices and stops with status 1).\n"
     "\n"
     "Exit status: 0 removed; 1 no such pool, in use, or no permission; 2 usage error.\n"
     "Examples:\n"
@@ -236,8 +236,13 @@ static int fail_rc(int rc) {
 static int parse_group(const char *arg, umbp_pool_params *pp) {
   pp->group_access = true;
   char *end;
-  long g = strtol(arg, &end, 10);
-  if (*end == 0 && end != arg && g >= 0) {
+  errno = 0;
+  long long g = strtoll(arg, &end, 10);
+  if (*end == 0 && end != arg) {
+    /* (gid_t)-1 means "no change" to fchown() */
+    if (errno || g < 0 || g >= (long long)(gid_t)-1)
+      return cli_usage_error("pool create", "--group '%s' is not a group id: use 0 to %u, or a group name", arg,
+                             (unsigned)(gid_t)-1 - 1);
     pp->group = (gid_t)g;
   } else {
     struct group *gr = getgrnam(arg);
@@ -300,7 +305,7 @@ static int pool_create(int argc, char **argv) {
   int c;
   optind = 1;
   opterr = 0;
-  while ((c = getopt_long(argc, argv, "q", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":q", opts, NULL)) != -1) {
     uint64_t v;
     switch (c) {
     case O_CAP:
@@ -326,7 +331,10 @@ static int pool_create(int argc, char **argv) {
       if (parse_group(optarg, &pp) != CLI_OK) return CLI_USAGE;
       break;
     case O_HUGE: pp.hugepages = true; break;
-    case O_HDIR: pp.hugetlbfs_dir = optarg; break;
+    case O_HDIR:
+      if (!*optarg) return cli_usage_error("pool create", "--hugetlbfs '': give the directory of a hugetlbfs mount");
+      pp.hugetlbfs_dir = optarg;
+      break;
     case O_IPAGES:
       if (cli_parse_index_pages(optarg, &pp.index_pages))
         return cli_usage_error("pool create", "--index-pages '%s': use try, huge or small", optarg);
@@ -356,16 +364,20 @@ static int pool_create(int argc, char **argv) {
       break;
     }
     case 'q': quiet = true; break;
-    default:
-      return cli_usage_error("pool create", "unknown or incomplete option '%s'", argv[optind - 1]);
+    case ':': return cli_usage_error("pool create", "option '%s' needs a value", argv[optind - 1]);
+    default: return cli_usage_error("pool create", "unknown option '%s'", argv[optind - 1]);
     }
   }
-  if (optind != argc - 1)
-    return cli_usage_error("pool create", optind >= argc ? "missing pool NAME" : "too many arguments");
+  if (optind >= argc) return cli_usage_error("pool create", "missing pool NAME");
+  if (optind < argc - 1)
+    return cli_usage_error("pool create", "too many arguments: '%s' after pool NAME '%s'", argv[optind + 1], argv[optind]);
   const char *name = argv[optind];
   if (umbp_pool_name_valid(name)) return cli_usage_error("pool create", "%s", umbp_last_error());
   if (!have_cap) return cli_usage_error("pool create", "--capacity is required, e.g. --capacity 8GiB");
   if (ranks && !auto_nodes) return cli_usage_error("pool create", "--ranks only makes sense with --numa-nodes auto");
+  if (pp.hugetlbfs_dir && !pp.hugepages)
+    return cli_usage_error("pool create", "--hugetlbfs only makes sense with --hugepages (it names the mount the "
+                                          "pool's 2 MiB pages come from)");
   if (pp.no_reserve && !pp.no_prefault)
     return cli_usage_error("pool create", "--no-reserve only makes sense with --no-prefault (pre-faulting allocates "
                                           "every block)");
@@ -380,6 +392,10 @@ static int pool_create(int argc, char **argv) {
   umbp_log_set(log_cb, NULL, quiet ? UMBP_LOG_WARN : UMBP_LOG_INFO);
   umbp_pool *p;
   int rc = umbp_pool_create(name, &pp, &p);
+  /* -EINVAL: the options cannot make a pool (too few or too many slots, a
+   * NUMA node listed twice or absent, a DIR that is not hugetlbfs), a usage
+   * error; anything else failed on this machine at this moment */
+  if (rc == -EINVAL) return cli_usage_error("pool create", "%s", umbp_last_error());
   if (rc) return fail_rc(rc);
   umbp_pool_info info;
   umbp_pool_get_info(p, &info);
@@ -404,7 +420,7 @@ static int pool_destroy(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--force") || !strcmp(argv[i], "-f")) force = true;
     else if (argv[i][0] == '-') return cli_usage_error("pool destroy", "unknown option '%s'", argv[i]);
-    else if (name) return cli_usage_error("pool destroy", "too many arguments");
+    else if (name) return cli_usage_error("pool destroy", "too many arguments: '%s' after pool NAME '%s'", argv[i], name);
     else name = argv[i];
   }
   if (!name) return cli_usage_error("pool destroy", "missing pool NAME");
@@ -515,7 +531,7 @@ static int pool_info(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--json")) json = true;
     else if (argv[i][0] == '-') return cli_usage_error("pool info", "unknown option '%s'", argv[i]);
-    else if (name) return cli_usage_error("pool info", "too many arguments");
+    else if (name) return cli_usage_error("pool info", "too many arguments: '%s' after pool NAME '%s'", argv[i], name);
     else name = argv[i];
   }
   if (!name) return cli_usage_error("pool info", "missing pool NAME");
@@ -797,7 +813,10 @@ static int pool_reap(int argc, char **argv) {
     fputs(reap_usage, stdout);
     return CLI_OK;
   }
-  if (argc != 2) return cli_usage_error("pool reap", argc < 2 ? "missing pool NAME" : "too many arguments");
+  for (int i = 1; i < argc; i++)
+    if (argv[i][0] == '-') return cli_usage_error("pool reap", "unknown option '%s'", argv[i]);
+  if (argc < 2) return cli_usage_error("pool reap", "missing pool NAME");
+  if (argc > 2) return cli_usage_error("pool reap", "too many arguments: '%s' after pool NAME '%s'", argv[2], argv[1]);
   if (umbp_pool_name_valid(argv[1])) return cli_usage_error("pool reap", "%s", umbp_last_error());
   umbp_log_set(log_cb, NULL, UMBP_LOG_INFO);
   umbp_attach_opts o;

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* umbp — one binary, one subcommand per area. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -50,16 +51,21 @@ int main(int argc, char **argv) {
     usage(stderr);
     return CLI_USAGE;
   }
-  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
-    usage(stdout);
-    return CLI_OK;
-  }
-  if (!strcmp(argv[1], "--version")) {
-    printf("umbp %s\n", umbp_version());
-    return CLI_OK;
+  bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help");
+  if (help || !strcmp(argv[1], "--version")) {
+    if (argc > 2) return cli_usage_error(NULL, "%s takes no arguments ('%s' given)", argv[1], argv[2]);
+    if (help) usage(stdout);
+    else printf("umbp %s\n", umbp_version());
+    return cli_stdout_check(argv[1]);
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    if (!strcmp(argv[1], commands[i].name)) {
+      int rc = commands[i].fn(argc - 1, argv + 1);
+      /* A command that succeeded but whose output was lost (stdout full,
+       * closed, a broken pipe) failed; one that failed has said why already. */
+      if (rc == CLI_OK) rc = cli_stdout_check(commands[i].name);
+      return rc;
+    }
   fprintf(stderr, "umbp: unknown command '%s'\n\n", argv[1]);
   usage(stderr);
   return CLI_USAGE;

@@ -116,6 +116,9 @@ UMBP_API int umbp_pool_name_valid(const char *name) {
   }
   if (!strcmp(name, ".") || !strcmp(name, ".."))
     return umbp_fail(-EINVAL, "pool name '%s' is reserved: choose another", name);
+  /* every command would read such a name as an option */
+  if (name[0] == '-')
+    return umbp_fail(-EINVAL, "pool name '%s' starts with '-', which commands read as an option: start it with a letter, a digit, '.' or '_'", name);
   return 0;
 }
 
@@ -680,7 +683,7 @@ static int index_huge_where(uint64_t len, char *dir, size_t n, bool fallback) {
                               "vm.nr_hugepages=N)%s", index_fix_end(fallback));
   struct statvfs sv;
   if (statvfs(dir, &sv) != 0 || sv.f_bsize != UMBP_PART_ALIGN)
-    return umbp_fail(-EINVAL, "hugetlbfs mount %s does not have 2 MiB pages: the index needs them; mount one "
+    return umbp_fail(-EOPNOTSUPP, "hugetlbfs mount %s does not have 2 MiB pages: the index needs them; mount one "
                               "with -o pagesize=2M%s", dir, index_fix_end(fallback));
   uint64_t avail = huge_free_bytes(dir);
   if (len > avail)

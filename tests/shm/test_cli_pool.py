@@ -54,8 +54,35 @@ try:
         rc, _, err = umbp("pool", "create", name, *full)
         check(f"{' '.join(args)} is a usage error naming the option",
               rc == 2 and word in err and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
-    rc, _, err = umbp("pool", "create", name, "--capacity", "100TiB")
-    check("too big is refused before allocation", rc == 1 and "--capacity" in err and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
+    # options that cannot make a pool on any machine are usage errors (exit 2) naming the option
+    for args, word in [(["--capacity", "100TiB"], "at most 16777215 slots"), (["--capacity", "1B"], "raise --capacity"),
+                       (["--capacity", "16MiB", "--slot-size", "16MiB"], "raise --capacity"),
+                       (["--capacity", "16MiB", "--hugetlbfs", "/tmp"], "--hugetlbfs only makes sense with --hugepages"),
+                       (["--capacity", "16MiB", "--hugepages", "--hugetlbfs", "/tmp"], "is not a hugetlbfs mount"),
+                       (["--capacity"], "option '--capacity' needs a value"),
+                       (["--capacity", "16MiB", "--group", "99999999999"], "--group '99999999999'"),
+                       (["--capacity", "16MiB", "--group", "4294967295"], "--group '4294967295'")]:
+        rc, _, err = umbp("pool", "create", name, *args)
+        check(f"{' '.join(args)}: usage error ({word})",
+              rc == 2 and word in err and "Try 'umbp pool create --help'" in err
+              and not os.path.exists(f"/dev/shm/umbp.{name}"), (rc, err))
+    # larger than this machine's /dev/shm: a runtime error, refused before allocation
+    shm = os.statvfs("/dev/shm")
+    big = (shm.f_bavail * shm.f_frsize // (1 << 30) + 64) // 64 * 64
+    rc, _, err = umbp("pool", "create", name, "--capacity", f"{big}GiB", "--slot-size", "64MiB")
+    check("larger than /dev/shm is refused before allocation",
+          rc == 1 and "--capacity" in err and not os.path.exists(f"/dev/shm/umbp.{name}"), (rc, err))
+    # a name that commands would read as an option is refused where it would be made
+    rc, _, err = umbp("pool", "create", "--capacity", "16MiB", "--", "-" + name)
+    check("a name starting with '-' is refused", rc == 2 and "starts with '-'" in err
+          and not os.path.exists(f"/dev/shm/umbp.-{name}"), (rc, err))
+    rc, _, err = umbp("pool", "create", name, "extra", "--capacity", "16MiB")
+    check("too many arguments names the extra one", rc == 2 and "'extra' after pool NAME" in err, err)
+    for sub in (["info", name, "x"], ["destroy", name, "x"], ["reap", name, "x"]):
+        rc, _, err = umbp("pool", *sub)
+        check(f"pool {sub[0]}: too many arguments names the extra one", rc == 2 and "'x' after pool NAME" in err, err)
+    rc, _, err = umbp("pool", "reap", name, "--x")
+    check("pool reap: an unknown option is named as one", rc == 2 and "unknown option '--x'" in err, err)
     rc, out, err = umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault")
     check("create", rc == 0 and "1024 slots" in out, out + err)
     rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB")
@@ -69,6 +96,20 @@ try:
     rc, out, _ = umbp("pool", "ls", "--json")
     names = [p["name"] for p in json.loads(out)] if rc == 0 else []
     check("ls --json lists the pool", name in names, out[:300])
+    # output that cannot be written is a runtime error, never a silent success
+    for args in (["pool", "info", name], ["pool", "info", name, "--json"], ["pool", "ls"], ["pool", "ls", "--json"],
+                 ["inspect", name], ["inspect", name, "--json"], ["--help"], ["--version"]):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([TOOL, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+        check(f"{' '.join(args)} > /dev/full: exit 1 and says so",
+              r.returncode == 1 and "writing the output failed" in r.stderr, (r.returncode, r.stderr))
+    for args in (["inspect", name, "--watch", "0.1"], ["inspect", name, "--stat", "0.1"]):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([TOOL, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=20)
+        check(f"{' '.join(args)} > /dev/full ends (exit 1) instead of printing into nothing",
+              r.returncode == 1 and "writing the output failed" in r.stderr, (r.returncode, r.stderr))
+    rc, _, err = umbp("--version", "extra")
+    check("umbp --version takes no arguments", rc == 2 and "'extra'" in err, err)
     # a live process keeps destroy from removing the pool
     holder = subprocess.Popen([HELPER, "hold", name], stdout=subprocess.PIPE, text=True)
     line = holder.stdout.readline()
@@ -162,7 +203,7 @@ try:
     plain = tempfile.mkdtemp(prefix="umbp-plain-")
     rc, out, err = umbp("pool", "create", name, "--capacity", "4MiB", "--slot-size", "64KiB", "--hugepages",
                         "--hugetlbfs", plain)
-    check("--hugetlbfs on a plain directory is refused", rc == 1 and f"--hugetlbfs {plain} is not a hugetlbfs mount"
+    check("--hugetlbfs on a plain directory is refused", rc == 2 and f"--hugetlbfs {plain} is not a hugetlbfs mount"
           in err and not os.listdir(plain), out + err)
     for f in os.listdir(plain):
         os.unlink(os.path.join(plain, f))
