@@ -107,8 +107,9 @@ void jb_i64(struct jb *j, const char *key, int64_t v);
 void jb_dbl(struct jb *j, const char *key, double v); /* NaN and infinities give null */
 void jb_bool(struct jb *j, const char *key, bool v);
 void jb_null(struct jb *j, const char *key);
-/* Dump the tree and a newline to f, flush, free the tree. 0, or -ENOMEM / -EIO
- * with the message printed. */
+/* Dump the tree and a newline to f, flush, free the tree. 0; -ENOMEM with the
+ * message printed; -EIO (f full or closed), reported by the caller or, for
+ * stdout, by main()'s cli_stdout_check(). */
 int jb_finish(struct jb *j);
 
 /* True when stderr is a terminal (progress lines are drawn only then). */

@@ -260,7 +260,7 @@ int jb_finish(struct jb *j) {
     rc = -ENOMEM;
   } else if (json_dumpf(j->root, j->f, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) ||
              fputc('\n', j->f) == EOF || fflush(j->f)) {
-    rc = -EIO; /* stdout closed or full: the shell reports it */
+    rc = -EIO; /* f full or closed: the caller, or main()'s check of stdout, says so */
   }
   json_decref(j->root);
   memset(j, 0, sizeof *j);
