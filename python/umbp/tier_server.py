@@ -43,14 +43,18 @@ import collections
 import ctypes as C
 import errno
 import json
+import math
 import os
+import re
 import signal
 import sys
 import threading
 import time
+from fractions import Fraction
 
 from . import _lib as L
 from . import tier as T
+from ._lib import UMBP_NAME_MAX
 
 # Mooncake's codes (mooncake-store/include/types.h)
 MC_NO_AVAILABLE_HANDLE = -200  # the store has no room
@@ -111,7 +115,13 @@ files:
 
 exit status:
   0 stopped by SIGTERM or SIGINT; 1 runtime error (no such pool, a tier already
-  serves it, Mooncake not installed); 2 usage error.
+  serves it, Mooncake not installed, a --log file that cannot be opened); 2
+  usage error (a bad option or value, a pool name outside [A-Za-z0-9._-]{1,64}
+  or starting with '-', --json without --status).
+
+sizes:
+  whole bytes, or a number with B, KiB, MiB, GiB, TiB (K/KB, M/MB, G/GB, T/TB
+  are binary too): 1GiB, 1.5MiB, 4096. Never negative.
 
 examples:
   mooncake_master --rpc_port 50051 &                      # once, on any host
@@ -124,41 +134,135 @@ examples:
 See docs/cluster.md for the deployment picture and when to use it."""
 
 
+# The C CLI's size units (tools/cli_util.c cli_parse_size), matched without
+# regard to case: K, KB and KiB are all 1024.
+_SIZE_UNITS = {"": 1, "b": 1, **{u + tail: 1 << 10 * i for i, u in enumerate("kmgtp", 1) for tail in ("", "b", "ib")}}
+_SIZE_RE = re.compile(r"(\d+\.?\d*|\.\d+) *([A-Za-z]*)")
+_SIZE_MAX = (1 << 64) - 1
+_U32_MAX = (1 << 32) - 1
+SIZE_HINT = "use bytes, or a number with B, KiB, MiB, GiB, TiB (K/KB, M/MB... are binary too), e.g. 1GiB"
+
+
 def parse_size(s: str) -> int:
-    t = str(s).strip().lower().replace("ib", "").replace("b", "")
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a size (bytes, or a number with K/M/G/T: 1GiB)") from None
+    """Bytes from '1GiB', '512M', '1.5KiB', '4096': the C CLI's rule
+    (cli_parse_size): an unsigned decimal number and a binary unit, a whole
+    number of bytes below 2^64. Raises argparse.ArgumentTypeError with the
+    value and the fix."""
+    m = _SIZE_RE.fullmatch(str(s))
+    unit = _SIZE_UNITS.get(m.group(2).lower()) if m else None
+    if unit is None:
+        why = "a size cannot be negative" if str(s).strip().startswith("-") else "not a size"
+        raise argparse.ArgumentTypeError(f"'{s}': {why}: {SIZE_HINT}")
+    v = Fraction(m.group(1)) * unit  # exact: no float rounding, no inf
+    if v.denominator != 1:
+        raise argparse.ArgumentTypeError(f"'{s}' is {float(v):g} bytes, not a whole number: {SIZE_HINT}")
+    if v > _SIZE_MAX:
+        raise argparse.ArgumentTypeError(f"'{s}' is too large: sizes are below 2^64 bytes (16EiB)")
+    return int(v)
 
 
 def segment_size(s: str) -> int:
     v = parse_size(s)
     if 0 < v < 16 << 20:
-        raise argparse.ArgumentTypeError(f"{s}: Mooncake lends segments of 16MiB or more (or 0: lend none)")
+        raise argparse.ArgumentTypeError(f"'{s}' is {v} bytes: Mooncake lends segments of 16MiB or more; "
+                                         "use 0 (lend none) or at least 16MiB")
     return v
 
 
 def positive(s: str) -> int:
+    """A whole number from 1 to 2^32-1: --records, --keys-per-record,
+    --timeout-ms and --feed-capacity go into uint32 fields, where ctypes
+    would wrap a larger value silently; the other counts share the bound."""
     try:
         v = int(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a whole number") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{s} must be above 0")
+        raise argparse.ArgumentTypeError(f"'{s}' is not a whole number: use 1 to {_U32_MAX}") from None
+    if not 0 < v <= _U32_MAX:
+        raise argparse.ArgumentTypeError(f"'{s}' is out of range: use 1 to {_U32_MAX}")
     return v
 
 
+def percent(s: str) -> float:
+    """A share of the pool's slots: above 0 (0 would never write) and at most 100."""
+    try:
+        v = float(s)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and 0 < v <= 100):
+        raise argparse.ArgumentTypeError(f"'{s}' is not a percentage: use a number above 0 and at most 100, "
+                                         "e.g. 15")
+    return v
+
+
+def pool_name_error(name: str) -> str | None:
+    """Why NAME cannot name a pool, or None: the C library's rule
+    (src/shm/segment.c umbp_pool_name_valid), checked here so that a bad
+    name is a usage error before anything attaches or imports Mooncake. A
+    leading '-' is refused too (it reads as an option; the library refuses it
+    as well)."""
+    if not name:
+        return f"the pool name is empty: use 1 to {UMBP_NAME_MAX} characters from [A-Za-z0-9._-]"
+    if len(name) > UMBP_NAME_MAX:
+        return f"the pool name is {len(name)} characters long: use at most {UMBP_NAME_MAX} from [A-Za-z0-9._-]"
+    for i, c in enumerate(name, 1):
+        if not (c.isascii() and (c.isalnum() or c in "._-")):
+            shown = c if " " <= c <= "~" else "?"
+            return f"the pool name '{name}' has '{shown}' at position {i}: use only [A-Za-z0-9._-]"
+    if name in (".", ".."):
+        return f"the pool name '{name}' is reserved: choose another"
+    if name.startswith("-"):
+        return f"the pool name '{name}' starts with '-': begin it with a letter, a digit, '.' or '_'"
+    return None
+
+
+class UsageError(Exception):
+    """A usage error: main prints it in the C commands' form and exits 2."""
+
+
+def usage_error(prog: str, msg: str) -> int:
+    """Print a usage error as the C commands do (tools/cli_util.c
+    cli_usage_error): 'umbp: MSG' and 'Try 'PROG --help'.'; returns 2."""
+    print(f"umbp: {msg}\nTry '{prog} --help'.", file=sys.stderr)
+    return 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose own errors (unknown option, missing value, a type
+    function's refusal) read like the C commands' usage errors, not
+    argparse's 'usage: ... error: argument ...'."""
+
+    def error(self, message: str):
+        m = re.fullmatch(r"argument ([^:]+): (.*)", message, re.S)
+        if m:
+            opt, why = m.group(1).split("/")[-1], m.group(2)
+            c = re.fullmatch(r"invalid choice: (.*) \(choose from (.*)\)", why, re.S)
+            if c:
+                message = f"{opt} {c.group(1)}: use one of {c.group(2)}"
+            elif why.startswith("expected "):
+                message = (f"{opt} needs a value: {opt} VALUE (a word that starts with '-' reads as an option; "
+                           "no value here is negative)")
+            elif why.startswith("ignored explicit argument"):
+                message = f"{opt} takes no value: write {opt} alone"
+            elif why.startswith("'"):
+                message = f"{opt} {why}"
+            else:
+                message = f"{opt}: {why}"
+        elif message.startswith("the following arguments are required"):
+            message = f"missing the pool NAME: '{self.prog} POOL [options]'"
+        elif message.startswith("unrecognized arguments: "):
+            extra = message.split(": ", 1)[1]
+            message = (f"unknown option '{extra}'" if extra.startswith("-") else
+                       f"unexpected argument '{extra}' after the pool name: one pool per tier")
+        sys.exit(usage_error(self.prog, message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="umbp tier", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="umbp tier", description=DESCRIPTION, epilog=EPILOG,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("pool", help="the pool to serve (it must exist: umbp daemon POOL or umbp pool create)")
     p.add_argument("--status", action="store_true",
                    help="print the running tier's state, counters and feed lag, then exit")
-    p.add_argument("--json", action="store_true", help="with --status: one JSON object")
+    p.add_argument("--json", action="store_true", help="with --status: one JSON object (only with --status)")
     m = p.add_argument_group("Mooncake Store (the names in parentheses are Mooncake's own)")
     m.add_argument("--config", metavar="FILE", default=os.environ.get("MOONCAKE_CONFIG_PATH"),
                    help="Mooncake client JSON (as MOONCAKE_CONFIG_PATH, the default); the options below "
@@ -183,9 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--writeback", choices=("all", "evict", "off"), default="all",
                    help="which published blocks go to the store: all (default), evict (only once the "
                         "pool runs short of free slots, oldest first), off")
-    w.add_argument("--evict-free-pct", type=float, default=15.0, metavar="PCT",
-                   help="with --writeback evict: write while fewer than PCT%% of slots are free "
-                        "(default 15; the daemon evicts below 5)")
+    w.add_argument("--evict-free-pct", type=percent, default=15.0, metavar="PCT",
+                   help="with --writeback evict: write while fewer than PCT%% of slots are free, "
+                        "above 0 and at most 100 (default 15; the daemon evicts below 5)")
     w.add_argument("--queue", type=positive, default=65536, metavar="N",
                    help="keys waiting for write-back at most; the oldest are dropped (default 65536)")
     w.add_argument("--batch", type=positive, default=32, metavar="N", help="keys per put (default 32)")
@@ -217,8 +321,19 @@ def mooncake_config(a) -> dict:
                 cfg = json.load(f)
         except (OSError, ValueError) as e:
             raise SystemExit(f"umbp tier: cannot read Mooncake config {a.config}: {e}")
-    def size(v, default):
-        return parse_size(v) if isinstance(v, str) else int(v if v is not None else default)
+    def size(key, default):
+        v = cfg.get(key)
+        if v is None:
+            return default
+        if isinstance(v, str):
+            try:
+                return parse_size(v)
+            except argparse.ArgumentTypeError as e:
+                raise SystemExit(f"umbp tier: Mooncake config {a.config}: {key} {e}") from None
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _SIZE_MAX:
+            return v
+        raise SystemExit(f"umbp tier: Mooncake config {a.config}: {key} {v!r} is not a size: write whole bytes "
+                         "(a number) or a string such as \"1GiB\"")
     out = {
         "local_hostname": a.local_hostname or cfg.get("local_hostname") or "127.0.0.1",
         "metadata_server": a.metadata or cfg.get("metadata_server") or "P2PHANDSHAKE",
@@ -226,15 +341,16 @@ def mooncake_config(a) -> dict:
         "rdma_devices": a.device_name if a.device_name is not None else cfg.get("device_name", ""),
         "master_server_addr": a.master or cfg.get("master_server_address") or "127.0.0.1:50051",
         "global_segment_size": a.global_segment_size if a.global_segment_size is not None
-        else size(cfg.get("global_segment_size"), 1 << 30),
+        else size("global_segment_size", 1 << 30),
         "local_buffer_size": a.local_buffer_size if a.local_buffer_size is not None
-        else size(cfg.get("local_buffer_size"), 16 << 20),
+        else size("local_buffer_size", 16 << 20),
     }
     return out
 
 
 class Log:
     def __init__(self, path: str | None, verbose: bool):
+        """Raises OSError when PATH cannot be opened for appending."""
         self.f = open(path, "a", buffering=1) if path else sys.stderr
         self.verbose = verbose
 
@@ -246,10 +362,10 @@ class Log:
 
 
 class Tier:
-    def __init__(self, a, log: Log):
+    def __init__(self, a, log: Log, mc: dict | None = None):
         self.a, self.log = a, log
         self.lib = T.lib()
-        self.mc = mooncake_config(a)
+        self.mc = mc if mc is not None else mooncake_config(a)
         o = L.AttachOpts()
         self.lib.umbp_attach_opts_init(C.byref(o))
         h = C.c_void_p()
@@ -691,11 +807,32 @@ def status(a) -> int:
     return 0
 
 
+def check_args(a) -> None:
+    """The checks argparse cannot make alone; raises UsageError. They run
+    before anything attaches to the pool or imports Mooncake."""
+    why = pool_name_error(a.pool)
+    if why:
+        raise UsageError(why)
+    if a.json and not a.status:
+        raise UsageError("--json only formats --status: add --status, or drop --json")
+
+
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    p = build_parser()
+    a = p.parse_args(argv)  # argparse's own errors exit 2 (Parser.error)
+    try:
+        check_args(a)
+    except UsageError as e:
+        return usage_error(p.prog, str(e))
     if a.status:
         return status(a)
-    log = Log(a.log, a.verbose)
+    mc = mooncake_config(a)  # a bad config file ends here (exit 1), not after Mooncake's setup
+    try:
+        log = Log(a.log, a.verbose)
+    except OSError as e:
+        print(f"umbp tier: cannot open the log file --log {a.log}: {e.strerror or e}: give a file in a "
+              "directory that exists and that this user can write", file=sys.stderr)
+        return 1
     if not a.verbose:
         # Mooncake's INFO lines (several per call); its errors stay, ours say the same once
         os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
@@ -707,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
               "UMBP_PYTHON to a Python that has it", file=sys.stderr)
         return 1
     try:
-        tier = Tier(a, log)
+        tier = Tier(a, log, mc)
     except (RuntimeError, OSError) as e:
         print(f"umbp tier: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""`umbp tier`'s argument checks (python/umbp/tier_server.py), without
+Mooncake: every bad argument is a usage error (exit 2) in the C commands' form
+('umbp: ...' then "Try 'umbp tier --help'."), found before anything attaches
+to a pool or imports Mooncake; a runtime error (a log file that cannot be
+opened, a bad Mooncake config) exits 1 with a sentence; never a traceback.
+
+A stand-in `mooncake` package on PYTHONPATH exits 7 when imported, so a test
+sees whether the tier got as far as importing Mooncake (valid arguments do),
+whether or not the real Mooncake is installed."""
+import ctypes
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+import taplib  # noqa: E402
+from umbp import _lib as L  # noqa: E402
+from umbp.tier_server import parse_size, pool_name_error  # noqa: E402
+
+TOOL = os.environ["UMBP_TOOL"]
+TMP = tempfile.mkdtemp(prefix="umbp-tier-args-")
+POOL = f"fb-args-{os.getpid()}"  # never created: no check here needs a pool
+IMPORTED = 7  # exit status of the stand-in mooncake
+TRY = "Try 'umbp tier --help'."
+
+os.makedirs(os.path.join(TMP, "mooncake"))
+with open(os.path.join(TMP, "mooncake", "__init__.py"), "w") as f:
+    f.write("import sys\nsys.stderr.write('stand-in mooncake imported\\n')\nsys.exit(7)\n")
+ENV = dict(os.environ, PYTHONPATH=TMP + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH")
+                                         else ""))
+checks, check = taplib.registry()
+
+
+def tier(*args):
+    r = subprocess.run([TOOL, "tier", *args], capture_output=True, text=True, timeout=60, env=ENV)
+    assert "Traceback" not in r.stderr, (args, r.stderr)
+    return r.returncode, r.stdout, r.stderr
+
+
+def usage(args, *words):
+    """ARGS are a usage error in the C form, naming WORDS, before Mooncake."""
+    rc, out, err = tier(*args)
+    assert rc == 2, (args, rc, err)
+    lines = err.rstrip("\n").split("\n")
+    assert len(lines) == 2 and lines[0].startswith("umbp: ") and lines[1] == TRY, (args, err)
+    for w in words:
+        assert w in lines[0], (args, w, err)
+    assert "usage:" not in err and "error:" not in err, (args, err)
+
+
+def write(name, text):
+    p = os.path.join(TMP, name)
+    with open(p, "w") as f:
+        f.write(text)
+    return p
+
+
+@check("valid arguments get as far as importing Mooncake (the stand-in's exit 7)")
+def _():
+    for args in ([], ["--global-segment-size", "0", "--local-buffer-size", "1.5MiB"],
+                 ["--global-segment-size", "16M", "--evict-free-pct", "100", "--writeback", "evict"],
+                 ["--evict-free-pct", "0.5", "--queue", "4294967295", "--log", os.path.join(TMP, "log")]):
+        rc, out, err = tier(POOL, *args)
+        assert rc == IMPORTED and "stand-in mooncake imported" in err, (args, rc, err)
+
+
+@check("--log FILE that cannot be opened: exit 1 naming the file, no traceback")
+def _():
+    for path, why in (("/nonexistent/x", "No such file or directory"), (TMP, "Is a directory")):
+        rc, out, err = tier(POOL, "--log", path)
+        assert rc == 1 and f"--log {path}" in err and why in err, (path, rc, err)
+
+
+@check("sizes: the C CLI's units, whole bytes (parse_size)")
+def _():
+    KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+    for s, v in (("0", 0), ("4096", 4096), ("512B", 512), ("1K", KiB), ("1KB", KiB), ("1kib", KiB),
+                 ("1.5MiB", 3 * MiB // 2), ("2 GB", 2 * GiB), ("1G", GiB), ("1TiB", TiB), ("3T", 3 * TiB),
+                 (".5K", 512), ("2.", 2), ("1PiB", 1 << 50)):
+        assert parse_size(s) == v, (s, parse_size(s), v)
+
+
+@check("sizes: non-finite, exponent, fraction of a byte, garbage and too large are usage errors")
+def _():
+    for opt in ("--local-buffer-size", "--global-segment-size"):
+        for bad in ("infG", "inf", "nan", "1e400G", "1e3", "0x10", "1.5", "0.1K", "1GiBs", "1 G B", "G", "",
+                    " 1G", "1_000", "16385PiB", "99999999999999999999"):
+            usage([POOL, f"{opt}={bad}"], opt, f"'{bad}'")
+
+
+@check("negative sizes are usage errors (--global-segment-size -1, --local-buffer-size -5M)")
+def _():
+    usage([POOL, "--global-segment-size", "-1"], "--global-segment-size '-1'", "negative")
+    usage([POOL, "--local-buffer-size=-5M"], "--local-buffer-size '-5M'", "negative")
+    usage([POOL, "--global-segment-size=-16MiB"], "--global-segment-size '-16MiB'", "negative")
+    # a separate '-5M' reads as an option: still a usage error that names the option
+    usage([POOL, "--local-buffer-size", "-5M"], "--local-buffer-size needs a value")
+    usage([POOL, "--global-segment-size", "8M"], "--global-segment-size '8M'", "16MiB")
+
+
+@check("--evict-free-pct: above 0 and at most 100, said in --help")
+def _():
+    for bad in ("200", "-1", "0", "100.5", "nan", "inf", "x"):
+        usage([POOL, f"--evict-free-pct={bad}"], f"--evict-free-pct '{bad}'", "above 0 and at most 100")
+    usage([POOL, "--evict-free-pct", "-1"], "--evict-free-pct '-1'")
+    rc, out, err = tier("--help")
+    assert rc == 0 and "above 0 and at most 100" in " ".join(out.split()), out
+
+
+@check("invalid pool names are usage errors before Mooncake, with or without --status")
+def _():
+    for name, words in (("a/b", "'/' at position 2"), ("", "empty"), ("a" * 300, "300 characters"),
+                        ("a" * 65, "65 characters"), (".", "reserved"), ("..", "reserved"),
+                        ("-x", "starts with '-'"), ("sp ace", "' ' at position 3")):
+        for extra in ([], ["--status"], ["--status", "--json"]):
+            usage([*extra, "--", name], words)
+    usage(["a" * 64 + "/"], "65 characters")
+
+
+@check("the pool name rule is the C library's (umbp_pool_name_valid), plus a leading '-'")
+def _():
+    valid = L.lib().umbp_pool_name_valid
+    valid.argtypes, valid.restype = [ctypes.c_char_p], ctypes.c_int
+    for name in ("kv", "a", "A.b_c-9", "a" * 64, "a" * 65, "", ".", "..", "...", ".x", "x.", "a/b", "a b", "a:b",
+                 "é", "a\nb", "_", "x-", "-", "-x", "--"):
+        py_ok = pool_name_error(name) is None
+        if name.startswith("-"):  # refused here; the C library is being changed to refuse it too
+            assert not py_ok, name
+            continue
+        c_ok = valid(name.encode()) == 0
+        assert py_ok == c_ok, (name, py_ok, c_ok, pool_name_error(name))
+
+
+@check("--json without --status is a usage error; with --status it is accepted")
+def _():
+    usage([POOL, "--json"], "--json", "--status")
+    rc, out, err = tier(POOL, "--status", "--json")  # no such pool: a runtime error, not a usage one
+    assert rc == 1 and TRY not in err and "stand-in" not in err, (rc, err)
+
+
+@check("argparse's own errors read like the C commands' usage errors")
+def _():
+    usage([POOL, "--bogus"], "unknown option '--bogus'")
+    usage([POOL, "extra"], "unexpected argument 'extra'")
+    usage([], "missing the pool NAME")
+    usage(["--status"], "missing the pool NAME")
+    usage([POOL, "--queue", "x"], "--queue 'x'", "whole number")
+    usage([POOL, "--records", "4294967296"], "--records '4294967296'", "4294967295")
+    usage([POOL, "--timeout-ms", "0"], "--timeout-ms '0'")
+    usage([POOL, "--protocol", "udp"], "--protocol 'udp'", "tcp")
+    usage([POOL, "--log"], "--log needs a value")
+    usage([POOL, "--status=1"], "--status takes no value")
+
+
+@check("a Mooncake config with a bad size: exit 1 naming the file and the key, before Mooncake")
+def _():
+    for text, key in (('{"global_segment_size": "1e400G"}', "global_segment_size"),
+                      ('{"local_buffer_size": 1e400}', "local_buffer_size"),
+                      ('{"local_buffer_size": -5}', "local_buffer_size"),
+                      ('{"local_buffer_size": "-5M"}', "local_buffer_size"),
+                      ('{"local_buffer_size": 1.5}', "local_buffer_size")):
+        p = write("mc.json", text)
+        rc, out, err = tier(POOL, "--config", p)
+        assert rc == 1 and p in err and key in err and "stand-in" not in err, (text, rc, err)
+    p = write("mc.json", '{"local_buffer_size": "32MiB", "global_segment_size": 33554432}')
+    rc, out, err = tier(POOL, "--config", p)
+    assert rc == IMPORTED, (rc, err)
+
+
+def cleanup():
+    subprocess.run(["rm", "-rf", TMP])
+
+
+rc = taplib.run(checks)
+cleanup()
+sys.exit(rc)
