@@ -23,6 +23,33 @@ import os
 from pathlib import Path
 
 UMBP_KEY_HASH_MAX = 32
+UMBP_SIZE_MAX = (1 << 64) - 1
+# The C CLI's size units (tools/cli_util.c cli_parse_size), matched without
+# regard to case: K, KB and KiB are all 1024.
+_SIZE_UNITS = {"": 1, "b": 1, **{u + tail: 1 << 10 * i for i, u in enumerate("kmgtp", 1) for tail in ("", "b", "ib")}}
+SIZE_HINT = "use bytes, or a number with B, KiB, MiB, GiB, TiB (K/KB, M/MB... are binary too), e.g. 1GiB"
+
+
+def parse_size(s) -> int:
+    """Bytes from '1GiB', '512M', '1.5KiB', '4096' by the C CLI's rule
+    (cli_parse_size): an unsigned decimal number and a binary unit, a whole
+    number of bytes below 2^64. Raises ValueError naming the value and the
+    fix (never OverflowError: 'infG' and '1e400G' are not sizes)."""
+    import re
+    from fractions import Fraction
+    m = re.fullmatch(r"(\d+\.?\d*|\.\d+) *([A-Za-z]*)", str(s))
+    unit = _SIZE_UNITS.get(m.group(2).lower()) if m else None
+    if unit is None:
+        why = "a size cannot be negative" if str(s).strip().startswith("-") else "not a size"
+        raise ValueError(f"'{s}': {why}: {SIZE_HINT}")
+    v = Fraction(m.group(1)) * unit  # exact: no float rounding, no inf
+    if v.denominator != 1:
+        raise ValueError(f"'{s}' is {float(v):g} bytes, not a whole number: {SIZE_HINT}")
+    if v > UMBP_SIZE_MAX:
+        raise ValueError(f"'{s}' is too large: sizes are below 2^64 bytes (16EiB)")
+    return int(v)
+
+
 UMBP_MAX_PARTITIONS = 16
 UMBP_NAME_MAX = 64           # pool names: [A-Za-z0-9._-]{1,64}
 UMBP_MAX_PROCS = 64          # registry slots

@@ -50,7 +50,6 @@ import signal
 import sys
 import threading
 import time
-from fractions import Fraction
 
 from . import _lib as L
 from . import tier as T
@@ -134,31 +133,16 @@ examples:
 See docs/cluster.md for the deployment picture and when to use it."""
 
 
-# The C CLI's size units (tools/cli_util.c cli_parse_size), matched without
-# regard to case: K, KB and KiB are all 1024.
-_SIZE_UNITS = {"": 1, "b": 1, **{u + tail: 1 << 10 * i for i, u in enumerate("kmgtp", 1) for tail in ("", "b", "ib")}}
-_SIZE_RE = re.compile(r"(\d+\.?\d*|\.\d+) *([A-Za-z]*)")
-_SIZE_MAX = (1 << 64) - 1
 _U32_MAX = (1 << 32) - 1
-SIZE_HINT = "use bytes, or a number with B, KiB, MiB, GiB, TiB (K/KB, M/MB... are binary too), e.g. 1GiB"
 
 
 def parse_size(s: str) -> int:
-    """Bytes from '1GiB', '512M', '1.5KiB', '4096': the C CLI's rule
-    (cli_parse_size): an unsigned decimal number and a binary unit, a whole
-    number of bytes below 2^64. Raises argparse.ArgumentTypeError with the
-    value and the fix."""
-    m = _SIZE_RE.fullmatch(str(s))
-    unit = _SIZE_UNITS.get(m.group(2).lower()) if m else None
-    if unit is None:
-        why = "a size cannot be negative" if str(s).strip().startswith("-") else "not a size"
-        raise argparse.ArgumentTypeError(f"'{s}': {why}: {SIZE_HINT}")
-    v = Fraction(m.group(1)) * unit  # exact: no float rounding, no inf
-    if v.denominator != 1:
-        raise argparse.ArgumentTypeError(f"'{s}' is {float(v):g} bytes, not a whole number: {SIZE_HINT}")
-    if v > _SIZE_MAX:
-        raise argparse.ArgumentTypeError(f"'{s}' is too large: sizes are below 2^64 bytes (16EiB)")
-    return int(v)
+    """Bytes by the C CLI's rule (_lib.parse_size), as argparse wants a
+    refusal: argparse.ArgumentTypeError with the value and the fix."""
+    try:
+        return L.parse_size(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def segment_size(s: str) -> int:
@@ -330,7 +314,7 @@ def mooncake_config(a) -> dict:
                 return parse_size(v)
             except argparse.ArgumentTypeError as e:
                 raise SystemExit(f"umbp tier: Mooncake config {a.config}: {key} {e}") from None
-        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _SIZE_MAX:
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= L.UMBP_SIZE_MAX:
             return v
         raise SystemExit(f"umbp tier: Mooncake config {a.config}: {key} {v!r} is not a size: write whole bytes "
                          "(a number) or a string such as \"1GiB\"")

@@ -69,17 +69,18 @@ def check_vllm_version(version: str | None = None) -> str:
 
 
 def _parse_size(v: Any, key: str) -> int:
-    if isinstance(v, int):
-        return v
-    s = str(v).strip().lower().replace("ib", "").replace("b", "")
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    """A size from kv_connector_extra_config: whole bytes (a JSON number) or
+    a string by the C CLI's rule (_lib.parse_size). ValueError names the key."""
+    from ._lib import UMBP_SIZE_MAX, parse_size
+    if isinstance(v, int) and not isinstance(v, bool):
+        if 0 <= v <= UMBP_SIZE_MAX:
+            return v
+        raise ValueError(f"kv_connector_extra_config.{key}={v!r} is not a size: give 0 to 2^64-1 bytes, "
+                         "or a string such as \"64GiB\"")
     try:
-        if s and s[-1] in mult:
-            return int(float(s[:-1]) * mult[s[-1]])
-        return int(s)
-    except ValueError:
-        raise ValueError(f"kv_connector_extra_config.{key}={v!r} is not a size; "
-                         "write bytes or a number with K/M/G/T (e.g. \"64GiB\")") from None
+        return parse_size(v)
+    except ValueError as e:
+        raise ValueError(f"kv_connector_extra_config.{key}: {e}") from None
 
 
 @dataclass

@@ -93,6 +93,20 @@ def _():
             usage([POOL, f"{opt}={bad}"], opt, f"'{bad}'")
 
 
+@check("the vLLM connector's sizes follow the same rule (vllm_config._parse_size: a ValueError naming the key)")
+def _():
+    from umbp.vllm_config import _parse_size
+    assert _parse_size("64GiB", "capacity_bytes") == 64 << 30 and _parse_size(4096, "slot_size") == 4096
+    assert _parse_size("1.5MiB", "slot_size") == 3 << 19
+    for bad in ("infG", "1e400G", "-5M", "0.1K", -1, 1 << 64, True, 1.5):
+        try:
+            _parse_size(bad, "capacity_bytes")
+        except ValueError as e:
+            assert "kv_connector_extra_config.capacity_bytes" in str(e), (bad, e)
+        else:
+            raise AssertionError(f"{bad!r} was taken as a size")
+
+
 @check("negative sizes are usage errors (--global-segment-size -1, --local-buffer-size -5M)")
 def _():
     usage([POOL, "--global-segment-size", "-1"], "--global-segment-size '-1'", "negative")
