@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -294,10 +295,75 @@ static void test_distinct(void **state) {
   trace_free(&t);
 }
 
+/* A file of one line: obj, then pad spaces up to len bytes, then tail. */
+static void write_line_file(const char *path, const char *obj, size_t len, const char *tail) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  size_t ol = strlen(obj);
+  assert_true(fwrite(obj, 1, ol, f) == ol);
+  for (size_t i = ol; i < len; i++) assert_true(putc(' ', f) != EOF);
+  fputs(tail, f);
+  assert_int_equal(fclose(f), 0);
+}
+
+/* trace_load: lines of up to TRACE_MAX_LINE bytes and no more (a file
+ * without newlines must not grow one line until memory runs out), a last
+ * line without '\n', and only files that end (no device, no directory). */
+static void test_load(void **state) {
+  (void)state;
+  char path[] = "/tmp/umbp-trace-test-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  const char *obj = "{\"input_length\": 512, \"output_length\": 1, \"hash_ids\": [7]}";
+  char err[256];
+  struct trace t;
+
+  trace_init(&t); /* exactly the longest line, padded with blanks: read */
+  write_line_file(path, obj, TRACE_MAX_LINE, "\n");
+  assert_int_equal(trace_load(path, 512, &t, err, sizeof err), 0);
+  assert_int_equal(t.n, 1);
+  trace_free(&t);
+
+  trace_init(&t); /* one byte more: refused, naming the line and the bound */
+  write_line_file(path, obj, TRACE_MAX_LINE + 1, "\n");
+  assert_int_equal(trace_load(path, 512, &t, err, sizeof err), -EINVAL);
+  assert_non_null(strstr(err, "line 1 is longer than 32 MiB: not a JSONL trace"));
+  trace_free(&t);
+
+  trace_init(&t); /* a second line too long, and no newline at all */
+  write_line_file(path, obj, 10, "\n{");
+  FILE *f = fopen(path, "a");
+  for (size_t i = 0; i < TRACE_MAX_LINE; i++) putc('x', f);
+  fclose(f);
+  assert_int_equal(trace_load(path, 512, &t, err, sizeof err), -EINVAL);
+  assert_non_null(strstr(err, "line 2 is longer than"));
+  trace_free(&t);
+
+  trace_init(&t); /* the last line without '\n' counts */
+  write_line_file(path, obj, 0, "\n\n");
+  f = fopen(path, "a");
+  fputs(obj, f);
+  fclose(f);
+  assert_int_equal(trace_load(path, 512, &t, err, sizeof err), 0);
+  assert_int_equal(t.n, 2);
+  trace_free(&t);
+  unlink(path);
+
+  trace_init(&t);
+  assert_int_equal(trace_load("/dev/zero", 512, &t, err, sizeof err), -EINVAL);
+  assert_non_null(strstr(err, "'/dev/zero' is a character device"));
+  assert_int_equal(trace_load("/tmp", 512, &t, err, sizeof err), -EISDIR);
+  assert_non_null(strstr(err, "'/tmp' is a directory"));
+  assert_int_equal(t.n, 0);
+  trace_free(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_valid),     cmocka_unit_test(test_errors),   cmocka_unit_test(test_fuzz),
       cmocka_unit_test(test_generator), cmocka_unit_test(test_distinct),
+      cmocka_unit_test(test_load),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

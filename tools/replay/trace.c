@@ -17,6 +17,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 void trace_init(struct trace *t) { memset(t, 0, sizeof *t); }
 
@@ -297,6 +298,31 @@ int trace_parse_line(struct trace *t, const char *line, size_t len, unsigned blo
   return rc;
 }
 
+/* One line of f into *buf (grown as needed, to at most max + 1 bytes),
+ * without its '\n'; NUL bytes are kept (the parser names them). Returns the
+ * line's length, -1 at the end of the file or on a read error (ferror tells),
+ * -ENOMEM, or -E2BIG when the line is longer than max bytes (the rest of it is
+ * not read). getline() cannot be bounded: on a file without newlines it grows
+ * its buffer until memory runs out. */
+static ssize_t read_line(FILE *f, char **buf, size_t *cap, size_t max) {
+  size_t len = 0;
+  int c;
+  while ((c = getc_unlocked(f)) != EOF && c != '\n') {
+    if (len == max) return -E2BIG;
+    if (len + 1 >= *cap) {
+      size_t nc = *cap ? *cap * 2 : 4096;
+      if (nc > max + 1) nc = max + 1;
+      char *nb = realloc(*buf, nc);
+      if (!nb) return -ENOMEM;
+      *buf = nb;
+      *cap = nc;
+    }
+    (*buf)[len++] = (char)c;
+  }
+  if (c == EOF && len == 0) return -1;
+  return (ssize_t)len; /* a last line without '\n' is a line */
+}
+
 int trace_load(const char *path, unsigned block_tokens, struct trace *t, char *err, size_t errlen) {
   FILE *f = fopen(path, "re");
   if (!f) {
@@ -305,13 +331,24 @@ int trace_load(const char *path, unsigned block_tokens, struct trace *t, char *e
              e == ENOENT ? " (check the path, or use --generate chat for a built-in workload)" : "");
     return -e;
   }
+  /* A regular file, or a stream that ends (a pipe: <(zcat trace.gz), a
+   * socket). A device never ends or is not a trace (/dev/zero, a disk). */
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !S_ISSOCK(st.st_mode)) {
+    bool dir = S_ISDIR(st.st_mode);
+    snprintf(err, errlen, "trace '%s' is %s, not a file: give a JSONL trace file (or a pipe)", path,
+             dir ? "a directory" : S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device"
+                                                                                                : "not a regular file");
+    fclose(f);
+    return dir ? -EISDIR : -EINVAL;
+  }
   char *line = NULL;
   size_t cap = 0;
   ssize_t l;
   unsigned long lineno = 0;
   int rc = 0;
   char msg[512];
-  while ((l = getline(&line, &cap, f)) >= 0) {
+  while ((l = read_line(f, &line, &cap, TRACE_MAX_LINE)) >= 0) {
     lineno++;
     size_t len = (size_t)l;
     while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
@@ -321,6 +358,14 @@ int trace_load(const char *path, unsigned block_tokens, struct trace *t, char *e
       rc = r;
       break;
     }
+  }
+  if (l == -E2BIG) {
+    snprintf(err, errlen, "%s: line %lu is longer than %u MiB: not a JSONL trace (one request per line)", path,
+             lineno + 1, TRACE_MAX_LINE >> 20);
+    rc = -EINVAL;
+  } else if (l == -ENOMEM) {
+    snprintf(err, errlen, "%s: out of memory reading line %lu", path, lineno + 1);
+    rc = -ENOMEM;
   }
   if (!rc && ferror(f)) {
     snprintf(err, errlen, "%s: read error after line %lu: %s", path, lineno, strerror(errno));

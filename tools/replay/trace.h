@@ -39,6 +39,13 @@ struct trace {
 /* Limits that keep a hostile trace from exhausting memory. */
 #define TRACE_MAX_IDS_PER_REQ (1u << 20)
 #define TRACE_MAX_DEPTH 64
+/* Longest line trace_load reads, its newline excluded. A real trace's lines
+ * are a few KB (the longest of Mooncake's synthetic trace is 2,698 bytes); the
+ * longest a request can legally be is TRACE_MAX_IDS_PER_REQ ids of 20 digits
+ * and ", " each, about 22 MiB. 32 MiB holds that, and a file with no newline
+ * (/dev/zero, a binary) fails after 32 MiB read instead of growing one line
+ * until memory runs out. */
+#define TRACE_MAX_LINE (32u << 20)
 
 void trace_init(struct trace *t);
 void trace_free(struct trace *t);
@@ -50,8 +57,11 @@ void trace_free(struct trace *t);
  * hash_ids covers input_length. */
 int trace_parse_line(struct trace *t, const char *line, size_t len, unsigned block_tokens, char *err, size_t errlen);
 
-/* Read a whole file. 0, or -errno with "FILE:LINE: ..." (or the open error)
- * in err. An empty trace is an error. */
+/* Read a whole file: a regular file, a pipe or a socket (a directory or a
+ * device is refused before any read), lines of at most TRACE_MAX_LINE bytes.
+ * 0, or -errno with "FILE:LINE: ..." (or the open error) in err: -EINVAL for a
+ * malformed line, a line over TRACE_MAX_LINE, a device or an empty trace,
+ * -EISDIR for a directory, -ENOMEM, -EIO for a read error. */
 int trace_load(const char *path, unsigned block_tokens, struct trace *t, char *err, size_t errlen);
 
 /* Write t as JSONL (integer timestamps in ms). 0 or -EIO. */
