@@ -58,6 +58,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <hwloc.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -640,32 +641,115 @@ static int build_gpus(umbp_topo *t, unsigned flags) {
   return 0;
 }
 
+/* Largest topology XML read. hwloc's export of a 96-PU, 4-node machine with
+ * its PCI tree is 95 KB (../shared/data/topologies: 19 to 95 KB), about 1 KB
+ * per PU; 16 MiB is room for machines a hundred times larger, and bounds what
+ * a wrong file costs (hwloc reads the whole file into memory, then parses it). */
+#define TOPO_MAX_XML_BYTES (16u << 20)
+
+/* The whole of the file at path into *ret_xml (malloc'd, NUL-terminated, the
+ * length without the NUL in *ret_len). Only a regular file of at most
+ * TOPO_MAX_XML_BYTES is read: a device such as /dev/zero never ends, and a
+ * FIFO is not opened for good (O_NONBLOCK: the open does not wait for a
+ * writer). 0, or -ENOENT, -EACCES (or another open errno), -EINVAL (a
+ * directory, not a regular file, too large), -ENOMEM, -EIO, with the error
+ * set. */
+static int read_xml_file(const char *path, char **ret_xml, size_t *ret_len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ENOENT)
+      return umbp_fail(-ENOENT,
+                       "topology file '%s' does not exist: check the path, or export this "
+                       "machine's with 'lstopo-no-graphics --of xml FILE'", path);
+    if (e == EACCES)
+      return umbp_fail(-EACCES, "cannot read topology file '%s': %s (check its permissions)", path, strerror(e));
+    return umbp_fail(-e, "cannot open topology file '%s': %s", path, strerror(e));
+  }
+  struct stat st;
+  if (fstat(fd, &st) < 0) {
+    int e = errno;
+    close(fd);
+    return umbp_fail(-e, "cannot stat topology file '%s': %s", path, strerror(e));
+  }
+  int rc = 0;
+  if (S_ISDIR(st.st_mode))
+    rc = umbp_fail(-EINVAL, "topology file '%s' is a directory: give an hwloc XML file", path);
+  else if (!S_ISREG(st.st_mode))
+    rc = umbp_fail(-EINVAL, "topology file '%s' is %s, not a regular file: give an hwloc XML file "
+                            "('lstopo-no-graphics --of xml FILE' writes one)", path,
+                   S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device"
+                   : S_ISFIFO(st.st_mode) ? "a pipe" : S_ISSOCK(st.st_mode) ? "a socket" : "special");
+  else if ((uint64_t)st.st_size > TOPO_MAX_XML_BYTES)
+    rc = umbp_fail(-EINVAL, "topology file '%s' is %llu bytes, over the %u MiB a topology XML can be (a real "
+                            "machine's is well under 1 MiB): give an hwloc XML export",
+                   path, (unsigned long long)st.st_size, TOPO_MAX_XML_BYTES >> 20);
+  if (rc < 0) {
+    close(fd);
+    return rc;
+  }
+  /* read up to the bound + 1 whatever the size said: the file may grow */
+  size_t cap = (size_t)st.st_size + 1, len = 0;
+  char *buf = malloc(cap + 1);
+  if (!buf) {
+    close(fd);
+    return umbp_fail(-ENOMEM, "out of memory reading topology file '%s'", path);
+  }
+  for (;;) {
+    if (len == cap) {
+      if (cap > TOPO_MAX_XML_BYTES) {
+        rc = umbp_fail(-EINVAL, "topology file '%s' grew past the %u MiB a topology XML can be while it was "
+                                "read: give an hwloc XML export that is not being written",
+                       path, TOPO_MAX_XML_BYTES >> 20);
+        break;
+      }
+      size_t nc = cap * 2 > TOPO_MAX_XML_BYTES + 1 ? TOPO_MAX_XML_BYTES + 1 : cap * 2;
+      char *nb = realloc(buf, nc + 1);
+      if (!nb) {
+        rc = umbp_fail(-ENOMEM, "out of memory reading topology file '%s'", path);
+        break;
+      }
+      buf = nb;
+      cap = nc;
+    }
+    ssize_t n = read(fd, buf + len, cap - len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      rc = umbp_fail(e == EISDIR ? -EINVAL : -EIO, "cannot read topology file '%s': %s", path, strerror(e));
+      break;
+    }
+    if (n == 0) break;
+    len += (size_t)n;
+  }
+  close(fd);
+  if (rc < 0) {
+    free(buf);
+    return rc;
+  }
+  buf[len] = 0;
+  *ret_xml = buf;
+  *ret_len = len;
+  return 0;
+}
+
 UMBP_API int umbp_topo_load(const char *xml_path, unsigned flags, umbp_topo **ret_topo) {
   if (!ret_topo) return umbp_fail(-EINVAL, "umbp_topo_load: ret_topo is NULL");
   if (xml_path && !*xml_path)
     return umbp_fail(-EINVAL, "umbp_topo_load: empty XML path (pass NULL for this machine)");
   if (flags & ~(unsigned)UMBP_TOPO_LOAD_NO_CUDA)
     return umbp_fail(-EINVAL, "umbp_topo_load: unknown flags 0x%x", flags);
+  char *xml = NULL;
+  size_t xml_len = 0;
   if (xml_path) {
-    struct stat st;
-    if (stat(xml_path, &st) < 0) {
-      int e = errno;
-      if (e == ENOENT)
-        return umbp_fail(-ENOENT,
-                         "topology file '%s' does not exist: check the path, or export this "
-                         "machine's with 'lstopo-no-graphics --of xml FILE'", xml_path);
-      return umbp_fail(-e, "cannot stat topology file '%s': %s", xml_path, strerror(e));
-    }
-    if (S_ISDIR(st.st_mode))
-      return umbp_fail(-EINVAL, "topology file '%s' is a directory: give an hwloc XML file", xml_path);
-    if (access(xml_path, R_OK) < 0) {
-      int e = errno;
-      return umbp_fail(-e, "cannot read topology file '%s': %s (check its permissions)", xml_path,
-                       strerror(e));
-    }
+    int rc = read_xml_file(xml_path, &xml, &xml_len);
+    if (rc < 0) return rc;
   }
   umbp_topo *t = calloc(1, sizeof *t);
-  if (!t) return umbp_fail(-ENOMEM, "out of memory loading the topology");
+  if (!t) {
+    free(xml);
+    return umbp_fail(-ENOMEM, "out of memory loading the topology");
+  }
   atomic_init(&t->refs, 1);
   t->live = xml_path == NULL;
   t->source = strdup(xml_path ? xml_path : "this machine");
@@ -679,7 +763,10 @@ UMBP_API int umbp_topo_load(const char *xml_path, unsigned flags, umbp_topo **re
     rc = umbp_fail(-(errno ? errno : ENOMEM), "hwloc_topology_init failed: %s", strerror(errno));
     goto fail;
   }
-  if (xml_path && hwloc_topology_set_xml(t->hw, xml_path) < 0) {
+  /* the bytes read above, not the path: hwloc would read the path again,
+   * unbounded, and whatever it is now (size includes the NUL, as hwloc's own
+   * export gives it) */
+  if (xml_path && hwloc_topology_set_xmlbuffer(t->hw, xml, (int)xml_len + 1) < 0) {
     int e = errno ? errno : EINVAL;
     rc = umbp_fail(e == ENOSYS ? -ENOSYS : -EBADMSG,
                    "hwloc cannot use '%s' as a topology XML (%s): check that it is an hwloc XML "
@@ -709,10 +796,12 @@ UMBP_API int umbp_topo_load(const char *xml_path, unsigned flags, umbp_topo **re
     rc = -ENOMEM;
     goto fail;
   }
+  free(xml);
   *ret_topo = t;
   return 0;
 fail:
   if (rc == -ENOMEM) umbp_fail(-ENOMEM, "out of memory loading the topology");
+  free(xml);
   topo_destroy(t);
   return rc;
 }

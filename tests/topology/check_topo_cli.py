@@ -253,6 +253,22 @@ def _():
 
 
 
+@check("--xml of a device, a directory or a huge file: exit 1 at once, naming the file and the cause")
+def _():
+    big = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-big-{os.getpid()}.xml")
+    with open(big, "w") as f:
+        f.truncate(64 << 20)  # sparse
+    try:
+        # /dev/zero grew hwloc's buffer to 8.5 GB in 3 s, /dev/full hung
+        for path, cause in (("/dev/zero", "is a character device"), ("/dev/full", "is a character device"),
+                            ("/tmp", "is a directory"), (big, "over the 16 MiB")):
+            p = subprocess.run([TOOL, "topo", "--xml", path], capture_output=True, text=True, timeout=10, env=ENV)
+            assert p.returncode == 1 and f"'{path}'" in p.stderr and cause in p.stderr, (path, p.returncode, p.stderr)
+            assert p.stdout == "", p.stdout
+    finally:
+        os.unlink(big)
+
+
 @check("a crafted XML (every os_index 4294967295) is refused at once, before allocating")
 def _():
     here = os.path.dirname(os.path.abspath(__file__))

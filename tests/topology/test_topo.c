@@ -227,6 +227,30 @@ static void test_bad_files(void **state) {
   assert_int_equal(umbp_topo_load("", 0, &t), -EINVAL);
   assert_int_equal(umbp_topo_load("/tmp", 0, &t), -EINVAL);
   assert_non_null(strstr(umbp_last_error(), "directory"));
+  /* Not a regular file: refused before any read (/dev/zero never ends, a FIFO
+   * without a writer would block the open). */
+  assert_int_equal(umbp_topo_load("/dev/zero", 0, &t), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "'/dev/zero' is a character device"));
+  assert_int_equal(umbp_topo_load("/dev/full", 0, &t), -EINVAL);
+  char fifo[] = "/tmp/umbp-topo-fifo-XXXXXX";
+  int ffd = mkstemp(fifo);
+  assert_true(ffd >= 0);
+  close(ffd);
+  unlink(fifo);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  assert_int_equal(umbp_topo_load(fifo, 0, &t), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "is a pipe"));
+  unlink(fifo);
+  /* Over the size bound (a sparse file: no disk used): refused by its size. */
+  char big[] = "/tmp/umbp-topo-big-XXXXXX";
+  int bfd = mkstemp(big);
+  assert_true(bfd >= 0);
+  assert_int_equal(ftruncate(bfd, (16 << 20) + 1), 0);
+  close(bfd);
+  assert_int_equal(umbp_topo_load(big, 0, &t), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "over the 16 MiB"));
+  assert_non_null(strstr(umbp_last_error(), big));
+  unlink(big);
   assert_int_equal(umbp_topo_load(NULL, 0x80, &t), -EINVAL);
   assert_int_equal(umbp_topo_load(NULL, 0, NULL), -EINVAL);
   assert_ptr_equal(t, (umbp_topo *)(uintptr_t)0x1);
