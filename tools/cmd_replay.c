@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -104,7 +105,9 @@ static const char *replay_usage_gen =
     "                       exponential (default 30); an answer of A tokens also\n"
     "                       takes A * 20 ms.\n"
     "  --output FILE        write the workload to FILE as JSONL ('-': stdout) and\n"
-    "                       exit without replaying it.\n"
+    "                       exit without replaying it (so --json, --capacity,\n"
+    "                       --unbounded, --capacity-sweep, --plot and --csv are\n"
+    "                       refused with it).\n"
     "\n";
 
 static const char *replay_usage_out =
@@ -129,7 +132,8 @@ static const char *replay_usage_out =
     "wall_seconds; with --capacity-sweep these per-run fields are in sweep[].\n"
     "\n"
     "Exit status: 0 done; 1 runtime error (unreadable or malformed trace, pool\n"
-    "creation, a worker died, a block failed verification); 2 usage error;\n"
+    "creation, a worker died, a block failed verification, an output that could\n"
+    "not be written); 2 usage error;\n"
     "3 a SIGBUS on the pool in the scheduler (its file truncated, or /dev/shm\n"
     "full; a worker's says so and its rank dies); 130 / 143 interrupted by\n"
     "SIGINT / SIGTERM (the pool is removed).\n"
@@ -197,16 +201,69 @@ static int parse_dbl(const char *s, double lo, double hi, double *ret) {
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
 
-/* A run that failed leaves no half-written --plot / --csv file behind. */
-static void drop_outputs(FILE *plot_f, const char *plot_path, FILE *csv_f, const char *csv_path) {
-  if (plot_f) {
-    fclose(plot_f);
-    unlink(plot_path);
+/* A --plot or --csv file, opened before the runs. */
+struct out_file {
+  FILE *f;
+  const char *path;
+  bool regular; /* a regular file: removed when the run or the write fails */
+};
+
+/* Open o->path for writing: 0, or CLI_RUNTIME with the message printed. */
+static int out_open(struct out_file *o, const char *opt) {
+  if (!o->path) return 0;
+  if (!(o->f = fopen(o->path, "we"))) {
+    cli_error("replay: %s %s: cannot write it: %s", opt, o->path, strerror(errno));
+    return CLI_RUNTIME;
   }
-  if (csv_f) {
-    fclose(csv_f);
-    unlink(csv_path);
+  struct stat st;
+  o->regular = fstat(fileno(o->f), &st) == 0 && S_ISREG(st.st_mode);
+  return 0;
+}
+
+/* Close o without its content: a run that failed, or a write that failed,
+ * leaves no half-written file behind. Only a regular file is removed: the
+ * path may name a device (--plot /dev/null, /dev/stdout), and unlinking that
+ * as root would delete the device node. */
+static void out_drop(struct out_file *o) {
+  if (!o->f) return;
+  fclose(o->f);
+  o->f = NULL;
+  if (o->regular) unlink(o->path);
+}
+
+static void drop_outputs(struct out_file *plot, struct out_file *csv) {
+  out_drop(plot);
+  out_drop(csv);
+}
+
+/* Close o after its content was written (wrc: the writer's 0 or -EIO):
+ * 0, or -EIO with the message printed and the file dropped. */
+static int out_close(struct out_file *o, int wrc, const char *opt) {
+  int e = wrc ? (errno ? errno : EIO) : 0; /* stdio leaves the failed write's errno (ENOSPC, EIO, ...) */
+  if (!e) {
+    FILE *f = o->f;
+    o->f = NULL;
+    errno = 0;
+    if (fclose(f) == 0) return 0;
+    e = errno ? errno : EIO;
+    if (o->regular) unlink(o->path);
+  } else {
+    out_drop(o);
   }
+  cli_error("replay: %s %s: write failed: %s", opt, o->path, strerror(e));
+  return -EIO;
+}
+
+/* Standard output written and flushed? 0, or CLI_RUNTIME with the message;
+ * e0: the errno of an earlier failed write, named when the flush itself
+ * succeeds (stdio keeps only the error flag). */
+static int stdout_check(int e0) {
+  errno = 0;
+  int fl = fflush(stdout), e = errno;
+  if (fl == 0 && !ferror(stdout)) return 0;
+  cli_error("replay: writing the output failed: %s (is standard output a full disk, or closed?)",
+            strerror(fl && e ? e : e0 ? e0 : EIO));
+  return CLI_RUNTIME;
 }
 
 static void json_run(struct jb *j, const struct rp_config *cfg, const struct rp_result *r) {
@@ -421,16 +478,26 @@ static int parse_opts(int argc, char **argv, struct replay_opts *o) {
     return cli_usage_error("replay", "give a TRACE file or --generate chat, not both");
   if (!o->path && !o->generate)
     return cli_usage_error("replay", "no workload: give a TRACE.jsonl file or --generate chat");
+  if (o->path && !*o->path)
+    return cli_usage_error("replay", "the TRACE file name is empty: give a JSONL trace file or --generate chat");
+  if (o->output && !*o->output)
+    return cli_usage_error("replay", "--output needs a file name ('-' for standard output)");
+  if (o->output) { /* it writes the workload and exits: an option of the replay would be ignored */
+    const char *ignored = o->json ? "--json" : o->have_cap ? "--capacity" : o->unbounded ? "--unbounded"
+                          : o->sweep_arg ? "--capacity-sweep" : o->plot_path ? "--plot" : o->csv_path ? "--csv" : NULL;
+    if (ignored)
+      return cli_usage_error("replay", "--output writes the generated workload as JSONL and exits without a "
+                                       "replay, so %s would be ignored: drop %s (or --output, to replay it)",
+                             ignored, ignored);
+  }
   if ((o->have_cap + o->unbounded + (o->sweep_arg != NULL)) > 1)
     return cli_usage_error("replay", "--capacity, --unbounded and --capacity-sweep exclude each other: pick one");
   if (!o->have_cap && !o->sweep_arg) o->unbounded = true;
+  if ((o->plot_path && !*o->plot_path) || (o->csv_path && !*o->csv_path))
+    return cli_usage_error("replay", "%s needs a file name", o->plot_path && !*o->plot_path ? "--plot" : "--csv");
   if ((o->plot_path || o->csv_path) && !o->sweep_arg)
     return cli_usage_error("replay", "%s draws the curve of a sweep: add --capacity-sweep LIST (e.g. "
                                      "256MiB,1GiB,4GiB,unbounded)", o->plot_path ? "--plot" : "--csv");
-  if ((o->plot_path && !*o->plot_path) || (o->csv_path && !*o->csv_path))
-    return cli_usage_error("replay", "%s needs a file name", o->plot_path && !*o->plot_path ? "--plot" : "--csv");
-  if (o->output && (o->plot_path || o->csv_path))
-    return cli_usage_error("replay", "--output writes the generated workload and exits: drop --plot and --csv");
 
   return -1;
 }
@@ -521,8 +588,8 @@ struct curve_sum {
 };
 
 /* --json: the setup, the curve's summary and the run (or each of a sweep). */
-static void report_json(const struct rp_config *cfg, uint64_t distinct, const struct rp_result *res, unsigned ran,
-                        bool sweep, const struct curve_sum *k) {
+static int report_json(const struct rp_config *cfg, uint64_t distinct, const struct rp_result *res, unsigned ran,
+                       bool sweep, const struct curve_sum *k) {
   struct jb j;
   jb_begin(&j, stdout);
   jb_obj(&j, NULL);
@@ -550,10 +617,12 @@ static void report_json(const struct rp_config *cfg, uint64_t distinct, const st
     json_run(&j, cfg, &res[0]);
   }
   jb_end_obj(&j);
-  jb_finish(&j);
+  return jb_finish(&j); /* -ENOMEM (reported) or -EIO: checked by the caller through stdout's error flag */
 }
 
-/* The table of a sweep and the capacity reaching 95% of the unbounded ratio. */
+/* The table of a sweep and the capacity reaching 95% of the unbounded ratio;
+ * plot_path and csv_path are the files written (NULL: none, or the write
+ * failed), named only once they are closed. */
 static void report_sweep(const struct rp_config *cfg, const struct rp_result *res, unsigned ran,
                          const struct curve_sum *k, const char *plot_path, const char *csv_path) {
   char a[32];
@@ -602,14 +671,10 @@ int cmd_replay(int argc, char **argv) {
   uint64_t block_all = (uint64_t)cfg.block_tokens * cfg.bytes_per_token;
 
   /* the output files are opened before the replays, so a bad path costs no run */
-  FILE *plot_f = NULL, *csv_f = NULL;
-  if (plot_path && !(plot_f = fopen(plot_path, "w"))) {
-    cli_error("replay: --plot %s: cannot write it: %s", plot_path, strerror(errno));
-    return CLI_RUNTIME;
-  }
-  if (csv_path && !(csv_f = fopen(csv_path, "w"))) {
-    cli_error("replay: --csv %s: cannot write it: %s", csv_path, strerror(errno));
-    if (plot_f) fclose(plot_f);
+  struct out_file plot = {.path = plot_path}, csvo = {.path = csv_path};
+  if (out_open(&plot, "--plot")) return CLI_RUNTIME;
+  if (out_open(&csvo, "--csv")) {
+    drop_outputs(&plot, &csvo);
     return CLI_RUNTIME;
   }
 
@@ -622,7 +687,7 @@ int cmd_replay(int argc, char **argv) {
     if (rc) {
       cli_error("replay: %s", rc == -ENOMEM ? "out of memory generating the workload" : err);
       trace_free(&t);
-      drop_outputs(plot_f, plot_path, csv_f, csv_path);
+      drop_outputs(&plot, &csvo);
       return rc == -EINVAL ? CLI_USAGE : CLI_RUNTIME;
     }
     if (output) {
@@ -636,7 +701,7 @@ int cmd_replay(int argc, char **argv) {
     if (rc) {
       cli_error("replay: %s", rc == -ENOMEM ? "out of memory reading the trace" : err);
       trace_free(&t);
-      drop_outputs(plot_f, plot_path, csv_f, csv_path);
+      drop_outputs(&plot, &csvo);
       return CLI_RUNTIME;
     }
     cfg.trace_name = path;
@@ -659,14 +724,18 @@ int cmd_replay(int argc, char **argv) {
            t.n, cfg.tp, cfg.block_tokens, (unsigned long long)cfg.bytes_per_token,
            cli_fmt_size(block_all, a, sizeof a), cli_fmt_size(cfg.block_bytes, b, sizeof b),
            (unsigned long long)distinct);
-    fflush(stdout);
+    if (stdout_check(0)) { /* a full or closed stdout: fail now, not after the runs */
+      trace_free(&t);
+      drop_outputs(&plot, &csvo);
+      return CLI_RUNTIME;
+    }
   }
 
   struct rp_result *res = calloc(ncap, sizeof *res);
   if (!res) {
     trace_free(&t);
     cli_error("replay: out of memory");
-    drop_outputs(plot_f, plot_path, csv_f, csv_path);
+    drop_outputs(&plot, &csvo);
     return CLI_RUNTIME;
   }
   int rc = 0;
@@ -680,7 +749,7 @@ int cmd_replay(int argc, char **argv) {
   if (rc) {
     free(res);
     trace_free(&t);
-    drop_outputs(plot_f, plot_path, csv_f, csv_path);
+    drop_outputs(&plot, &csvo);
     return rc;
   }
 
@@ -698,24 +767,34 @@ int cmd_replay(int argc, char **argv) {
   double unb_ratio = 0;
   int knee = -1;
   bool have_knee = sweep_arg && curve_knee(pts, ran, 0.95, &unb_ratio, &knee) == 0;
+  /* a file is named as written only once fclose (which flushes) succeeded */
   int out_rc = CLI_OK;
-  if (plot_f) {
+  if (plot.f) {
     char title[300];
     snprintf(title, sizeof title, "%s (tp %u, %u-token blocks)", cfg.trace_name, cfg.tp, cfg.block_tokens);
-    if (curve_svg(plot_f, pts, ran, knee, title) || fclose(plot_f)) {
-      cli_error("replay: --plot %s: write failed: %s", plot_path, strerror(errno));
+    if (out_close(&plot, curve_svg(plot.f, pts, ran, knee, title), "--plot")) {
       out_rc = CLI_RUNTIME;
+      plot_path = NULL;
     }
   }
-  if (csv_f && (curve_csv(csv_f, pts, ran) || fclose(csv_f))) {
-    cli_error("replay: --csv %s: write failed: %s", csv_path, strerror(errno));
+  if (csvo.f && out_close(&csvo, curve_csv(csvo.f, pts, ran), "--csv")) {
     out_rc = CLI_RUNTIME;
+    csv_path = NULL;
   }
 
   struct curve_sum k = {.pts = pts, .unb_ratio = unb_ratio, .knee = knee, .have = have_knee};
-  if (json) report_json(&cfg, distinct, res, ran, sweep_arg != NULL, &k);
-  else if (sweep_arg) report_sweep(&cfg, res, ran, &k, plot_path, csv_path);
-  else print_run(&cfg, &res[0]);
+  int out_errno = 0;
+  if (json) {
+    errno = 0;
+    int jr = report_json(&cfg, distinct, res, ran, sweep_arg != NULL, &k);
+    if (jr == -ENOMEM) out_rc = CLI_RUNTIME;
+    else if (jr) out_errno = errno;
+  } else if (sweep_arg) {
+    report_sweep(&cfg, res, ran, &k, plot_path, csv_path);
+  } else {
+    print_run(&cfg, &res[0]);
+  }
+  if (stdout_check(out_errno)) out_rc = CLI_RUNTIME;
   for (unsigned i = 0; i < ran; i++)
     if (res[i].unbounded && res[i].evictions)
       cli_error("replay: warning: %llu evictions in an unbounded run (capacity %s): this is a bug, please report it",

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -391,6 +392,54 @@ def _():
     assert rc == 1 and "cannot open trace" in err and "No such file" in err, (rc, err)
 
 
+@check("a device, a directory, a line over 32 MiB: exit 1 at once; a pipe is read")
+def _():
+    # getline() grew one line of /dev/zero to 11 GB of RSS
+    long = os.path.join(TMP, "long.jsonl")
+    with open(long, "wb") as f:
+        f.write(b'{"input_length": 0, "output_length": 0, "hash_ids": []}\n')
+        f.write(b"x" * ((32 << 20) + 1))
+    for path, cause in (("/dev/zero", "'/dev/zero' is a character device"), (TMP, "is a directory"),
+                        (long, "line 2 is longer than 32 MiB: not a JSONL trace")):
+        t0 = time.monotonic()
+        rc, out, err = run(path, timeout=30)
+        assert rc == 1 and cause in err and out == "", (path, rc, err)
+        assert time.monotonic() - t0 < 20, (path, "fails fast")
+    os.unlink(long)
+    with open(write("pipe.jsonl", SMALL)) as f:  # stdin is a pipe through cat
+        cat = subprocess.Popen(["cat"], stdin=f, stdout=subprocess.PIPE)
+        p = subprocess.run([TOOL, "replay", "/dev/stdin", "--json"], stdin=cat.stdout, capture_output=True,
+                           text=True, timeout=120)
+        cat.wait()
+    assert p.returncode == 0 and json.loads(p.stdout)["requests"] == len(SMALL), (p.returncode, p.stderr)
+
+
+@check("a failed write of --plot, --csv or stdout: exit 1, no success line, no device removed")
+def _():
+    sweep = [*GEN, "--capacity-sweep", "1MiB,2MiB"]
+    for opt, path in (("--plot", "/dev/full"), ("--csv", "/dev/full"), ("--csv", "/proc/version")):
+        rc, out, err = run(*sweep, opt, path)
+        assert rc == 1 and f"{opt} {path}" in err, (opt, path, rc, err)
+        assert "curve drawn" not in out and "curve written" not in out, (opt, path, out)
+    with open("/dev/full", "w") as full:  # stdout full: --json, the text summary, a sweep's table
+        for args in (["--json"], [], ["--capacity-sweep", "1MiB,2MiB"]):
+            p = subprocess.run([TOOL, "replay", *GEN, *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                               timeout=300)
+            assert p.returncode == 1 and "writing the output failed: No space left" in p.stderr, (args, p.stderr)
+    # a run that fails removes a half-written regular file, never a device node (as root: /dev/null)
+    dev = os.path.join(TMP, "null")
+    try:
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except OSError as e:
+        return f"SKIP cannot make a device node here ({e}): the unlink part is not checked"
+    rc, out, err = run(os.path.join(TMP, "no-such.jsonl"), "--capacity-sweep", "1MiB,2MiB", "--plot", dev)
+    assert rc == 1 and os.path.exists(dev) and stat.S_ISCHR(os.stat(dev).st_mode), (rc, err)
+    svg = os.path.join(TMP, "dropped.svg")
+    rc, out, err = run(os.path.join(TMP, "no-such.jsonl"), "--capacity-sweep", "1MiB,2MiB", "--plot", svg)
+    assert rc == 1 and not os.path.exists(svg), (rc, err)
+    os.unlink(dev)
+
+
 BAD_ARGS = [
     (["--tp", "0"], "--tp '0'"),
     (["--tp", "x"], "--tp"),
@@ -411,6 +460,13 @@ BAD_ARGS = [
     (["--generate", "chat", "--turns=0"], "--turns '0' is out of range"),
     (["--capacity-sweep", ""], "--capacity-sweep '' is empty"),
     (["--capacity", "0x40000000"], "--capacity '0x40000000'"),
+    # an empty path is a usage error everywhere; --output ignores every replay option, so they are refused
+    (["--generate", "chat", "--output", ""], "--output needs a file name"),
+    (["--generate", "chat", "--csv", "", "--capacity-sweep", "1MiB,2MiB"], "--csv needs a file name"),
+    (["--generate", "chat", "--output", "-", "--json"], "so --json would be ignored"),
+    (["--generate", "chat", "--output", "-", "--capacity", "1GiB"], "so --capacity would be ignored"),
+    (["--generate", "chat", "--output", "-", "--capacity-sweep", "1MiB,2MiB", "--plot", "x.svg"],
+     "so --capacity-sweep would be ignored"),
 ]
 
 
@@ -424,6 +480,8 @@ def _():
         assert expect in err and "Try 'umbp replay --help'" in err, f"{args}: {err!r}"
     rc, out, err = run(small, "--generate", "chat")
     assert rc == 2 and "not both" in err
+    rc, out, err = run("")
+    assert rc == 2 and "TRACE file name is empty" in err, (rc, err)
     # a write that fails names the file and the cause
     rc, out, err = run("--generate", "chat", "--conversations", "3", "--output", "/dev/full")
     assert rc == 1 and "'/dev/full'" in err and "No space left" in err, (rc, err)
