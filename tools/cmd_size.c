@@ -10,7 +10,8 @@
  *
  *   standard (MHA/GQA):  layers x 2 (K, V) x block_size x heads_per_rank x head_dim x dtype bytes
  *                        heads_per_rank = max(1, num_key_value_heads / tp)
- *                        (a KV head is replicated when tp > num_key_value_heads)
+ *                        (a KV head is replicated when tp > num_key_value_heads;
+ *                        vLLM, and so umbp size, wants one to divide the other)
  *   MLA (DeepSeek V2/V3: kv_lora_rank and qk_rope_head_dim present):
  *                        layers x block_size x (kv_lora_rank + qk_rope_head_dim) x dtype bytes
  *                        (one latent per token per layer, no K/V split, the same on every rank)
@@ -32,10 +33,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
+#include "replay/replay.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
+
+/* What umbp replay accepts (tools/cmd_replay.c, parse_opts and size_blocks;
+ * --tp is RP_MAX_TP from replay/replay.h). */
+#define REPLAY_MAX_BPT (1u << 24)
+#define REPLAY_MAX_SHARD (1ull << 30)
 
 /* --pool names a pool that exists: a creator still initialising it gets this long, ms. */
 #define SIZE_ATTACH_TIMEOUT_MS 1000
@@ -60,20 +68,87 @@ static int get_int(json_t *o, const char *key, long long *out) {
   return 1;
 }
 
-/* Read path into m. 0; -EIO when the file cannot be read, is not JSON or not
- * an object; -EINVAL when a field the formula needs is missing or not a
- * positive integer. On error err holds a sentence naming the cause and the fix. */
-static int model_config_read(const char *path, struct model *m, char *err, size_t errn) {
-  json_error_t e;
-  json_t *root = json_load_file(path, 0, &e);
-  if (!root) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-      snprintf(err, errn, "cannot read --model-config %s: %s: give the path of the model's config.json", path,
-               strerror(errno));
-      return -EIO;
-    }
+/* Largest config.json read: a real one is 1 to 10 KB (a multimodal model's
+ * with its vision and text configs, tokenizer ids and quantisation is still
+ * under 100 KB); 16 MiB bounds what a wrong file costs. */
+#define SIZE_MAX_CONFIG_BYTES (16u << 20)
+
+/* The file at path into *ret (malloc'd, NUL-terminated, *ret_len bytes): a
+ * regular file or a pipe (--model-config <(...)) of at most
+ * SIZE_MAX_CONFIG_BYTES; a directory or a device is refused by name. 0 or
+ * -EIO with err set. */
+static int config_slurp(const char *path, char **ret, size_t *ret_len, char *err, size_t errn) {
+  FILE *f = fopen(path, "re");
+  if (!f) {
+    snprintf(err, errn, "cannot read --model-config %s: %s: give the path of the model's config.json", path,
+             strerror(errno));
+    return -EIO;
+  }
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !S_ISSOCK(st.st_mode)) {
+    if (S_ISDIR(st.st_mode))
+      snprintf(err, errn, "--model-config %s is a directory: give the model's config.json (%s%sconfig.json, if "
+               "that is the model's directory)", path, path, path[strlen(path) - 1] == '/' ? "" : "/");
+    else
+      snprintf(err, errn, "--model-config %s is a %s, not a file: give the model's config.json", path,
+               S_ISCHR(st.st_mode) ? "character device" : S_ISBLK(st.st_mode) ? "block device" : "special file");
     fclose(f);
+    return -EIO;
+  }
+  size_t cap = 64 << 10, len = 0;
+  char *buf = malloc(cap + 1);
+  int rc = buf ? 0 : -ENOMEM;
+  while (!rc) {
+    if (len == cap) {
+      if (cap > SIZE_MAX_CONFIG_BYTES) { /* read the bound + 1 bytes */
+        snprintf(err, errn, "--model-config %s is over %u MiB: not a config.json (one is a few KB): give the "
+                 "model's config.json", path, SIZE_MAX_CONFIG_BYTES >> 20);
+        rc = -EIO;
+        break;
+      }
+      size_t nc = cap * 2 > SIZE_MAX_CONFIG_BYTES + 1 ? SIZE_MAX_CONFIG_BYTES + 1 : cap * 2;
+      char *nb = realloc(buf, nc + 1);
+      if (!nb) {
+        rc = -ENOMEM;
+        break;
+      }
+      buf = nb;
+      cap = nc;
+    }
+    size_t n = fread(buf + len, 1, cap - len, f);
+    len += n;
+    if (n == 0) {
+      if (ferror(f)) {
+        snprintf(err, errn, "cannot read --model-config %s: %s", path, strerror(errno));
+        rc = -EIO;
+      }
+      break;
+    }
+  }
+  fclose(f);
+  if (rc == -ENOMEM) snprintf(err, errn, "out of memory reading --model-config %s", path);
+  if (rc) {
+    free(buf);
+    return -EIO;
+  }
+  buf[len] = 0;
+  *ret = buf;
+  *ret_len = len;
+  return 0;
+}
+
+/* Read path into m. 0; -EIO when the file cannot be read, is a directory or a
+ * device, over SIZE_MAX_CONFIG_BYTES, not JSON or not an object; -EINVAL when
+ * a field the formula needs is missing or not a positive integer. On error err
+ * holds a sentence naming the cause and the fix. */
+static int model_config_read(const char *path, struct model *m, char *err, size_t errn) {
+  char *text;
+  size_t tlen;
+  if (config_slurp(path, &text, &tlen, err, errn)) return -EIO;
+  json_error_t e;
+  json_t *root = json_loadb(text, tlen, 0, &e);
+  free(text);
+  if (!root) {
     snprintf(err, errn, "--model-config %s is not JSON (line %d, column %d: %s): give the model's config.json", path,
              e.line, e.column, e.text);
     return -EIO;
@@ -172,7 +247,11 @@ static const char *size_usage =
     "                       head_dim (default: hidden_size / num_attention_heads),\n"
     "                       kv_lora_rank, qk_rope_head_dim, torch_dtype; in\n"
     "                       text_config when the file has one (multimodal models).\n"
-    "  --tp N               tensor-parallel ranks (default 1).\n"
+    "  --tp N               tensor-parallel ranks (default 1). As in vLLM, N must\n"
+    "                       divide num_key_value_heads or be a multiple of it\n"
+    "                       (then each KV head is replicated on N / heads ranks).\n"
+    "                       The replay line is printed only where 'umbp replay'\n"
+    "                       takes it (--tp 1 to 32, a shard of at most 1 GiB).\n"
     "  --block-size T       tokens per block: vLLM's --block-size (default 16).\n"
     "  --kv-dtype DTYPE     KV-cache element type, vLLM's --kv-cache-dtype: auto\n"
     "                       (default: the model's dtype, which vLLM runs in 16\n"
@@ -191,9 +270,10 @@ static const char *size_usage =
     "                       with --pool: pool {name, slot_size, slot_count, fits}.\n"
     "\n"
     "Exit status: 0 done (with --pool: the block fits the pool's slots); 1 the\n"
-    "file is unreadable or not JSON, the pool cannot be read, or the block does\n"
-    "not fit the pool's slots; 2 usage error (a bad option, or a config.json\n"
-    "that lacks a field the formula needs).\n"
+    "file is unreadable, a directory or a device, over 16 MiB or not JSON, the\n"
+    "pool cannot be read, the block does not fit the pool's slots, or the output\n"
+    "could not be written; 2 usage error (a bad option, a --tp vLLM would refuse\n"
+    "for the model, or a config.json that lacks a field the formula needs).\n"
     "Examples:\n"
     "  umbp size --model-config ~/models/Llama-3.1-8B/config.json --tp 8\n"
     "  umbp size --model-config config.json --tp 8 --kv-dtype fp8 --tokens 4000000\n"
@@ -282,6 +362,14 @@ int cmd_size(int argc, char **argv) {
   if (m.mla) {
     obj = (unsigned long long)m.layers * (unsigned long long)bs * (unsigned long long)(m.kv_lora_rank + m.qk_rope) * eb;
   } else {
+    /* vLLM shards the KV heads evenly, or replicates each head over
+     * tp / kv_heads ranks; any other tp fails in vLLM (a truncated
+     * kv_heads / tp here would size a block vLLM never makes) */
+    if (m.kv_heads % tp && tp % m.kv_heads)
+      return cli_usage_error("size", "--tp %lld does not divide the model's %lld KV heads, nor do they divide it: "
+                                     "vLLM needs num_key_value_heads %% tp == 0 or tp %% num_key_value_heads == 0; "
+                                     "use a --tp that divides %lld or is a multiple of it",
+                             tp, m.kv_heads, m.kv_heads);
     hpr = m.kv_heads / tp > 0 ? m.kv_heads / tp : 1;
     obj = (unsigned long long)m.layers * 2ull * (unsigned long long)bs * (unsigned long long)hpr *
           (unsigned long long)m.head_dim * eb;
@@ -303,6 +391,19 @@ int cmd_size(int argc, char **argv) {
   /* replay's --bytes-per-token: the KV bytes of one token over all ranks
    * (its shards are block-tokens x B / tp bytes each) */
   uint64_t bpt = (obj * (uint64_t)tp + (uint64_t)bs - 1) / (uint64_t)bs;
+  /* a replay line only where replay takes it (cmd_replay.c's checks: tp,
+   * bytes per token, a shard of at most 1 GiB); else why not */
+  char no_replay[160] = "";
+  uint64_t shard = (((uint64_t)bs * bpt + (uint64_t)tp - 1) / (uint64_t)tp + 7) / 8 * 8;
+  if (tp > RP_MAX_TP)
+    snprintf(no_replay, sizeof no_replay, "none: umbp replay runs 1 to %d ranks (one process each), not %lld",
+             RP_MAX_TP, tp);
+  else if (bpt > REPLAY_MAX_BPT)
+    snprintf(no_replay, sizeof no_replay, "none: %llu bytes per token is over the %u MiB umbp replay takes",
+             (unsigned long long)bpt, REPLAY_MAX_BPT >> 20);
+  else if (shard > REPLAY_MAX_SHARD)
+    snprintf(no_replay, sizeof no_replay, "none: a rank's shard of %llu bytes is over the 1 GiB umbp replay takes: "
+             "use a smaller --block-size", (unsigned long long)shard);
 
   /* --pool: the slots of an existing pool */
   int pool_rc = 0;
@@ -326,6 +427,7 @@ int cmd_size(int argc, char **argv) {
     umbp_pool_detach(p);
   }
   bool fits = !pool || pslot >= obj;
+  int out_errno = 0; /* of a failed write of stdout */
 
   char slot_s[32], cap_s[32], a[32], b[32];
   cli_fmt_size_arg(slot, slot_s, sizeof slot_s);
@@ -370,7 +472,10 @@ int cmd_size(int argc, char **argv) {
       jb_end_obj(&j);
     }
     jb_end_obj(&j);
-    jb_finish(&j);
+    errno = 0;
+    int jr = jb_finish(&j);
+    if (jr == -ENOMEM) return CLI_RUNTIME; /* reported by jb_finish */
+    out_errno = jr ? errno : 0;
   } else {
     printf("model        %s (%s): %lld layers, ", m.name, cfg, m.layers);
     if (m.mla)
@@ -391,9 +496,12 @@ int cmd_size(int argc, char **argv) {
     printf("capacity     %s for %lld tokens: %llu blocks x %s x %lld rank%s = %llu bytes\n", cap_s, tokens,
            (unsigned long long)blocks, cli_fmt_size(slot, b, sizeof b), tp, tp == 1 ? "" : "s",
            (unsigned long long)capacity);
-    printf("replay       umbp replay TRACE.jsonl --block-tokens %lld --bytes-per-token %llu --tp %lld (bytes per "
-           "token, all ranks)\n",
-           bs, (unsigned long long)bpt, tp);
+    if (*no_replay)
+      printf("replay       %s\n", no_replay);
+    else
+      printf("replay       umbp replay TRACE.jsonl --block-tokens %lld --bytes-per-token %llu --tp %lld (bytes per "
+             "token, all ranks)\n",
+             bs, (unsigned long long)bpt, tp);
     printf("pool         umbp pool create NAME --capacity %s --slot-size %s   (or umbp daemon NAME ...)\n", cap_s,
            slot_s);
     printf("vllm         \"kv_connector_extra_config\":{\"slot_size\":\"%s\",\"capacity_bytes\":\"%s\"}\n", slot_s,
@@ -404,6 +512,14 @@ int cmd_size(int argc, char **argv) {
       printf("pool %-7s %s: %u slots of %s; the block needs %llu bytes%s\n", pool, fits ? "fits" : "DOES NOT FIT",
              pcount, cli_fmt_size(pslot, a, sizeof a), obj,
              fits ? "" : ": create a pool with --slot-size of the 'slot size' above");
+  }
+  /* stdout full or closed: an error, never a silent success */
+  errno = 0;
+  int fl = fflush(stdout), fe = errno;
+  if (fl || ferror(stdout)) {
+    cli_error("size: writing the output failed: %s (is standard output a full disk, or closed?)",
+              strerror(fl && fe ? fe : out_errno ? out_errno : EIO));
+    return CLI_RUNTIME;
   }
   if (!fits) {
     cli_error("size: the block of %llu bytes does not fit pool '%s''s %llu-byte slots: create a pool with "

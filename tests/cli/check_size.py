@@ -141,6 +141,34 @@ def _():
     assert "262144 bytes per rank" in out, out
 
 
+@check("the replay line is one umbp replay takes: none beyond its 32 ranks, with the reason")
+def _():
+    rc, out, err = umbp("size", "--model-config", LL, "--tp", "64")
+    assert rc == 0, err
+    assert "umbp replay TRACE" not in out and "replay       none: umbp replay runs 1 to 32 ranks" in out, out
+    rc, out, err = umbp("size", "--model-config", LL, "--tp", "32")
+    line = next(l for l in out.splitlines() if l.startswith("replay "))
+    cmd = line.split(None, 1)[1].split(" (")[0].replace("TRACE.jsonl", "--generate chat")
+    # replay accepts it: its options are checked before --output writes the (one-conversation) workload
+    p = subprocess.run([TOOL, *cmd.split()[1:], "--conversations", "1", "--output", os.devnull],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, (cmd, p.stderr)
+    # a shard over replay's 1 GiB (16384-token blocks: 2 GiB at tp 1)
+    rc, out, err = umbp("size", "--model-config", LL, "--block-size", "16384")
+    assert rc == 0 and "replay       none:" in out and "over the 1 GiB" in out, (rc, out, err)
+    # MLA is the same on every rank: any tp is valid
+    assert size_json(DS, "--tp", "3")["block_bytes_per_rank"] == 1124352
+
+
+@check("a full stdout: exit 1 naming the failed write, never a silent success")
+def _():
+    for args in (["--json"], []):
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([TOOL, "size", "--model-config", LL, *args], stdout=full, stderr=subprocess.PIPE,
+                               text=True, timeout=60)
+        assert p.returncode == 1 and "writing the output failed: No space left" in p.stderr, (args, p.stderr)
+
+
 @check("bad input: exit 1 for an unreadable file, 2 for usage, each message naming the cause")
 def _():
     cases = [
@@ -159,6 +187,13 @@ def _():
         (["--tp", "8"], 2, "--model-config FILE is required"),
         (["--model-config", LL, "--pool", "bad/name"], 2, "--pool"),
         (["--model-config", LL, "--pool", "no-such-pool-size-xyz"], 1, "cannot read pool 'no-such-pool-size-xyz'"),
+        # a directory, a device, a huge file: named as such, not "not JSON ... near end of file"
+        (["--model-config", TMP], 1, f"--model-config {TMP} is a directory"),
+        (["--model-config", "/dev/zero"], 1, "is a character device"),
+        (["--model-config", write("huge.json", "[" * ((16 << 20) + 1))], 1, "is over 16 MiB"),
+        # vLLM needs kv_heads % tp == 0 or tp % kv_heads == 0 (8 KV heads: 3 gave a truncated "2 per rank")
+        (["--model-config", LL, "--tp", "3"], 2, "--tp 3 does not divide the model's 8 KV heads"),
+        (["--model-config", LL, "--tp", "12"], 2, "--tp 12 does not divide the model's 8 KV heads"),
     ]
     for args, want, words in cases:
         rc, out, err = umbp("size", *args)
