@@ -186,6 +186,9 @@ struct bufs {
   int cap;
 };
 
+/* The plan as one JSON object on stdout: 0; -1 when a query failed (the
+ * library's last error says why); 1 when building the JSON ran out of memory
+ * (jb_finish has said so). A failed write is left to stdout's error flag. */
 static int print_json(const umbp_topo *t, const umbp_topo_plan *p, struct bufs *b) {
   struct jb j;
   jb_begin(&j, stdout);
@@ -281,8 +284,9 @@ static int print_json(const umbp_topo *t, const umbp_topo_plan *p, struct bufs *
   jb_end_arr(&j);
   jb_end_obj(&j);
   jb_end_obj(&j);
-  jb_finish(&j);
-  return 0;
+  /* -EIO leaves stdout's error flag for the caller's check; -ENOMEM is
+   * reported by jb_finish and is an error too */
+  return jb_finish(&j) == -ENOMEM ? 1 : 0;
 }
 
 static int print_table(const umbp_topo *t, const umbp_topo_plan *p, struct bufs *b, bool explain) {
@@ -488,8 +492,9 @@ int cmd_topo(int argc, char **argv) {
     status = CLI_RUNTIME;
     goto out;
   }
-  if ((json ? print_json(t, p, &b) : print_table(t, p, &b, explain)) < 0) {
-    cli_error("topo: %s", umbp_last_error());
+  int prc = json ? print_json(t, p, &b) : print_table(t, p, &b, explain);
+  if (prc != 0) { /* > 0: already reported */
+    if (prc < 0) cli_error("topo: %s", umbp_last_error());
     status = CLI_RUNTIME;
     goto out;
   }
