@@ -89,8 +89,9 @@ enum umbp_topo_load_flags {
  * file's CUDA OS devices (cudaN, in N order), else its NVML ones.
  *
  * Returns 0 and *ret_topo (free with umbp_topo_free), or:
- *   -EINVAL  ret_topo is NULL, xml_path is empty or a directory, or flags
- *            has unknown bits;
+ *   -EINVAL  ret_topo is NULL, xml_path is empty, a directory, not a
+ *            regular file (a device, a pipe) or over 16 MiB, or flags has
+ *            unknown bits;
  *   -ENOENT  the XML file does not exist;
  *   -EACCES  the XML file cannot be read;
  *   -EBADMSG hwloc could not parse the XML file, or the topology has no PU
