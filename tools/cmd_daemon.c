@@ -888,13 +888,17 @@ int cmd_daemon(int argc, char **argv) {
   const char *lost_why = NULL;
   umbp_pool_info pinfo; /* name, path and size: fixed for the pool's life */
   umbp_pool_get_info(p, &pinfo);
-  while (!stop_sig && !(lost_why = pool_file_lost(p, &pinfo, lost, sizeof lost))) {
+  /* The file is looked at after each wait, just before the period's work
+   * touches the pool: a truncation during the wait is then seen (status 1)
+   * before the heartbeat or a reap can fault on it. */
+  while (!stop_sig) {
     struct timespec ts = {o.reap_ms / 1000, (long)(o.reap_ms % 1000) * 1000000L};
     int sig = sigtimedwait(&set, NULL, &ts);
     if (sig == SIGTERM || sig == SIGINT) {
       stop_sig = sig;
       break;
     }
+    if ((lost_why = pool_file_lost(p, &pinfo, lost, sizeof lost))) break;
     if (sig == SIGHUP) {
       if (!o.quota_file) {
         dlog("SIGHUP: no --quota-file to re-read; quotas unchanged");
@@ -914,12 +918,19 @@ int cmd_daemon(int argc, char **argv) {
     if (n > 0) dlog("reaped %d dead process%s", n, n == 1 ? "" : "es");
     watch_stopped(p, stopped_since);
   }
+  if (stop_sig) dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (!lost_why) lost_why = pool_file_lost(p, &pinfo, lost, sizeof lost); /* also lost by the signal's time? */
   if (lost_why) dlog("error: %s; stopping", lost_why);
-  else dlog("stopping on %s", stop_sig == SIGTERM ? "SIGTERM" : "SIGINT");
   metrics_stop(msrv);
   umbp_evictor_stop(p);
-  umbp_admin_daemon_unlock(p);
-  cli_pool_detach(p);
+  /* A short file: the header may be gone too, and a detach would fault on
+   * the lost part; cli_pool_detach() abandons the handle instead (the kernel
+   * drops its locks at exit; the pool's reaper sees this daemon dead). */
+  bool is_short = cli_pool_file_short(p);
+  if (!is_short) umbp_admin_daemon_unlock(p);
+  if (cli_pool_detach(p) == 1)
+    dlog("the pool's file is shorter than its mapping: let go of it without writing to it (this daemon's registry "
+         "slot and daemon lock are released when it exits, as after a crash)");
   free(fileq);
   if (lost_why) {
     rc = -1; /* not ours to remove or keep any more */

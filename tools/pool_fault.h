@@ -31,10 +31,33 @@
  * pools) or the pool's file cannot be opened (then SIGBUS stays as it was).
  * Call from the main thread before the pool is used by other threads. */
 int cli_fault_watch(umbp_pool *p, const char *who, bool stamp);
-/* Stop watching p (before umbp_pool_detach). Accepts an unwatched p. */
+/* Stop watching p. Accepts an unwatched p. After this the process dies of a
+ * SIGBUS in p's mapping without a word: cli_pool_detach() is how commands let
+ * go of a pool. */
 void cli_fault_unwatch(umbp_pool *p);
-/* cli_fault_unwatch(p), then umbp_pool_detach(p): how the commands that
- * watch a pool let go of it (the range may be mapped again by anything). */
-void cli_pool_detach(umbp_pool *p);
+/* Is p's file now shorter than p's mapping (truncated under it)? From an
+ * fstat(2) of the handle's file; false when it is whole or cannot be told.
+ * Touches nothing of the mapping. Any thread. */
+bool cli_pool_file_short(umbp_pool *p);
+/* How the commands that watch a pool let go of it. Returns 0 when p was
+ * detached, 1 when it was abandoned.
+ *
+ * Its file whole: umbp_pool_detach(p) with the watch still armed, then the
+ * watch ends. A truncation that races the detach's writes (its release of
+ * this process's registry slot, pins and reservations) thus ends in the
+ * message and CLI_POOL_FAULT rather than a silent death. (Between the detach's
+ * munmap and the end of the watch another thread could map something else at
+ * that range; a SIGBUS there in that instant would be reported as the pool's.
+ * It would have killed the process either way.)
+ *
+ * Its file short (cli_pool_file_short()): a detach would fault on the lost
+ * part (a read-write handle's detach walks the slot metadata), so p is
+ * abandoned instead: nothing of the mapping is read or written, the handle,
+ * its mapping and its file stay until the process exits (the watch stays
+ * armed), and then the kernel drops the registry slot's lock, so the pool's
+ * reaper sees this process dead and releases what it held, as after a crash
+ * (src/index/reap.c: a clean detach releases the same things). Nothing of
+ * another process's is lost beyond what the truncation destroyed. */
+int cli_pool_detach(umbp_pool *p);
 
 #endif

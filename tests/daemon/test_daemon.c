@@ -314,6 +314,52 @@ static void test_daemon_notices_pool_gone(void **st) {
   }
 }
 
+/* A pool file truncated under a running daemon deep enough that its own
+ * detach would touch the lost part (the event ring, which a clean detach
+ * repairs for its registry slot) while its evictor does not (the registry
+ * and the free rings stay): the daemon sees it at its next reap period, logs
+ * "shrank from", lets go of the pool without writing to it and exits 1 with
+ * its "stopped" line, where it used to die of SIGBUS (status 135) in
+ * cli_pool_detach() after the watch had ended. */
+static void test_daemon_pool_truncated_deep(void **st) {
+  (void)st;
+  const char *name = tu_name("dtrunc");
+  const char *log = log_path(name);
+  char path[128];
+  snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
+  unlink(log);
+  /* small index pages: every region in the one file, at the offsets the header says */
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--index-pages", "small",
+                        "--reap-interval", "20", NULL};
+  pid_t d = dtu_daemon_start(name, log, args);
+  assert_true(d > 0);
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true;
+  umbp_pool *p;
+  assert_int_equal(umbp_pool_attach(name, &o, &p), 0);
+  uint64_t keep = p->hdr->regions[UMBP_REG_EVENTS].offset & ~(uint64_t)4095;
+  assert_true(keep > p->hdr->regions[UMBP_REG_FREERINGS].offset);
+  umbp_pool_detach(p);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, (off_t)keep), 0);
+  close(fd);
+  int rc = wait_exit(d, 5000);
+  if (rc != 1) dtu_dump_log(log);
+  assert_int_equal(rc, 1);
+  read_log(log);
+  if (!strstr(out, "shrank from") || !strstr(out, "stopped")) fprintf(stderr, "# log: %s", out);
+  assert_non_null(strstr(out, "shrank from"));
+  assert_non_null(strstr(out, "let go of it without writing to it"));
+  assert_non_null(strstr(out, "umbp-daemon[")); /* "stopped" ends the log */
+  assert_non_null(strstr(out, "]: stopped\n"));
+  assert_null(strstr(out, "SIGBUS at"));
+  assert_null(strstr(out, "kept for the next daemon"));
+  umbp_pool_destroy(name);
+  unlink(log);
+}
+
 /* A pool file truncated under a running daemon and a running `inspect
  * --watch`: each says SIGBUS, the pool, its file and the cause, and exits 3,
  * instead of dying of the signal without a word (issue 32 item 12). The
@@ -891,6 +937,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_inspect_read_only_user, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_half_made_pool, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemon_notices_pool_gone, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_daemon_pool_truncated_deep, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_sigbus_names_pool, dtu_kill_daemons),
   };
   return cmocka_run_group_tests_name("daemon", tests, NULL, NULL);
