@@ -124,10 +124,11 @@ static const char *daemon_usage =
     "\n"
     "Exit status: 0 stopped cleanly; 1 the pool cannot be created or adopted (it\n"
     "exists with another layout, belongs to another user, has a daemon already,\n"
-    "...), a quota file is invalid at start, or the pool was destroyed or\n"
-    "truncated under it, or --metrics cannot listen on its address (the port is\n"
-    "taken, no interface has the address); 2 usage error; 3 a SIGBUS on the pool\n"
-    "(its file truncated, or its file system full), logged with the cause.\n"
+    "...), a quota file is invalid or cannot be read at start, or the pool was\n"
+    "destroyed or truncated under it, or --metrics cannot listen on its address\n"
+    "(the port is taken, no interface has the address); 2 usage error; 3 a SIGBUS\n"
+    "on the pool (its file truncated, or its file system full), logged with the\n"
+    "cause.\n"
     "Examples:\n"
     "  umbp daemon kv --capacity 64GiB --numa-nodes auto --log /var/log/umbp-kv.log\n"
     "  umbp daemon kv --capacity 64GiB --group vllm --foreground   (systemd, containers)\n";
@@ -231,11 +232,21 @@ static void warn_big_quota(umbp_pool *p, const struct quota *q) {
        quota_what(q, w, sizeof w), cli_fmt_size(q->bytes, a, sizeof a), cli_fmt_size(cap, b, sizeof b));
 }
 
-/* Parse FILE; 0 and *n entries, or -1 with err filled ("FILE:LINE: ..."). */
+/* Parse FILE; 0 and *n entries, or -1 with err filled ("FILE:LINE: ...", or
+ * "cannot read quota file FILE: CAUSE"). A file that cannot be read to its
+ * end (a directory, an I/O error) is an error, never an empty file: on
+ * SIGHUP that would drop every quota in force. */
 static int read_quota_file(const char *path, struct quota *q, unsigned *n, char *err, size_t errn) {
-  FILE *f = fopen(path, "r");
+  FILE *f = fopen(path, "re");
   if (!f) {
     snprintf(err, errn, "cannot read quota file %s: %s", path, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  int e = fstat(fileno(f), &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0; /* fopen() of a directory succeeds */
+  if (e) {
+    snprintf(err, errn, "cannot read quota file %s: %s", path, strerror(e));
+    fclose(f);
     return -1;
   }
   char line[512];
@@ -267,6 +278,14 @@ static int read_quota_file(const char *path, struct quota *q, unsigned *n, char 
     }
     pq.bytes = b;
     q[k++] = pq;
+  }
+  if (ferror(f)) { /* fgets() stopped on an error, not at the end */
+    e = errno;
+    char at[40] = "";
+    if (lineno) snprintf(at, sizeof at, " after line %u", lineno);
+    snprintf(err, errn, "cannot read quota file %s%s: %s", path, at, strerror(e ? e : EIO));
+    fclose(f);
+    return -1;
   }
   fclose(f);
   *n = k;

@@ -474,6 +474,32 @@ static void test_sighup_quotas(void **st) {
   assert_int_equal(quota_of(name, "chat"), 2 << 20);
   assert_int_equal(DTU_RUN(out, "inspect", name), 0);
   assert_non_null(strstr(out, "search"));
+  /* a file that cannot be read (here a directory in its place) is an error
+   * on SIGHUP too, not an empty file: the quotas in force stay */
+  assert_int_equal(unlink(qf), 0);
+  assert_int_equal(mkdir(qf, 0755), 0);
+  kill(d, SIGHUP);
+  bool logged = false;
+  char want[400];
+  snprintf(want, sizeof want, "error: SIGHUP: cannot read quota file %s: Is a directory; quotas unchanged", qf);
+  for (int i = 0; i < 500 && !logged; i++) {
+    logged = strstr(read_log(log), want) != NULL;
+    if (!logged) dtu_sleep_ms(10);
+  }
+  if (!logged) fprintf(stderr, "# log: %s", out);
+  assert_true(logged);
+  assert_null(strstr(out, "(0 entries)"));
+  assert_int_equal(quota_of(name, "chat"), 2 << 20);
+  assert_int_equal(quota_of(name, "search"), 128 << 10);
+  /* ... and at start: refused, naming the file and the cause */
+  assert_int_equal(DTU_RUN(out, "daemon", tu_name("dqdir"), "--capacity", "1MiB", "--foreground", "--quota-file", qf), 1);
+  snprintf(want, sizeof want, "cannot read quota file %s: Is a directory", qf);
+  assert_non_null(strstr(out, want));
+  assert_int_equal(rmdir(qf), 0);
+  /* a read error after a successful open (/proc/self/mem at offset 0 gives EIO) */
+  assert_int_equal(DTU_RUN(out, "daemon", tu_name("dqeio"), "--capacity", "1MiB", "--foreground", "--quota-file",
+                           "/proc/self/mem"), 1);
+  assert_non_null(strstr(out, "cannot read quota file /proc/self/mem: Input/output error"));
   /* an emptied file clears the quotas it had set; a --quota of the command
    * line stays, also for a namespace the file named too (issue 32) */
   f = fopen(qf, "w");
