@@ -807,6 +807,28 @@ int cmd_daemon(int argc, char **argv) {
   struct quota *newq = fileq + MAX_QUOTAS;
   unsigned nfileq = 0, nnewq = 0;
   char err[600];
+  /* --quota-file is read again on SIGHUP, after daemonise() has changed to
+   * "/": a relative name is made absolute against the directory it was
+   * given in. Not realpath(): a symlink stays a symlink, so that pointing it
+   * at a new file and sending SIGHUP reads the new file. (--log is opened
+   * once, before daemonising: it needs nothing.) */
+  static char qpath[4096];
+  if (o.quota_file && o.quota_file[0] != '/') {
+    char cwd[sizeof qpath];
+    if (!getcwd(cwd, sizeof cwd)) {
+      cli_error("--quota-file %s: cannot tell the current directory to make it absolute: %s", o.quota_file,
+                strerror(errno));
+      free(fileq);
+      return CLI_RUNTIME;
+    }
+    if ((size_t)snprintf(qpath, sizeof qpath, "%s/%s", strcmp(cwd, "/") ? cwd : "", o.quota_file) >= sizeof qpath) {
+      cli_error("--quota-file %s: its absolute name (in %s) is longer than %zu bytes", o.quota_file, cwd,
+                sizeof qpath - 1);
+      free(fileq);
+      return CLI_RUNTIME;
+    }
+    o.quota_file = qpath;
+  }
   if (o.quota_file && read_quota_file(o.quota_file, fileq, &nfileq, err, sizeof err)) {
     cli_error("%s", err);
     free(fileq);

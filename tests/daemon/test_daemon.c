@@ -533,6 +533,59 @@ static void test_sighup_quotas(void **st) {
   unlink(log);
 }
 
+/* Relative --quota-file and --log in the background mode: daemonise()
+ * changes to "/", and SIGHUP re-read "rq" there ("cannot read quota file
+ * rq"). The quota file is made absolute against the directory the daemon was
+ * started in (a symlink stays a symlink); the log is opened before. */
+static void test_daemonise_relative_paths(void **st) {
+  (void)st;
+  const char *name = tu_name("drel");
+  char dir[256], cwd[4096], logp[300];
+  snprintf(dir, sizeof dir, "/tmp/umbp-test-%s.d", name);
+  snprintf(logp, sizeof logp, "%s/rlog", dir);
+  assert_int_equal(mkdir(dir, 0755), 0);
+  assert_non_null(getcwd(cwd, sizeof cwd));
+  assert_int_equal(chdir(dir), 0);
+  FILE *f = fopen("rq", "w");
+  assert_non_null(f);
+  fprintf(f, "chat 1MiB\n");
+  fclose(f);
+  int rc = DTU_RUN(out, "daemon", name, "--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quota-file",
+                   "rq", "--log", "rlog");
+  assert_int_equal(chdir(cwd), 0);
+  if (rc != 0) fprintf(stderr, "# %s", out);
+  assert_int_equal(rc, 0);
+  int pid = 0;
+  assert_non_null(strstr(out, "served by pid "));
+  pid = atoi(strstr(out, "served by pid ") + 14);
+  dtu_track(pid);
+  assert_int_equal(quota_of(name, "chat"), 1 << 20);
+  char rq[300];
+  snprintf(rq, sizeof rq, "%s/rq", dir);
+  f = fopen(rq, "w");
+  assert_non_null(f);
+  fprintf(f, "chat 2MiB\n");
+  fclose(f);
+  kill(pid, SIGHUP);
+  for (int i = 0; i < 500 && quota_of(name, "chat") != 2 << 20; i++) dtu_sleep_ms(10);
+  if (quota_of(name, "chat") != 2 << 20) dtu_dump_log(logp);
+  assert_int_equal(quota_of(name, "chat"), 2 << 20);
+  kill(pid, SIGTERM);
+  for (int i = 0; i < 500 && kill(pid, 0) == 0; i++) dtu_sleep_ms(10);
+  assert_int_equal(kill(pid, 0), -1);
+  read_log(logp); /* the log went where --log named, relative to the start directory */
+  char want[400];
+  snprintf(want, sizeof want, "SIGHUP: re-reading quotas from %s (1 ", rq);
+  if (!strstr(out, want)) fprintf(stderr, "# log: %s", out);
+  assert_non_null(strstr(out, want));
+  assert_null(strstr(out, "cannot read quota file"));
+  assert_non_null(strstr(out, "stopped"));
+  umbp_pool_destroy(name);
+  unlink(rq);
+  unlink(logp);
+  rmdir(dir);
+}
+
 static void test_inspect_text_json(void **st) {
   (void)st;
   const char *name = tu_name("dinsp");
@@ -962,6 +1015,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_bad_input, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_other_uid_refused, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_inspect_read_only_user, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_half_made_pool, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_daemonise_relative_paths, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemon_notices_pool_gone, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemon_pool_truncated_deep, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_sigbus_names_pool, dtu_kill_daemons),
