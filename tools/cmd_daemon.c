@@ -454,15 +454,25 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       if (cli_parse_numa_nodes("daemon", optarg, &o->pp, &o->auto_nodes) != CLI_OK) return CLI_USAGE;
       break;
     case O_GROUP: {
+      /* A gid is 0 to (gid_t)-2: (gid_t)-1 means "no group" to chown(2),
+       * and a larger number used to be truncated silently (99999999999 ->
+       * 1215752191). Digits out of range may still name a group. */
       o->pp.group_access = true;
       char *end;
-      long g = strtol(optarg, &end, 10);
-      if (*end == 0 && end != optarg && g >= 0) {
+      errno = 0;
+      unsigned long long g = strtoull(optarg, &end, 10);
+      bool numeric = end != optarg && *end == 0; /* strtoull() takes "-5" too, as 2^64 - 5 */
+      bool in_range = numeric && !errno && optarg[strspn(optarg, " \t")] != '-' && g < (unsigned long long)(gid_t)-1;
+      struct group *gr;
+      if (in_range) {
         o->pp.group = (gid_t)g;
-      } else {
-        struct group *gr = getgrnam(optarg);
-        if (!gr) return cli_usage_error("daemon", "--group '%s': no such group", optarg);
+      } else if ((gr = getgrnam(optarg))) {
         o->pp.group = gr->gr_gid;
+      } else if (numeric) {
+        return cli_usage_error("daemon", "--group '%s': a numeric gid must be 0 to %u", optarg,
+                               (unsigned)((gid_t)-1 - 1));
+      } else {
+        return cli_usage_error("daemon", "--group '%s': no such group", optarg);
       }
       break;
     }

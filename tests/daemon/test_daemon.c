@@ -883,6 +883,21 @@ static void test_bad_input(void **st) {
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "1MiB", "--numa-nodes", "1,1"), 2);
   assert_non_null(strstr(out, "lists node 1 twice"));
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "0x100000"), 2);
+  /* a numeric --group out of gid_t's range is refused, not truncated (99999999999
+   * used to become gid 1215752191, 4294967295 (gid_t)-1); the bad watermarks
+   * after it make sure that nothing is created if it is not */
+  const char *const bad_gids[] = {"99999999999", "4294967295", "18446744073709551617", "-5"};
+  for (unsigned i = 0; i < sizeof bad_gids / sizeof bad_gids[0]; i++) {
+    assert_int_equal(DTU_RUN(out, "daemon", "x", "--capacity", "1MiB", "--group", bad_gids[i], "--evict-low", "50",
+                             "--evict-high", "40"), 2);
+    char want[100];
+    snprintf(want, sizeof want, "--group '%s': a numeric gid must be 0 to 4294967294", bad_gids[i]);
+    if (!strstr(out, want)) fprintf(stderr, "# %s", out);
+    assert_non_null(strstr(out, want));
+  }
+  assert_int_equal(DTU_RUN(out, "daemon", "x", "--capacity", "1MiB", "--group", "4294967294", "--evict-low", "50",
+                           "--evict-high", "40"), 2);
+  assert_non_null(strstr(out, "--evict-low 50 must be below")); /* the largest gid passes */
   assert_int_equal(DTU_RUN(out, "daemon", "--help"), 0);
   assert_non_null(strstr(out, "Exit status"));
   assert_int_equal(DTU_RUN(out, "inspect", "--help"), 0);
