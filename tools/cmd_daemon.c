@@ -385,7 +385,7 @@ static void apply_pattern_quotas(umbp_pool *p, const char *pool, const struct qu
 struct dopts {
   const char *pool, *log, *quota_file;
   umbp_pool_params pp;
-  bool have_cap, foreground, unlink_on_exit, auto_nodes;
+  bool have_cap, have_slot, foreground, unlink_on_exit, auto_nodes;
   unsigned reap_ms, low, high;
   struct quota quotas[MAX_QUOTAS];
   unsigned nquotas;
@@ -449,6 +449,7 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       break;
     case O_SLOT:
       if (cli_parse_slot_size("daemon", optarg, &o->pp.slot_size) != CLI_OK) return CLI_USAGE;
+      o->have_slot = true;
       break;
     case O_NODES:
       if (cli_parse_numa_nodes("daemon", optarg, &o->pp, &o->auto_nodes) != CLI_OK) return CLI_USAGE;
@@ -624,10 +625,21 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
   dlog("adopted pool '%s' (%s, %u slots of %s): run generation %llu, %llu published blocks kept", o->pool,
        info.path, info.slot_count, cli_fmt_size(info.slot_size, b1, sizeof b1), (unsigned long long)gen,
        (unsigned long long)c.published);
-  if (o->have_cap && (o->pp.capacity / o->pp.slot_size != info.slot_count || o->pp.slot_size != info.slot_size))
-    dlog("note: --capacity %s / --slot-size %s differ from the existing pool's; they apply only when the pool is "
-         "created (destroy it to change them)",
-         cli_fmt_size(o->pp.capacity, b1, sizeof b1), cli_fmt_size(o->pp.slot_size, b2, sizeof b2));
+  /* Name only the options given that differ: the capacity in bytes of whole
+   * slots (of --slot-size when given, else of the pool's slot size), the
+   * slot size when given. */
+  uint64_t slot = o->have_slot ? o->pp.slot_size : info.slot_size;
+  bool cap_differs = o->have_cap && o->pp.capacity / slot * slot != (uint64_t)info.slot_count * info.slot_size;
+  bool slot_differs = o->have_slot && o->pp.slot_size != info.slot_size;
+  if (cap_differs || slot_differs) {
+    char what[96];
+    snprintf(what, sizeof what, "%s%s%s%s%s", cap_differs ? "--capacity " : "",
+             cap_differs ? cli_fmt_size(o->pp.capacity, b1, sizeof b1) : "", cap_differs && slot_differs ? " / " : "",
+             slot_differs ? "--slot-size " : "", slot_differs ? cli_fmt_size(o->pp.slot_size, b2, sizeof b2) : "");
+    dlog("note: %s %s from the existing pool's; %s only when the pool is created (destroy it to change %s)", what,
+         cap_differs && slot_differs ? "differ" : "differs", cap_differs && slot_differs ? "they apply" : "it applies",
+         cap_differs && slot_differs ? "them" : "it");
+  }
   *ret = p;
   return CLI_OK;
 }
@@ -648,9 +660,10 @@ static int open_pool(struct dopts *o, umbp_pool **ret) {
       umbp_pool_info info;
       char ib[256];
       umbp_pool_get_info(p, &info);
-      dlog("created pool '%s' (%s): %u slots of %s in %u partition(s), %s in all; index on %s", o->pool, info.path,
+      dlog("created pool '%s' (%s): %u slots of %s in %u partition%s, %s in all; index on %s", o->pool, info.path,
            info.slot_count, cli_fmt_size(info.slot_size, b1, sizeof b1), info.n_partitions,
-           cli_fmt_size(info.total_size, b2, sizeof b2), cli_fmt_index_pages(&info, ib, sizeof ib));
+           info.n_partitions == 1 ? "" : "s", cli_fmt_size(info.total_size, b2, sizeof b2),
+           cli_fmt_index_pages(&info, ib, sizeof ib));
       *ret = p;
       return CLI_OK;
     }
@@ -956,7 +969,7 @@ int cmd_daemon(int argc, char **argv) {
       } else if (read_quota_file(o.quota_file, newq, &nnewq, err, sizeof err)) {
         dlog("error: SIGHUP: %s; quotas unchanged", err);
       } else {
-        dlog("SIGHUP: re-reading quotas from %s (%u entries)", o.quota_file, nnewq);
+        dlog("SIGHUP: re-reading quotas from %s (%u entr%s)", o.quota_file, nnewq, nnewq == 1 ? "y" : "ies");
         drop_removed_quotas(p, o.quotas, o.nquotas, fileq, nfileq, newq, nnewq);
         apply_quotas(p, newq, nnewq);
         memcpy(fileq, newq, nnewq * sizeof *newq);

@@ -533,6 +533,54 @@ static void test_sighup_quotas(void **st) {
   unlink(log);
 }
 
+/* The log's wording: "1 partition" / "N partitions" when creating, and on
+ * adopt a note that names only the creation options given that differ
+ * (it said "--capacity 1 MiB / --slot-size 256 KiB differ" for a --capacity
+ * equal to the pool's and no --slot-size at all). */
+static void test_adopt_note_wording(void **st) {
+  (void)st;
+  const char *name = tu_name("dnote");
+  const char *log = log_path(name);
+  unlink(log);
+  const char *create[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", NULL};
+  const char *same_cap[] = {"--capacity", "1MiB", NULL};
+  const char *other_cap[] = {"--capacity", "2MiB", NULL};
+  const char *other_slot[] = {"--capacity", "1MiB", "--slot-size", "8KiB", NULL};
+  const char *const *runs[] = {create, same_cap, other_cap, other_slot};
+  const char *note[] = {NULL, NULL, "note: --capacity 2 MiB differs from the existing pool's; it applies only",
+                        "note: --slot-size 8 KiB differs from the existing pool's; it applies only"};
+  for (unsigned r = 0; r < 4; r++) {
+    unlink(log);
+    pid_t d = dtu_daemon_start(name, log, runs[r]);
+    assert_true(d > 0);
+    kill(d, SIGTERM);
+    assert_int_equal(tu_wait(d), 0);
+    read_log(log);
+    if (r == 0) {
+      umbp_pool_info info;
+      umbp_attach_opts o;
+      umbp_attach_opts_init(&o);
+      o.read_only = true;
+      umbp_pool *p;
+      assert_int_equal(umbp_pool_attach(name, &o, &p), 0);
+      umbp_pool_get_info(p, &info);
+      umbp_pool_detach(p);
+      char want[64];
+      snprintf(want, sizeof want, "in %u partition%s, ", info.n_partitions, info.n_partitions == 1 ? "" : "s");
+      if (!strstr(out, want)) fprintf(stderr, "# log: %s", out);
+      assert_non_null(strstr(out, want));
+      assert_null(strstr(out, "partition(s)"));
+    }
+    if (note[r] && !strstr(out, note[r])) fprintf(stderr, "# run %u log: %s", r, out);
+    if (note[r]) assert_non_null(strstr(out, note[r]));
+    else assert_null(strstr(out, "note: --"));
+    if (r == 2) assert_null(strstr(out, "--slot-size"));
+    if (r == 3) assert_null(strstr(out, "--capacity"));
+  }
+  umbp_pool_destroy(name);
+  unlink(log);
+}
+
 /* Relative --quota-file and --log in the background mode: daemonise()
  * changes to "/", and SIGHUP re-read "rq" there ("cannot read quota file
  * rq"). The quota file is made absolute against the directory the daemon was
@@ -575,7 +623,7 @@ static void test_daemonise_relative_paths(void **st) {
   assert_int_equal(kill(pid, 0), -1);
   read_log(logp); /* the log went where --log named, relative to the start directory */
   char want[400];
-  snprintf(want, sizeof want, "SIGHUP: re-reading quotas from %s (1 ", rq);
+  snprintf(want, sizeof want, "SIGHUP: re-reading quotas from %s (1 entry)", rq);
   if (!strstr(out, want)) fprintf(stderr, "# log: %s", out);
   assert_non_null(strstr(out, want));
   assert_null(strstr(out, "cannot read quota file"));
@@ -1031,6 +1079,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_inspect_read_only_user, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_half_made_pool, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemonise_relative_paths, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_adopt_note_wording, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemon_notices_pool_gone, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemon_pool_truncated_deep, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_sigbus_names_pool, dtu_kill_daemons),
