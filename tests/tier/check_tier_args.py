@@ -9,7 +9,6 @@ opened, a bad Mooncake config) exits 1 with a sentence; never a traceback.
 A stand-in `mooncake` package on PYTHONPATH exits 7 when imported, so a test
 sees whether the tier got as far as importing Mooncake (valid arguments do),
 whether or not the real Mooncake is installed."""
-import ctypes
 import os
 import subprocess
 import sys
@@ -19,7 +18,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import taplib  # noqa: E402
-from umbp import _lib as L  # noqa: E402
 from umbp.tier_server import parse_size, pool_name_error  # noqa: E402
 
 TOOL = os.environ["UMBP_TOOL"]
@@ -136,18 +134,18 @@ def _():
     usage(["a" * 64 + "/"], "65 characters")
 
 
-@check("the pool name rule is the C library's (umbp_pool_name_valid), plus a leading '-'")
+@check("the pool name rule is the C library's (umbp_pool_name_valid, through `umbp pool info`)")
 def _():
-    valid = L.lib().umbp_pool_name_valid
-    valid.argtypes, valid.restype = [ctypes.c_char_p], ctypes.c_int
+    # through the C tool, not ctypes: a sanitizer build's library cannot be loaded into Python
     for name in ("kv", "a", "A.b_c-9", "a" * 64, "a" * 65, "", ".", "..", "...", ".x", "x.", "a/b", "a b", "a:b",
                  "é", "a\nb", "_", "x-", "-", "-x", "--"):
         py_ok = pool_name_error(name) is None
-        if name.startswith("-"):  # refused here; the C library is being changed to refuse it too
+        if name.startswith("-"):  # pool info would read it as an option; the library refuses it too
             assert not py_ok, name
             continue
-        c_ok = valid(name.encode()) == 0
-        assert py_ok == c_ok, (name, py_ok, c_ok, pool_name_error(name))
+        r = subprocess.run([TOOL, "pool", "info", name], capture_output=True, text=True, timeout=60)
+        c_ok = r.returncode != 2  # 1: a valid name of no pool; 2: the name is refused
+        assert py_ok == c_ok, (name, py_ok, c_ok, pool_name_error(name), r.stderr)
 
 
 @check("--json without --status is a usage error; with --status it is accepted")
