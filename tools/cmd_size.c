@@ -310,7 +310,7 @@ int cmd_size(int argc, char **argv) {
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
     switch (c) {
     case O_CFG: cfg = optarg; break;
     case O_TP:
@@ -325,7 +325,8 @@ int cmd_size(int argc, char **argv) {
     case O_DT: kvdt = optarg; break;
     case O_POOL: pool = optarg; break;
     case O_JSON: json = true; break;
-    default: return cli_usage_error("size", "unknown or incomplete option '%s'", argv[optind - 1]);
+    case ':': return cli_usage_error("size", "option '%s' needs a value", argv[optind - 1]);
+    default: return cli_usage_error("size", "unknown option '%s'", argv[optind - 1]);
     }
   }
   if (optind < argc) return cli_usage_error("size", "unexpected argument '%s'", argv[optind]);
