@@ -158,7 +158,8 @@ static const char *info_usage =
     "slot_count, hugepages, index_hugepages, index_huge_bytes, created (UTC),\n"
     "created_unix, creator_pid, run_generation,\n"
     "partitions[] {index, numa_node, slots, first_slot, bytes, free_slots},\n"
-    "slots {free, reserved, published, retired, pinned}, embedded (null, or\n"
+    "slots {free, reserved, published, evicting, retired (= evicting, the key\n"
+    "of older layouts), pinned}, embedded (null, or\n"
     "{instance, namespace, creator_pid, capacity}), namespaces[] {id, name, label,\n"
     "blocks, quota_bytes}, processes[] {slot, pid, role, rank, alive, attach_unix,\n"
     "heartbeat_unix, comm, engine}.\n"
@@ -598,7 +599,8 @@ static int pool_info(int argc, char **argv) {
     jb_u64(&j, "free", cs.free_);
     jb_u64(&j, "reserved", cs.reserved);
     jb_u64(&j, "published", cs.published);
-    jb_u64(&j, "retired", cs.retired + cs.evicting);
+    jb_u64(&j, "evicting", cs.retired + cs.evicting);
+    jb_u64(&j, "retired", cs.retired + cs.evicting); /* the same figure, under the key of layouts before 6 */
     jb_u64(&j, "pinned", cs.pinned);
     jb_end_obj(&j);
     if (nt->embedded) {
@@ -660,7 +662,8 @@ static int pool_info(int argc, char **argv) {
     printf("  index pages   %s\n", cli_fmt_index_pages(&info, ib, sizeof ib));
     printf("  slots         %u x %s = %s\n", info.slot_count, cli_fmt_size(info.slot_size, a, sizeof a),
            cli_fmt_size((uint64_t)info.slot_count * info.slot_size, b, sizeof b));
-    printf("  slot states   free %llu, reserved %llu, published %llu (pinned %llu), retired %llu\n",
+    /* retired: layouts before 6 only (0 since); the JSON keeps the key */
+    printf("  slot states   free %llu, reserved %llu, published %llu (pinned %llu), evicting %llu\n",
            (unsigned long long)cs.free_, (unsigned long long)cs.reserved, (unsigned long long)cs.published,
            (unsigned long long)cs.pinned, (unsigned long long)(cs.retired + cs.evicting));
     printf("  partitions    %u\n", info.n_partitions);

@@ -163,7 +163,7 @@ int snap_prometheus(const struct snap *s, FILE *f) {
             i->partitions[k].slot_count);
   family(f, "umbp_slots", "gauge",
          "Slots of a partition by state: free, published, pinned (published slots with at least one pin, a subset "
-         "of published), reserved (being written), evicting, retired (removed, waiting for a grace period).");
+         "of published), reserved (being written), evicting (being removed), retired (layouts before 6 only: always 0).");
   for (unsigned k = 0; k < i->n_partitions; k++) {
     const umbp_slot_census *c = &s->part_census[k];
     const struct {

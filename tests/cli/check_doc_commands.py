@@ -290,6 +290,7 @@ MESSAGES = {
     # help pointers
     "umbp bench SUBCOMMAND --help": ("missing", ["bench", "index", "--help"], 0),
     "umbp pool SUBCOMMAND --help": ("missing", ["pool", "create", "--help"], 0),
+    "umbp daemon --help": ("missing", ["daemon", "--help"], 0),  # a foreground daemon's usage error
     "umbp topoNAMENAME": ("missing", ["topo"], 0),  # 'umbp topo%s%s' to list the GPUs: plain topo here
     "umbp replay --block-tokens T": ("missing", None, 0),
     # prose that names a command or an option of one, not a command to run
