@@ -191,6 +191,7 @@ static int parse_uint(const char *s, uint64_t lo, uint64_t hi, uint64_t *ret) {
 
 static int parse_dbl(const char *s, double lo, double hi, double *ret) {
   if (!s || !*s) return -EINVAL;
+  if (strpbrk(s, "xX")) return -EINVAL; /* strtod would read hex floats; the size options refuse hex too */
   char *e;
   errno = 0;
   double v = strtod(s, &e);

@@ -451,6 +451,7 @@ BAD_ARGS = [
     (["--block-tokens", "0"], "--block-tokens"),
     (["--bytes-per-token", "0"], "--bytes-per-token"),
     (["--speed", "-1"], "--speed"),
+    (["--speed", "0x10"], "--speed '0x10'"),
     (["--seed", "3"], "add --generate chat"),
     (["--generate", "poems"], "'chat'"),
     (["--frobnicate"], "unknown option"),
