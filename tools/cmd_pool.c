@@ -58,7 +58,7 @@ static const char *create_usage =
     "\n"
     "Create pool NAME and pre-fault its memory. The pool stays until 'umbp pool\n"
     "destroy NAME' or a reboot; processes attach to it by name.\n"
-    "NAME is 1-64 characters from [A-Za-z0-9._-].\n"
+    "NAME is 1-64 characters from [A-Za-z0-9._-], not starting with '-'.\n"
     "\n"
     "Options:\n"
     "  --capacity SIZE      bytes of block slots, e.g. 8GiB (required). SIZE takes\n"
