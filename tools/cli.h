@@ -74,6 +74,17 @@ void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * runs it after every command that succeeded; loops that print until Ctrl-C
  * run it after each frame, so that they end rather than print into nothing. */
 int cli_stdout_check(const char *what);
+/* The most slots a pool can have: a bucket way holds slot + 1 in 24 bits
+ * (src/index/index_shm.h, UMBP_MAX_SLOTS; the library checks it again). */
+#define CLI_MAX_SLOTS ((1u << 24) - 1)
+/* capacity / slot_size against what any pool needs (2 slots; a pool split
+ * into NUMA partitions needs 2 in each, which the library checks) and
+ * CLI_MAX_SLOTS: CLI_OK, or CLI_USAGE with the message printed. */
+int cli_check_slots(const char *sub, uint64_t capacity, uint64_t slot_size);
+/* Report an option word getopt_long() refused ('?'): "ambiguous", naming the
+ * long options it begins, or "unknown"; returns CLI_USAGE. */
+struct option;
+int cli_bad_option(const char *sub, const struct option *opts, const char *word);
 /* Whether s is a plain decimal number (digits, at most one '.'): what strtod()
  * would also read as hex, an exponent, inf or nan is not. */
 bool cli_decimal(const char *s);

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -167,6 +168,41 @@ void cli_error(const char *fmt, ...) {
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
+}
+
+int cli_check_slots(const char *sub, uint64_t capacity, uint64_t slot_size) {
+  uint64_t slots = slot_size ? capacity / slot_size : 0;
+  char c[32], s[32];
+  cli_fmt_size(capacity, c, sizeof c);
+  cli_fmt_size(slot_size, s, sizeof s);
+  if (slots < 2)
+    return cli_usage_error(sub, "--capacity %s holds %llu slot%s of %s: a pool needs at least 2; raise --capacity or "
+                                "lower --slot-size", c, (unsigned long long)slots, slots == 1 ? "" : "s", s);
+  if (slots > CLI_MAX_SLOTS)
+    return cli_usage_error(sub, "--capacity %s holds %llu slots of %s: at most %u are supported; lower --capacity "
+                                "or raise --slot-size", c, (unsigned long long)slots, s, CLI_MAX_SLOTS);
+  return CLI_OK;
+}
+
+int cli_bad_option(const char *sub, const struct option *opts, const char *word) {
+  /* getopt_long() takes any unique prefix of a long option and refuses one
+   * that several share: name them */
+  if (word && word[0] == '-' && word[1] == '-' && word[2]) {
+    const char *w = word + 2;
+    size_t len = strcspn(w, "=");
+    char names[256] = "";
+    unsigned n = 0;
+    for (const struct option *o = opts; o && o->name; o++)
+      if (!strncmp(o->name, w, len)) {
+        size_t u = strlen(names);
+        snprintf(names + u, sizeof names - u, "%s--%s", n ? ", " : "", o->name);
+        n++;
+      }
+    if (n > 1)
+      return cli_usage_error(sub, "option '%.*s' is ambiguous: it begins %s; give more of it", (int)(len + 2), word,
+                             names);
+  }
+  return cli_usage_error(sub, "unknown option '%s'", word ? word : "");
 }
 
 bool cli_decimal(const char *s) {

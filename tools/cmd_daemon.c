@@ -126,8 +126,8 @@ static const char *daemon_usage =
     "exists with another layout, belongs to another user, has a daemon already,\n"
     "...), a quota file is invalid or cannot be read at start, or the pool was\n"
     "destroyed or truncated under it, or --metrics cannot listen on its address\n"
-    "(the port is taken, no interface has the address); 2 usage error (also\n"
-    "options no machine can make a pool of: too few or too many slots); 3 a SIGBUS\n"
+    "(the port is taken, no interface has the address); 2 usage error (also a\n"
+    "--capacity of fewer than 2 or more than 16777215 slots); 3 a SIGBUS\n"
     "on the pool (its file truncated, or its file system full), logged with the\n"
     "cause.\n"
     "Examples:\n"
@@ -164,47 +164,21 @@ static void lib_log(void *arg, int level, const char *msg) {
 /* The pipe to the waiting first parent (daemonised mode), -1 otherwise. */
 static int report_fd = -1;
 
-/* The first parent reads a report that starts with this as a usage error
- * (exit 2): options that no machine can satisfy, found only when the pool is
- * made (the library's -EINVAL). */
-#define REPORT_USAGE "usage: "
-
-static int vfatal(int status, const char *fmt, va_list ap) {
+static int fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fatal(const char *fmt, ...) {
   char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
   dlog("error: %s", msg);
   if (report_fd >= 0) {
-    if (status == CLI_USAGE) {
-      ssize_t w = write(report_fd, REPORT_USAGE, strlen(REPORT_USAGE));
-      (void)w;
-    }
     ssize_t w = write(report_fd, msg, strlen(msg));
     (void)w;
     close(report_fd);
     report_fd = -1;
-  } else if (status == CLI_USAGE) {
-    fputs("Try 'umbp daemon --help'.\n", stderr);
   }
-  return status;
-}
-
-static int fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fatal(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int rc = vfatal(CLI_RUNTIME, fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
-/* fatal() for a usage error: status 2. */
-static int fatal_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fatal_usage(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int rc = vfatal(CLI_USAGE, fmt, ap);
-  va_end(ap);
-  return rc;
+  return CLI_RUNTIME;
 }
 
 /* ---- quotas ----------------------------------------------------------------- */
@@ -540,7 +514,7 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
         return cli_usage_error("daemon", "--evict-high '%s': use 2 to 100", optarg);
       break;
     case ':': return cli_usage_error("daemon", "option '%s' needs a value", argv[optind - 1]);
-    default: return cli_usage_error("daemon", "unknown option '%s'", argv[optind - 1]);
+    default: return cli_bad_option("daemon", opts, argv[optind - 1]);
     }
   }
   /* The pool is positional as in 'umbp pool create NAME' and 'umbp inspect
@@ -559,6 +533,7 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
   if (umbp_pool_name_valid(o->pool)) return cli_usage_error("daemon", "%s", umbp_last_error());
   if (o->low >= o->high)
     return cli_usage_error("daemon", "--evict-low %u must be below --evict-high %u", o->low, o->high);
+  if (o->have_cap && cli_check_slots("daemon", o->pp.capacity, o->pp.slot_size) != CLI_OK) return CLI_USAGE;
   if (o->log && o->foreground) return cli_usage_error("daemon", "--log is for the background mode; with --foreground the log goes to stderr");
   return CLI_OK;
 }
@@ -694,8 +669,6 @@ static int open_pool(struct dopts *o, umbp_pool **ret) {
       *ret = p;
       return CLI_OK;
     }
-    /* -EINVAL: --capacity, --slot-size or --numa-nodes cannot make a pool */
-    if (rc == -EINVAL) return fatal_usage("cannot create pool '%s': %s", o->pool, umbp_last_error());
     if (rc != -EEXIST) return fatal("cannot create pool '%s': %s", o->pool, umbp_last_error());
   }
   return adopt(o, ret);
@@ -759,10 +732,8 @@ static void daemonise(const char *pool, int log_fd) {
     msg[n] = 0;
     if (!strncmp(msg, "ok ", 3)) {
       printf("umbp daemon: pool '%s' is served by pid %s\n", pool, msg + 3);
-      exit(CLI_OK);
+      exit(cli_stdout_check("daemon")); /* main()'s check is not reached from here */
     }
-    if (!strncmp(msg, REPORT_USAGE, strlen(REPORT_USAGE)))
-      exit(cli_usage_error("daemon", "daemon for pool '%s' did not start: %s", pool, msg + strlen(REPORT_USAGE)));
     cli_error("daemon for pool '%s' did not start: %s", pool, n ? msg : "it exited without a word (see its --log)");
     exit(CLI_RUNTIME);
   }
@@ -931,11 +902,10 @@ int cmd_daemon(int argc, char **argv) {
   }
 
   umbp_pool *p = NULL;
-  int orc = open_pool(&o, &p);
-  if (orc != CLI_OK) {
+  if (open_pool(&o, &p) != CLI_OK) {
     if (mfd >= 0) close(mfd);
     free(fileq);
-    return orc == CLI_USAGE ? CLI_USAGE : CLI_RUNTIME;
+    return CLI_RUNTIME;
   }
   char who[48]; /* a SIGBUS on the pool is logged like every other error line */
   snprintf(who, sizeof who, "umbp-daemon[%d]: error", (int)getpid());

@@ -553,7 +553,7 @@ int cmd_inspect(int argc, char **argv) {
       break;
     }
     case ':': return cli_usage_error("inspect", "option '%s' needs a value", argv[optind - 1]);
-    default: return cli_usage_error("inspect", "unknown option '%s'", argv[optind - 1]);
+    default: return cli_bad_option("inspect", opts, argv[optind - 1]);
     }
   }
   if (optind >= argc) return cli_usage_error("inspect", "missing pool NAME");

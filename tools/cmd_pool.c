@@ -366,7 +366,7 @@ static int pool_create(int argc, char **argv) {
     }
     case 'q': quiet = true; break;
     case ':': return cli_usage_error("pool create", "option '%s' needs a value", argv[optind - 1]);
-    default: return cli_usage_error("pool create", "unknown option '%s'", argv[optind - 1]);
+    default: return cli_bad_option("pool create", opts, argv[optind - 1]);
     }
   }
   if (optind >= argc) return cli_usage_error("pool create", "missing pool NAME");
@@ -375,6 +375,10 @@ static int pool_create(int argc, char **argv) {
   const char *name = argv[optind];
   if (umbp_pool_name_valid(name)) return cli_usage_error("pool create", "%s", umbp_last_error());
   if (!have_cap) return cli_usage_error("pool create", "--capacity is required, e.g. --capacity 8GiB");
+  if (name[0] == '-')
+    return cli_usage_error("pool create", "pool name '%s' starts with '-', which commands read as an option: start it "
+                                          "with a letter, a digit, '.' or '_'", name);
+  if (cli_check_slots("pool create", pp.capacity, pp.slot_size) != CLI_OK) return CLI_USAGE;
   if (ranks && !auto_nodes) return cli_usage_error("pool create", "--ranks only makes sense with --numa-nodes auto");
   if (pp.hugetlbfs_dir && !pp.hugepages)
     return cli_usage_error("pool create", "--hugetlbfs only makes sense with --hugepages (it names the mount the "
@@ -393,10 +397,6 @@ static int pool_create(int argc, char **argv) {
   umbp_log_set(log_cb, NULL, quiet ? UMBP_LOG_WARN : UMBP_LOG_INFO);
   umbp_pool *p;
   int rc = umbp_pool_create(name, &pp, &p);
-  /* -EINVAL: the options cannot make a pool (too few or too many slots, a
-   * NUMA node listed twice or absent, a DIR that is not hugetlbfs), a usage
-   * error; anything else failed on this machine at this moment */
-  if (rc == -EINVAL) return cli_usage_error("pool create", "%s", umbp_last_error());
   if (rc) return fail_rc(rc);
   umbp_pool_info info;
   umbp_pool_get_info(p, &info);
@@ -418,9 +418,11 @@ static int pool_destroy(int argc, char **argv) {
   }
   bool force = false;
   const char *name = NULL;
+  bool operands = false; /* after "--": a pool an older build let start with '-' */
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--force") || !strcmp(argv[i], "-f")) force = true;
-    else if (argv[i][0] == '-') return cli_usage_error("pool destroy", "unknown option '%s'", argv[i]);
+    if (!operands && !strcmp(argv[i], "--")) operands = true;
+    else if (!operands && (!strcmp(argv[i], "--force") || !strcmp(argv[i], "-f"))) force = true;
+    else if (!operands && argv[i][0] == '-') return cli_usage_error("pool destroy", "unknown option '%s'", argv[i]);
     else if (name) return cli_usage_error("pool destroy", "too many arguments: '%s' after pool NAME '%s'", argv[i], name);
     else name = argv[i];
   }

@@ -469,7 +469,7 @@ static int parse_opts(int argc, char **argv, struct replay_opts *o) {
       default:
         if (optopt >= OPT_TP)
           return cli_usage_error("replay", "option '%s' needs a value", name);
-        return cli_usage_error("replay", "unknown option '%s'", name);
+        return cli_bad_option("replay", long_opts, name);
     }
   }
   o->path = optind < argc ? argv[optind] : NULL;

@@ -326,7 +326,7 @@ int cmd_size(int argc, char **argv) {
     case O_POOL: pool = optarg; break;
     case O_JSON: json = true; break;
     case ':': return cli_usage_error("size", "option '%s' needs a value", argv[optind - 1]);
-    default: return cli_usage_error("size", "unknown option '%s'", argv[optind - 1]);
+    default: return cli_bad_option("size", opts, argv[optind - 1]);
     }
   }
   if (optind < argc) return cli_usage_error("size", "unexpected argument '%s'", argv[optind]);

@@ -422,7 +422,7 @@ int cmd_topo(int argc, char **argv) {
     case O_NOCUDA: load_flags |= UMBP_TOPO_LOAD_NO_CUDA; break;
     case 'h': topo_help(stdout); return CLI_OK;
     case ':': return cli_usage_error("topo", "option '%s' needs a value", argv[optind - 1]);
-    default: return cli_usage_error("topo", "unknown option '%s'", argv[optind - 1]);
+    default: return cli_bad_option("topo", longopts, argv[optind - 1]);
     }
   }
   if (optind < argc)

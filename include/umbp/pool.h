@@ -45,7 +45,7 @@
 extern "C" {
 #endif
 
-#define UMBP_NAME_MAX 64          /* pool names: [A-Za-z0-9._-]{1,64}, no leading '-' */
+#define UMBP_NAME_MAX 64          /* pool names: [A-Za-z0-9._-]{1,64}; new ones not starting with '-' */
 #define UMBP_MAX_PARTITIONS 16
 #define UMBP_MAX_PROCS 64         /* registry slots */
 #define UMBP_MAX_THREADS 64       /* reader-state slots per process */
@@ -156,8 +156,9 @@ UMBP_API int umbp_pool_reap(umbp_pool *pool);
 UMBP_API void umbp_pool_heartbeat(umbp_pool *pool);
 
 /* Check that `name` is a valid pool name (1 to UMBP_NAME_MAX characters from
- * [A-Za-z0-9._-], not "." or "..", not starting with '-', which every command
- * would read as an option): 0 or -EINVAL (with message). */
+ * [A-Za-z0-9._-], not "." or ".."): 0 or -EINVAL (with message).
+ * umbp_pool_create() also refuses a name that starts with '-', which every
+ * command would read as an option. */
 UMBP_API int umbp_pool_name_valid(const char *name);
 
 typedef struct umbp_partition_info {

@@ -37,7 +37,7 @@ def parse_size(s) -> int:
     fix (never OverflowError: 'infG' and '1e400G' are not sizes)."""
     import re
     from fractions import Fraction
-    m = re.fullmatch(r"(\d+\.?\d*|\.\d+) *([A-Za-z]*)", str(s))
+    m = re.fullmatch(r"(\d+\.?\d*|\.\d+) *([A-Za-z]*)", str(s), re.ASCII)
     unit = _SIZE_UNITS.get(m.group(2).lower()) if m else None
     if unit is None:
         why = "a size cannot be negative" if str(s).strip().startswith("-") else "not a size"

@@ -116,9 +116,6 @@ UMBP_API int umbp_pool_name_valid(const char *name) {
   }
   if (!strcmp(name, ".") || !strcmp(name, ".."))
     return umbp_fail(-EINVAL, "pool name '%s' is reserved: choose another", name);
-  /* every command would read such a name as an option */
-  if (name[0] == '-')
-    return umbp_fail(-EINVAL, "pool name '%s' starts with '-', which commands read as an option: start it with a letter, a digit, '.' or '_'", name);
   return 0;
 }
 
@@ -1161,6 +1158,12 @@ fail_unlink:
 UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *pp, umbp_pool **ret_pool) {
   int rc = umbp_pool_name_valid(name);
   if (rc) return rc;
+  /* Refused for new pools only: every command would read such a name as an
+   * option. A pool made by an older build keeps its name valid for attach,
+   * destroy and the listings. */
+  if (name[0] == '-')
+    return umbp_fail(-EINVAL, "pool name '%s' starts with '-', which commands read as an option: start it with a "
+                              "letter, a digit, '.' or '_'", name);
   if (!pp || !ret_pool) return umbp_fail(-EINVAL, "umbp_pool_create: params and ret_pool are required");
   if (pp->index_pages < UMBP_INDEX_PAGES_TRY || pp->index_pages > UMBP_INDEX_PAGES_SMALL)
     return umbp_fail(-EINVAL, "unknown index page placement %d: use try, huge or small", pp->index_pages);

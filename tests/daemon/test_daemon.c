@@ -199,12 +199,11 @@ static void test_daemonise(void **st) {
   fclose(f);
   assert_non_null(strstr(out, "ready: pool"));
   assert_non_null(strstr(out, "stopped"));
-  /* cannot create: a capacity no machine can make a pool of reaches the first
-   * parent as a usage error (exit 2) */
+  /* cannot create: a capacity no machine can make a pool of is a usage error
+   * (exit 2), found before the daemon forks */
   const char *name2 = tu_name("dbg2");
   rc = DTU_RUN(out, "daemon", "--pool", name2, "--capacity", "4KiB", "--slot-size", "4KiB");
   assert_int_equal(rc, 2);
-  assert_non_null(strstr(out, "did not start"));
   assert_non_null(strstr(out, "raise --capacity"));
   assert_non_null(strstr(out, "Try 'umbp daemon --help'"));
   umbp_pool_destroy(name);
@@ -935,14 +934,13 @@ static void test_bad_input(void **st) {
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "0x100000"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "x", "--capacity"), 2);
   assert_non_null(strstr(out, "option '--capacity' needs a value"));
-  /* a capacity no machine can make a pool of is a usage error, found when the
-   * pool is made: in the foreground, and through the background daemon's report */
+  /* a capacity no machine can make a pool of is a usage error */
   const char *nocap = tu_name("dnocap");
   assert_int_equal(DTU_RUN(out, "daemon", nocap, "--capacity", "1B", "--foreground"), 2);
   assert_non_null(strstr(out, "raise --capacity"));
   assert_non_null(strstr(out, "Try 'umbp daemon --help'"));
   assert_int_equal(DTU_RUN(out, "daemon", nocap, "--capacity", "100TiB", "--foreground"), 2);
-  assert_non_null(strstr(out, "at most 16777215 slots"));
+  assert_non_null(strstr(out, "at most 16777215 are supported"));
   char nopath[128];
   snprintf(nopath, sizeof nopath, "/dev/shm/umbp.%s", nocap);
   assert_int_equal(access(nopath, F_OK), -1);

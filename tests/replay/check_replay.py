@@ -452,6 +452,7 @@ BAD_ARGS = [
     (["--bytes-per-token", "0"], "--bytes-per-token"),
     (["--speed", "-1"], "--speed"),
     (["--speed", "0x10"], "--speed '0x10'"),
+    (["--cap", "1MiB"], "'--cap' is ambiguous: it begins --capacity, --capacity-sweep"),
     (["--seed", "3"], "add --generate chat"),
     (["--generate", "poems"], "'chat'"),
     (["--frobnicate"], "unknown option"),
