@@ -64,6 +64,14 @@ def median(v):
     return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
+def quantile(v, q):
+    """Quantile q, interpolated between the nearest values (numpy's default)."""
+    v = sorted(v)
+    h = (len(v) - 1) * q
+    i = int(h)
+    return v[i] + (h - i) * (v[i + 1] - v[i]) if i + 1 < len(v) else v[-1]
+
+
 def close(a, b):
     return abs(a - b) <= 1e-6 * abs(b) + 1e-9
 
@@ -77,9 +85,14 @@ def check_ref(c, ref):
         "%s: %s_reps %r" % (n, ref, reps)
     assert close(c[ref + "_mops"], median(reps)), "%s: %s_mops %r is not the median of %r" % (
         n, ref, c[ref + "_mops"], reps)
-    want_r = median([o / r for o, r in zip(c["ours_reps"], reps)])
+    rr = [o / r for o, r in zip(c["ours_reps"], reps)]
+    want_r = median(rr)
     assert positive(c["ratio_" + ref]) and close(c["ratio_" + ref], want_r), \
         "%s: ratio_%s %r != %r (median of the repetitions' ratios)" % (n, ref, c["ratio_" + ref], want_r)
+    for q, key in ((0.25, "_p25"), (0.75, "_p75")):
+        got = c["ratio_" + ref + key]
+        assert positive(got) and close(got, quantile(rr, q)), "%s: ratio_%s%s %r != %r (quantile %g of %r)" % (
+            n, ref, key, got, quantile(rr, q), q, rr)
 
 
 def positive(v):
@@ -132,7 +145,8 @@ def _():
         if doc["dpdk"]:
             check_ref(c, "rte_hash")
         else:
-            assert c["rte_hash_mops"] is None and c["ratio_rte_hash"] is None and c["rte_hash_reps"] is None, \
+            assert c["rte_hash_mops"] is None and c["ratio_rte_hash"] is None and c["rte_hash_reps"] is None \
+                and c["ratio_rte_hash_p25"] is None and c["ratio_rte_hash_p75"] is None, \
                 "%s: rte_hash figures without DPDK" % n
 
 
@@ -323,7 +337,8 @@ def _():
     assert len(rows) == 2, r.stdout
     for row in rows:
         f = row.split()
-        assert len(f) == 6 and float(f[1]) > 0 and f[2] == "-" and float(f[3]) > 0 and f[5].endswith("x"), row
+        assert len(f) == 7 and float(f[1]) > 0 and f[2] == "-" and float(f[3]) > 0 and f[5].endswith("x") \
+            and f[6] == "-", row  # no rte_hash: no ratio to it, no spread
 
 
 @check("the table's two last lines count lookup rows and pin/churn rows apart, naming those below 1.0x")
@@ -353,6 +368,26 @@ def _():
         assert sum(rows[n] >= 1.0 for n in sure) <= int(m.group(1)) <= sum(rows[n] >= 0.995 for n in names), line[0]
         for n in sure:
             assert (n in line[0]) == (rows[n] < 1.0), line[0]
+
+
+@check("the text table's last column is the spread of the ratios to rte_hash: their p25-p75 around the median")
+def _():
+    r = run(["bench", "index", "--keys", "4096", "--seconds", "0.01", "--reps", "5", "--lf", "0.5",
+             "--filter", "miss-single-lf0.5-p1", "--impls", "ours,rte_hash"])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = [l for l in lines if l.split()[:1] == ["case"]]
+    assert len(head) == 1 and head[0].split()[-2:] == ["ours/rte", "p25-p75"], r.stdout
+    rows = [l.split() for l in lines if l.startswith(("miss-single-lf0.5-p1", "pin-miss-single-lf0.5-p1"))]
+    assert len(rows) == 2, r.stdout
+    for f in rows:
+        assert len(f) == 7, f
+        if "rte_hash: DPDK" not in r.stdout:
+            assert f[4] == "-" and f[6] == "-", f
+            continue
+        m = re.fullmatch(r"(\d+\.\d\d)-(\d+\.\d\d)", f[6])
+        ratio = float(f[4].rstrip("x"))
+        assert m and float(m.group(1)) - 0.005 <= ratio <= float(m.group(2)) + 0.005, f
 
 
 @check("--warmup W runs each table W seconds, untimed, before each timed run, and says so")

@@ -127,6 +127,7 @@ struct case_res {
   const char *unit;
   double v[IMPL_N]; /* median, NAN: not measured */
   double r[IMPL_N]; /* median over the repetitions of ours / that table in the same repetition */
+  double q1[IMPL_N], q3[IMPL_N]; /* the same ratios' first and third quartiles: their spread */
   double *rv[IMPL_N]; /* each repetition's figure, in order (NULL: not measured) */
   unsigned nrep;
 };
@@ -210,6 +211,15 @@ static double median(double *v, unsigned n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* Quantile q of sorted v[0..n), interpolated between the two nearest values
+ * (position (n - 1) * q; numpy's default). */
+static double quantile_sorted(const double *v, unsigned n, double q) {
+  if (!n) return NAN;
+  double h = (n - 1) * q;
+  unsigned i = (unsigned)h;
+  return i + 1 < n ? v[i] + (h - i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+
 /* Medians of one case: each table's figure, and each table's ratio, ours over
  * it, taken repetition by repetition (the two measured within a second of each
  * other) before the median: a machine's speed can drift several-fold within
@@ -225,7 +235,9 @@ static void case_medians(struct case_res *c, double *const vals[IMPL_N], unsigne
       unsigned n = 0;
       for (unsigned k = 0; k < reps; k++)
         if (vals[impl][k] > 0) rr[n++] = vals[IMPL_OURS][k] / vals[impl][k];
-      c->r[impl] = median(rr, n);
+      c->r[impl] = median(rr, n); /* sorts rr */
+      c->q1[impl] = quantile_sorted(rr, n, 0.25);
+      c->q3[impl] = quantile_sorted(rr, n, 0.75);
     }
   }
   for (int impl = 0; impl < IMPL_N; impl++)
@@ -259,7 +271,7 @@ static struct case_res *case_add(const char *name, const char *unit) {
   memset(c, 0, sizeof *c);
   snprintf(c->name, sizeof c->name, "%s", name);
   c->unit = unit;
-  for (int i = 0; i < IMPL_N; i++) c->v[i] = c->r[i] = NAN;
+  for (int i = 0; i < IMPL_N; i++) c->v[i] = c->r[i] = c->q1[i] = c->q3[i] = NAN;
   return c;
 }
 
@@ -1519,7 +1531,8 @@ static void print_table(const struct opts *o) {
   printf(", %ld CPUs, L2 %s, L3 %s\n", m.cpus, m.l2[0] ? m.l2 : "unknown", m.l3[0] ? m.l3 : "unknown");
   printf("rte_hash: %s\n", g_dpdk_note);
   if (g_ours_note[0]) printf("ours: %s\n", g_ours_note);
-  printf("%-28s %9s %9s %9s %9s %9s\n", "case", "ours", "rte_hash", "cds_lfht", "ours/rte", "ours/lfht");
+  printf("%-28s %9s %9s %9s %9s %9s %16s\n", "case", "ours", "rte_hash", "cds_lfht", "ours/rte", "ours/lfht",
+         "ours/rte p25-p75");
   /* [0]: the lookup cases the target names (hits and misses, single and
    * bulk); [1]: pin-* and churn-* rows, compared with the references' plain
    * lookups and churn */
@@ -1527,7 +1540,7 @@ static void print_table(const struct opts *o) {
   char belowlist[2][1024] = {"", ""};
   for (unsigned i = 0; i < n_cases; i++) {
     const struct case_res *c = &cases[i];
-    char a[16], b[16], d[16], r1[16], r2[16];
+    char a[16], b[16], d[16], r1[16], r2[16], sp[32];
     fmt_v(a, sizeof a, c->v[IMPL_OURS]);
     fmt_v(b, sizeof b, c->v[IMPL_RTE]);
     fmt_v(d, sizeof d, c->v[IMPL_LFHT]);
@@ -1536,7 +1549,9 @@ static void print_table(const struct opts *o) {
     else snprintf(r1, sizeof r1, "%.2fx", x);
     if (isnan(y)) snprintf(r2, sizeof r2, "-");
     else snprintf(r2, sizeof r2, "%.2fx", y);
-    printf("%-28s %9s %9s %9s %9s %9s\n", c->name, a, b, d, r1, r2);
+    if (isnan(c->q1[IMPL_RTE])) snprintf(sp, sizeof sp, "-");
+    else snprintf(sp, sizeof sp, "%.2f-%.2f", c->q1[IMPL_RTE], c->q3[IMPL_RTE]);
+    printf("%-28s %9s %9s %9s %9s %9s %16s\n", c->name, a, b, d, r1, r2, sp);
     if (!isnan(x)) {
       unsigned g = !strncmp(c->name, "pin-", 4) || !strncmp(c->name, "churn", 5);
       compared[g]++;
@@ -1599,6 +1614,10 @@ static void print_json(const struct opts *o) {
     jb_dbl(&j, "cds_lfht_mops", c->v[IMPL_LFHT]);
     jb_dbl(&j, "ratio_rte_hash", ratio(c, IMPL_RTE));
     jb_dbl(&j, "ratio_cds_lfht", ratio(c, IMPL_LFHT));
+    jb_dbl(&j, "ratio_rte_hash_p25", c->q1[IMPL_RTE]);
+    jb_dbl(&j, "ratio_rte_hash_p75", c->q3[IMPL_RTE]);
+    jb_dbl(&j, "ratio_cds_lfht_p25", c->q1[IMPL_LFHT]);
+    jb_dbl(&j, "ratio_cds_lfht_p75", c->q3[IMPL_LFHT]);
     static const char *const rep_keys[IMPL_N] = {[IMPL_OURS] = "ours_reps", [IMPL_RTE] = "rte_hash_reps",
                                                  [IMPL_LFHT] = "cds_lfht_reps"};
     for (int impl = 0; impl < IMPL_N; impl++) {
@@ -1722,10 +1741,12 @@ static const char *usage_text =
     "  -h, --help      this text.\n"
     "\n"
     "Output. A line per case: case name, ours, rte_hash, cds_lfht (medians, M ops/s),\n"
-    "ours/rte_hash, ours/cds_lfht; '-' where a figure was not measured. A ratio is\n"
-    "the median over the repetitions of ours/theirs, each pair measured in the same\n"
-    "repetition (within a second), so it need not equal the ratio of the medians:\n"
-    "machine speed that drifts between repetitions cancels out of it. Case names:\n"
+    "ours/rte_hash, ours/cds_lfht, and the spread of ours/rte_hash (its first and\n"
+    "third quartiles over the repetitions, p25-p75); '-' where a figure was not\n"
+    "measured. A ratio is the median over the repetitions of ours/theirs, each pair\n"
+    "measured in the same repetition (within a second), so it need not equal the\n"
+    "ratio of the medians: machine speed that drifts between repetitions cancels\n"
+    "out of it. Case names:\n"
     "{hit,miss}-{single,bulk}-lfLF-pN, pin-{hit,miss}-{single,bulk}-lfLF-pN,\n"
     "churn-lfLF-pN, churn-reader-lfLF-pN. Two last lines count the rows where ours\n"
     "is at least rte_hash's figure and name the others: first the lookup cases\n"
@@ -1746,9 +1767,11 @@ static const char *usage_text =
     "line\" (both null when ours was not measured),\n"
     "\"cases\":[{\"name\":\"hit-single-lf0.5-p1\", \"unit\":\"Mlookups/s\"|\n"
     "\"Mpairs/s\", \"ours_mops\":x, \"rte_hash_mops\":x, \"cds_lfht_mops\":x,\n"
-    "\"ratio_rte_hash\":x, \"ratio_cds_lfht\":x, \"ours_reps\":[x, ...], \"rte_hash_reps\":\n"
-    "[...], \"cds_lfht_reps\":[...]}, ...]} (the *_reps: each repetition's figure, in\n"
-    "order); a figure not measured is null.\n"
+    "\"ratio_rte_hash\":x, \"ratio_cds_lfht\":x, \"ratio_rte_hash_p25\":x,\n"
+    "\"ratio_rte_hash_p75\":x, \"ratio_cds_lfht_p25\":x, \"ratio_cds_lfht_p75\":x,\n"
+    "\"ours_reps\":[x, ...], \"rte_hash_reps\":[...], \"cds_lfht_reps\":[...]}, ...]}\n"
+    "(the *_reps: each repetition's figure, in order; *_p25, *_p75: the ratios'\n"
+    "quartiles); a figure not measured is null.\n"
     "\n"
     "rte_hash needs DPDK (Debian's libdpdk-dev) at build time; its EAL is started\n"
     "with --no-huge (--in-memory with --rte-hugepages) --no-pci --no-shconf\n"
