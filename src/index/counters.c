@@ -9,8 +9,11 @@
  *
  * Counters are kept per thread in process memory and added every 64
  * operations into the process's own row in the segment (lookups must not
- * write shared lines); the reaper folds a dead process's row into the
- * "reaped" row.
+ * write shared lines). A row outlives its process: a detach or a reap leaves
+ * it as it is and the registry slot's next process adds to it, so every row
+ * only grows and a sum of the rows never goes down between two reads (the
+ * Prometheus counters). The "reaped" row holds what earlier builds folded
+ * into it at reap; it is still summed.
  */
 #include "index/index_inline.h"
 

@@ -320,7 +320,7 @@ void umbp_index_detach_hook(umbp_pool *p) {
   if (!ix) return;
   umbp_evictor_stop(p);
   /* Every thread line's counts into the process's row (the reaper below
-   * folds that row into the reaped row), and the lines given back. */
+   * leaves that row as it is: counters.c), and the lines given back. */
   umbp_ix_instance_remove(ix);
   /* A clean detach releases everything the process holds exactly as the
    * reaper of a dead process would (reap.c): count records, ring ledger,

@@ -167,7 +167,9 @@ enum umbp_counter_id {
 };
 
 /* Counters are written only by their own process (one row per registry slot,
- * plus a row for the folded-in totals of reaped processes) so that a lookup
+ * kept when the process goes and added to by the slot's next one; plus the
+ * "reaped" row, into which builds before this one folded a reaped
+ * process's row: still summed, no longer written) so that a lookup
  * never writes a line another process writes. */
 struct umbp_counter_row {
   _Atomic uint64_t ns[UMBP_MAX_NAMESPACES][UMBP_CTR_COUNT];

@@ -129,6 +129,76 @@ static void test_stress(void **state) {
   umbp_pool_destroy(name);
 }
 
+/* Counter sums never go down while processes detach: a detach (and the reap
+ * of a dead process) used to move the process's counter row into the reaped
+ * row in two steps, so a reader summing the rows between them counted those
+ * lookups twice or not at all, and the next read was lower (Prometheus reads
+ * a lower counter as a reset: a spike the size of the whole counter). A
+ * read-only handle, as the daemon's /metrics and inspect use, reads in a loop
+ * while workers come and go. */
+struct mono_ctx {
+  const char *name;
+  uint32_t ns;
+  _Atomic bool stop;
+  unsigned long reads, drops;
+  uint64_t before, after; /* the first drop seen */
+};
+
+static void *mono_reader(void *arg) {
+  struct mono_ctx *m = arg;
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  ao.read_only = true;
+  ao.role = UMBP_ROLE_TOOL;
+  umbp_pool *ro;
+  if (umbp_pool_attach(m->name, &ao, &ro)) return NULL;
+  uint64_t last = 0;
+  while (!atomic_load(&m->stop)) {
+    umbp_counters c;
+    umbp_counters_ns(ro, m->ns, &c);
+    if (c.lookups < last && !m->drops++) {
+      m->before = last;
+      m->after = c.lookups;
+    }
+    last = c.lookups > last ? c.lookups : last;
+    m->reads++;
+  }
+  umbp_pool_detach(ro);
+  return NULL;
+}
+
+static void test_counters_monotonic_across_detach(void **state) {
+  (void)state;
+  const char *name = tu_name("ixmono");
+  uint32_t ns;
+  umbp_pool *p = mk_pool(name, 256, &ns);
+  struct mono_ctx m = {.name = name, .ns = ns};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, mono_reader, &m), 0);
+  char nsb[16];
+  snprintf(nsb, sizeof nsb, "%u", ns);
+  unsigned rounds = env_uint("UMBP_MONO_ROUNDS", 80);
+  for (unsigned i = 0; i < rounds && !m.drops; i++) {
+    char seed[16];
+    snprintf(seed, sizeof seed, "%u", 7000 + i);
+    char *argv[] = {(char *)tu_helper("index_helper"), "work", (char *)name, nsb, seed, "0.01", "1", "200", NULL};
+    int fd;
+    pid_t pid = spawn(argv, &fd);
+    char line[128];
+    assert_true(tu_readline(fd, line, sizeof line) > 0);
+    close(fd);
+    assert_int_equal(tu_wait(pid), 0); /* detached: the reap of its own slot ran */
+  }
+  atomic_store(&m.stop, true);
+  pthread_join(th, NULL);
+  fprintf(stderr, "# %lu reads of the counters, %lu drops%s", m.reads, m.drops, m.drops ? "" : "\n");
+  if (m.drops) fprintf(stderr, " (first: lookups %llu -> %llu)\n", (unsigned long long)m.before, (unsigned long long)m.after);
+  assert_true(m.reads > 0);
+  assert_int_equal(m.drops, 0);
+  umbp_pool_detach(p);
+  umbp_pool_destroy(name);
+}
+
 /* Removed events for key k in the event ring (drained). */
 static int removed_events(umbp_pool *p, const umbp_key *k) {
   umbp_event ev[64];
@@ -730,6 +800,7 @@ int main(void) {
       cmocka_unit_test(test_die_evicting),     cmocka_unit_test(test_die_freeing),      cmocka_unit_test(test_die_counting_in),
       cmocka_unit_test(test_die_counted_in),   cmocka_unit_test(test_die_counting_out),
       cmocka_unit_test(test_die_evicting_pinned),
+      cmocka_unit_test(test_counters_monotonic_across_detach),
       cmocka_unit_test(test_fork_quiet_child),     cmocka_unit_test(test_fork_child_uses_handle),
       cmocka_unit_test(test_stop_count_applied),
       cmocka_unit_test(test_stop_publish_linked),
