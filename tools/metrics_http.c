@@ -14,15 +14,22 @@
 #include "snapshot.h"
 
 int metrics_parse_addr(const char *arg, struct sockaddr_storage *ss, socklen_t *len, char *why, size_t n) {
-  const char *colon = strrchr(arg, ':');
+  /* "[::1]" has colons of its own: the port's colon is the one after ']' */
+  const char *rb = arg[0] == '[' ? strchr(arg, ']') : NULL;
+  if (arg[0] == '[' && !rb) {
+    snprintf(why, n, "'%s' is not a numeric address: an IPv6 one needs its closing ']', e.g. [::1]:9478", arg);
+    return -EINVAL;
+  }
+  const char *colon = rb ? (rb[1] == ':' ? rb + 1 : NULL) : strrchr(arg, ':');
   if (!colon) {
-    snprintf(why, n, "give ADDRESS:PORT, e.g. 127.0.0.1:9478 (no port in '%s')", arg);
+    snprintf(why, n, "give ADDRESS:PORT, e.g. 127.0.0.1:9478 or [::1]:9478 (no port in '%s')", arg);
     return -EINVAL;
   }
   char *end;
   errno = 0;
   unsigned long port = strtoul(colon + 1, &end, 10);
-  if (!colon[1] || *end || errno || port < 1 || port > 65535 || colon[1] == '-' || colon[1] == '+') {
+  /* digits only: strtoul() also takes leading blanks and a sign */
+  if (colon[1] < '0' || colon[1] > '9' || *end || errno || port < 1 || port > 65535) {
     snprintf(why, n, "'%s' is not a port: use 1 to 65535, e.g. 127.0.0.1:9478", colon + 1);
     return -EINVAL;
   }
@@ -33,9 +40,14 @@ int metrics_parse_addr(const char *arg, struct sockaddr_storage *ss, socklen_t *
     arg++;
     hl -= 2;
   }
-  if (hl == 0 || hl >= sizeof host) {
+  if (hl == 0) {
     snprintf(why, n, "no address before the port: use e.g. 127.0.0.1:9478 (loopback only) or 0.0.0.0:9478 (every "
                      "interface)");
+    return -EINVAL;
+  }
+  if (hl >= sizeof host) { /* longer than any numeric address */
+    snprintf(why, n, "'%.*s...' is not a numeric address: use e.g. 127.0.0.1, 0.0.0.0 or [::1]; host names are not "
+                     "resolved", 20, arg);
     return -EINVAL;
   }
   memcpy(host, arg, hl);

@@ -129,7 +129,10 @@ class Daemon:
 def t_bad_values():
     for bad, why in (("9100", "no port"), ("127.0.0.1:", "not a port"), ("127.0.0.1:0", "not a port"),
                      ("127.0.0.1:70000", "not a port"), ("localhost:9100", "numeric"), (":9100", "no address"),
-                     ("[::1:9100", "numeric"), ("300.1.1.1:9100", "numeric")):
+                     ("[::1:9100", "numeric"), ("300.1.1.1:9100", "numeric"),
+                     # strtoul() took blanks before the port, and the colons inside [::1] for the port's
+                     ("127.0.0.1: 9100", "not a port"), ("[::1]", "no port"), ("[::1]9100", "no port"),
+                     ("a" * 70 + ":9100", "numeric")):
         p = subprocess.run([TOOL, "daemon", POOL, "--capacity", "16MiB", "--foreground", "--metrics", bad],
                            capture_output=True, text=True, timeout=20)
         assert p.returncode == 2, f"--metrics {bad}: exit {p.returncode}, {p.stderr}"
