@@ -110,18 +110,39 @@ void snap_take(umbp_pool *p, struct snap *s, unsigned nevents) {
 
 /* ---- Prometheus text format ------------------------------------------------- */
 
-/* A label value: backslash, double quote and newline escaped. */
+/* Bytes of the UTF-8 sequence at q (1 to 4), or 0 when it is not one
+ * (overlong forms, surrogates and code points past U+10FFFF included). */
+static size_t utf8_len(const unsigned char *q) {
+  if (q[0] < 0x80) return 1;
+  size_t n = q[0] >= 0xc2 && q[0] <= 0xdf ? 2 : q[0] >= 0xe0 && q[0] <= 0xef ? 3 : q[0] >= 0xf0 && q[0] <= 0xf4 ? 4 : 0;
+  for (size_t k = 1; k < n; k++)
+    if ((q[k] & 0xc0) != 0x80) return 0;
+  if ((q[0] == 0xe0 && q[1] < 0xa0) || (q[0] == 0xed && q[1] > 0x9f) || (q[0] == 0xf0 && q[1] < 0x90) ||
+      (q[0] == 0xf4 && q[1] > 0x8f))
+    return 0;
+  return n;
+}
+
+/* A label value: backslash, double quote and newline escaped. The text
+ * format is UTF-8 and Prometheus refuses a whole scrape with one byte that
+ * is not: a namespace name is any bytes to the library, so such a byte is
+ * written as '?' (as inspect --json does). */
 static void label_value(FILE *f, const char *v) {
   fputc('"', f);
-  for (const char *q = v; *q; q++) {
+  for (const unsigned char *q = (const unsigned char *)v; *q;) {
+    size_t n = utf8_len(q);
     if (*q == '\\' || *q == '"') {
       fputc('\\', f);
       fputc(*q, f);
     } else if (*q == '\n') {
       fputs("\\n", f);
+    } else if (!n) {
+      fputc('?', f);
+      n = 1;
     } else {
-      fputc(*q, f);
+      fwrite(q, 1, n, f);
     }
+    q += n;
   }
   fputc('"', f);
 }

@@ -289,6 +289,25 @@ def t_escape():
         d.stop()
 
 
+@check("a namespace name that is not UTF-8 leaves the scrape valid UTF-8 (Prometheus refuses the whole scrape "
+       "otherwise)", needs_parser=True)
+def t_not_utf8():
+    d = Daemon()
+    try:
+        # the library takes any bytes as a name; the exposition format is UTF-8 only
+        p = subprocess.run([HELPER, "store", POOL, b"bad\xff\xfename", "0", "2"], capture_output=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.strip() == b"stored 2", p
+        assert helper("store", POOL, "caf\u00e9", "0", "1") == "stored 1"
+        for body in (urllib.request.urlopen(d.url, timeout=10).read(),
+                     subprocess.run([TOOL, "inspect", POOL, "--prometheus"], capture_output=True, timeout=30).stdout):
+            m = parse(body.decode("utf-8"))  # strict: raises on a byte that is not UTF-8
+            blocks = {dict(ls)["namespace"]: v for (n, ls), v in m.items() if n == "umbp_namespace_blocks"}
+            assert blocks.get("caf\u00e9") == 1, blocks  # valid UTF-8 is kept as it is
+            assert [v for k, v in blocks.items() if k.startswith("bad")] == [2], blocks
+    finally:
+        d.stop()
+
+
 @check("--stat: lookups/s and hit % are non-zero exactly in the interval with lookups")
 def t_stat():
     subprocess.run([TOOL, "pool", "create", POOL, "--capacity", "16MiB", "--slot-size", "64KiB"],
