@@ -165,7 +165,12 @@ int metrics_serve(int fd, const char *pool, struct metrics_server **ret, char *w
   }
   srv->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, on_request, srv,
                               MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-                              MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_END);
+                              MHD_OPTION_CONNECTION_LIMIT, 64u,
+                              /* The timeout is one of inactivity: a client that trickles a
+                               * header line every few seconds keeps its connection. 64 such
+                               * connections from one host locked every scraper out; now one
+                               * address holds at most 8, and a scraper from another one gets in. */
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, 8u, MHD_OPTION_END);
   if (!srv->mhd) {
     snprintf(why, n, "libmicrohttpd could not start serving the metrics socket");
     umbp_pool_detach(srv->pool);

@@ -114,6 +114,12 @@ class Daemon:
     def scrape(self):
         return parse(self.scrape_text())
 
+    def rss_threads(self):
+        """(VmRSS in kB, threads) of the daemon."""
+        with open(f"/proc/{self.p.pid}/status") as f:
+            st = dict(line.split(":", 1) for line in f)
+        return int(st["VmRSS"].split()[0]), int(st["Threads"])
+
     def stop(self):
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
@@ -306,6 +312,42 @@ def t_not_utf8():
             assert [v for k, v in blocks.items() if k.startswith("bad")] == [2], blocks
     finally:
         d.stop()
+
+
+@check("slow clients (slowloris) from one address do not lock out a scraper from another")
+def t_slowloris():
+    import http.client
+    d = Daemon()
+    slow = []
+    try:
+        # 70 connections that send half a request and then a header line now and then: each is
+        # active, so the 10 s inactivity timeout never ends it; at 64 connections nobody got in
+        for _ in range(70):
+            try:
+                c = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+                c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                slow.append(c)
+            except OSError:
+                break
+        time.sleep(0.5)
+        for c in slow:
+            try:
+                c.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                pass
+        h = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10, source_address=("127.0.0.2", 0))
+        h.request("GET", "/metrics")
+        r = h.getresponse()
+        assert r.status == 200 and b"umbp_pool_info" in r.read(), r.status
+        h.close()
+        rss0 = d.rss_threads()
+    finally:
+        for c in slow:
+            c.close()
+    time.sleep(0.5)
+    assert "umbp_pool_info" in d.scrape_text()  # and 127.0.0.1 is served again once they are gone
+    assert d.rss_threads()[1] == rss0[1], "the daemon's thread count changed"
+    d.stop()
 
 
 @check("--stat: lookups/s and hit % are non-zero exactly in the interval with lookups")
