@@ -107,6 +107,7 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *bo
     return MHD_NO;
   }
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  if (status == MHD_HTTP_METHOD_NOT_ALLOWED) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD"); /* RFC 9110 */
   enum MHD_Result ret = MHD_queue_response(c, status, r);
   MHD_destroy_response(r);
   return ret;
@@ -125,7 +126,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   (void)state;
   struct metrics_server *srv = cls;
   if (strcmp(method, "GET") && strcmp(method, "HEAD"))
-    return text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET /metrics is served\n");
+    return text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET (and HEAD) /metrics is served\n");
   if (strcmp(url, "/metrics"))
     return text(c, MHD_HTTP_NOT_FOUND, "umbp daemon: the metrics are at /metrics\n");
   snap_take(srv->pool, srv->snap, 0);

@@ -350,6 +350,27 @@ def t_slowloris():
     d.stop()
 
 
+@check("other methods get 405 with the Allow header HTTP requires; HEAD gets the headers only")
+def t_methods():
+    import http.client
+    d = Daemon()
+    try:
+        for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+            h = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10)
+            h.request(method, "/metrics", body=b"x")
+            r = h.getresponse()
+            r.read()
+            assert r.status == 405 and r.headers["Allow"] == "GET, HEAD", (method, r.status, r.headers.items())
+            h.close()
+        h = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10)
+        h.request("HEAD", "/metrics")
+        r = h.getresponse()
+        assert r.status == 200 and r.read() == b"" and int(r.headers["Content-Length"]) > 0, r.headers.items()
+        h.close()
+    finally:
+        d.stop()
+
+
 @check("--stat: lookups/s and hit % are non-zero exactly in the interval with lookups")
 def t_stat():
     subprocess.run([TOOL, "pool", "create", POOL, "--capacity", "16MiB", "--slot-size", "64KiB"],
