@@ -283,7 +283,7 @@ UMBP_API int umbp_lookup_pin_bulk(umbp_pool *p, unsigned n, const umbp_key *keys
 static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t *present, bool prefix) {
   if (!p) return umbp_fail(-EINVAL, "pool is NULL");
   if (p->forked) return umbp_pool_forked_fail(p);
-  if (n && !keys) return umbp_fail(-EINVAL, "keys is NULL for n = %u", n);
+  if (n && !keys) return n == 1 ? umbp_ix_key_fail(NULL) : umbp_fail(-EINVAL, "keys is NULL for n = %u", n);
   struct umbp_index *ix = p->index;
   struct tl_slot *t = NULL;
   struct umbp_index tmp;
@@ -334,7 +334,8 @@ static int contains_impl(umbp_pool *p, unsigned n, const umbp_key *keys, uint8_t
 }
 
 UMBP_API int umbp_contains(umbp_pool *p, const umbp_key *key) {
-  if (UMBP_UNLIKELY(!p || !key || !p->index)) return contains_impl(p, key ? 1 : 0, key, NULL, false);
+  /* a NULL key is one key, not none: -EINVAL (after the handle's own errors), never "absent" */
+  if (UMBP_UNLIKELY(!p || !key || !p->index)) return contains_impl(p, 1, key, NULL, false);
   /* the single-key path, kept short: it is the scheduler's most frequent call */
   struct umbp_index *ix = p->index;
   struct tl_slot *t = thread_slot(ix);

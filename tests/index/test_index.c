@@ -471,6 +471,33 @@ static void test_errors(void **state) {
   census_ok(f->p);
 }
 
+/* A NULL key is a bad argument, not an absent block: umbp_contains() gave 0
+ * ("not published") for it and left umbp_last_error() naming an older cause,
+ * on read-write and read-only handles alike. */
+static void test_contains_null_key(void **state) {
+  struct fx *f = *state;
+  umbp_key k = itu_key(f->ns, 1, 0);
+  put(f->p, &k);
+  umbp_key absent = itu_key(f->ns, 2, 0);
+  assert_int_equal(umbp_remove(f->p, &absent), -ENOENT); /* another message first */
+  assert_int_equal(umbp_contains(f->p, NULL), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "key is NULL"));
+  assert_int_equal(umbp_contains_bulk(f->p, 1, NULL, NULL), -EINVAL);
+  assert_int_equal(umbp_contains(NULL, NULL), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "pool is NULL"));
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true;
+  umbp_pool *r;
+  assert_int_equal(umbp_pool_attach(f->name, &o, &r), 0);
+  assert_int_equal(umbp_remove(f->p, &absent), -ENOENT);
+  assert_int_equal(umbp_contains(r, NULL), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "key is NULL"));
+  assert_int_equal(umbp_contains(r, &k), 1);
+  umbp_pool_detach(r);
+  assert_int_equal(umbp_contains(f->p, &k), 1);
+}
+
 static void test_first_writer_wins(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 3, 0);
@@ -1894,6 +1921,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_signature_split, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bucket_all_ways, setup, teardown),
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_contains_null_key, setup, teardown),
       cmocka_unit_test_setup_teardown(test_census_part, setup, teardown),
       cmocka_unit_test_setup_teardown(test_first_writer_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_prefix_and_bulk, setup, teardown),
