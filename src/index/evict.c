@@ -119,7 +119,8 @@ UMBP_API int umbp_evict(umbp_pool *p, int part, unsigned want) {
   struct tl_slot *t;
   int rc = ix_get(p, &ix, &t);
   if (rc) return rc;
-  if (part >= (int)ix->n_parts) return umbp_fail(-EINVAL, "partition %d does not exist", part);
+  if (part >= (int)ix->n_parts || part < -1)
+    return umbp_fail(-EINVAL, "partition %d does not exist (the pool has %u; -1: all)", part, ix->n_parts);
   int n = 0;
   /* namespaces over quota give up their own blocks first */
   for (uint32_t ns = 0; ns < UMBP_MAX_NAMESPACES && (unsigned)n < want; ns++) {

@@ -498,6 +498,24 @@ static void test_contains_null_key(void **state) {
   assert_int_equal(umbp_contains(f->p, &k), 1);
 }
 
+/* A partition below -1 does not exist: umbp_evict() took every negative
+ * value for -1 ("all") and evicted the whole pool on a caller's bad number. */
+static void test_evict_bad_partition(void **state) {
+  struct fx *f = *state;
+  umbp_key k[4];
+  for (int i = 0; i < 4; i++) {
+    k[i] = itu_key(f->ns, 10 + (uint64_t)i, 0);
+    put(f->p, &k[i]);
+  }
+  assert_int_equal(umbp_evict(f->p, -2, 1000), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "partition -2 does not exist"));
+  assert_int_equal(umbp_evict(f->p, INT32_MIN, 1000), -EINVAL);
+  assert_int_equal(umbp_evict(f->p, 1 << 20, 1000), -EINVAL);
+  for (int i = 0; i < 4; i++) assert_int_equal(umbp_contains(f->p, &k[i]), 1);
+  assert_int_equal(umbp_evict(f->p, -1, 1), 1); /* -1 still means every partition */
+  census_ok(f->p);
+}
+
 static void test_first_writer_wins(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 3, 0);
@@ -1922,6 +1940,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bucket_all_ways, setup, teardown),
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_contains_null_key, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_evict_bad_partition, setup, teardown),
       cmocka_unit_test_setup_teardown(test_census_part, setup, teardown),
       cmocka_unit_test_setup_teardown(test_first_writer_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_prefix_and_bulk, setup, teardown),
