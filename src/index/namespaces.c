@@ -130,9 +130,12 @@ uint64_t umbp_ix_ns_used(const struct umbp_ns_shm *n) {
   return NSW_COUNT(atomic_load_explicit(&((struct umbp_ns_shm *)n)->count_word, memory_order_relaxed));
 }
 
-static int ns_find(struct umbp_index *ix, const char *name, size_t len) {
+/* The table position of registered name (len bytes) in namespace table ns, or
+ * -1; sets no message (umbp_ns_register() looks before it registers, and a
+ * call that succeeds leaves umbp_last_error() alone). */
+static int ns_find(struct umbp_ns_shm *ns, const char *name, size_t len) {
   for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++) {
-    struct umbp_ns_shm *n = &ix->ns[i];
+    struct umbp_ns_shm *n = &ns[i];
     if (atomic_load_explicit(&n->state, memory_order_acquire) != 1) continue;
     if (n->name_len == len && !memcmp(n->name, name, len)) return (int)i;
   }
@@ -154,12 +157,10 @@ UMBP_API int umbp_ns_lookup(umbp_pool *p, const char *name, uint32_t *ret_id) {
   int rc = ns_check_name(name, &len);
   if (rc) return rc;
   struct umbp_ns_shm *ns = umbp_pool_region(p, UMBP_REG_NAMESPACES);
-  for (unsigned i = 0; i < UMBP_MAX_NAMESPACES; i++) {
-    if (atomic_load_explicit(&ns[i].state, memory_order_acquire) != 1) continue;
-    if (ns[i].name_len == len && !memcmp(ns[i].name, name, len)) {
-      *ret_id = ns[i].id;
-      return 0;
-    }
+  int i = ns_find(ns, name, len);
+  if (i >= 0) {
+    *ret_id = ns[i].id;
+    return 0;
   }
   return umbp_fail(-ENOENT, "namespace '%s' is not registered: register it with umbp_ns_register()", name);
 }
@@ -169,13 +170,18 @@ UMBP_API int umbp_ns_register(umbp_pool *p, const char *name, uint32_t *ret_id) 
   if (!p || !ret_id) return umbp_fail(-EINVAL, "umbp_ns_register: pool and ret_id are required");
   int rc = ns_check_name(name, &len);
   if (rc) return rc;
-  if (umbp_ns_lookup(p, name, ret_id) == 0) return 0;
+  struct umbp_ns_shm *table = umbp_pool_region(p, UMBP_REG_NAMESPACES);
+  int found = ns_find(table, name, len);
+  if (found >= 0) {
+    *ret_id = table[found].id;
+    return 0;
+  }
   if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only || !p->index) return umbp_fail(-EROFS, "pool is attached read-only: cannot register namespaces");
   struct umbp_index *ix = p->index;
   int lrc = umbp_ix_spin_lock_owner(p, &ix->ih->ns_lock, "the namespace table's lock");
   if (lrc) return lrc;
-  int i = ns_find(ix, name, len);
+  int i = ns_find(ix->ns, name, len);
   if (i < 0) {
     for (unsigned k = 0; k < UMBP_MAX_NAMESPACES; k++)
       if (atomic_load_explicit(&ix->ns[k].state, memory_order_relaxed) == 0) {

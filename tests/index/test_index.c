@@ -516,6 +516,27 @@ static void test_evict_bad_partition(void **state) {
   census_ok(f->p);
 }
 
+/* A call that succeeds leaves umbp_last_error() as it was (common.h):
+ * umbp_ns_register() of a new name looked the name up first and kept the
+ * lookup's "not registered" message although the registration succeeded. */
+static void test_ns_register_keeps_last_error(void **state) {
+  struct fx *f = *state;
+  umbp_key absent = itu_key(f->ns, 99, 0);
+  assert_int_equal(umbp_remove(f->p, &absent), -ENOENT);
+  char before[512];
+  snprintf(before, sizeof before, "%s", umbp_last_error());
+  uint32_t id, id2;
+  assert_int_equal(umbp_ns_register(f->p, "brand-new", &id), 0);
+  assert_string_equal(umbp_last_error(), before);
+  assert_int_equal(umbp_ns_register(f->p, "brand-new", &id2), 0); /* found: the same id */
+  assert_int_equal(id2, id);
+  assert_string_equal(umbp_last_error(), before);
+  assert_int_equal(umbp_ns_lookup(f->p, "brand-new", &id2), 0);
+  assert_int_equal(id2, id);
+  assert_int_equal(umbp_ns_lookup(f->p, "still-absent", &id2), -ENOENT); /* a failure still says why */
+  assert_non_null(strstr(umbp_last_error(), "'still-absent' is not registered"));
+}
+
 static void test_first_writer_wins(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 3, 0);
@@ -1941,6 +1962,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_contains_null_key, setup, teardown),
       cmocka_unit_test_setup_teardown(test_evict_bad_partition, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ns_register_keeps_last_error, setup, teardown),
       cmocka_unit_test_setup_teardown(test_census_part, setup, teardown),
       cmocka_unit_test_setup_teardown(test_first_writer_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_prefix_and_bulk, setup, teardown),
