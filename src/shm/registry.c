@@ -164,7 +164,7 @@ int umbp_registry_reap_slot(umbp_pool *p, unsigned slot) {
 }
 
 UMBP_API int umbp_pool_reap(umbp_pool *p) {
-  if (!p) return -EINVAL;
+  if (!p) return umbp_fail(-EINVAL, "pool is NULL");
   if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only) return umbp_fail(-EROFS, "pool '%s' is attached read-only: reaping needs a read-write attachment", p->name);
   int n = 0;
@@ -192,7 +192,8 @@ UMBP_API const char *umbp_role_name(int role) {
 }
 
 UMBP_API int umbp_pool_list_procs(umbp_pool *p, umbp_proc_info *out, unsigned max) {
-  if (!p || (!out && max)) return -EINVAL;
+  if (!p || (!out && max))
+    return umbp_fail(-EINVAL, "umbp_pool_list_procs: pool, and out for max = %u, are required", max);
   unsigned n = 0;
   for (unsigned i = 0; i < UMBP_MAX_PROCS && n < max; i++) {
     struct umbp_proc_slot *s = &p->procs[i];

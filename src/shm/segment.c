@@ -1026,7 +1026,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   }
 
   struct umbp_pool *p = pool_new();
-  if (!p) return -ENOMEM;
+  if (!p) return umbp_fail(-ENOMEM, "pool '%s': no memory for this process's handle", name);
   mode_t mode = pp->group_access ? 0660 : 0600;
   int fd = create_pool_file(name, mode, pp->hugepages, pp->hugepages ? dir : NULL, p->path, sizeof p->path);
   if (fd < 0) {
@@ -1189,7 +1189,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
     opts = &def;
   }
   struct umbp_pool *p = pool_new();
-  if (!p) return -ENOMEM;
+  if (!p) return umbp_fail(-ENOMEM, "pool '%s': no memory for this process's handle", name);
   p->read_only = opts->read_only;
   snprintf(p->name, sizeof p->name, "%s", name);
   int fd = open_pool_file(name, opts->read_only ? O_RDONLY : O_RDWR, 0, false, NULL, p->path, sizeof p->path);
@@ -1459,7 +1459,7 @@ UMBP_API int umbp_pool_destroy(const char *name) {
 }
 
 UMBP_API int umbp_pool_get_info(umbp_pool *p, umbp_pool_info *out) {
-  if (!p || !out) return -EINVAL;
+  if (!p || !out) return umbp_fail(-EINVAL, "umbp_pool_get_info: pool and ret_info are required");
   const struct umbp_shm_header *h = p->hdr;
   umbp_pool_info i;
   memset(&i, 0, sizeof i);

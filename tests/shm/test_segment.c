@@ -146,6 +146,33 @@ static void test_names(void **state) {
   assert_int_equal(umbp_pool_destroy("../etc"), -EINVAL);
 }
 
+/* Every failing call sets umbp_last_error() (common.h): these returned
+ * -EINVAL for a NULL argument and left the message of an earlier, unrelated
+ * failure in place. */
+static void test_null_arguments_say_why(void **state) {
+  (void)state;
+  umbp_pool_info info;
+  assert_int_equal(umbp_pool_name_valid("a/b"), -EINVAL); /* an unrelated message first */
+  assert_int_equal(umbp_pool_get_info(NULL, &info), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "umbp_pool_get_info"));
+  assert_int_equal(umbp_pool_name_valid("a/b"), -EINVAL);
+  assert_int_equal(umbp_pool_reap(NULL), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "pool is NULL"));
+  assert_int_equal(umbp_pool_name_valid("a/b"), -EINVAL);
+  assert_int_equal(umbp_pool_list_procs(NULL, NULL, 0), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "umbp_pool_list_procs"));
+  const char *name = tu_name("nullargs");
+  umbp_pool *p = create_small(name);
+  assert_int_equal(umbp_pool_name_valid("a/b"), -EINVAL);
+  assert_int_equal(umbp_pool_get_info(p, NULL), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "ret_info"));
+  assert_int_equal(umbp_pool_list_procs(p, NULL, 3), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "max = 3"));
+  assert_int_equal(umbp_pool_list_procs(p, NULL, 0), 0);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
 static void test_bad_params(void **state) {
   (void)state;
   const char *name = tu_name("params");
@@ -1131,6 +1158,7 @@ int main(void) {
       cmocka_unit_test(test_lifecycle),
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_bad_params),
+      cmocka_unit_test(test_null_arguments_say_why),
       cmocka_unit_test(test_too_big_refused_before_allocation),
       cmocka_unit_test(test_layout_compute),
       cmocka_unit_test(test_header_validation),
