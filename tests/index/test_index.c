@@ -537,6 +537,18 @@ static void test_ns_register_keeps_last_error(void **state) {
   assert_non_null(strstr(umbp_last_error(), "'still-absent' is not registered"));
 }
 
+/* umbp_ns_set_quota(NULL, ...) blamed the namespace id ("namespace id 0 is
+ * out of range") for a NULL pool. */
+static void test_ns_set_quota_null_pool(void **state) {
+  struct fx *f = *state;
+  assert_int_equal(umbp_ns_set_quota(NULL, f->ns, 1 << 20), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "pool is NULL"));
+  assert_null(strstr(umbp_last_error(), "out of range"));
+  assert_int_equal(umbp_ns_set_quota(f->p, UMBP_MAX_NAMESPACES, 1 << 20), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "out of range"));
+  assert_int_equal(umbp_ns_set_quota(f->p, f->ns, 0), 0);
+}
+
 static void test_first_writer_wins(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 3, 0);
@@ -1963,6 +1975,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_contains_null_key, setup, teardown),
       cmocka_unit_test_setup_teardown(test_evict_bad_partition, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ns_register_keeps_last_error, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_ns_set_quota_null_pool, setup, teardown),
       cmocka_unit_test_setup_teardown(test_census_part, setup, teardown),
       cmocka_unit_test_setup_teardown(test_first_writer_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_prefix_and_bulk, setup, teardown),
