@@ -136,8 +136,9 @@ UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *params, 
  * segment. */
 UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, umbp_pool **ret_pool);
 
-/* Release this process's registry slot and unmap. Accepts NULL. Not to be
- * called while other threads still use the handle. */
+/* Release this process's registry slot and unmap. Accepts NULL, and a handle
+ * detached already (nothing happens; a warning goes to the log callback).
+ * Not to be called while other threads still use the handle. */
 UMBP_API void umbp_pool_detach(umbp_pool *pool);
 
 /* Unlink pool `name` (existing mappings stay valid). 0, -ENOENT, -EACCES. */

@@ -38,6 +38,7 @@ struct umbp_pool {
   bool forked;
   int attach_pid;
   struct umbp_index *forked_index; /* the parent's index state, freed by the child's detach */
+  struct umbp_pool *live_next;     /* this process's attached handles (segment.c, umbp_pool_detach()) */
   _Atomic bool reaping[UMBP_MAX_PROCS]; /* registry slots a thread of this handle is reaping now: the claim
                                           * between its threads, taken by compare-and-swap (registry.c) */
 };

@@ -947,6 +947,41 @@ static int modules_attach(struct umbp_pool *p) {
   return 0;
 }
 
+/* ---- this process's attached handles ---------------------------------------
+ * umbp_pool_detach() frees the handle, so a second detach of one pointer (two
+ * owners of a handle, a cleanup path run twice: the caller's bug, but an easy
+ * one) freed it again and the process aborted. Detach acts only on a handle
+ * this list holds, and takes it off first, so a repeated detach, or two
+ * threads detaching one handle at once, finds nothing and does nothing. (A
+ * pointer that malloc has since handed out again for a new handle is that
+ * handle: no list can tell the two apart.) The lock is never held across
+ * another lock or a module hook; fork() children get it unlocked. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct umbp_pool *live_head;
+static pthread_once_t live_once = PTHREAD_ONCE_INIT;
+static void live_lock(void) { pthread_mutex_lock(&live_mu); }
+static void live_unlock(void) { pthread_mutex_unlock(&live_mu); }
+static void live_atfork(void) { pthread_atfork(live_lock, live_unlock, live_unlock); }
+
+static void live_add(struct umbp_pool *p) {
+  pthread_once(&live_once, live_atfork);
+  live_lock();
+  p->live_next = live_head;
+  live_head = p;
+  live_unlock();
+}
+
+/* Take p off the list: whether it was on it. */
+static bool live_take(struct umbp_pool *p) {
+  live_lock();
+  struct umbp_pool **pp = &live_head;
+  while (*pp && *pp != p) pp = &(*pp)->live_next;
+  bool found = *pp != NULL;
+  if (found) *pp = p->live_next;
+  live_unlock();
+  return found;
+}
+
 static struct umbp_pool *pool_new(void) {
   struct umbp_pool *p = calloc(1, sizeof *p);
   if (!p) return NULL;
@@ -1140,6 +1175,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   /* Publish: pairs with the acquire load in wait_magic()/umbp_header_validate(). */
   atomic_store_explicit(&h->magic, UMBP_MAGIC, memory_order_release);
   create_lock(fd, F_UNLCK); /* after the magic: half_made() reads the lock, then the magic */
+  live_add(p);
   *ret_pool = p;
   return 0;
 
@@ -1340,6 +1376,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
       goto fail;
     }
   }
+  live_add(p);
   *ret_pool = p;
   return 0;
 fail:
@@ -1415,6 +1452,11 @@ int umbp_pool_forked_fail(const umbp_pool *p) {
 
 UMBP_API void umbp_pool_detach(umbp_pool *p) {
   if (!p) return;
+  if (!live_take(p)) {
+    umbp_log(UMBP_LOG_WARN, "umbp_pool_detach: %p is not an attached pool handle of this process (detached "
+                            "already?): ignored", (void *)p);
+    return;
+  }
   if (p->forked)
     for (unsigned m = 0; m < umbp_shm_n_modules; m++)
       if (umbp_shm_modules[m]->forget) umbp_shm_modules[m]->forget(p);

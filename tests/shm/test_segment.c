@@ -173,6 +173,48 @@ static void test_null_arguments_say_why(void **state) {
   assert_int_equal(umbp_pool_destroy(name), 0);
 }
 
+static int detach_warnings;
+static void count_detach_warning(void *arg, int level, const char *msg) {
+  (void)arg;
+  if (level == UMBP_LOG_WARN && strstr(msg, "umbp_pool_detach")) detach_warnings++;
+}
+
+/* A second umbp_pool_detach() of one handle (a cleanup path run twice) freed
+ * the handle again and aborted the process; it does nothing now, for
+ * read-write and read-only handles, and leaves the pool and its other
+ * handles as they were. */
+static void test_detach_twice(void **state) {
+  (void)state;
+  const char *name = tu_name("detach2");
+  umbp_pool *p = create_small(name);
+  uint32_t ns, s;
+  assert_int_equal(umbp_ns_register(p, "seg", &ns), 0);
+  umbp_key k = {.ns = ns, .hash_len = 1, .hash = {7}};
+  assert_int_equal(umbp_reserve(p, -1, ns, &s), 0);
+  assert_int_equal(umbp_publish(p, s, &k), 0);
+  umbp_pool *a, *r;
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true;
+  assert_int_equal(umbp_pool_attach(name, NULL, &a), 0);
+  assert_int_equal(umbp_pool_attach(name, &o, &r), 0);
+  umbp_log_set(count_detach_warning, NULL, UMBP_LOG_DEBUG);
+  detach_warnings = 0;
+  umbp_pool_detach(a);
+  umbp_pool_detach(a);
+  umbp_pool_detach(r);
+  umbp_pool_detach(r);
+  umbp_log_set(NULL, NULL, UMBP_LOG_INFO);
+  assert_int_equal(detach_warnings, 2);
+  umbp_pool_info info;
+  assert_int_equal(umbp_pool_get_info(p, &info), 0);
+  assert_int_equal(info.procs_live, 1);
+  assert_int_equal(umbp_contains(p, &k), 1);
+  umbp_pool_detach(p);
+  umbp_pool_detach(p);
+  assert_int_equal(umbp_pool_destroy(name), 0);
+}
+
 static void test_bad_params(void **state) {
   (void)state;
   const char *name = tu_name("params");
@@ -1159,6 +1201,7 @@ int main(void) {
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_bad_params),
       cmocka_unit_test(test_null_arguments_say_why),
+      cmocka_unit_test(test_detach_twice),
       cmocka_unit_test(test_too_big_refused_before_allocation),
       cmocka_unit_test(test_layout_compute),
       cmocka_unit_test(test_header_validation),
