@@ -67,7 +67,8 @@ UMBP_API size_t umbp_conn_key_size(const umbp_key *key);
  * -EINVAL (hash_len not 1..32) or -ENOBUFS (n too small). Any thread. */
 UMBP_API int umbp_conn_key_encode(const umbp_key *key, uint8_t *buf, size_t n);
 /* Decode a key from buf[0..n). Returns the bytes consumed (> 0) and
- * *ret_key, or -EBADMSG (truncated, hash_len out of range). Any thread. */
+ * *ret_key, or -EBADMSG (truncated, hash_len out of range) or -EINVAL (NULL
+ * buf or ret_key). Any thread. */
 UMBP_API int umbp_conn_key_decode(const uint8_t *buf, size_t n, umbp_key *ret_key);
 
 /* Build keys[i] = {ns, ranks of tmpl, group of tmpl, hashes[i]} for i < n.

@@ -25,7 +25,8 @@ static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8));
 size_t umbp_conn_key_size(const umbp_key *key) { return UMBP_CONN_KEY_HDR + (key ? key->hash_len : 0); }
 
 int umbp_conn_key_encode(const umbp_key *key, uint8_t *buf, size_t n) {
-  if (!key || !buf || key->hash_len == 0 || key->hash_len > UMBP_KEY_HASH_MAX)
+  if (!key || !buf) return umbp_fail(-EINVAL, "umbp_conn_key_encode: key and buf are required");
+  if (key->hash_len == 0 || key->hash_len > UMBP_KEY_HASH_MAX)
     return umbp_fail(-EINVAL, "umbp_conn_key_encode: hash_len must be 1..%d", UMBP_KEY_HASH_MAX);
   size_t need = umbp_conn_key_size(key);
   if (n < need) return umbp_fail(-ENOBUFS, "umbp_conn_key_encode: %zu bytes needed, %zu given", need, n);
@@ -41,7 +42,8 @@ int umbp_conn_key_encode(const umbp_key *key, uint8_t *buf, size_t n) {
 }
 
 int umbp_conn_key_decode(const uint8_t *buf, size_t n, umbp_key *ret_key) {
-  if (!buf || !ret_key || n < UMBP_CONN_KEY_HDR)
+  if (!buf || !ret_key) return umbp_fail(-EINVAL, "umbp_conn_key_decode: buf and ret_key are required");
+  if (n < UMBP_CONN_KEY_HDR)
     return umbp_fail(-EBADMSG, "umbp_conn_key_decode: %zu bytes is shorter than a key header", n);
   uint8_t len = buf[14];
   if (len == 0 || len > UMBP_KEY_HASH_MAX || n < (size_t)UMBP_CONN_KEY_HDR + len)
@@ -319,7 +321,8 @@ unsigned umbp_conn_events_pop_common(umbp_conn_events *ev, umbp_conn_event *out,
 }
 
 int umbp_conn_events_increment_workers(umbp_conn_events *ev, int count) {
-  if (!ev || count <= 0)
+  if (!ev) return umbp_fail(-EINVAL, "umbp_conn_events_increment_workers: ev is NULL");
+  if (count <= 0)
     return umbp_fail(-EINVAL, "increment_workers: count must be positive (got %d)", count);
   ev->workers += (unsigned)count;
   return 0;
@@ -356,7 +359,8 @@ void umbp_conn_stats_free(umbp_conn_stats *st) { free(st); }
 
 int umbp_conn_stats_add(umbp_conn_stats *st, int op, uint64_t submitted, uint64_t completed, uint64_t failed,
                         uint64_t bytes) {
-  if (!st || op < 0 || op >= UMBP_CONN_N_OPS)
+  if (!st) return umbp_fail(-EINVAL, "umbp_conn_stats_add: st is NULL");
+  if (op < 0 || op >= UMBP_CONN_N_OPS)
     return umbp_fail(-EINVAL, "umbp_conn_stats_add: op %d is neither load (0) nor store (1)", op);
   /* Relaxed: statistics, no ordering with anything else (see header). */
   atomic_fetch_add_explicit(&st->submitted[op], submitted, memory_order_relaxed);

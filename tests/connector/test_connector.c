@@ -60,6 +60,31 @@ static void test_codec_roundtrip(void **state) {
   assert_int_equal(umbp_conn_key_encode(&k, buf, sizeof(buf)), -EINVAL);
 }
 
+/* A NULL argument is named as such: it was reported as the nearest other
+ * error ("hash_len must be 1..32", "0 bytes is shorter than a key header"
+ * with -EBADMSG, "count must be positive (got 1)", "op 0 is neither load nor
+ * store"), sending the caller after a value that was right. */
+static void test_null_arguments_named(void **state) {
+  (void)state;
+  umbp_key k = mk_key(1, 0, 0, 0x11), d;
+  uint8_t buf[UMBP_CONN_KEY_MAX];
+  assert_int_equal(umbp_conn_key_encode(&k, NULL, sizeof(buf)), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "key and buf are required"));
+  assert_int_equal(umbp_conn_key_encode(NULL, buf, sizeof(buf)), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "key and buf are required"));
+  int n = umbp_conn_key_encode(&k, buf, sizeof(buf));
+  assert_true(n > 0);
+  assert_int_equal(umbp_conn_key_decode(buf, (size_t)n, NULL), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "buf and ret_key are required"));
+  assert_int_equal(umbp_conn_key_decode(NULL, (size_t)n, &d), -EINVAL);
+  assert_int_equal(umbp_conn_key_decode(buf, 3, &d), -EBADMSG); /* truncated input is still -EBADMSG */
+  assert_non_null(strstr(umbp_last_error(), "shorter than a key header"));
+  assert_int_equal(umbp_conn_events_increment_workers(NULL, 1), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "ev is NULL"));
+  assert_int_equal(umbp_conn_stats_add(NULL, UMBP_CONN_LOAD, 1, 1, 0, 4096), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "st is NULL"));
+}
+
 static void test_keys_build_fold(void **state) {
   (void)state;
   umbp_key t = mk_key(5, 1, 0, 0);
@@ -313,7 +338,8 @@ static void test_stats(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_codec_roundtrip), cmocka_unit_test(test_keys_build_fold),
+      cmocka_unit_test(test_codec_roundtrip), cmocka_unit_test(test_null_arguments_named),
+      cmocka_unit_test(test_keys_build_fold),
       cmocka_unit_test(test_ns_derive),       cmocka_unit_test(test_matched_rule),
       cmocka_unit_test(test_probe_matched_pool), cmocka_unit_test(test_events),
       cmocka_unit_test(test_stats),
