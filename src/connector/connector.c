@@ -165,7 +165,8 @@ int64_t umbp_conn_matched_tokens(const uint32_t *hit_blocks, unsigned n_ranks, u
     if (hit_blocks[r] < usable) usable = hit_blocks[r];
   uint64_t hit_tokens = usable * block_size;
   if (ret_blocks) *ret_blocks = (uint32_t)usable;
-  return hit_tokens > computed_tokens ? (int64_t)(hit_tokens - computed_tokens) : 0;
+  uint64_t more = hit_tokens > computed_tokens ? hit_tokens - computed_tokens : 0;
+  return more > INT64_MAX ? INT64_MAX : (int64_t)more; /* never negative: that reads as an error code */
 }
 
 int64_t umbp_conn_probe_matched(umbp_pool *pool, const umbp_key *ranks, unsigned n_ranks,

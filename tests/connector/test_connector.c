@@ -185,6 +185,18 @@ static void test_matched_rule(void **state) {
   assert_int_equal(umbp_conn_matched_tokens(hits, 3, 16, 0, 0, NULL), 0);
 }
 
+/* A count of 2^63 tokens or more came back as a negative int64, which a
+ * caller reads as an error code; it saturates at INT64_MAX now. */
+static void test_matched_rule_saturates(void **state) {
+  (void)state;
+  uint32_t hits[1] = {UINT32_MAX}, blocks = 0;
+  int64_t r = umbp_conn_matched_tokens(hits, 1, UINT32_MAX, UINT64_MAX, 0, &blocks);
+  assert_true(r >= 0);
+  assert_true(r == INT64_MAX);
+  assert_int_equal(blocks, UINT32_MAX);
+  assert_int_equal(umbp_conn_matched_tokens(hits, 1, 16, 1000, 0, &blocks), 62 * 16);
+}
+
 static void test_probe_matched_pool(void **state) {
   (void)state;
   const char *name = tu_name("conn");
@@ -341,6 +353,7 @@ int main(void) {
       cmocka_unit_test(test_codec_roundtrip), cmocka_unit_test(test_null_arguments_named),
       cmocka_unit_test(test_keys_build_fold),
       cmocka_unit_test(test_ns_derive),       cmocka_unit_test(test_matched_rule),
+      cmocka_unit_test(test_matched_rule_saturates),
       cmocka_unit_test(test_probe_matched_pool), cmocka_unit_test(test_events),
       cmocka_unit_test(test_stats),
   };
