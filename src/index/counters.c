@@ -171,7 +171,7 @@ UMBP_API int umbp_index_stats(umbp_pool *p, uint64_t *ret_entries, uint64_t *his
       if (!v) continue;
       n++;
       uint32_t s = UMBP_WAY_SLOT(v) - 1;
-      if (!hist || s >= p->hdr->slot_count) continue;
+      if (!hist || !nhist || s >= p->hdr->slot_count) continue; /* nhist 0: nowhere to count (d = nhist - 1) */
       struct umbp_key_shm k = meta[s].key;
       uint32_t home = umbp_bucket_home(umbp_key_hash(&k), nb);
       unsigned d = umbp_bucket_dist(home, i, nb);

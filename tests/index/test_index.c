@@ -549,6 +549,26 @@ static void test_ns_set_quota_null_pool(void **state) {
   assert_int_equal(umbp_ns_set_quota(f->p, f->ns, 0), 0);
 }
 
+/* umbp_index_stats() with a histogram of 0 entries (hist not NULL) wrote
+ * each entry's count to hist[nhist - 1], i.e. hist[UINT_MAX]: far outside the
+ * caller's array. */
+static void test_index_stats_empty_histogram(void **state) {
+  struct fx *f = *state;
+  for (int i = 0; i < 8; i++) {
+    umbp_key k = itu_key(f->ns, 300 + (uint64_t)i, 0);
+    put(f->p, &k);
+  }
+  uint64_t guard[3] = {11, 22, 33}, entries = 0;
+  assert_int_equal(umbp_index_stats(f->p, &entries, &guard[1], 0), 0);
+  assert_int_equal(entries, 8);
+  assert_int_equal(guard[0], 11);
+  assert_int_equal(guard[1], 22);
+  assert_int_equal(guard[2], 33);
+  uint64_t hist[2];
+  assert_int_equal(umbp_index_stats(f->p, &entries, hist, 2), 0);
+  assert_int_equal(hist[0] + hist[1], 8);
+}
+
 static void test_first_writer_wins(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 3, 0);
@@ -1976,6 +1996,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_evict_bad_partition, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ns_register_keeps_last_error, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ns_set_quota_null_pool, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_index_stats_empty_histogram, setup, teardown),
       cmocka_unit_test_setup_teardown(test_census_part, setup, teardown),
       cmocka_unit_test_setup_teardown(test_first_writer_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_prefix_and_bulk, setup, teardown),
