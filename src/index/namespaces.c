@@ -199,7 +199,10 @@ UMBP_API int umbp_ns_register(umbp_pool *p, const char *name, uint32_t *ret_id) 
       }
   }
   spin_unlock(&ix->ih->ns_lock);
-  if (i < 0) return umbp_fail(-ENOSPC, "all %d namespaces of the pool are in use", UMBP_MAX_NAMESPACES);
+  if (i < 0)
+    return umbp_fail(-ENOSPC, "all %d namespaces of pool '%s' are in use, and ids are never reused: use a "
+                              "registered name (list them with 'umbp inspect %s') or a new pool",
+                     UMBP_MAX_NAMESPACES, p->name, p->name);
   *ret_id = (uint32_t)i;
   return 0;
 }

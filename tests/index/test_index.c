@@ -120,6 +120,11 @@ static void test_namespaces(void **state) {
     rc = umbp_ns_register(f->p, n, &a2);
   }
   assert_int_equal(rc, -ENOSPC);
+  /* the message names the way out, not only the cause */
+  assert_non_null(strstr(umbp_last_error(), "ids are never reused"));
+  assert_non_null(strstr(umbp_last_error(), "new pool"));
+  assert_int_equal(umbp_ns_register(f->p, "model-b", &a2), 0); /* registered names still resolve */
+  assert_int_equal(a2, b);
 }
 
 static void test_roundtrip(void **state) {
