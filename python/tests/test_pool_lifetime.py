@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from conftest import make_kv_cache_config, make_vllm_config, stop_daemon
+from conftest import make_kv_cache_config, make_vllm_config, sched_output, stop_daemon
 from test_connector import Worker, _umbp_cli
 
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -332,3 +332,27 @@ def test_notes_lock_is_never_held_on_a_removed_file(pool_name):
         first.remove()
     t.join(10)
     assert got == {"same": True}, got
+
+
+def test_a_pool_destroyed_under_a_running_engine_is_said(pool_name):
+    """`umbp pool destroy --force` under a running engine (its daemon then
+    stops) left the engine storing into a mapping no one else can attach to,
+    and a daemon started again made another pool the engine never saw, without
+    a word. Its scheduler now says so, once, with the fix."""
+    cli("pool", "create", pool_name, "--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quiet")
+    s = sched(pool_name, "eng-a", mode="standalone")
+    try:
+        with umbp_log() as log:
+            s.build_connector_meta(sched_output())
+            assert not [x for x in log if "destroyed" in x], log
+            cli("pool", "destroy", pool_name, "--force")
+            cli("pool", "create", pool_name, "--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quiet")
+            s.pool._lost_checked = 0.0   # checked at most every 5 s
+            s.build_connector_meta(sched_output())
+            s.pool._lost_checked = 0.0
+            s.build_connector_meta(sched_output())
+        said = [x for x in log if "destroyed while this engine ran" in x]
+        assert len(said) == 1 and said[0].startswith("ERROR") and "now names another pool" in said[0], log
+        assert "Restart the engine" in said[0] and f"umbp daemon {pool_name}" in said[0], said
+    finally:
+        s.shutdown()

@@ -48,6 +48,7 @@ import errno
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 
 from . import _lib as L
@@ -134,6 +135,8 @@ class _Pool:
             self._note_label()
         else:
             self._open_embedded(cfg, slot_size, opts, numa_nodes)
+        self._file = self._identity()
+        self._lost_checked, self._lost_said = 0.0, False
         have = self.lib.umbp_slot_size(self.h)
         if have < slot_size:
             self.close()
@@ -290,6 +293,50 @@ class _Pool:
     def _append_label(self, notes: N.Locked, uuid: str) -> None:
         if notes.ensure(uuid).labels.get(self.engine.namespace) != self.engine.label:
             notes.append("label", self.engine.namespace, self.engine.label)
+
+    # ---- the pool file under a running engine ----------------------------------
+    def _identity(self) -> tuple[str, int, int] | None:
+        """(path, device, inode) of the pool's file, as attached."""
+        info = L.PoolInfo()
+        if self.lib.umbp_pool_get_info(self.h, C.byref(info)) < 0:
+            return None
+        path = info.path.decode(errors="replace")
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return path, st.st_dev, st.st_ino
+
+    def check_lost(self, period_s: float = 5.0) -> str | None:
+        """Why the pool this handle maps is no longer the pool of its name
+        (`umbp pool destroy --force` under a running engine), or None. Checked
+        at most every period_s seconds, and said once at ERROR on logger
+        vllm.umbp: the engine goes on with its own mapping (its data there
+        stay consistent), but no other process can attach to it, a daemon
+        started again makes another pool, and what it holds goes at exit.
+        The umbp daemon checks its own pool the same way (cmd_daemon.c)."""
+        now = time.monotonic()
+        if self._file is None or self._lost_said or now - self._lost_checked < period_s:
+            return None
+        self._lost_checked = now
+        path, dev, ino = self._file
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == (dev, ino):
+                return None
+            what = "now names another pool"
+        except FileNotFoundError:
+            what = "was removed"
+        except OSError:
+            return None
+        self._lost_said = True
+        why = (f"UMBP pool {self.name!r} was destroyed while this engine ran ({path} {what}; "
+               f"`umbp pool destroy --force`?): this engine keeps its own mapping, which no other process "
+               f"can attach to and whose blocks go when it exits, so engines no longer share what they store. "
+               f"Restart the engine to attach to the pool of that name"
+               + (f" (start `umbp daemon {self.name}` first)" if not self.embedded and not self.owner else ""))
+        logger.error("%s", why)
+        return why
 
     # ---- use and leave ---------------------------------------------------------
     def ns(self, name: str) -> int:

@@ -123,6 +123,7 @@ class SchedulerSide:
         st.stored_upto = max(st.stored_upto, first + n)  # loaded blocks are in the pool already
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        self.pool.check_lost()   # said once: a pool destroyed under the engine
         meta = UMBPConnectorMetadata(namespace=self.namespace)
         for st in self._reqs.values():
             if st.load:
