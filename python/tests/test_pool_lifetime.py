@@ -356,3 +356,27 @@ def test_a_pool_destroyed_under_a_running_engine_is_said(pool_name):
         assert "Restart the engine" in said[0] and f"umbp daemon {pool_name}" in said[0], said
     finally:
         s.shutdown()
+
+
+def test_a_daemons_pool_with_small_slots_names_the_daemons_option(pool_name):
+    """A pool made with smaller slots than the model's block object: the fix
+    named is the daemon's --slot-size (kv_connector_extra_config.slot_size,
+    which the old message named, changes nothing for a pool that is there);
+    slot_size and capacity_bytes in mode standalone are said not to apply,
+    and no longer refuse a pool whose slots fit the model."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    cli("pool", "create", pool_name, "--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quiet")
+    big = KVCacheConfig(num_blocks=32, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+        ["a", "b"], FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=16, dtype=torch.float16))])
+    for mode in ("standalone", "embedded"):
+        with pytest.raises(ValueError, match=rf"needs 16384: .*`umbp daemon {pool_name} --capacity SIZE "
+                                             r"--slot-size 16KiB`"):
+            KVConnectorFactory.create_connector(make_vllm_config(pool_name, mode=mode, slot_size="4KiB"),
+                                                KVConnectorRole.SCHEDULER, big)
+    with umbp_log() as log:
+        s = sched(pool_name, "eng-a", mode="standalone", slot_size="8KiB", capacity_bytes="1GiB")
+    s.shutdown()
+    assert any("capacity_bytes and slot_size are not applied" in x and "256 slots of 4096 bytes" in x
+               for x in log), log
+    assert exists(pool_name)

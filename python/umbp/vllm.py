@@ -141,6 +141,13 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
         engine = EngineId(getattr(vllm_config, "instance_id", None) or None, derived,
                           None if self.cfg.key_namespace else namespace_label(vllm_config, kv_cache_config))
         self.pool = _Pool(self.cfg, slot, 1 if sched else 2, -1 if sched else self.tp_rank, nodes, engine)
+        if sched and self.cfg.mode == "standalone" and (self.cfg.capacity or self.cfg.slot_size):
+            info = L.PoolInfo()
+            L.lib().umbp_pool_get_info(self.pool.h, C.byref(info))
+            logger.warning("UMBP: mode 'standalone' uses the daemon's pool %r as it is: capacity_bytes and "
+                           "slot_size are not applied (the pool has %d slots of %d bytes, set by `umbp daemon "
+                           "--capacity --slot-size`); drop them from kv_connector_extra_config",
+                           self.cfg.pool, info.slot_count, info.slot_size)
         self.placement: Placement | None = None
         self.lib = L.lib()
         self.namespace: str | None = None

@@ -369,9 +369,12 @@ def _object_bytes(kv_cache_config) -> list[int]:
 
 
 def _slot_size(cfg: UMBPConfig, kv_cache_config) -> int:
+    """The slot size this engine needs: its block object rounded up to 4 KiB,
+    or slot_size when larger. slot_size only makes an embedded pool: a pool
+    that is there already is checked against the block object alone."""
     need = max(_object_bytes(kv_cache_config) or [4096])
     need = max(4096, (need + 4095) // 4096 * 4096)
-    return max(need, cfg.slot_size or 0)
+    return max(need, cfg.slot_size or 0) if cfg.mode == "embedded" else need
 
 
 def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig) -> str:

@@ -140,8 +140,17 @@ class _Pool:
         have = self.lib.umbp_slot_size(self.h)
         if have < slot_size:
             self.close()
-            raise ValueError(f"pool {self.name!r} has {have}-byte slots but this model's block object "
-                             f"needs {slot_size}: recreate the pool with slot_size >= {slot_size}")
+            if self.embedded:   # made by another engine of this model, with a smaller slot_size
+                fix = (f"give this engine the slot_size of the engine that made it, or a pool of its own "
+                       f"(kv_connector_extra_config.pool, e.g. \"{self.name}-2\")")
+            else:               # a daemon's pool, or one of `umbp pool create`: slot_size here does nothing
+                fix = (f"a pool's slot size is set when it is made, by its daemon's --slot-size "
+                       f"(kv_connector_extra_config.slot_size applies only to an embedded pool this engine "
+                       f"creates): stop the pool's users and make it again (`umbp pool destroy {self.name}`, "
+                       f"then `umbp daemon {self.name} --capacity SIZE --slot-size {-(-slot_size // 1024)}KiB`), "
+                       f"or give this engine a pool of its own (kv_connector_extra_config.pool)")
+            raise ValueError(f"pool {self.name!r} has {have}-byte slots but this model's block object needs "
+                             f"{slot_size}: {fix}")
 
     # ---- embedded: create, or attach to what is there --------------------------
     def _params(self, cfg, slot_size: int, numa_nodes) -> L.PoolParams:

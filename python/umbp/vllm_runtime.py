@@ -308,7 +308,8 @@ class UMBPWorkerHandle:
         for r in layout.regions:
             self.obj_bytes[r.group_id] = self.obj_bytes.get(r.group_id, 0) + r.block_bytes
         need = max(self.obj_bytes.values(), default=4096)
-        slot = max(4096, (need + 4095) // 4096 * 4096, cfg.slot_size or 0)
+        # slot_size makes an embedded pool; a daemon's pool is checked against the block object
+        slot = max(4096, (need + 4095) // 4096 * 4096, (cfg.slot_size or 0) if cfg.mode == "embedded" else 0)
         nodes = None
         if cfg.mode == "embedded" and cfg.numa_nodes is None:
             nodes = plan_placement(cfg, topology.tp_size, topology.tp_rank, log_level=logging.DEBUG).numa_nodes
