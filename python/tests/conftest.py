@@ -40,7 +40,7 @@ def make_vllm_config(pool: str, tp: int = 1, rank: int = 0, role: str = "kv_both
     extra = {"pool": pool, "capacity_bytes": 64 * 4096 * 4, "no_prefault": True,
              "key_namespace": "test-ns", **extra}
     ktc = KVTransferConfig(kv_connector="UMBPStoreConnector", kv_connector_module_path="umbp.vllm",
-                           kv_role=role, kv_connector_extra_config=extra)
+                           kv_role=role, kv_load_failure_policy="recompute", kv_connector_extra_config=extra)
     cfg = VllmConfig(kv_transfer_config=ktc, cache_config=CacheConfig(block_size=BLOCK),
                      parallel_config=ParallelConfig(tensor_parallel_size=tp, rank=rank),
                      device_config=DeviceConfig("cpu"))

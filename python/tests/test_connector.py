@@ -127,6 +127,30 @@ def test_config_values_are_checked_for_their_type(pool_name):
     assert not os.path.exists(f"/dev/shm/umbp.{pool_name}"), "a refused connector left its pool"
 
 
+def test_load_failure_policy_fail_is_warned(pool_name):
+    """vLLM's default kv_load_failure_policy 'fail' ends a request in an error
+    when its blocks leave the pool between lookup and load; the docs' install
+    commands left it out, and nothing said so. The scheduler warns; a
+    producer (which never loads) and 'recompute' do not."""
+    import logging
+    said: list[str] = []
+    h = logging.Handler()
+    h.emit = lambda r: said.append(r.getMessage())
+    lg = logging.getLogger("vllm.umbp")
+    lg.addHandler(h)
+    try:
+        for policy, role in (("fail", "kv_both"), ("recompute", "kv_both"), ("fail", "kv_producer")):
+            cfg = make_vllm_config(pool_name, role=role)
+            cfg.kv_transfer_config.kv_load_failure_policy = policy
+            KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, make_kv_cache_config()).shutdown()
+            warned = [x for x in said if "kv_load_failure_policy is 'fail'" in x]
+            assert len(warned) == (policy == "fail" and role == "kv_both"), (policy, role, said)
+            assert all('"kv_load_failure_policy":"recompute"' in x for x in warned)
+            said.clear()
+    finally:
+        lg.removeHandler(h)
+
+
 def test_unsupported_vllm_version_is_refused_at_construction(pool_name, monkeypatch):
     import vllm
     assert U.check_vllm_version() == vllm.__version__          # the installed one is supported

@@ -5,6 +5,7 @@ Load it with::
 
   --kv-transfer-config '{"kv_connector":"UMBPStoreConnector",
     "kv_connector_module_path":"umbp.vllm","kv_role":"kv_both",
+    "kv_load_failure_policy":"recompute",
     "kv_connector_extra_config":{"pool":"vllm","capacity_bytes":"64GiB"}}'
 
 Roles. The scheduler-role connector probes the pool for every rank's keys
@@ -141,6 +142,14 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
         engine = EngineId(getattr(vllm_config, "instance_id", None) or None, derived,
                           None if self.cfg.key_namespace else namespace_label(vllm_config, kv_cache_config))
         self.pool = _Pool(self.cfg, slot, 1 if sched else 2, -1 if sched else self.tp_rank, nodes, engine)
+        if sched and self.kv_role != "kv_producer" and getattr(ktc, "kv_load_failure_policy", None) == "fail":
+            # vLLM's default: a block evicted between the lookup and its load
+            # (or a load past load_timeout_ms) would end the request in an error
+            logger.warning("UMBP: kv_load_failure_policy is 'fail' (vLLM's default), so a request whose blocks "
+                           "leave the pool between its lookup and its load, or whose load takes longer than "
+                           "load_timeout_ms=%d, fails with an error instead of being computed; add "
+                           "\"kv_load_failure_policy\":\"recompute\" to --kv-transfer-config",
+                           self.cfg.load_timeout_ms)
         if sched and self.cfg.mode == "standalone" and (self.cfg.capacity or self.cfg.slot_size):
             info = L.PoolInfo()
             L.lib().umbp_pool_get_info(self.pool.h, C.byref(info))
