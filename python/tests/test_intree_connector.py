@@ -236,7 +236,8 @@ def test_backend_umbp_without_libumbp_names_the_fix(pool_name, monkeypatch):
     register_plugin()
     monkeypatch.setattr(L, "_lib", None)
     monkeypatch.setenv("UMBP_LIB", "/nonexistent/libumbp.so")
-    with pytest.raises(RuntimeError, match=r"libumbp cannot be loaded.*UMBP_LIB=/nonexistent.*Fix: .*pip install umbp"):
+    with pytest.raises(RuntimeError, match=r"libumbp cannot be loaded.*UMBP_LIB=/nonexistent.*Fix: .*'pip install \.' "
+                                             r"from the umbp repository"):
         KVConnectorFactory.create_connector(I.make_vllm_config(pool_name), KVConnectorRole.SCHEDULER,
                                             make_kv_cache_config())
 

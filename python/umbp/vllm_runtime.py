@@ -583,9 +583,9 @@ class UMBPRuntime:
         except OSError as e:
             raise RuntimeError(
                 f"vLLM's UMBPStoreConnector has backend 'umbp' but libumbp cannot be loaded ({e}). "
-                "Fix: install the umbp package with its library (pip install umbp), or set "
-                "UMBP_LIB=/path/to/libumbp.so, or drop \"backend\": \"umbp\" from "
-                "kv_connector_extra_config to use the runtime registered before (MORI)") from e
+                "Fix: install the umbp package with its library into vLLM's environment ('pip install .' "
+                "from the umbp repository), or set UMBP_LIB=/path/to/libumbp.so, or drop \"backend\": "
+                "\"umbp\" from kv_connector_extra_config to use the runtime registered before (MORI)") from e
         self.cfg = runtime_config({**config.options, "mode": config.mode})   # checks the pool name with libumbp
 
     @classmethod
