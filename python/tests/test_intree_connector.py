@@ -264,3 +264,18 @@ def test_other_backends_fall_through_to_the_previous_builder(monkeypatch):
     assert UMBPRuntimeFactory.build(cfg) == "mori-runtime" and calls == [cfg]
     cfg2 = UMBPRuntimeConfig(mode="embedded", options={"backend": "mori"})
     assert UMBPRuntimeFactory.build(cfg2) == "mori-runtime" and calls[-1] is cfg2
+
+
+def test_a_misspelt_umbp_backend_is_named(monkeypatch):
+    """backend "UMBP" or "umbp " went to MORI's builder, whose error asks for
+    MORI built with BUILD_UMBP=ON; it is refused naming the spelling."""
+    import umbp.vllm_plugin as P
+    from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import (
+        UMBPRuntimeConfig, UMBPRuntimeFactory)
+    calls = []
+    monkeypatch.setattr(UMBPRuntimeFactory, "_builders", {"embedded": calls.append, "standalone": calls.append})
+    P.register()
+    for backend in ("UMBP", " umbp", "Umbp "):
+        with pytest.raises(ValueError, match=rf"backend={backend!r}: write 'umbp' \(lower case"):
+            UMBPRuntimeFactory.build(UMBPRuntimeConfig(mode="embedded", options={"backend": backend}))
+    assert calls == []

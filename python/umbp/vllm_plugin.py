@@ -23,9 +23,14 @@ BACKEND = "umbp"
 
 def _wrap(mode: str, previous):
     def build(config):
-        if config.options.get("backend") == BACKEND:
+        backend = config.options.get("backend")
+        if backend == BACKEND:
             from .vllm_runtime import UMBPRuntime  # libumbp is loaded only when selected
             return UMBPRuntime.from_config(config)
+        if isinstance(backend, str) and backend.strip().lower() == BACKEND:
+            # passed on, "UMBP" would reach MORI's runtime, which fails asking for MORI
+            raise ValueError(f"kv_connector_extra_config.backend={backend!r}: write {BACKEND!r} (lower case, "
+                             "no spaces) to use umbp's runtime")
         if previous is None:
             raise RuntimeError(f"no UMBP runtime is registered for mode {mode!r} besides umbp's: set "
                                f"kv_connector_extra_config.backend to {BACKEND!r}, or install MORI")
