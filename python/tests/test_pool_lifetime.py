@@ -377,6 +377,6 @@ def test_a_daemons_pool_with_small_slots_names_the_daemons_option(pool_name):
     with umbp_log() as log:
         s = sched(pool_name, "eng-a", mode="standalone", slot_size="8KiB", capacity_bytes="1GiB")
     s.shutdown()
-    assert any("capacity_bytes and slot_size are not applied" in x and "256 slots of 4096 bytes" in x
-               for x in log), log
+    assert any("capacity_bytes, slot_size, no_prefault, which make an embedded pool, are not applied" in x
+               and "256 slots of 4096 bytes" in x for x in log), log
     assert exists(pool_name)

@@ -150,13 +150,15 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
                            "load_timeout_ms=%d, fails with an error instead of being computed; add "
                            "\"kv_load_failure_policy\":\"recompute\" to --kv-transfer-config",
                            self.cfg.load_timeout_ms)
-        if sched and self.cfg.mode == "standalone" and (self.cfg.capacity or self.cfg.slot_size):
+        making = [k for k in ("capacity_bytes", "total_capacity_bytes", "slot_size", "numa_nodes", "index_pages",
+                              "no_prefault") if k in (ktc.kv_connector_extra_config or {})]
+        if sched and self.cfg.mode == "standalone" and making:
             info = L.PoolInfo()
             L.lib().umbp_pool_get_info(self.pool.h, C.byref(info))
-            logger.warning("UMBP: mode 'standalone' uses the daemon's pool %r as it is: capacity_bytes and "
-                           "slot_size are not applied (the pool has %d slots of %d bytes, set by `umbp daemon "
-                           "--capacity --slot-size`); drop them from kv_connector_extra_config",
-                           self.cfg.pool, info.slot_count, info.slot_size)
+            logger.warning("UMBP: mode 'standalone' uses the daemon's pool %r as it is: %s, which make an "
+                           "embedded pool, are not applied (the pool has %d slots of %d bytes, set by `umbp "
+                           "daemon --capacity --slot-size`); drop them from kv_connector_extra_config",
+                           self.cfg.pool, ", ".join(making), info.slot_count, info.slot_size)
         self.placement: Placement | None = None
         self.lib = L.lib()
         self.namespace: str | None = None
