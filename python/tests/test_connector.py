@@ -151,6 +151,19 @@ def test_load_failure_policy_fail_is_warned(pool_name):
         lg.removeHandler(h)
 
 
+def test_an_embedded_pool_that_cannot_be_made_names_the_config_keys(pool_name):
+    """capacity_bytes too small for two slots (or 0, or a slot over 4 GiB):
+    libumbp's reason names the CLI's --capacity; the error also names the
+    kv_connector_extra_config values it came from, and leaves no files."""
+    for extra, why in (({"capacity_bytes": 4096}, "holds 1 slots of 4096 bytes"),
+                       ({"capacity_bytes": 0}, "pool capacity is 0"),
+                       ({"slot_size": "8GiB"}, "slot size 8589934592 is larger than 4 GiB")):
+        with pytest.raises(ValueError, match=rf"kv_connector_extra_config capacity_bytes=.*: .*{why}"):
+            sched(pool_name, **extra)
+        assert not os.path.exists(f"/dev/shm/umbp.{pool_name}")
+        assert not os.path.exists(f"/dev/shm/umbp-notes.{pool_name}")
+
+
 def test_unsupported_vllm_version_is_refused_at_construction(pool_name, monkeypatch):
     import vllm
     assert U.check_vllm_version() == vllm.__version__          # the installed one is supported

@@ -204,6 +204,11 @@ class _Pool:
             if rc != -errno.EEXIST:
                 if not os.path.exists(f"/dev/shm/umbp.{self.name}"):
                     notes.remove()   # made by this call's lock: no pool to describe
+                if rc in (-errno.EINVAL, -errno.ENOSPC):   # the C message names the CLI's options
+                    raise ValueError(f"embedded UMBP pool {self.name!r} cannot be made with kv_connector_extra_config"
+                                     f" capacity_bytes={cfg.capacity}, slot_size={p.slot_size}, numa_nodes="
+                                     f"{list(p.numa_nodes[:p.n_numa_nodes]) or 'all'}, index_pages="
+                                     f"{cfg.index_pages!r}: {self.lib.umbp_last_error().decode(errors='replace')}")
                 L.check(rc, f"create pool {self.name}")
             verdict = self._classify(notes, cfg)
             if verdict == "stale":
