@@ -113,6 +113,8 @@ def test_config_values_are_checked_for_their_type(pool_name):
     c.shutdown()
     c = U.UMBPConfig.from_extra({"copy_cpus": ["0", "1"], "copy_threads": "4", "tier_wait_ms": "0.5"})
     assert (c.copy_cpus, c.copy_threads, c.tier_wait_ms) == ([0, 1], 4, 0.5)   # vLLM's `copy_cpus+ 0,1`
+    c = U.UMBPConfig.from_extra({"load_timeout_ms": None, "tier_timeout_ms": None, "pool": None})
+    assert (c.load_timeout_ms, c.tier_timeout_ms, c.pool) == (60000, 2000, "vllm")   # null: the default
     for key, v in (("load_async", "no"), ("tier", 1), ("copy_threads", 2.7), ("copy_threads", "\u0664"),
                    ("copy_threads", -1), ("copy_threads", True), ("load_timeout_ms", -1),
                    ("load_timeout_ms", float("nan")), ("load_timeout_ms", "inf"), ("load_timeout_ms", 1 << 32),

@@ -188,7 +188,7 @@ class UMBPConfig:
             raise ValueError(f"unknown kv_connector_extra_config key(s) {unknown} for "
                              f"UMBPStoreConnector; {'; '.join(hints) + '; ' if hints else ''}"
                              f"known keys: {sorted(_CONFIG_KEYS)}")
-        c = {**_CONFIG_KEYS, **extra}
+        c = {**_CONFIG_KEYS, **{k: v for k, v in extra.items() if v is not None}}   # null: the default
         # Each value is checked for its type: a quoted "false" is not true, a
         # string of CPUs is not a list of them, and a wrong value is named
         # here, not by a TypeError deep inside the connector or a C call.
