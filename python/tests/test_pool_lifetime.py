@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -380,3 +381,34 @@ def test_a_daemons_pool_with_small_slots_names_the_daemons_option(pool_name):
     assert any("capacity_bytes, slot_size, no_prefault, which make an embedded pool, are not applied" in x
                and "256 slots of 4096 bytes" in x for x in log), log
     assert exists(pool_name)
+
+
+def test_an_engine_joins_a_pool_larger_than_what_is_left_of_dev_shm(pool_name, monkeypatch):
+    """The check that capacity_bytes fits /dev/shm ran in every process,
+    also when the pool was there already: once the first process of an
+    engine had made (and prefaulted) a pool of more than half of /dev/shm,
+    the engine's other processes, and engines joining it, were refused
+    ("does not fit /dev/shm"), so such an engine could not start. Here an
+    engine whose capacity_bytes exceeds /dev/shm joins one that fits (it is
+    said not to apply), and engine A's next process attaches while /dev/shm
+    reports less free than A's capacity_bytes."""
+    big = (shutil.disk_usage("/dev/shm").free >> 30) + 1 << 30
+    if big > 60 << 30:
+        pytest.skip("/dev/shm has more free than a pool of 4 KiB slots can hold")
+    a = sched(pool_name, "eng-a")
+    bw = None
+    try:
+        bw = Worker(pool_name, 1, 0, seed=1, test_engine="eng-b", capacity_bytes=big)
+        said = bw.call("logs")
+        assert any("joins it" in x and f"capacity_bytes={big} is not applied" in x for x in said), said
+        with pytest.raises(ValueError, match="does not fit /dev/shm"):
+            sched(pool_name + "-2", "eng-c", capacity_bytes=big)    # a pool to be made is still checked
+        gone = shutil.disk_usage("/dev/shm")._replace(free=a.cfg.capacity - 1)
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: gone)
+        a2 = sched(pool_name, "eng-a")    # not shut down: in this process it would remove A's pool
+        assert not a2.pool.owner
+        monkeypatch.undo()
+    finally:
+        if bw:
+            bw.close()
+        a.shutdown()

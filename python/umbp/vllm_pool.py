@@ -158,7 +158,10 @@ class _Pool:
             raise ValueError("embedded UMBP mode needs kv_connector_extra_config.capacity_bytes "
                              "(or total_capacity_bytes), e.g. \"64GiB\"")
         free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else None
-        if free is not None and cfg.capacity > free:
+        # Only for a pool to be made: once made, its pages are not free any
+        # more, and the engine's other processes and engines that join
+        # attach to it whatever their capacity_bytes.
+        if free is not None and cfg.capacity > free and not os.path.exists(f"/dev/shm/umbp.{self.name}"):
             raise ValueError(f"capacity_bytes={cfg.capacity} does not fit /dev/shm ({free} bytes "
                              "free): lower it, or enlarge /dev/shm (docker --shm-size)")
         p = L.PoolParams()
@@ -195,6 +198,8 @@ class _Pool:
         for _ in range(3):
             h = C.c_void_p()
             rc = self.lib.umbp_pool_create(self.name.encode(), C.byref(p), C.byref(h))
+            if rc in (-errno.ENOSPC, -errno.EINVAL) and os.path.exists(f"/dev/shm/umbp.{self.name}"):
+                rc = -errno.EEXIST   # libumbp checks size and room before it finds the pool there
             if rc == 0:
                 self.h, self.owner, self.embedded = h, True, True
                 self._uuid = self._info_uuid()
