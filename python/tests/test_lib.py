@@ -39,3 +39,17 @@ def test_errno_names_not_numbers():
         text = open(path).read()
         for bad in ("rc == -2", "rc == -17", "rc == -22", "rc == -11"):
             assert bad not in text, f"{path}: compare with -errno.NAME, not {bad}"
+
+
+def test_a_wrong_umbp_lib_names_the_fix(monkeypatch, tmp_path):
+    """UMBP_LIB set to the build directory (not the library in it) or to a
+    file that is no library: the error says to point it at libumbp.so, not
+    only "Is a directory" / "invalid ELF header" from the dynamic loader."""
+    monkeypatch.setattr(L, "_lib", None)
+    monkeypatch.setenv("UMBP_LIB", str(tmp_path))
+    with pytest.raises(OSError, match=rf"UMBP_LIB={tmp_path} is a directory; .*UMBP_LIB={tmp_path}/libumbp.so"):
+        L.lib()
+    (tmp_path / "libumbp.so").write_text("not a library")
+    monkeypatch.setenv("UMBP_LIB", str(tmp_path / "libumbp.so"))
+    with pytest.raises(OSError, match=r"UMBP_LIB=.*cannot be loaded \(.*\): point it at libumbp.so"):
+        L.lib()

@@ -86,6 +86,9 @@ def _find_library() -> str:
     if env:
         if not os.path.exists(env):
             raise OSError(f"UMBP_LIB={env} does not exist; point it at libumbp.so")
+        if os.path.isdir(env):
+            raise OSError(f"UMBP_LIB={env} is a directory; point it at the library in it, e.g. "
+                          f"UMBP_LIB={os.path.join(env, 'libumbp.so')}")
         return env
     here = Path(__file__).resolve().parent
     bundled = here / "libumbp.so"
@@ -357,7 +360,14 @@ def lib():
     its struct sizes checked against this module's: check_abi)."""
     global _lib
     if _lib is None:
-        handle = C.CDLL(_find_library())
+        path = _find_library()
+        try:
+            handle = C.CDLL(path)
+        except OSError as e:
+            if not os.environ.get("UMBP_LIB"):
+                raise
+            raise OSError(f"UMBP_LIB={path} cannot be loaded ({e}): point it at libumbp.so (the build's "
+                          "build/libumbp.so, or the installed package's), or unset it") from e
         check_abi(handle)
         for name, (res, args) in _SIGS.items():
             fn = getattr(handle, name)
