@@ -412,3 +412,20 @@ def test_an_engine_joins_a_pool_larger_than_what_is_left_of_dev_shm(pool_name, m
         if bw:
             bw.close()
         a.shutdown()
+
+
+def test_standalone_refuses_another_engines_embedded_pool(pool_name):
+    """mode standalone on the name of an engine's embedded pool attached to it
+    as if a daemon owned it; the engine removed it at its exit (standalone
+    processes are not recorded as its users) and took the other engine's
+    blocks with it. It is refused, naming the daemon and mode embedded; the
+    pool and its engine are left as they were."""
+    aw = Worker(pool_name, 1, 0, seed=1, test_engine="eng-a")
+    try:
+        with pytest.raises(ValueError, match=r"'standalone' attaches to a daemon's pool, but UMBP pool .* is the "
+                                             r"embedded pool of running vLLM engine eng-a .*`umbp daemon NAME"):
+            sched(pool_name, "eng-b", mode="standalone")
+        assert exists(pool_name) and ls_row(pool_name)["embedded"] is True
+    finally:
+        aw.close()
+    assert not exists(pool_name)

@@ -142,6 +142,13 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
         engine = EngineId(getattr(vllm_config, "instance_id", None) or None, derived,
                           None if self.cfg.key_namespace else namespace_label(vllm_config, kv_cache_config))
         self.pool = _Pool(self.cfg, slot, 1 if sched else 2, -1 if sched else self.tp_rank, nodes, engine)
+        owner = self.pool.engine_pool() if self.cfg.mode == "standalone" else None
+        if owner:
+            self.pool.close()
+            raise ValueError(f"mode 'standalone' attaches to a daemon's pool, but UMBP pool {self.cfg.pool!r} is the "
+                             f"embedded pool of {owner}: what this engine stores would go with it. Start "
+                             f"`umbp daemon NAME --capacity SIZE` and give its NAME as kv_connector_extra_config.pool, "
+                             f"or use mode 'embedded' (an engine of the same model and KV layout joins the pool)")
         if sched and self.kv_role != "kv_producer" and getattr(ktc, "kv_load_failure_policy", None) == "fail":
             # vLLM's default: a block evicted between the lookup and its load
             # (or a load past load_timeout_ms) would end the request in an error

@@ -313,6 +313,21 @@ class _Pool:
         if notes.ensure(uuid).labels.get(self.engine.namespace) != self.engine.label:
             notes.append("label", self.engine.namespace, self.engine.label)
 
+    def engine_pool(self) -> str | None:
+        """Who owns this pool when it is the embedded pool of a vLLM engine
+        that no daemon serves (a sentence), else None. Such a pool goes when
+        its engine exits: mode standalone must not take it for a daemon's."""
+        rc, info, procs = _snapshot(self.lib, self.name)
+        if rc < 0:
+            return None
+        e = N.read(self.name, _uuid_hex(info)).embedded
+        alive = [q for q in _alive(procs) if q.pid != os.getpid()]
+        if e is None or any(q.role == L.ROLE_DAEMON for q in alive):
+            return None
+        if not alive:
+            return f"vLLM engine {e.instance}, whose processes are gone ('umbp pool gc' removes it)"
+        return f"running vLLM engine {e.instance} (pids {_pids(alive)}), which removes it when it exits"
+
     # ---- the pool file under a running engine ----------------------------------
     def _identity(self) -> tuple[str, int, int] | None:
         """(path, device, inode) of the pool's file, as attached."""
