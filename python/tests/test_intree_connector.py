@@ -279,3 +279,20 @@ def test_a_misspelt_umbp_backend_is_named(monkeypatch):
         with pytest.raises(ValueError, match=rf"backend={backend!r}: write 'umbp' \(lower case"):
             UMBPRuntimeFactory.build(UMBPRuntimeConfig(mode="embedded", options={"backend": backend}))
     assert calls == []
+
+
+def test_no_backend_without_mori_names_both_umbp_setups():
+    """--kv-transfer-config without kv_connector_module_path (which docs/vllm.md
+    says is required) and without "backend": vLLM's in-tree connector goes to
+    MORI's runtime, which failed asking for "MORI built with BUILD_UMBP=ON".
+    With MORI not installed, the error names both ways to use umbp."""
+    import importlib.util
+    from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import (
+        UMBPRuntimeConfig, UMBPRuntimeFactory)
+    assert importlib.util.find_spec("mori") is None
+    register_plugin()
+    for mode in ("embedded", "standalone"):
+        with pytest.raises(ValueError, match=r"backend=None, so it would use MORI's runtime, and MORI is not "
+                                             r"installed.*\"backend\": \"umbp\".*\"kv_connector_module_path\": "
+                                             r"\"umbp.vllm\""):
+            UMBPRuntimeFactory.build(UMBPRuntimeConfig(mode=mode, options={"pool": "x"}))

@@ -15,6 +15,7 @@ builder that was registered before (MORI's, in vLLM's tree), unchanged.
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 logger = logging.getLogger("vllm.umbp.plugin")
@@ -34,6 +35,13 @@ def _wrap(mode: str, previous):
         if previous is None:
             raise RuntimeError(f"no UMBP runtime is registered for mode {mode!r} besides umbp's: set "
                                f"kv_connector_extra_config.backend to {BACKEND!r}, or install MORI")
+        if (getattr(previous, "__module__", "").startswith("vllm.")
+                and importlib.util.find_spec("mori") is None):
+            # vLLM's MORI runtime would fail later, asking for MORI built with BUILD_UMBP=ON
+            raise ValueError(f"vLLM's in-tree UMBPStoreConnector has kv_connector_extra_config.backend={backend!r}, "
+                             "so it would use MORI's runtime, and MORI is not installed. For umbp, add "
+                             f"\"backend\": \"{BACKEND}\" to kv_connector_extra_config (vLLM's connector on umbp), "
+                             "or \"kv_connector_module_path\": \"umbp.vllm\" to --kv-transfer-config (umbp's connector)")
         return previous(config)
 
     build.umbp_backend = True
