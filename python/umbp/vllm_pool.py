@@ -144,10 +144,11 @@ class _Pool:
                 fix = (f"give this engine the slot_size of the engine that made it, or a pool of its own "
                        f"(kv_connector_extra_config.pool, e.g. \"{self.name}-2\")")
             else:               # a daemon's pool, or one of `umbp pool create`: slot_size here does nothing
+                size = f"{-(-slot_size // 1024)}KiB"
                 fix = (f"a pool's slot size is set when it is made, by its daemon's --slot-size "
                        f"(kv_connector_extra_config.slot_size applies only to an embedded pool this engine "
                        f"creates): stop the pool's users and make it again (`umbp pool destroy {self.name}`, "
-                       f"then `umbp daemon {self.name} --capacity SIZE --slot-size {-(-slot_size // 1024)}KiB`), "
+                       f"then `umbp daemon {self.name} --capacity SIZE --slot-size {size}`), "
                        f"or give this engine a pool of its own (kv_connector_extra_config.pool)")
             raise ValueError(f"pool {self.name!r} has {have}-byte slots but this model's block object needs "
                              f"{slot_size}: {fix}")
@@ -368,7 +369,8 @@ class _Pool:
                f"`umbp pool destroy --force`?): this engine keeps its own mapping, which no other process "
                f"can attach to and whose blocks go when it exits, so engines no longer share what they store. "
                f"Restart the engine to attach to the pool of that name"
-               + (f" (start `umbp daemon {self.name}` first)" if not self.embedded and not self.owner else ""))
+               + (f" (start `umbp daemon {self.name} --capacity SIZE` first)"
+                  if not self.embedded and not self.owner else ""))
         logger.error("%s", why)
         return why
 

@@ -271,6 +271,8 @@ MESSAGES = {
     "umbp pool create NAME --capacity SIZE": ("missing", ["pool", "create", POOL, "--capacity", CAP], 0),
     "umbp pool ls": ("missing", ["pool", "ls"], 0),
     "umbp daemon NAME --capacity SIZE": ("missing", "daemon", 0),  # vllm_config.py's standalone error
+    # vllm_pool.py: a daemon's pool whose slots are too small, made again (after its 'pool destroy')
+    "umbp daemon NAME --capacity SIZE --slot-size {size}": ("missing", "daemon --slot-size", 0),
     "umbp pool create NAME": ("missing", ["pool", "create", POOL, "--capacity", CAP], 0),
     # a pool that exists (stale, corrupted, of another layout, stuck)
     "umbp pool destroy NAME": ("present", ["pool", "destroy", POOL], 0),
@@ -321,6 +323,8 @@ def _():
             assert rc == 0, err
         if argv == "daemon":
             rc, err = run_daemon(["daemon", POOL, "--capacity", CAP])
+        elif argv == "daemon --slot-size":
+            rc, err = run_daemon(["daemon", POOL, "--capacity", CAP, "--slot-size", "16KiB"])
         elif argv == "destroy+create":
             rc, _, err = umbp("pool", "destroy", POOL)
             if rc == 0:
