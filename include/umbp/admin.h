@@ -123,6 +123,9 @@ typedef struct umbp_admin_index_info {
   uint32_t bucket_ways;    /* ways (entries) a bucket holds */
   uint32_t max_probe;      /* buckets a key may live from its home: the length of umbp_index_stats()'s histogram */
   uint32_t event_capacity; /* cells of the event ring */
+  uint32_t pad0;
+  uint64_t bucket_offset; /* where the bucket array starts in this process's mapping (umbp_admin_pool_mapping()) */
+  uint64_t bucket_bytes;  /* its length: n_buckets lines of 64 bytes */
 } umbp_admin_index_info;
 
 /* The index's geometry (umbp_admin_index_info). 0 and *ret; -EINVAL (NULL

@@ -25,6 +25,8 @@ UMBP_API int umbp_admin_index_info_get(umbp_pool *p, umbp_admin_index_info *ret)
   i.bucket_ways = UMBP_BUCKET_WAYS;
   i.max_probe = UMBP_MAX_PROBE;
   i.event_capacity = p->hdr->event_capacity;
+  i.bucket_offset = (uint64_t)((const char *)umbp_pool_region(p, UMBP_REG_BUCKETS) - (const char *)p->base);
+  i.bucket_bytes = (uint64_t)i.n_buckets * sizeof(struct umbp_bucket);
   *ret = i;
   return 0;
 }

@@ -13,6 +13,7 @@ import json
 import re
 import math
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -316,6 +317,30 @@ def _():
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["ours_index_pages"] is None and doc["ours_note"] is None, doc
+
+
+@check("the run says what a cold line costs in our bucket array and in fresh 4 KiB pages, per load factor")
+def _():
+    doc = json.loads(json_run()["out"])
+    mem = doc["memory_line_ns"]
+    if platform.machine() not in ("x86_64", "AMD64"):
+        assert mem == [], mem  # measured on x86 only (CLFLUSH)
+        return
+    assert [m["lf"] for m in mem] == ["lf0.5", "lf0.9"], mem
+    for m in mem:
+        for w in ("ours_buckets", "fresh_4k"):
+            v = m[w]
+            assert v["min"] <= v["median"] <= v["max"], m
+            # a line evicted with CLFLUSH comes from DRAM: tens of ns at the least. A chain whose loads
+            # did not wait for each other, or lines left in the cache, would read a few ns.
+            assert 20 <= v["min"] and v["max"] < 100000, m
+    r = small_run(as_json=False)
+    assert r.returncode == 0, r.stderr
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("memory: ")), "")
+    assert re.search(r" lf0\.5 our bucket array \d+ \(\d+-\d+\), fresh 4 KiB pages \d+ \(\d+-\d+\)$", line), r.stdout
+    r = run(["bench", "index", "--keys", "4096", "--seconds", "0.02", "--reps", "1", "--lf", "0.5",
+             "--filter", "hit-single-lf0.5-p1", "--impls", "cds_lfht", "--json"])
+    assert r.returncode == 0 and json.loads(r.stdout)["memory_line_ns"] == [], r
 
 
 @check("--no-dpdk gives null rte_hash figures and a reason; the table form has a row per case")

@@ -300,6 +300,41 @@ static void test_signature_split(void **state) {
   census_ok(f->p);
 }
 
+/* umbp_admin_index_info_get() says where the bucket array is in the
+ * mapping (what `umbp bench index` measures the memory of): it is the array
+ * lookups read. A published key's home bucket there carries its hint byte and
+ * its slot word; after the remove, neither. */
+static void test_admin_bucket_region(void **state) {
+  struct fx *f = *state;
+  umbp_admin_index_info ii;
+  void *base;
+  size_t len;
+  assert_int_equal(umbp_admin_index_info_get(f->p, &ii), 0);
+  assert_int_equal(umbp_admin_pool_mapping(f->p, &base, &len), 0);
+  assert_int_equal(ii.bucket_bytes, (uint64_t)ii.n_buckets * 64);
+  assert_true(ii.bucket_offset > 0 && ii.bucket_offset % 64 == 0);
+  assert_true(ii.bucket_offset + ii.bucket_bytes <= len);
+  umbp_key k = itu_key(f->ns, 77, 0);
+  struct umbp_key_shm ks;
+  shm_of(&k, &ks);
+  uint64_t h = umbp_key_hash(&ks);
+  const unsigned char *line = (const unsigned char *)base + ii.bucket_offset + (uint64_t)umbp_bucket_home(h, ii.n_buckets) * 64;
+  uint8_t hint = (uint8_t)umbp_key_sig(h);
+  uint32_t s = put(f->p, &k);
+  unsigned w, seen = 0;
+  for (w = 0; w < UMBP_BUCKET_WAYS; w++) {
+    uint32_t word;
+    memcpy(&word, line + offsetof(struct umbp_bucket, slot) + 4 * w, 4);
+    if (line[w] == hint && word == umbp_way_word(umbp_key_sig(h), s)) seen++;
+  }
+  assert_int_equal(seen, 1);
+  assert_int_equal(umbp_remove(f->p, &k), 0);
+  for (w = 0, seen = 0; w < UMBP_BUCKET_WAYS; w++) seen += line[w] == hint;
+  assert_int_equal(seen, 0);
+  assert_int_equal(umbp_admin_index_info_get(NULL, &ii), -EINVAL);
+  census_ok(f->p);
+}
+
 /* Thirteen keys with one home bucket and one hint byte, each with its own
  * high signature byte: twelve fill the home's ways, the thirteenth lives in a
  * later bucket. Every lookup path finds each in its own way (the single-key
@@ -2023,6 +2058,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_thread_lines, setup, teardown),
       cmocka_unit_test_setup_teardown(test_handle_limit, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_admin_bucket_region, setup, teardown),
       cmocka_unit_test_setup_teardown(test_error_messages_belong_to_the_call, setup, teardown),
   };
   return cmocka_run_group_tests_name("index", tests, NULL, NULL);

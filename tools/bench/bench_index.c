@@ -60,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -880,6 +881,104 @@ static int check_res(int impl, int op, const struct run_res *r, const char *cnam
   return 0;
 }
 
+/* ---- the memory under the tables ----------------------------------------------------- */
+/* What a cold line costs in a region: a chain of dependent loads, each from a
+ * line evicted beforehand (CLFLUSH), over MEM_SAMPLES random lines of each
+ * 2 MiB piece; a piece's figure is the least of three tries, in ns a line. On a
+ * VM a 2 MiB page's DRAM latency is set by where the host placed it: the huge
+ * pages of one guest measured about 120 ns and about 210 ns, and our single-key
+ * lookups followed the pages their bucket array got, 0.57-0.70x rte_hash on the
+ * slow ones and 1.03-1.22x on the fast ones (docs/bench-index.md, "The
+ * fifteenth session"). So every run says what its memory cost: our bucket
+ * array, and fresh 4 KiB pages of this process, the kind of memory rte_hash's
+ * (EAL --no-huge) and cds_lfht's heaps are made of. Only reads and CLFLUSH
+ * touch the pool; x86 only (elsewhere nothing is measured). */
+#define MEM_PIECE (2u << 20)
+#define MEM_SAMPLES 512
+#define MEM_MAX_PIECES 64
+struct mem_lat {
+  bool ok;            /* measured */
+  double med, lo, hi; /* ns a cold line: median, least and most over the pieces */
+};
+static struct mem_lat g_mem_ours[MAX_LF], g_mem_4k[MAX_LF];
+
+static int dbl_cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+#if defined(__x86_64__)
+static double piece_line_ns(const char *p, size_t len) {
+  uint64_t nl = len / 64;
+  uint32_t off[MEM_SAMPLES];
+  unsigned n = nl < MEM_SAMPLES ? (unsigned)nl : MEM_SAMPLES;
+  uint64_t r = 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)p;
+  for (unsigned i = 0; i < n; i++) off[i] = (uint32_t)(splitmix(&r) % nl * 64);
+  double best = INFINITY;
+  for (int t = 0; t < 3; t++) {
+    for (unsigned i = 0; i < n; i++) __asm__ volatile("clflush %0" : : "m"(*(const char *)(p + off[i])));
+    __asm__ volatile("mfence" ::: "memory");
+    uint64_t x = 0, t0 = now_ns();
+    for (unsigned i = 0; i < n; i++) {
+      /* x is 0, but the CPU cannot know it before the previous load is in:
+       * each load's address waits for the one before */
+      __asm__ volatile("and $0, %0" : "+r"(x));
+      x = *(const volatile uint64_t *)(const void *)(p + off[i] + x);
+    }
+    double ns = (double)(now_ns() - t0) / n;
+    if (ns < best) best = ns;
+  }
+  return best;
+}
+
+static struct mem_lat mem_region(const char *base, size_t len) {
+  struct mem_lat m = {false, NAN, NAN, NAN};
+  size_t np = len / MEM_PIECE ? len / MEM_PIECE : 1;
+  unsigned k = np < MEM_MAX_PIECES ? (unsigned)np : MEM_MAX_PIECES;
+  double v[MEM_MAX_PIECES];
+  for (unsigned i = 0; i < k; i++) {
+    size_t at = (size_t)((uint64_t)i * np / k) * MEM_PIECE; /* k pieces spread over the region */
+    v[i] = piece_line_ns(base + at, len - at < MEM_PIECE ? len - at : MEM_PIECE);
+  }
+  qsort(v, k, sizeof *v, dbl_cmp);
+  m.ok = true;
+  m.med = k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+  m.lo = v[0];
+  m.hi = v[k - 1];
+  return m;
+}
+
+/* len bytes of fresh anonymous memory on 4 KiB pages, written once, measured, unmapped */
+static struct mem_lat mem_fresh_4k(size_t len) {
+  struct mem_lat m = {false, NAN, NAN, NAN};
+  char *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (a == MAP_FAILED) return m;
+  madvise(a, len, MADV_NOHUGEPAGE);
+  memset(a, 1, len);
+  m = mem_region(a, len);
+  munmap(a, len);
+  return m;
+}
+#endif
+
+/* Our bucket array's figure and fresh 4 KiB pages' for load factor lf_idx
+ * (left NAN where the pool's geometry cannot be read or off x86). */
+static void mem_measure(umbp_pool *pool, unsigned lf_idx) {
+  g_mem_ours[lf_idx] = g_mem_4k[lf_idx] = (struct mem_lat){false, NAN, NAN, NAN};
+#if defined(__x86_64__)
+  umbp_admin_index_info ii;
+  void *base;
+  size_t len;
+  if (umbp_admin_index_info_get(pool, &ii) || umbp_admin_pool_mapping(pool, &base, &len) || ii.bucket_bytes < 64 ||
+      ii.bucket_offset > len || ii.bucket_bytes > len - ii.bucket_offset)
+    return;
+  g_mem_ours[lf_idx] = mem_region((const char *)base + ii.bucket_offset, ii.bucket_bytes);
+  g_mem_4k[lf_idx] = mem_fresh_4k(ii.bucket_bytes);
+#else
+  (void)pool;
+#endif
+}
+
 /* Our pools' names: this process's PID and the load factor's index; the
  * sweep of killed runs' pools (sweep_stale_pools()) reads them back. */
 #define BENCH_POOL_FMT "umbp-bench-index-%d-%u"
@@ -950,6 +1049,7 @@ static int ours_setup(struct bench *b, unsigned lf_idx) {
     }
     i += (uint64_t)got;
   }
+  mem_measure(b->pool, lf_idx);
   b->ust[0] = ustream_make(b->o->seed, SET_HIT, b->nins, b->ns);
   b->ust[1] = ustream_make(b->o->seed, SET_MISS, b->nins, b->ns);
   if (!b->ust[0] || !b->ust[1]) return -ENOMEM;
@@ -1531,6 +1631,18 @@ static void print_table(const struct opts *o) {
   printf(", %ld CPUs, L2 %s, L3 %s\n", m.cpus, m.l2[0] ? m.l2 : "unknown", m.l3[0] ? m.l3 : "unknown");
   printf("rte_hash: %s\n", g_dpdk_note);
   if (g_ours_note[0]) printf("ours: %s\n", g_ours_note);
+  bool mem_head = false;
+  for (unsigned i = 0; i < o->n_lf; i++) {
+    const struct mem_lat *a = &g_mem_ours[i], *f = &g_mem_4k[i];
+    if (!a->ok) continue;
+    char lfs[16];
+    lf_label(o->lf[i], lfs, sizeof lfs);
+    if (!mem_head) printf("memory: ns a cold line, median of the 2 MiB pieces (least-most):");
+    printf("%s %s our bucket array %.0f (%.0f-%.0f), fresh 4 KiB pages %.0f (%.0f-%.0f)", mem_head ? ";" : "", lfs,
+           a->med, a->lo, a->hi, f->med, f->lo, f->hi);
+    mem_head = true;
+  }
+  if (mem_head) printf("\n");
   printf("%-28s %9s %9s %9s %9s %9s %16s\n", "case", "ours", "rte_hash", "cds_lfht", "ours/rte", "ours/lfht",
          "ours/rte p25-p75");
   /* [0]: the lookup cases the target names (hits and misses, single and
@@ -1603,6 +1715,25 @@ static void print_json(const struct opts *o) {
     jb_null(&j, "ours_index_pages");
     jb_null(&j, "ours_note");
   }
+  jb_arr(&j, "memory_line_ns");
+  for (unsigned i = 0; i < o->n_lf; i++) {
+    if (!g_mem_ours[i].ok) continue;
+    char lfs[16];
+    lf_label(o->lf[i], lfs, sizeof lfs);
+    jb_obj(&j, NULL);
+    jb_str(&j, "lf", lfs);
+    const struct mem_lat *m2[2] = {&g_mem_ours[i], &g_mem_4k[i]};
+    static const char *const mk[2] = {"ours_buckets", "fresh_4k"};
+    for (int w = 0; w < 2; w++) {
+      jb_obj(&j, mk[w]);
+      jb_dbl(&j, "median", m2[w]->med);
+      jb_dbl(&j, "min", m2[w]->lo);
+      jb_dbl(&j, "max", m2[w]->hi);
+      jb_end_obj(&j);
+    }
+    jb_end_obj(&j);
+  }
+  jb_end_arr(&j);
   jb_arr(&j, "cases");
   for (unsigned i = 0; i < n_cases; i++) {
     const struct case_res *c = &cases[i];
@@ -1664,6 +1795,15 @@ static const char *usage_text =
     "pages; the line 'ours:' says which. rte_hash and cds_lfht use 4 KiB pages\n"
     "(EAL --no-huge; malloc). --index-pages small measures ours on 4 KiB pages,\n"
     "--rte-hugepages rte_hash on 2 MiB pages.\n"
+    "\n"
+    "Memory. Before the timed runs of each load factor the line 'memory:' gives\n"
+    "the time a cold line takes in our bucket array and in fresh 4 KiB pages of\n"
+    "this process (what rte_hash's and cds_lfht's heaps are made of): a chain of\n"
+    "dependent loads over 512 lines evicted with CLFLUSH in each 2 MiB piece,\n"
+    "the median of the pieces and their range, in ns (x86 only). Under a\n"
+    "hypervisor one guest's 2 MiB pages can differ by 1.7x (120 and 210 ns were\n"
+    "measured), and single-key lookups follow the memory their table got: read\n"
+    "a run's ratios with this line (docs/bench-index.md).\n"
     "\n"
     "Calls timed. ours: umbp_contains / umbp_contains_bulk (32 keys); pin-* rows:\n"
     "umbp_lookup_pin + umbp_unpin and umbp_lookup_pin_bulk + umbp_unpin_bulk.\n"
@@ -1764,7 +1904,9 @@ static const char *usage_text =
     "\"l3\":\"32768K\"} (the 'machine:' line), \"dpdk\":true|false,\n"
     "\"dpdk_note\":\"DPDK version and EAL arguments, or why rte_hash was not\n"
     "measured\", \"ours_index_pages\":\"2MiB\"|\"4KiB\", \"ours_note\":\"the 'ours:'\n"
-    "line\" (both null when ours was not measured),\n"
+    "line\" (both null when ours was not measured), \"memory_line_ns\":[{\"lf\":\"lf0.5\",\n"
+    "\"ours_buckets\":{\"median\":x, \"min\":x, \"max\":x}, \"fresh_4k\":{...}}, ...] (the\n"
+    "'memory:' line; empty when ours was not measured or off x86),\n"
     "\"cases\":[{\"name\":\"hit-single-lf0.5-p1\", \"unit\":\"Mlookups/s\"|\n"
     "\"Mpairs/s\", \"ours_mops\":x, \"rte_hash_mops\":x, \"cds_lfht_mops\":x,\n"
     "\"ratio_rte_hash\":x, \"ratio_cds_lfht\":x, \"ratio_rte_hash_p25\":x,\n"
