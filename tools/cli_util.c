@@ -192,13 +192,21 @@ int cli_bad_option(const char *sub, const struct option *opts, const char *word)
     size_t len = strcspn(w, "=");
     char names[256] = "";
     unsigned n = 0;
+    const struct option *hit = NULL, *exact = NULL;
     for (const struct option *o = opts; o && o->name; o++)
       if (!strncmp(o->name, w, len)) {
         size_t u = strlen(names);
         snprintf(names + u, sizeof names - u, "%s--%s", n ? ", " : "", o->name);
         n++;
+        hit = o;
+        if (o->name[len] == 0) exact = o;
       }
-    if (n > 1)
+    /* "--json=1": getopt_long() refuses a value for an option that takes none */
+    if (exact) hit = exact;
+    if (w[len] == '=' && (exact || n == 1) && hit->has_arg == no_argument)
+      return cli_usage_error(sub, "option '--%s' takes no value (got '%s'): drop the '=%s'", hit->name, word,
+                             w + len + 1);
+    if (n > 1 && !exact)
       return cli_usage_error(sub, "option '%.*s' is ambiguous: it begins %s; give more of it", (int)(len + 2), word,
                              names);
   }

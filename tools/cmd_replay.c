@@ -466,10 +466,15 @@ static int parse_opts(int argc, char **argv, struct replay_opts *o) {
         gen_opt = true;
         gen_opt_name = "--think";
         break;
-      default:
-        if (optopt >= OPT_TP)
-          return cli_usage_error("replay", "option '%s' needs a value", name);
+      default: {
+        /* getopt_long() sets optopt both for a missing value and for a value
+         * given to an option that takes none (--json=1) */
+        bool wants_value = false;
+        for (const struct option *lo = long_opts; lo->name; lo++)
+          if (lo->val == optopt && optopt >= OPT_TP) wants_value = lo->has_arg == required_argument;
+        if (wants_value) return cli_usage_error("replay", "option '%s' needs a value", name);
         return cli_bad_option("replay", long_opts, name);
+      }
     }
   }
   o->path = optind < argc ? argv[optind] : NULL;

@@ -456,6 +456,9 @@ BAD_ARGS = [
     (["--seed", "3"], "add --generate chat"),
     (["--generate", "poems"], "'chat'"),
     (["--frobnicate"], "unknown option"),
+    # a value given to an option that takes none is named as such, not as a missing value
+    (["--json=1"], "option '--json' takes no value"),
+    (["--unbounded=yes"], "option '--unbounded' takes no value"),
     ([], "no workload"),
     # issue 32, smaller defects: the option is named (not its value), an empty sweep is refused, sizes are decimal
     (["--generate", "chat", "--conversations", "-1"], "--conversations '-1' is out of range"),

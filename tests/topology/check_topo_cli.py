@@ -227,7 +227,9 @@ def _():
     cases = [(["--ranks", "0"], "--ranks"), (["--ranks", "x"], "--ranks"),
              (["--ranks", "2", "--gpus", "0,1"], "exclusive"), (["--gpus", "a,b"], "--gpus"),
              (["--threads-per-rank", "0"], "--threads-per-rank"), (["--mempolicy", "x"], "policy"),
-             (["--bogus"], "unknown option"), (["--xml"], "needs a value"), (["stray"], "unexpected")]
+             (["--bogus"], "unknown option"), (["--xml"], "needs a value"), (["stray"], "unexpected"),
+             (["--json=1"], "'--json' takes no value"),
+             (["--help=x"], "'--help' takes no value")]
     if have_data:
         cases.append((["--xml", xml("power8gpudistances.xml"), "--gpus", "0,7"], "GPU 7"))
         cases.append((["--xml", xml("24em64t-2n6c2t-pci.xml"), "--gpus", "0"], "no CUDA GPU"))
