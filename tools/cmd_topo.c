@@ -428,6 +428,9 @@ int cmd_topo(int argc, char **argv) {
   if (optind < argc)
     return cli_usage_error("topo", "unexpected argument '%s' (umbp topo takes only options)",
                            argv[optind]);
+  if (xml && !*xml)
+    return cli_usage_error("topo", "--xml needs a file name (an hwloc XML export); leave --xml out to plan "
+                                   "for this machine");
   if (ranks_given && gpus_arg)
     return cli_usage_error("topo",
                            "--ranks and --gpus are exclusive: --gpus LIST already plans one rank "

@@ -228,7 +228,7 @@ def _():
              (["--ranks", "2", "--gpus", "0,1"], "exclusive"), (["--gpus", "a,b"], "--gpus"),
              (["--threads-per-rank", "0"], "--threads-per-rank"), (["--mempolicy", "x"], "policy"),
              (["--bogus"], "unknown option"), (["--xml"], "needs a value"), (["stray"], "unexpected"),
-             (["--json=1"], "'--json' takes no value"),
+             (["--xml", ""], "--xml needs a file name"), (["--json=1"], "'--json' takes no value"),
              (["--help=x"], "'--help' takes no value")]
     if have_data:
         cases.append((["--xml", xml("power8gpudistances.xml"), "--gpus", "0,7"], "GPU 7"))
