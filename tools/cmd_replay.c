@@ -524,6 +524,12 @@ static int size_blocks(struct rp_config *cfg) {
   return -1;
 }
 
+/* The largest capacity in whole GiB whose slots (slot_size >= 4 KiB, so it
+ * is at least 63 GiB) fit a pool's CLI_MAX_SLOTS: a value that parses back. */
+static uint64_t max_slots_capacity(uint64_t slot_size) {
+  return ((uint64_t)CLI_MAX_SLOTS * slot_size) >> 30 << 30;
+}
+
 /* The capacities to replay into caps and unb (SWEEP_MAX + 1 entries: a sweep
  * for --plot or --csv gains an unbounded reference run), their count into
  * *ret_n; an unbounded entry's capacity is 0 until the trace is read. -1, or
@@ -573,7 +579,15 @@ static int capacities(const struct replay_opts *o, uint64_t *caps, bool *unb, un
   }
 
   for (unsigned i = 0; i < ncap; i++)
-    if (!unb[i] && caps[i] / o->cfg.slot_size < o->cfg.tp) {
+    if (!unb[i] && caps[i] / o->cfg.slot_size > CLI_MAX_SLOTS) {
+      /* the slot size follows from --block-tokens, --bytes-per-token and --tp: replay has no --slot-size */
+      char a[32], b[32], c[32];
+      return cli_usage_error("replay", "capacity %s holds %llu slots of %s: a pool has at most %u; use a capacity "
+                                       "of at most %s, or larger slots (--bytes-per-token)",
+                             cli_fmt_size(caps[i], a, sizeof a), (unsigned long long)(caps[i] / o->cfg.slot_size),
+                             cli_fmt_size(o->cfg.slot_size, b, sizeof b), CLI_MAX_SLOTS,
+                             cli_fmt_size_arg(max_slots_capacity(o->cfg.slot_size), c, sizeof c));
+    } else if (!unb[i] && caps[i] / o->cfg.slot_size < o->cfg.tp) {
       char a[32], b[32];
       return cli_usage_error("replay", "capacity %s holds %llu slots of %s: at least %u (one per rank) are needed",
                              cli_fmt_size(caps[i], a, sizeof a), (unsigned long long)(caps[i] / o->cfg.slot_size),
@@ -715,6 +729,19 @@ int cmd_replay(int argc, char **argv) {
   uint64_t distinct = trace_distinct_whole(&t);
   for (unsigned i = 0; i < ncap; i++)
     if (unb[i]) caps[i] = (distinct * cfg.tp + 64) * cfg.slot_size; /* + headroom for partition rounding */
+  if (distinct * cfg.tp + 64 > CLI_MAX_SLOTS)
+    for (unsigned i = 0; i < ncap; i++)
+      if (unb[i]) { /* no capacity was given: the fix is one that evicts, or fewer ranks */
+        char a[32];
+        cli_error("replay: the unbounded pool needs %llu slots (%llu distinct blocks on each of %u ranks, + 64): a "
+                  "pool has at most %u; replay with --capacity or --capacity-sweep of at most %s%s",
+                  (unsigned long long)(distinct * cfg.tp + 64), (unsigned long long)distinct, cfg.tp, CLI_MAX_SLOTS,
+                  cli_fmt_size_arg(max_slots_capacity(cfg.slot_size), a, sizeof a),
+                  cfg.tp > 1 ? ", or with fewer ranks (--tp)" : "");
+        trace_free(&t);
+        drop_outputs(&plot, &csvo);
+        return CLI_RUNTIME;
+      }
   cfg.progress = cli_stderr_tty();
 
   char a[32], b[32];

@@ -456,6 +456,10 @@ BAD_ARGS = [
     (["--seed", "3"], "add --generate chat"),
     (["--generate", "poems"], "'chat'"),
     (["--frobnicate"], "unknown option"),
+    # more slots than a pool can index: refused before the trace is read, naming replay's own options
+    # (the library's message names --slot-size, which replay does not have)
+    (["--capacity", "1000TiB"], "a pool has at most 16777215; use a capacity of at most 1023GiB"),
+    (["--capacity-sweep", "1GiB,1000TiB"], "a pool has at most 16777215"),
     # a value given to an option that takes none is named as such, not as a missing value
     (["--json=1"], "option '--json' takes no value"),
     (["--unbounded=yes"], "option '--unbounded' takes no value"),
@@ -506,6 +510,18 @@ def _():
     # the suggested sweep is one that parses (sizes without spaces)
     sweep = err.split("--capacity-sweep ")[1].split()[0]
     assert all(x.endswith(("MiB", "GiB")) and x[:-3].isdigit() for x in sweep.split(",")), sweep
+
+
+@check("an unbounded pool with more slots than a pool can index names --capacity and --tp, not --slot-size")
+def _():
+    # 600000 distinct 1-token blocks on 32 ranks: 19.2M slots, over the 16777215 a pool indexes
+    n = 600000
+    path = write("many-blocks.jsonl", [{"input_length": n, "output_length": 1, "hash_ids": list(range(n))}])
+    rc, out, err = run(path, "--tp", "32", "--block-tokens", "1")
+    assert rc == 1, (rc, err)
+    assert "the unbounded pool needs 19200064 slots" in err and "--capacity-sweep of at most 63GiB" in err, err
+    assert "fewer ranks (--tp)" in err and "--slot-size" not in err, err
+    os.unlink(path)
 
 
 @check("--help documents the options and the generator")
