@@ -280,6 +280,23 @@ static void test_generator(void **state) {
 
   g.conversations = 0;
   assert_int_equal(gen_chat(&g, 512, &a, err, sizeof err), -EINVAL);
+
+  /* a prompt of more blocks than the parser takes in one request is refused,
+   * so that a workload written with --output always reads back: 1-token
+   * blocks, one turn of 1.5M..2.25M user tokens */
+  gen_params_init(&g);
+  g.conversations = 1;
+  g.turns = 1;
+  g.system_prompts = 0;
+  g.user_tokens = 1500000;
+  trace_init(&a);
+  assert_int_equal(gen_chat(&g, 1, &a, err, sizeof err), -EINVAL);
+  assert_non_null(strstr(err, "over the 1048576 a request may have"));
+  assert_non_null(strstr(err, "--block-tokens"));
+  trace_free(&a);
+  g.user_tokens = 1000;
+  assert_int_equal(gen_chat(&g, 1, &a, err, sizeof err), 0);
+  trace_free(&a);
 }
 
 static void test_distinct(void **state) {

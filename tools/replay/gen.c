@@ -129,8 +129,16 @@ int gen_chat(const struct gen_params *g, unsigned bt, struct trace *t, char *err
       segs[nseg++] = (struct seg){mix(((uint64_t)c << 24 | (uint64_t)tn << 1) ^ mix(g->seed)), u};
       uint64_t input = hist + u;
       uint64_t nb = (input + bt - 1) / bt;
+      if (nb > TRACE_MAX_IDS_PER_REQ) { /* a request the trace parser would refuse: keep --output's file readable */
+        snprintf(err, errlen, "turn %u of conversation %u would have %llu blocks, over the %u a request may have: "
+                 "lower --turns, --user-tokens, --output-tokens or --system-tokens, or raise --block-tokens",
+                 tn + 1, c + 1, (unsigned long long)nb, TRACE_MAX_IDS_PER_REQ);
+        rc = -EINVAL;
+        goto out;
+      }
       if (nh + nb > GEN_MAX_BLOCKS) {
-        snprintf(err, errlen, "the workload would have more than %llu blocks: lower --conversations or --turns",
+        snprintf(err, errlen, "the workload would have more than %llu blocks: lower --conversations, --turns or "
+                 "the token means (--user-tokens, --output-tokens, --system-tokens), or raise --block-tokens",
                  (unsigned long long)GEN_MAX_BLOCKS);
         rc = -EINVAL;
         goto out;
