@@ -534,6 +534,11 @@ def _():
               "--output", "Exit status", "Example"]:
         assert w in out, w
     assert "--worker" not in out
+    # docs/replay.md documents every option --help lists
+    doc = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "replay.md")).read()
+    import re
+    for opt in sorted(set(re.findall(r"^  (--[a-z-]+)", out, re.M))):
+        assert f"`{opt}" in doc, f"{opt} is in --help but not in docs/replay.md"
 
 
 @check("synthetic Mooncake trace, unbounded: the paper's Table 2")
