@@ -53,3 +53,15 @@ def test_a_wrong_umbp_lib_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("UMBP_LIB", str(tmp_path / "libumbp.so"))
     with pytest.raises(OSError, match=r"UMBP_LIB=.*cannot be loaded \(.*\): point it at libumbp.so"):
         L.lib()
+
+
+def test_a_relative_umbp_lib_is_the_file_it_names(monkeypatch, tmp_path):
+    """UMBP_LIB=libumbp.so run from the build directory names the file there;
+    handed to dlopen() as it is, a name without '/' is looked up in the
+    loader's path instead (another libumbp, or "cannot open shared object
+    file" for a file that exists)."""
+    real = L.lib_path()
+    monkeypatch.setattr(L, "_lib", None)
+    monkeypatch.chdir(os.path.dirname(real))
+    monkeypatch.setenv("UMBP_LIB", os.path.basename(real))
+    assert L.lib_path() == real

@@ -89,7 +89,10 @@ def _find_library() -> str:
         if os.path.isdir(env):
             raise OSError(f"UMBP_LIB={env} is a directory; point it at the library in it, e.g. "
                           f"UMBP_LIB={os.path.join(env, 'libumbp.so')}")
-        return env
+        # the file checked above, not a name: dlopen() searches the loader's
+        # path for a name without '/' (UMBP_LIB=libumbp.so in build/ would
+        # load another libumbp, or none), so pass it a path
+        return os.path.abspath(env)
     here = Path(__file__).resolve().parent
     bundled = here / "libumbp.so"
     if bundled.exists():
