@@ -65,3 +65,22 @@ def test_a_relative_umbp_lib_is_the_file_it_names(monkeypatch, tmp_path):
     monkeypatch.chdir(os.path.dirname(real))
     monkeypatch.setenv("UMBP_LIB", os.path.basename(real))
     assert L.lib_path() == real
+
+
+def test_a_missing_function_is_refused_naming_the_fix(monkeypatch):
+    """A libumbp of another version whose structures have the same sizes but
+    that lacks a function the package calls: ImportError naming the function,
+    the library and its version, and the fix (it was ctypes' bare
+    AttributeError "undefined symbol", at every later call too)."""
+    import umbp.tier as T
+    version = L.lib().umbp_version().decode()
+    for mod in (L, T):
+        monkeypatch.setattr(L, "_lib", None)
+        monkeypatch.setattr(T, "_ready", False)
+        monkeypatch.setitem(mod._SIGS, "umbp_no_such_function", (None, []))
+        with pytest.raises(ImportError, match=rf"\(libumbp {version}\) has no function umbp_no_such_function, "
+                                              r"which .* calls: .*different versions; rebuild or reinstall both"):
+            (T if mod is T else L).lib()
+        monkeypatch.delitem(mod._SIGS, "umbp_no_such_function")
+    monkeypatch.setattr(L, "_lib", None)
+    assert T.lib() is L.lib()

@@ -358,6 +358,26 @@ def check_abi(handle) -> None:
                               "versions; rebuild or reinstall both from one version (pip install .)")
 
 
+def declare(handle, sigs: dict) -> None:
+    """Set restype and argtypes of every function in `sigs` on `handle`.
+    Raises ImportError naming the first one the library lacks (a libumbp of
+    another version whose structures happen to have the same sizes)."""
+    for name, (res, args) in sigs.items():
+        try:
+            fn = getattr(handle, name)
+        except AttributeError:
+            try:
+                ver = handle.umbp_version
+                ver.restype, ver.argtypes = C.c_char_p, []
+                theirs = f"libumbp {ver().decode(errors='replace')}"
+            except AttributeError:
+                theirs = "a libumbp"
+            raise ImportError(f"{handle._name} ({theirs}) has no function {name}, which {__file__} calls: the "
+                              "library and the Python package are of different versions; rebuild or reinstall "
+                              "both from one version (pip install .)") from None
+        fn.restype, fn.argtypes = res, args
+
+
 def lib():
     """The loaded library with every prototype declared (loaded on first use,
     its struct sizes checked against this module's: check_abi)."""
@@ -372,10 +392,7 @@ def lib():
             raise OSError(f"UMBP_LIB={path} cannot be loaded ({e}): point it at libumbp.so (the build's "
                           "build/libumbp.so, or the installed package's), or unset it") from e
         check_abi(handle)
-        for name, (res, args) in _SIGS.items():
-            fn = getattr(handle, name)
-            fn.restype = res
-            fn.argtypes = args
+        declare(handle, _SIGS)
         _lib = handle
     return _lib
 

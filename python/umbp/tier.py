@@ -140,9 +140,7 @@ def lib():
                 raise ImportError(f"struct {name} is {size(name.encode())} bytes in {h._name} but "
                                   f"{C.sizeof(cls)} in {__file__}: the library and the Python package are of "
                                   "different versions; rebuild or reinstall both from one version")
-        for name, (res, args) in _SIGS.items():
-            fn = getattr(h, name)
-            fn.restype, fn.argtypes = res, args
+        L.declare(h, _SIGS)
         _ready = True
     return h
 
