@@ -84,3 +84,20 @@ def test_a_missing_function_is_refused_naming_the_fix(monkeypatch):
         monkeypatch.delitem(mod._SIGS, "umbp_no_such_function")
     monkeypatch.setattr(L, "_lib", None)
     assert T.lib() is L.lib()
+
+
+def test_version_without_a_library_is_an_attribute_error(monkeypatch, tmp_path):
+    """umbp.__version__ comes from libumbp: when it cannot be loaded the
+    module's __getattr__ raises AttributeError (with the loader's reason and
+    fix), so that hasattr(), getattr() with a default and help(umbp) answer
+    instead of raising OSError."""
+    import pydoc
+    import umbp
+    monkeypatch.setattr(L, "_lib", None)
+    monkeypatch.setenv("UMBP_LIB", str(tmp_path / "missing.so"))
+    assert not hasattr(umbp, "__version__")
+    assert getattr(umbp, "__version__", "unknown") == "unknown"
+    with pytest.raises(AttributeError, match=r"libumbp cannot be loaded: UMBP_LIB=.*missing.so does not exist; "
+                                             "point it at libumbp.so"):
+        umbp.__version__
+    assert "umbp" in pydoc.render_doc(umbp)

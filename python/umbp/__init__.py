@@ -16,5 +16,10 @@ def __getattr__(name: str):
     # importing umbp still does not load the library.
     if name == "__version__":
         from . import _lib
-        return _lib.lib().umbp_version().decode()
+        try:
+            return _lib.lib().umbp_version().decode()
+        except (OSError, ImportError) as e:
+            # an AttributeError, as the protocol wants: hasattr(umbp, "__version__"),
+            # getattr(..., default) and help(umbp) answer instead of raising
+            raise AttributeError(f"umbp.__version__ is libumbp's, and libumbp cannot be loaded: {e}") from e
     raise AttributeError(f"module 'umbp' has no attribute {name!r}")
