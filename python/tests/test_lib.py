@@ -101,3 +101,27 @@ def test_version_without_a_library_is_an_attribute_error(monkeypatch, tmp_path):
                                              "point it at libumbp.so"):
         umbp.__version__
     assert "umbp" in pydoc.render_doc(umbp)
+
+
+def test_a_sanitizer_build_in_umbp_lib_is_refused_not_fatal(tmp_path):
+    """UMBP_LIB at an ASan build: loading it without the runtime preloaded
+    ends the process ("ASan runtime does not come first", exit 1, no
+    exception); the binding refuses it first with the fix instead."""
+    import shutil
+    import subprocess
+    import sys
+    gcc = shutil.which("gcc")
+    if not gcc:
+        pytest.skip("no gcc to build an ASan library")
+    so = tmp_path / "libumbp.so"
+    src = tmp_path / "a.c"
+    src.write_text("int umbp_version(void) { return 0; }\n")
+    if subprocess.run([gcc, "-shared", "-fPIC", "-fsanitize=address", "-o", str(so), str(src)]).returncode:
+        pytest.skip("gcc cannot build with -fsanitize=address here")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(UMBP_LIB=str(so), PYTHONPATH=os.path.dirname(os.path.dirname(L.__file__)))
+    r = subprocess.run([sys.executable, "-c", "import umbp._lib as L\ntry:\n L.lib()\nexcept OSError as e:\n print(e)"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"UMBP_LIB={so} is a sanitizer build (linked against libasan.so)" in r.stdout, r.stdout
+    assert "LD_PRELOAD=$(gcc -print-file-name=libasan.so)" in r.stdout, r.stdout

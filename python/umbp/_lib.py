@@ -7,7 +7,8 @@ same alignment rules as the C compiler on this ABI.
 Which libumbp is loaded (the first that exists wins; lib_path() tells which):
 
 1. ``UMBP_LIB``: an explicit path, an override for tests and debugging (an
-   error if it names no file; nothing else is tried then).
+   error if it names no file, or a sanitizer build whose runtime this
+   process has not preloaded; nothing else is tried then).
 2. ``libumbp.so`` next to this module: the copy a wheel bundles
    (``pip install .`` from the repository root builds it with meson-python).
 3. ``libumbp.so.0`` through the dynamic loader (``LD_LIBRARY_PATH``,
@@ -76,6 +77,23 @@ def _sanitized(path: str) -> bool:
     return b"libasan.so" in data or b"libtsan.so" in data
 
 
+def _runtime_missing(path: str) -> str | None:
+    """The sanitizer runtime (libasan.so, libtsan.so) that `path` is linked
+    against and that this process has not loaded, or None. Loading such a
+    library does not fail with an error: the runtime ends the process."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return None
+    for rt in ("libasan.so", "libtsan.so"):
+        if rt.encode() in data and "/" + rt not in maps:
+            return rt
+    return None
+
+
 SYSTEM_SONAME = "libumbp.so.0"
 
 
@@ -89,6 +107,11 @@ def _find_library() -> str:
         if os.path.isdir(env):
             raise OSError(f"UMBP_LIB={env} is a directory; point it at the library in it, e.g. "
                           f"UMBP_LIB={os.path.join(env, 'libumbp.so')}")
+        rt = _runtime_missing(env)
+        if rt:
+            raise OSError(f"UMBP_LIB={env} is a sanitizer build (linked against {rt}): loaded into this "
+                          f"Python it would end the process; preload the runtime (LD_PRELOAD=$(gcc "
+                          f"-print-file-name={rt})) or point UMBP_LIB at a build without sanitizers")
         # the file checked above, not a name: dlopen() searches the loader's
         # path for a name without '/' (UMBP_LIB=libumbp.so in build/ would
         # load another libumbp, or none), so pass it a path
