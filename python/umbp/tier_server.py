@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the running tier's state, counters and feed lag, then exit")
     p.add_argument("--json", action="store_true", help="with --status: one JSON object (only with --status)")
     m = p.add_argument_group("Mooncake Store (the names in parentheses are Mooncake's own)")
-    m.add_argument("--config", metavar="FILE", default=os.environ.get("MOONCAKE_CONFIG_PATH"),
+    m.add_argument("--config", metavar="FILE", default=os.environ.get("MOONCAKE_CONFIG_PATH") or None,
                    help="Mooncake client JSON (as MOONCAKE_CONFIG_PATH, the default); the options below "
                         "override its keys")
     m.add_argument("--master", metavar="HOST:PORT",
@@ -799,6 +799,18 @@ def check_args(a) -> None:
         raise UsageError(why)
     if a.json and not a.status:
         raise UsageError("--json only formats --status: add --status, or drop --json")
+    # an empty value (--master "$UNSET") would read as the option left out and
+    # silently take the config's value or the default: a usage error instead
+    for opt, val, what, absent in (
+            ("--master", a.master, "the master's HOST:PORT", "the config's or 127.0.0.1:50051"),
+            ("--metadata", a.metadata, "a metadata service: P2PHANDSHAKE, etcd://... or http://...",
+             "the config's or P2PHANDSHAKE"),
+            ("--local-hostname", a.local_hostname, "the address other hosts reach this one at",
+             "the config's or 127.0.0.1"),
+            ("--config", a.config, "a file name (Mooncake's client JSON)", "none"),
+            ("--log", a.log, "a file name", "stderr")):
+        if val is not None and not val.strip():
+            raise UsageError(f"{opt} '{val}' is empty: give {what}, or leave {opt} out for {absent}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -148,6 +148,17 @@ def _():
         assert py_ok == c_ok, (name, py_ok, c_ok, pool_name_error(name), r.stderr)
 
 
+@check("an empty --master, --metadata, --local-hostname, --config or --log is a usage error, not the default")
+def _():
+    for opt in ("--master", "--metadata", "--local-hostname", "--config", "--log"):
+        for val in ("", " "):
+            usage([POOL, f"{opt}={val}"], f"{opt} '{val}' is empty: give ", f"leave {opt} out")
+    # MOONCAKE_CONFIG_PATH set but empty is the variable left unset (no --config), not a usage error
+    r = subprocess.run([TOOL, "tier", POOL], capture_output=True, text=True, timeout=60,
+                       env=dict(ENV, MOONCAKE_CONFIG_PATH=""))
+    assert r.returncode == IMPORTED, (r.returncode, r.stderr)
+
+
 @check("--json without --status is a usage error; with --status it is accepted")
 def _():
     usage([POOL, "--json"], "--json", "--status")
