@@ -305,6 +305,16 @@ def mooncake_config(a) -> dict:
                 cfg = json.load(f)
         except (OSError, ValueError) as e:
             raise SystemExit(f"umbp tier: cannot read Mooncake config {a.config}: {e}")
+        if not isinstance(cfg, dict):
+            kind = {list: "an array", str: "a string", bool: "true or false",
+                    type(None): "null"}.get(type(cfg), "a number")
+            raise SystemExit(f"umbp tier: Mooncake config {a.config} is {kind}, not a JSON object: "
+                             "write one object of Mooncake's keys, e.g. {\"master_server_address\": "
+                             "\"10.0.0.5:50051\"}")
+        for key in ("local_hostname", "metadata_server", "protocol", "device_name", "master_server_address"):
+            if key in cfg and not isinstance(cfg[key], str):
+                raise SystemExit(f"umbp tier: Mooncake config {a.config}: {key} {cfg[key]!r} is not a string: "
+                                 "write it in double quotes")
     def size(key, default):
         v = cfg.get(key)
         if v is None:

@@ -180,7 +180,8 @@ def _():
     usage([POOL, "--status=1"], "--status takes no value")
 
 
-@check("a Mooncake config with a bad size: exit 1 naming the file and the key, before Mooncake")
+@check("a Mooncake config with a bad size, not an object, or a non-string address: exit 1 naming the file "
+       "and the key, before Mooncake")
 def _():
     for text, key in (('{"global_segment_size": "1e400G"}', "global_segment_size"),
                       ('{"local_buffer_size": 1e400}', "local_buffer_size"),
@@ -190,6 +191,13 @@ def _():
         p = write("mc.json", text)
         rc, out, err = tier(POOL, "--config", p)
         assert rc == 1 and p in err and key in err and "stand-in" not in err, (text, rc, err)
+    for text, words in (("[]", "is an array, not a JSON object"), ("42", "is a number, not a JSON object"),
+                        ("null", "is null, not a JSON object"), ('"x"', "is a string, not a JSON object"),
+                        ('{"master_server_address": 50051}', "master_server_address 50051 is not a string"),
+                        ('{"local_hostname": ["h"]}', "local_hostname ['h'] is not a string")):
+        p = write("mc.json", text)
+        rc, out, err = tier(POOL, "--config", p)
+        assert rc == 1 and p in err and words in err and "stand-in" not in err, (text, rc, err)
     p = write("mc.json", '{"local_buffer_size": "32MiB", "global_segment_size": 33554432}')
     rc, out, err = tier(POOL, "--config", p)
     assert rc == IMPORTED, (rc, err)
