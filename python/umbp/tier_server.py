@@ -114,9 +114,10 @@ files:
 
 exit status:
   0 stopped by SIGTERM or SIGINT; 1 runtime error (no such pool, a tier already
-  serves it, Mooncake not installed, a --log file that cannot be opened); 2
-  usage error (a bad option or value, a pool name outside [A-Za-z0-9._-]{1,64}
-  or starting with '-', --json without --status).
+  serves it, Mooncake not installed, a --log file that cannot be opened, a bad
+  --config file); 2 usage error (a bad option or value, an empty value, a pool
+  name outside [A-Za-z0-9._-]{1,64} or starting with '-', --json without
+  --status).
 
 sizes:
   whole bytes, or a number with B, KiB, MiB, GiB, TiB (K/KB, M/MB, G/GB, T/TB
