@@ -125,3 +125,8 @@ def test_a_sanitizer_build_in_umbp_lib_is_refused_not_fatal(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"UMBP_LIB={so} is a sanitizer build (linked against libasan.so)" in r.stdout, r.stdout
     assert "LD_PRELOAD=$(gcc -print-file-name=libasan.so)" in r.stdout, r.stdout
+    # the check reads a regular file's start only: /dev/zero is refused by the loader, not read forever
+    env["UMBP_LIB"] = "/dev/zero"
+    r = subprocess.run([sys.executable, "-c", "import umbp._lib as L\ntry:\n L.lib()\nexcept OSError as e:\n print(e)"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "UMBP_LIB=/dev/zero cannot be loaded" in r.stdout, (r.stdout, r.stderr)

@@ -80,10 +80,14 @@ def _sanitized(path: str) -> bool:
 def _runtime_missing(path: str) -> str | None:
     """The sanitizer runtime (libasan.so, libtsan.so) that `path` is linked
     against and that this process has not loaded, or None. Loading such a
-    library does not fail with an error: the runtime ends the process."""
+    library does not fail with an error: the runtime ends the process.
+    Reads the first MiB of a regular file only (the dynamic section's names
+    sit near the start; /dev/zero or a FIFO must not be read to the end)."""
+    if not os.path.isfile(path):
+        return None
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(1 << 20)
         with open("/proc/self/maps") as f:
             maps = f.read()
     except OSError:
