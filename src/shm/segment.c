@@ -565,6 +565,27 @@ static int check_hugetlbfs_dir(const char *dir) {
   return 0;
 }
 
+/* --hugetlbfs DIR (a hugetlbfs mount, checked above) must be the first
+ * hugetlbfs mount, the one every other command looks in for pools and index
+ * files (open_pool_file(), name_taken_elsewhere()): a pool on another mount
+ * could not be attached, listed or destroyed by name. The same directory
+ * spelled otherwise ("/dev/hugepages/", a bind mount) is accepted, and dir is
+ * rewritten to the mount's own path so that paths and the one-name check
+ * compare it as text. 0 or -EINVAL naming both. */
+static int check_first_hugetlbfs(char *dir, size_t n) {
+  char first[160] = "";
+  struct stat a, b;
+  if (umbp_hugetlbfs_mount(first, sizeof first) == 0 && stat(first, &a) == 0 && stat(dir, &b) == 0 &&
+      a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    snprintf(dir, n, "%s", first);
+    return 0;
+  }
+  return umbp_fail(-EINVAL, "--hugetlbfs %s is not the first hugetlbfs mount in /proc/mounts (%s), the only one "
+                            "umbp commands look in: a pool there could not be attached, listed or destroyed by "
+                            "name; leave --hugetlbfs out to use %s",
+                   dir, first[0] ? first : "none", first[0] ? first : "it");
+}
+
 /* ---- capacity checks ------------------------------------------------------ */
 static uint64_t meminfo_kb(const char *key) {
   FILE *f = fopen("/proc/meminfo", "re");
@@ -1033,7 +1054,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
       return umbp_fail(-EINVAL, "hugetlbfs directory path is longer than %zu bytes", sizeof dir - 1);
     if (pp->hugetlbfs_dir) {
       snprintf(dir, sizeof dir, "%s", pp->hugetlbfs_dir);
-      if ((rc = check_hugetlbfs_dir(dir))) return rc;
+      if ((rc = check_hugetlbfs_dir(dir)) || (rc = check_first_hugetlbfs(dir, sizeof dir))) return rc;
     } else if (umbp_hugetlbfs_mount(dir, sizeof dir) < 0)
       return umbp_fail(-ENOENT, "--hugepages needs a hugetlbfs mount and none is in /proc/mounts: mount "
                                 "one (mount -t hugetlbfs none /dev/hugepages) and reserve pages (sysctl "
