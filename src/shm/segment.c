@@ -1236,6 +1236,27 @@ static void sleep_ms(unsigned ms) {
   nanosleep(&ts, NULL);
 }
 
+/* The file umbp.NAME at path that attach opened (fd) or failed to open
+ * (a negative errno: a directory gives EISDIR, or EINVAL from shm_open; a
+ * symbolic link ELOOP): 0 when it is a regular file or cannot be looked at,
+ * else -EINVAL naming what it is and how to remove it (never a pool: umbp
+ * makes only regular files, and opens them O_NOFOLLOW). */
+static int not_a_pool_file(const char *name, const char *path, int fd) {
+  struct stat st;
+  const char *what;
+  if ((fd >= 0 ? fstat(fd, &st) : lstat(path, &st)) != 0 || S_ISREG(st.st_mode)) return 0;
+  else if (S_ISLNK(st.st_mode)) what = "a symbolic link";
+  else if (S_ISDIR(st.st_mode)) what = "a directory";
+  else if (S_ISFIFO(st.st_mode)) what = "a FIFO";
+  else if (S_ISSOCK(st.st_mode)) what = "a socket";
+  else if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) what = "a device node";
+  else what = "not a regular file";
+  bool dir = !strcmp(what, "a directory");
+  return umbp_fail(-EINVAL, "pool '%s': %s is %s, not a umbp pool (pools are regular files): if no other program "
+                            "uses it, remove it with '%s %s'",
+                   name, path, what, dir ? "rm -r" : "rm", path);
+}
+
 UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, umbp_pool **ret_pool) {
   int rc = umbp_pool_name_valid(name);
   if (rc) return rc;
@@ -1249,7 +1270,19 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
   if (!p) return umbp_fail(-ENOMEM, "pool '%s': no memory for this process's handle", name);
   p->read_only = opts->read_only;
   snprintf(p->name, sizeof p->name, "%s", name);
-  int fd = open_pool_file(name, opts->read_only ? O_RDONLY : O_RDWR, 0, false, NULL, p->path, sizeof p->path);
+  /* O_NONBLOCK: a FIFO of the pool's name would block the open forever;
+   * not_a_pool_file() refuses it, and anything else not a regular file */
+  int fd = open_pool_file(name, (opts->read_only ? O_RDONLY : O_RDWR) | O_NONBLOCK, 0, false, NULL, p->path,
+                          sizeof p->path);
+  if (fd >= 0 || fd == -EISDIR || fd == -EINVAL || fd == -ELOOP) {
+    rc = not_a_pool_file(name, p->path, fd);
+    if (rc) {
+      if (fd >= 0) close(fd);
+      pool_free(p);
+      return rc;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  }
   if (fd < 0) {
     pool_free(p);
     if (fd == -ENOENT)
@@ -1518,6 +1551,10 @@ UMBP_API int umbp_pool_destroy(const char *name) {
   if (e == ENOENT) return umbp_fail(-ENOENT, "no pool named '%s' (see 'umbp pool ls')", name);
   if (e == EACCES || e == EPERM)
     return umbp_fail(-EACCES, "cannot remove pool '%s': it belongs to another user", name);
+  if (e == EISDIR)
+    return umbp_fail(-EISDIR, "cannot remove pool '%s': %s/umbp.%s is a directory, not a umbp pool: if no other "
+                              "program uses it, remove it with 'rm -r %s/umbp.%s'",
+                     name, SHM_DIR, name, SHM_DIR, name);
   return umbp_fail(-e, "cannot remove pool '%s': %s", name, strerror(e));
 }
 

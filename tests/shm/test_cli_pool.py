@@ -243,6 +243,37 @@ try:
     check("create replaces a half-made pool, with a warning",
           rc == 0 and "1024 slots" in out and "warning:" in err and "left half-made" in err, out + err)
     umbp("pool", "destroy", name)
+    # files named umbp.NAME that are not regular files: a FIFO used to hang ls, info and destroy for
+    # ever; a directory was called "truncated" and its fix, 'umbp pool destroy', failed
+    odd = {"fifo": "a FIFO", "dir": "a directory", "link": "a symbolic link"}
+    for kind in odd:
+        path = f"/dev/shm/umbp.{name}-{kind}"
+        {"fifo": os.mkfifo, "dir": os.mkdir, "link": lambda p: os.symlink("/etc/hostname", p)}[kind](path)
+    try:
+        r = subprocess.run([TOOL, "pool", "ls"], capture_output=True, text=True, timeout=20)
+        rows = {ln.split()[0]: ln for ln in r.stdout.splitlines() if ln.startswith(f"{name}-")}
+        check("ls names a FIFO, a directory and a link called umbp.NAME as not pools, without hanging",
+              r.returncode == 0 and all(f"is {odd[k]}, not a umbp pool" in rows.get(f"{name}-{k}", "")
+                                        for k in odd), r.stdout + r.stderr)
+        for kind in odd:
+            for sub in ["info", "reap"]:
+                r = subprocess.run([TOOL, "pool", sub, f"{name}-{kind}"], capture_output=True, text=True, timeout=20)
+                check(f"pool {sub} of {odd[kind]} named umbp.NAME: exit 1 naming it and how to remove it",
+                      r.returncode == 1 and f"is {odd[kind]}, not a umbp pool" in r.stderr
+                      and ("'rm -r /dev/shm/umbp." if kind == "dir" else "'rm /dev/shm/umbp.") in r.stderr, r.stderr)
+        r = subprocess.run([TOOL, "pool", "destroy", f"{name}-dir"], capture_output=True, text=True, timeout=20)
+        check("destroy of a directory named umbp.NAME says how to remove it",
+              r.returncode == 1 and f"'rm -r /dev/shm/umbp.{name}-dir'" in r.stderr
+              and os.path.isdir(f"/dev/shm/umbp.{name}-dir"), r.stderr)
+    except subprocess.TimeoutExpired as e:
+        check("commands on a FIFO named umbp.NAME do not hang", False, str(e.cmd))
+    finally:
+        for kind in odd:
+            path = f"/dev/shm/umbp.{name}-{kind}"
+            if kind == "dir" and os.path.isdir(path):
+                os.rmdir(path)
+            elif os.path.lexists(path):
+                os.unlink(path)
 finally:
     subprocess.run([TOOL, "pool", "destroy", "--force", name], capture_output=True)
 
