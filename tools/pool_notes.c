@@ -62,8 +62,16 @@ static void put_label(struct pool_notes *n, const char *ns, const char *label) {
 void notes_read(const char *pool, const uint8_t uuid[16], struct pool_notes *out) {
   memset(out, 0, sizeof *out);
   char path[256];
-  FILE *f = fopen(notes_path(pool, path, sizeof path), "r");
-  if (!f) return;
+  /* only a regular file is notes: O_NONBLOCK so that a FIFO of that name
+   * cannot block the open, O_NOFOLLOW as every pool file */
+  int fd = open(notes_path(pool, path, sizeof path), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  struct stat st;
+  if (fd < 0) return;
+  FILE *f = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "r") : NULL;
+  if (!f) {
+    close(fd);
+    return;
+  }
   char line[1024];
   bool first = true;
   while (fgets(line, sizeof line, f)) {

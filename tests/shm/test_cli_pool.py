@@ -274,6 +274,20 @@ try:
                 os.rmdir(path)
             elif os.path.lexists(path):
                 os.unlink(path)
+    # a FIFO named as a pool's notes (umbp-notes.NAME) used to hang ls, info and gc
+    umbp("pool", "create", name, "--capacity", "1MiB", "--slot-size", "4KiB", "-q")
+    os.mkfifo(f"/dev/shm/umbp-notes.{name}")
+    try:
+        for args in [("ls",), ("info", name), ("gc",), ("gc", name)]:
+            r = subprocess.run([TOOL, "pool", *args], capture_output=True, text=True, timeout=20)
+            check(f"pool {' '.join(args)} with a FIFO as the pool's notes: no notes, no hang",
+                  r.returncode == 0 and (args[0] != "gc" or f"kept {name}" in r.stdout or "nothing" in r.stdout),
+                  r.stdout + r.stderr)
+    except subprocess.TimeoutExpired as e:
+        check("commands on a pool whose notes are a FIFO do not hang", False, str(e.cmd))
+    finally:
+        os.unlink(f"/dev/shm/umbp-notes.{name}")
+        umbp("pool", "destroy", name)
 finally:
     subprocess.run([TOOL, "pool", "destroy", "--force", name], capture_output=True)
 
