@@ -273,7 +273,8 @@ static const char *size_usage =
     "file is unreadable, a directory or a device, over 16 MiB or not JSON, the\n"
     "pool cannot be read, the block does not fit the pool's slots, or the output\n"
     "could not be written; 2 usage error (a bad option, a --tp vLLM would refuse\n"
-    "for the model, or a config.json that lacks a field the formula needs).\n"
+    "for the model, --tokens that take more than the 16777215 slots one pool\n"
+    "holds, or a config.json that lacks a field the formula needs).\n"
     "Examples:\n"
     "  umbp size --model-config ~/models/Llama-3.1-8B/config.json --tp 8\n"
     "  umbp size --model-config config.json --tp 8 --kv-dtype fp8 --tokens 4000000\n"
@@ -384,11 +385,25 @@ int cmd_size(int argc, char **argv) {
   uint64_t slot = (obj + 4095) / 4096 * 4096;
   uint64_t per_gib = (1ull << 30) / slot;
   uint64_t blocks = ((uint64_t)tokens + (uint64_t)bs - 1) / (uint64_t)bs;
-  uint64_t capacity = blocks * slot * (uint64_t)tp;
+  /* one slot per block and rank, in one pool: at most CLI_MAX_SLOTS (blocks
+   * <= 2^40 and tp <= 4096, so neither product below overflows) */
+  uint64_t need_slots = blocks * (uint64_t)tp;
+  if (need_slots > CLI_MAX_SLOTS) {
+    char a[32];
+    return cli_usage_error("size", "--tokens %lld takes %llu slots of %s (%llu blocks x %lld rank%s), over the %u one "
+                                   "pool holds: lower --tokens (at most %llu here) or raise --block-size",
+                           tokens, (unsigned long long)need_slots, cli_fmt_size(slot, a, sizeof a),
+                           (unsigned long long)blocks, tp, tp == 1 ? "" : "s", CLI_MAX_SLOTS,
+                           (unsigned long long)(CLI_MAX_SLOTS / (uint64_t)tp * (uint64_t)bs));
+  }
+  uint64_t capacity = need_slots * slot;
   /* what to write in a config: the capacity rounded up to a whole GiB (MiB
-   * under 1 GiB), so that it is a readable size that still holds N tokens */
+   * under 1 GiB), so that it is a readable size that still holds N tokens;
+   * at least the 2 slots a pool needs, and exact where rounding would pass
+   * CLI_MAX_SLOTS, so that the 'umbp pool create' line printed works */
   uint64_t unit = capacity >= (1ull << 30) ? 1ull << 30 : 1ull << 20;
-  uint64_t cap_round = (capacity + unit - 1) / unit * unit;
+  uint64_t cap_round = ((capacity > 2 * slot ? capacity : 2 * slot) + unit - 1) / unit * unit;
+  if (cap_round / slot > CLI_MAX_SLOTS) cap_round = capacity;
   /* replay's --bytes-per-token: the KV bytes of one token over all ranks
    * (its shards are block-tokens x B / tp bytes each) */
   uint64_t bpt = (obj * (uint64_t)tp + (uint64_t)bs - 1) / (uint64_t)bs;

@@ -212,6 +212,22 @@ def _():
     assert rc == 1 and "DOES NOT FIT" in out and "--slot-size 512KiB" in err, (rc, out, err)
 
 
+@check("the 'umbp pool create' line works: at least 2 slots, at most 16,777,215, no overflow")
+def _():
+    # --block-size 16384 at tp 1: a 2 GiB block; 1 token is 1 block, but a pool needs 2 slots
+    d = size_json(LL, "--block-size", "16384", "--tokens", "1")
+    assert d["slot_size"] == 2 * GiB and d["capacity_rounded_bytes"] == 4 * GiB, d
+    # 268,435,440 tokens / 16 = 16,777,215 blocks of 2 MiB: the most one pool holds, whole
+    d = size_json(LL, "--tokens", "268435440")
+    assert d["capacity_rounded_bytes"] // d["slot_size"] == 16777215, d
+    rc, out, err = umbp("size", "--model-config", LL, "--tokens", "268435441")
+    assert rc == 2 and "16777216 slots" in err and "at most 268435440" in err and not out, (rc, out, err)
+    # 2^40 tokens x 16 KiB x 4096 ranks is 2^66 bytes: it used to wrap to "--capacity 0"
+    rc, out, err = umbp("size", "--model-config", LL, "--tp", "4096", "--block-size", "1", "--tokens",
+                        str(1 << 40))
+    assert rc == 2 and "over the 16777215 one pool holds" in err and not out, (rc, out, err)
+
+
 def cleanup():
     subprocess.run([TOOL, "pool", "destroy", POOL, "--force"], capture_output=True)
 
