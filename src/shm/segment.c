@@ -587,6 +587,15 @@ static int check_first_hugetlbfs(char *dir, size_t n) {
 }
 
 /* ---- capacity checks ------------------------------------------------------ */
+/* bytes for a message: GiB from 1 GiB up, else MiB (2 decimals), so that a
+ * size and the room it does not fit in never print as the same figure */
+static const char *fmt_gib(uint64_t bytes, char *buf, size_t n) {
+  if (bytes >= (1ull << 30)) snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
+  else snprintf(buf, n, "%.2f MiB", bytes / 1048576.0);
+  return buf;
+}
+
+
 static uint64_t meminfo_kb(const char *key) {
   FILE *f = fopen("/proc/meminfo", "re");
   if (!f) return 0;
@@ -613,8 +622,8 @@ static int check_fits(const umbp_pool_params *pp, const struct umbp_shm_header *
       avail = meminfo_kb("HugePages_Free") * meminfo_kb("Hugepagesize") * 1024;
     }
     if (h->total_size > avail) {
-      snprintf(a, sizeof a, "%.2f GiB", h->total_size / 1073741824.0);
-      snprintf(b, sizeof b, "%.2f GiB", avail / 1073741824.0);
+      fmt_gib(h->total_size, a, sizeof a);
+      fmt_gib(avail, b, sizeof b);
       if (hugepages)
         return umbp_fail(-ENOSPC,
                          "the pool needs %s of huge pages but %s has %s free: reserve more "
@@ -629,8 +638,8 @@ static int check_fits(const umbp_pool_params *pp, const struct umbp_shm_header *
   }
   uint64_t avail_kb = meminfo_kb("MemAvailable");
   if (!hugepages && avail_kb && h->total_size > avail_kb * 1024) {
-    snprintf(a, sizeof a, "%.2f GiB", h->total_size / 1073741824.0);
-    snprintf(b, sizeof b, "%.2f GiB", avail_kb / 1048576.0);
+    fmt_gib(h->total_size, a, sizeof a);
+    fmt_gib(avail_kb * 1024, b, sizeof b);
     return umbp_fail(-ENOMEM, "the pool needs %s but the machine has %s available (MemAvailable): choose "
                               "a smaller --capacity",
                      a, b);
@@ -641,8 +650,8 @@ static int check_fits(const umbp_pool_params *pp, const struct umbp_shm_header *
       if (node < 0) continue;
       long long total = numa_node_size64(node, NULL);
       if (total > 0 && h->partitions[i].bytes > (uint64_t)total) {
-        snprintf(a, sizeof a, "%.2f GiB", h->partitions[i].bytes / 1073741824.0);
-        snprintf(b, sizeof b, "%.2f GiB", total / 1073741824.0);
+        fmt_gib(h->partitions[i].bytes, a, sizeof a);
+        fmt_gib((uint64_t)total, b, sizeof b);
         return umbp_fail(-ENOMEM, "partition %u needs %s on NUMA node %d, which has %s in all: spread "
                                   "the pool over more nodes (--numa-nodes) or shrink --capacity",
                          i, a, node, b);
@@ -865,11 +874,6 @@ static int prefault(struct umbp_pool *p, const umbp_pool_params *pp) {
                      strerror(e));
   if (e) umbp_log(UMBP_LOG_WARN, "pre-faulting stopped early (%s); pages fault in on first use", strerror(e));
   return 0;
-}
-
-static const char *fmt_gib(uint64_t bytes, char *buf, size_t n) {
-  snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
-  return buf;
 }
 
 /* no_prefault: reserve the slot bytes' blocks in /dev/shm without mapping
