@@ -58,7 +58,8 @@ static const char *create_usage =
     "\n"
     "Create pool NAME and pre-fault its memory. The pool stays until 'umbp pool\n"
     "destroy NAME' or a reboot; processes attach to it by name.\n"
-    "NAME is 1-64 characters from [A-Za-z0-9._-], not starting with '-'.\n"
+    "NAME is 1-64 characters from [A-Za-z0-9._-], not starting with '-' nor\n"
+    "ending in .feed, .tier or .ipc (the names of a pool's side files).\n"
     "\n"
     "Options:\n"
     "  --capacity SIZE      bytes of block slots, e.g. 8GiB (required). SIZE takes\n"
@@ -202,6 +203,14 @@ static const char *gc_usage =
     "Examples:\n"
     "  umbp pool gc\n"
     "  umbp pool gc vllm --dry-run\n";
+
+/* umbp.NAME names a side file of pool BASE when NAME is BASE.feed (the
+ * published-key feed), BASE.tier (the tier's request table) or BASE.ipc (the
+ * CUDA IPC table) */
+static bool side_file_name(const char *name) {
+  const char *dot = strrchr(name, '.');
+  return dot && dot != name && (!strcmp(dot, ".feed") || !strcmp(dot, ".tier") || !strcmp(dot, ".ipc"));
+}
 
 static bool want_help(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
@@ -379,6 +388,11 @@ static int pool_create(int argc, char **argv) {
   if (name[0] == '-')
     return cli_usage_error("pool create", "pool name '%s' starts with '-', which commands read as an option: start it "
                                           "with a letter, a digit, '.' or '_'", name);
+  const char *dot = strrchr(name, '.'); /* the library refuses these too (umbp_pool_create) */
+  if (side_file_name(name))
+    return cli_usage_error("pool create", "pool name '%s' ends in '%s', the name of a side file of pool '%.*s': "
+                                          "choose a name that does not end in .feed, .tier or .ipc",
+                           name, dot, (int)(dot - name), name);
   if (cli_check_slots("pool create", pp.capacity, pp.slot_size) != CLI_OK) return CLI_USAGE;
   if (ranks && !auto_nodes) return cli_usage_error("pool create", "--ranks only makes sense with --numa-nodes auto");
   if (pp.hugetlbfs_dir && !pp.hugepages)
@@ -701,8 +715,11 @@ static int pool_info(int argc, char **argv) {
 }
 
 /* One row of `pool ls` for the pool file umbp.NAME, or for an index file
- * umbp-index.NAME or notes umbp-notes.NAME whose pool is gone (leftover: its path). */
-static void ls_row(const char *name, const char *leftover, bool json, struct jb *j) {
+ * umbp-index.NAME or notes umbp-notes.NAME whose pool is gone (leftover: its
+ * path). side: umbp.NAME is named as a side file of a pool (.feed, .tier,
+ * .ipc): no row unless it is a pool (one an older build let be named so).
+ * Whether a row was printed. */
+static bool ls_row(const char *name, const char *leftover, bool side, bool json, struct jb *j) {
   if (leftover) {
     char msg[700];
     snprintf(msg, sizeof msg, "leftover %s %s, no pool: 'umbp pool destroy %s' removes it",
@@ -715,10 +732,11 @@ static void ls_row(const char *name, const char *leftover, bool json, struct jb 
     } else {
       printf("%-24s %10s %10s %8s %5s %6s  %s\n", name, "-", "-", "-", "-", "-", msg);
     }
-    return;
+    return true;
   }
   static struct pool_users u;
   int rc = pool_users(name, &u);
+  if (rc && side) return false;
   const umbp_pool_info *ip = &u.info;
   char a[32], b[32], status[300];
   if (rc == 0 && pool_is_garbage(&u))
@@ -751,7 +769,9 @@ static void ls_row(const char *name, const char *leftover, bool json, struct jb 
   } else {
     printf("%-24s %10s %10s %8s %5s %6s  %s\n", name, "-", "-", "-", "-", "-", umbp_last_error());
   }
+  return true;
 }
+
 
 static int pool_ls(int argc, char **argv) {
   if (want_help(argc, argv)) {
@@ -800,8 +820,7 @@ static int pool_ls(int argc, char **argv) {
         snprintf(leftover, sizeof leftover, "%s/%s", dirs[1], e->d_name);
       }
       if (!name || umbp_pool_name_valid(name)) continue;
-      count++;
-      ls_row(name, leftover[0] ? leftover : NULL, json, &j);
+      if (ls_row(name, leftover[0] ? leftover : NULL, !leftover[0] && side_file_name(name), json, &j)) count++;
     }
     closedir(d);
   }

@@ -1225,6 +1225,15 @@ UMBP_API int umbp_pool_create(const char *name, const umbp_pool_params *pp, umbp
   if (name[0] == '-')
     return umbp_fail(-EINVAL, "pool name '%s' starts with '-', which commands read as an option: start it with a "
                               "letter, a digit, '.' or '_'", name);
+  /* Also for new pools only: umbp.NAME.feed, .tier and .ipc are the side
+   * files of pool NAME (index/events.c, tier/tierq.c, datapath/dp_ipc.c): a
+   * pool of such a name would collide with them, and 'umbp pool destroy
+   * NAME' (which removes .feed and .tier) would remove it too. */
+  const char *dot = strrchr(name, '.');
+  if (dot && dot != name && (!strcmp(dot, ".feed") || !strcmp(dot, ".tier") || !strcmp(dot, ".ipc")))
+    return umbp_fail(-EINVAL, "pool name '%s' ends in '%s', the name of a side file of pool '%.*s': choose a "
+                              "name that does not end in .feed, .tier or .ipc",
+                     name, dot, (int)(dot - name), name);
   if (!pp || !ret_pool) return umbp_fail(-EINVAL, "umbp_pool_create: params and ret_pool are required");
   if (pp->index_pages < UMBP_INDEX_PAGES_TRY || pp->index_pages > UMBP_INDEX_PAGES_SMALL)
     return umbp_fail(-EINVAL, "unknown index page placement %d: use try, huge or small", pp->index_pages);

@@ -274,6 +274,21 @@ try:
                 os.rmdir(path)
             elif os.path.lexists(path):
                 os.unlink(path)
+    # NAME.feed, NAME.tier, NAME.ipc are pool NAME's side files: a pool so named was removed by
+    # 'umbp pool destroy NAME', and ls listed a live feed as a broken pool to destroy
+    umbp("pool", "create", name, "--capacity", "1MiB", "--slot-size", "4KiB", "-q")
+    for suf in ["feed", "tier", "ipc"]:
+        rc, _, err = umbp("pool", "create", f"{name}.{suf}", "--capacity", "1MiB", "--slot-size", "4KiB", "-q")
+        check(f"a pool named NAME.{suf} is refused", rc == 2 and f"ends in '.{suf}'" in err
+              and not os.path.exists(f"/dev/shm/umbp.{name}.{suf}"), (rc, err))
+    with open(f"/dev/shm/umbp.{name}.feed", "wb") as f:
+        f.write(b"UMBPFEED" + bytes(4088))
+    rc, out, err = umbp("pool", "ls")
+    names = [ln.split()[0] for ln in out.splitlines()[1:] if ln.strip()]
+    check("ls does not list a pool's feed as a pool", rc == 0 and name in names and f"{name}.feed" not in names,
+          out + err)
+    umbp("pool", "destroy", name)
+    check("destroy removes the pool's feed", not os.path.exists(f"/dev/shm/umbp.{name}.feed"))
     # a FIFO named as a pool's notes (umbp-notes.NAME) used to hang ls, info and gc
     umbp("pool", "create", name, "--capacity", "1MiB", "--slot-size", "4KiB", "-q")
     os.mkfifo(f"/dev/shm/umbp-notes.{name}")

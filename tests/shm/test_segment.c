@@ -144,6 +144,12 @@ static void test_names(void **state) {
   assert_int_equal(umbp_pool_create("bad/name", &pp, &p), -EINVAL);
   assert_int_equal(umbp_pool_attach("bad name", NULL, &p), -EINVAL);
   assert_int_equal(umbp_pool_destroy("../etc"), -EINVAL);
+  /* the names of a pool's side files (umbp.NAME.feed, .tier, .ipc) are no pool's */
+  const char *side[] = {"kv.feed", "kv.tier", "kv.ipc"};
+  for (unsigned i = 0; i < 3; i++) {
+    assert_int_equal(umbp_pool_create(side[i], &pp, &p), -EINVAL);
+    assert_non_null(strstr(umbp_last_error(), "side file of pool 'kv'"));
+  }
 }
 
 /* Every failing call sets umbp_last_error() (common.h): these returned
