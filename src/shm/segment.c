@@ -618,8 +618,11 @@ static int check_fits(const umbp_pool_params *pp, const struct umbp_shm_header *
   if (statvfs(dir, &sv) == 0) {
     uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
     if (hugepages && sv.f_blocks == 0) {
-      /* hugetlbfs without a size limit reports 0 blocks: use the free pool */
-      avail = meminfo_kb("HugePages_Free") * meminfo_kb("Hugepagesize") * 1024;
+      /* hugetlbfs without a size limit reports 0 blocks: use the free pool,
+       * less the pages other mappings have reserved but not yet faulted in
+       * (a --no-prefault hugepage pool): they are not free to this mmap */
+      uint64_t f = meminfo_kb("HugePages_Free"), r = meminfo_kb("HugePages_Rsvd");
+      avail = (f > r ? f - r : 0) * meminfo_kb("Hugepagesize") * 1024;
     }
     if (h->total_size > avail) {
       fmt_gib(h->total_size, a, sizeof a);

@@ -1061,6 +1061,42 @@ static void test_index_huge(void **state) {
   umbp_pool_detach(p);
   assert_int_equal(umbp_pool_destroy(name), 0);
 }
+/* Huge pages another pool has reserved but not faulted in (a hugepage pool
+ * made with no_prefault) are not free: a pool that needs them is refused by
+ * the size check, naming the pages free, not by a bare "cannot map pool:
+ * Cannot allocate memory" from mmap. */
+static void test_hugepages_reserved(void **state) {
+  (void)state;
+  const char *a = tu_name("hrsv"), *b = tu_name("hrsv");
+  umbp_pool_params pp = small_params(); /* 16 MiB of 64 KiB slots: 11 pages */
+  pp.hugepages = true;
+  pp.no_prefault = true;
+  if (huge_free_pages() < 14) return; /* room for both: not here */
+  umbp_pool *pa, *pb;
+  assert_int_equal(umbp_pool_create(a, &pp, &pa), 0);
+  long avail = huge_free_pages(); /* Free less Rsvd */
+  FILE *f = fopen("/proc/meminfo", "r");
+  char line[128];
+  long rsvd = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "HugePages_Rsvd:", 15)) rsvd = atol(line + 15);
+  if (f) fclose(f);
+  /* B: more pages than are free, fewer than Free counts (B's segment is its
+   * capacity plus about 6 MiB of metadata for 64 KiB slots) */
+  umbp_pool_params q = small_params();
+  q.hugepages = true;
+  q.capacity = (uint64_t)(avail + rsvd / 2) * (2 << 20) - (6 << 20);
+  int rc = rsvd >= 6 ? umbp_pool_create(b, &q, &pb) : -ENOSPC;
+  if (rc == 0) umbp_pool_detach(pb);
+  const char *m = umbp_last_error();
+  if (rsvd >= 6 && rc != -ENOSPC) fprintf(stderr, "rc %d: %s\n", rc, m);
+  umbp_pool_detach(pa);
+  assert_int_equal(umbp_pool_destroy(a), 0);
+  if (rc == 0) umbp_pool_destroy(b);
+  assert_int_equal(rc, -ENOSPC);
+  if (rsvd >= 6) assert_non_null(strstr(m, "of huge pages but"));
+}
+
 /* --hugetlbfs DIR names the first hugetlbfs mount, where every command looks:
  * spelled with a trailing '/', it makes the pool (it used to be refused as
  * "already exists" by the pool's own file); a second hugetlbfs mount is
@@ -1315,8 +1351,10 @@ int main(void) {
       cmocka_unit_test(test_half_made_pool_replaced),
   };
   const struct CMUnitTest uid_tests[] = {cmocka_unit_test(test_other_uid_kept_out)};
-  const struct CMUnitTest huge_tests[] = {cmocka_unit_test(test_hugepages), cmocka_unit_test(test_index_huge),
-                                         cmocka_unit_test(test_hugetlbfs_dir)};
+  /* test_hugepages_reserved first: it needs 14 pages free, and pages of the
+   * pools the others make are not all back before the process exits */
+  const struct CMUnitTest huge_tests[] = {cmocka_unit_test(test_hugepages_reserved), cmocka_unit_test(test_hugepages),
+                                         cmocka_unit_test(test_index_huge), cmocka_unit_test(test_hugetlbfs_dir)};
   const struct CMUnitTest hugetlbfs_tests[] = {cmocka_unit_test(test_one_name_one_pool)};
   const struct CMUnitTest thread_tests[] = {cmocka_unit_test(test_two_reaper_threads)};
   const char *which = getenv("UMBP_TEST_GROUP");
