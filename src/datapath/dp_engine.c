@@ -77,6 +77,13 @@ int umbp_kv_layout_create(umbp_pool *pool, const umbp_kv_region *regions, unsign
       return umbp_fail(-EINVAL, "kv layout: region %u has unknown kind %d", i, r->kind);
     if (r->device == UMBP_DP_CUDA && r->device_id < 0)
       return umbp_fail(-EINVAL, "kv layout: region %u is on cuda:%d", i, r->device_id);
+    /* Block b spans [base + b * stride, + block_bytes): the last block must
+     * end inside the address space, or the copies' pointer sums wrap. */
+    uint64_t room = UINTPTR_MAX - (uintptr_t)r->base;
+    if (r->block_bytes > room || (uint64_t)(r->block_count - 1) > (room - r->block_bytes) / r->stride)
+      return umbp_fail(-EINVAL, "kv layout: region %u (%u blocks of %llu bytes at stride %llu from %p) runs past "
+                       "the end of the address space; check its block_count, block_bytes and stride", i,
+                       r->block_count, (unsigned long long)r->block_bytes, (unsigned long long)r->stride, r->base);
   }
   umbp_kv_layout *l = calloc(1, sizeof *l);
   if (!l) return umbp_fail(-ENOMEM, "kv layout: out of memory");
@@ -113,7 +120,8 @@ int umbp_kv_layout_create(umbp_pool *pool, const umbp_kv_region *regions, unsign
                          "one group's regions must all be on the CPU or all on one CUDA device", gid, i);
       }
       r->obj_off = g->obj_bytes;
-      g->obj_bytes += r->block_bytes;
+      /* Saturating: a wrapped sum could pass the slot-size check below. */
+      g->obj_bytes = r->block_bytes > UINT64_MAX - g->obj_bytes ? UINT64_MAX : g->obj_bytes + r->block_bytes;
       g->count++;
       if (r->block_count < g->blocks) g->blocks = r->block_count;
     }

@@ -163,6 +163,19 @@ static void test_layout_refused(void **st) {
   c.reg[1].device = UMBP_DP_CUDA; /* a group mixing CPU and CUDA */
   assert_int_equal(umbp_kv_layout_create(f.pool, c.reg, 2, &lay), -EINVAL);
   assert_non_null(strstr(umbp_last_error(), "mixes devices"));
+  /* Sizes whose sum wraps past 2^64 to 100 bytes: refused, not copied with
+   * a 2^63-byte memcpy. */
+  umbp_kv_region w[2] = {
+      {.base = c.mem[0], .block_bytes = (3ull << 62), .stride = (3ull << 62), .block_count = 1},
+      {.base = c.mem[0], .block_bytes = (1ull << 62) + 100, .stride = (1ull << 62) + 100, .block_count = 1}};
+  assert_int_equal(umbp_kv_layout_create(f.pool, w, 2, &lay), -EINVAL);
+  assert_null(lay);
+  assert_non_null(strstr(umbp_last_error(), "slot size"));
+  /* A stride whose block_count-th block lies past the address space. */
+  umbp_kv_region big = {.base = c.mem[0], .block_bytes = 1024, .stride = 1ull << 62, .block_count = 16};
+  assert_int_equal(umbp_kv_layout_create(f.pool, &big, 1, &lay), -EINVAL);
+  assert_null(lay);
+  assert_non_null(strstr(umbp_last_error(), "address space"));
   kvc_free(&c);
   fx_close(&f);
 }
