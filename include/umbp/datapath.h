@@ -235,7 +235,7 @@ enum umbp_dp_store_flags {
  * partition `part` (-1: the one with most free slots). Returns 0 and *ret_job
  * (the job may already have failed keys: see results), or -EINVAL (bad
  * arguments: n == 0, group not in layout, block id out of range, layout of
- * another pool, flags unknown), -ENODEV / -ENOSYS (the layout's group is on
+ * another pool, flags unknown, a key whose hash_len is not 1..32), -ENODEV / -ENOSYS (the layout's group is on
  * CUDA and that backend is not usable / not built), -ENOMEM, -ESHUTDOWN
  * (engine being destroyed). Any thread. */
 UMBP_API int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group,

@@ -681,6 +681,13 @@ int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t gr
   if (!keys) return umbp_fail(-EINVAL, "dp store: keys are required");
   if (flags & ~(unsigned)(UMBP_DP_STORE_SKIP_PRESENT | UMBP_DP_STORE_DEFER_PUBLISH))
     return umbp_fail(-EINVAL, "dp store: unknown flags 0x%x", flags);
+  /* Refuse bad keys here, as umbp_dp_load does: otherwise they would be
+   * copied and then fail at publish in a copy thread, whose message the
+   * caller never sees. */
+  for (unsigned i = 0; eng && layout && block_ids && i < n; i++)
+    if (keys[i].hash_len < 1 || keys[i].hash_len > UMBP_KEY_HASH_MAX)
+      return umbp_fail(-EINVAL, "dp store: key %u has hash_len %u; a key's hash is 1 to %d bytes "
+                       "(set umbp_key.hash_len to the bytes of hash used)", i, keys[i].hash_len, UMBP_KEY_HASH_MAX);
   struct umbp_dp_job *job;
   int rc = job_new_keyed(eng, layout, group, DP_OP_STORE, n, block_ids, keys, &job);
   if (rc) return rc;

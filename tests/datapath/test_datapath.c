@@ -232,6 +232,20 @@ static void test_bad_args(void **st) {
   assert_int_equal(umbp_dp_store(e, lay, 9, -1, 1, &id, &k, 0, &j), -EINVAL); /* no group 9 */
   assert_int_equal(umbp_dp_store(e, lay, 0, -1, 0, &id, &k, 0, &j), -EINVAL);
   assert_null(j);
+  /* A key of bad hash_len is refused at submission, naming it, as a load
+   * refuses it; nothing is reserved. */
+  for (int hl = 0; hl <= 33; hl += 33) {
+    k.hash_len = (uint8_t)hl;
+    assert_int_equal(umbp_dp_store(e, lay, 0, -1, 1, &id, &k, 0, &j), -EINVAL);
+    assert_null(j);
+    assert_non_null(strstr(umbp_last_error(), "hash_len"));
+    assert_int_equal(umbp_dp_load(e, lay, 0, 1, &k, &id, &j), -EINVAL);
+    assert_null(j);
+  }
+  k.hash_len = 16;
+  umbp_slot_census cs;
+  assert_int_equal(umbp_census(f.pool, &cs), 0);
+  assert_int_equal(cs.reserved, 0);
   unsigned cpu = 100000;
   umbp_dp_opts o;
   umbp_dp_opts_init(&o);
