@@ -289,7 +289,10 @@ UMBP_API unsigned umbp_dp_job_duplicates(const umbp_dp_job *job);
  * job are visible to every process that finds a key (umbp_publish). */
 UMBP_API int umbp_dp_job_publish(umbp_dp_job *job, int *rc, unsigned n);
 /* Drop the caller's handle. Allowed at any time: a job still copying stays
- * owned by the engine and is freed when its copies stopped. Accepts NULL. */
+ * owned by the engine and is freed when its copies stopped. Also after the
+ * engine was destroyed and the pool detached: a deferred store's unpublished
+ * slots go back here while the pool handle is attached, and were given back
+ * by umbp_pool_detach() otherwise. Accepts NULL. */
 UMBP_API void umbp_dp_job_release(umbp_dp_job *job);
 
 /* ---- CUDA IPC ------------------------------------------------------------- */

@@ -172,7 +172,10 @@ uint64_t umbp_kv_layout_region_offset(const umbp_kv_layout *layout, unsigned i) 
 /* ---- jobs ------------------------------------------------------------------ */
 
 static void job_free(struct umbp_dp_job *job) {
-  if (job->held) /* a deferred store never published: its copied slots go back */
+  /* A deferred store never published: its copied slots go back. Once the
+   * pool handle is detached, the detach gave them back already and the
+   * handle's memory is gone. */
+  if (job->held && umbp_pool_attached(job->pool, job->pool_serial))
     for (unsigned i = 0; i < job->n; i++)
       if (job->slots[i] != UMBP_NO_SLOT) umbp_abort(job->pool, job->slots[i]);
   if (job->msg) {
@@ -694,6 +697,7 @@ int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t gr
   umbp_pool *pool = eng->pool;
   job->defer_publish = (flags & UMBP_DP_STORE_DEFER_PUBLISH) != 0;
   job->pool = pool;
+  job->pool_serial = pool->attach_serial;
   if (flags & UMBP_DP_STORE_SKIP_PRESENT) {
     uint8_t *present = calloc(n, 1);
     if (present && umbp_contains_bulk(pool, n, keys, present) > 0)

@@ -74,6 +74,7 @@ struct umbp_dp_job {
   bool defer_publish;    /* store: UMBP_DP_STORE_DEFER_PUBLISH */
   bool held;             /* deferred store done: slots[] of copied keys still reserved (job_free aborts) */
   umbp_pool *pool;       /* for job_free's aborts: the engine may be gone by then */
+  uint64_t pool_serial;  /* pool->attach_serial: job_free aborts only while that attach lasts */
   /* Done pairs: release store in dp_job_finish, acquire load in poll. */
   _Atomic int state;
   _Atomic unsigned refs; /* caller + engine (until done) */

@@ -39,6 +39,7 @@ struct umbp_pool {
   int attach_pid;
   struct umbp_index *forked_index; /* the parent's index state, freed by the child's detach */
   struct umbp_pool *live_next;     /* this process's attached handles (segment.c, umbp_pool_detach()) */
+  uint64_t attach_serial;          /* unique per attach in this process (umbp_pool_attached()) */
   _Atomic bool reaping[UMBP_MAX_PROCS]; /* registry slots a thread of this handle is reaping now: the claim
                                           * between its threads, taken by compare-and-swap (registry.c) */
 };
@@ -59,6 +60,13 @@ bool umbp_registry_alive(const umbp_pool *p, unsigned slot);
 /* Reap registry slot `slot` if its owner is dead and nobody else is reaping
  * it: 1 reaped, 0 not (alive, being reaped, free, or held by this handle). */
 int umbp_registry_reap_slot(umbp_pool *p, unsigned slot);
+
+/* Whether p is still an attached handle of this process and the same attach
+ * whose attach_serial was `serial` (a handle freed by umbp_pool_detach() and
+ * a new one malloc'd at its address differ in serial). For objects that
+ * outlive their pool handle (a data-path job holding reserved slots): a
+ * detach already gave back what they hold. */
+bool umbp_pool_attached(const umbp_pool *p, uint64_t serial);
 
 /* fork(): in the child, make the inherited handle p unusable and stop it
  * from keeping the parent's registry, daemon and creation lock bytes held

@@ -991,9 +991,12 @@ static void live_lock(void) { pthread_mutex_lock(&live_mu); }
 static void live_unlock(void) { pthread_mutex_unlock(&live_mu); }
 static void live_atfork(void) { pthread_atfork(live_lock, live_unlock, live_unlock); }
 
+static uint64_t live_serial; /* under live_mu */
+
 static void live_add(struct umbp_pool *p) {
   pthread_once(&live_once, live_atfork);
   live_lock();
+  p->attach_serial = ++live_serial;
   p->live_next = live_head;
   live_head = p;
   live_unlock();
@@ -1006,6 +1009,16 @@ static bool live_take(struct umbp_pool *p) {
   while (*pp && *pp != p) pp = &(*pp)->live_next;
   bool found = *pp != NULL;
   if (found) *pp = p->live_next;
+  live_unlock();
+  return found;
+}
+
+bool umbp_pool_attached(const umbp_pool *p, uint64_t serial) {
+  pthread_once(&live_once, live_atfork);
+  live_lock();
+  const struct umbp_pool *q = live_head;
+  while (q && q != p) q = q->live_next;
+  bool found = q && q->attach_serial == serial;
   live_unlock();
   return found;
 }

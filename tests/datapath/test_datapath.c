@@ -358,6 +358,46 @@ static void test_no_slot(void **st) {
   fx_close(&f);
 }
 
+/* A deferred store's handle released after the engine was destroyed and
+ * the pool detached (a garbage collector's order): the detach gave its slots
+ * back, and the release must touch neither the freed handle nor a new
+ * attach's reservations (the new handle may sit at the old one's address). */
+static void test_defer_release_after_detach(void **st) {
+  (void)st;
+  struct fx f;
+  fx_open(&f, "dpdefdet", 4096, 16);
+  uint64_t b[1] = {4096};
+  struct kvc c;
+  kvc_init(&c, 1, 4, b, 0, 0);
+  umbp_kv_layout *lay;
+  assert_int_equal(umbp_kv_layout_create(f.pool, c.reg, 1, &lay), 0);
+  umbp_dp_engine *e = engine(f.pool, 1);
+  uint32_t ids[4] = {0, 1, 2, 3};
+  umbp_key k[4];
+  for (unsigned i = 0; i < 4; i++) k[i] = dp_key(f.ns, 11, i);
+  umbp_dp_job *j;
+  assert_int_equal(umbp_dp_store(e, lay, 0, -1, 4, ids, k, UMBP_DP_STORE_DEFER_PUBLISH, &j), 0);
+  assert_int_equal(umbp_dp_job_wait(j, 10000), 0);
+  umbp_dp_engine_destroy(e);
+  umbp_kv_layout_free(lay);
+  umbp_pool_detach(f.pool);
+  assert_int_equal(umbp_pool_attach(f.name, NULL, &f.pool), 0);
+  umbp_slot_census cs;
+  assert_int_equal(umbp_census(f.pool, &cs), 0);
+  assert_int_equal(cs.reserved, 0); /* the detach gave the job's slots back */
+  unsigned total = umbp_slot_count(f.pool);
+  uint32_t *mine = calloc(total, sizeof *mine);
+  int got = umbp_reserve_bulk(f.pool, -1, f.ns, total, mine);
+  assert_true(got > 0);
+  umbp_dp_job_release(j);
+  assert_int_equal(umbp_census(f.pool, &cs), 0);
+  assert_int_equal(cs.reserved, got); /* the new attach's reservations stay its own */
+  for (int i = 0; i < got; i++) assert_int_equal(umbp_abort(f.pool, mine[i]), 0);
+  free(mine);
+  kvc_free(&c);
+  fx_close(&f);
+}
+
 /* UMBP_DP_STORE_DEFER_PUBLISH: copied slots stay reserved and invisible
  * until umbp_dp_job_publish(); a job released unpublished gives them back. */
 static void test_defer_publish(void **st) {
@@ -766,6 +806,7 @@ int main(void) {
       cmocka_unit_test(test_backends),     cmocka_unit_test(test_bad_args),
       cmocka_unit_test(test_affinity),     cmocka_unit_test(test_no_slot),
       cmocka_unit_test(test_defer_publish),
+      cmocka_unit_test(test_defer_release_after_detach),
       cmocka_unit_test(test_ipc_table),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
