@@ -66,6 +66,12 @@
  * once; a job handle by any thread, but umbp_dp_job_release() must be the
  * last call on it. Nothing here is shared between processes except the pool
  * (through umbp/index.h) and the IPC export table.
+ *
+ * fork(). A child's copy of an engine has none of its threads: submissions,
+ * umbp_dp_job_wait() on a job not done and umbp_dp_job_cancel() return
+ * -ECHILD there, poll reports what the child saw at the fork, and
+ * umbp_dp_engine_destroy() returns at once (the parent's engine runs on).
+ * A child attaches the pool and creates an engine of its own.
  */
 #ifndef UMBP_DATAPATH_H
 #define UMBP_DATAPATH_H
@@ -206,7 +212,7 @@ UMBP_API int umbp_dp_engine_create(umbp_pool *pool, const umbp_dp_opts *opts,
  * threads, free jobs the caller already released, unregister the pool
  * mapping when this was its last engine. Jobs not yet released stay valid
  * for poll/results/release. Accepts NULL. Destroy engines before detaching
- * their pool. */
+ * their pool. In a fork() child it returns at once (see fork() above). */
 UMBP_API void umbp_dp_engine_destroy(umbp_dp_engine *eng);
 
 /* State of the pool's CUDA registration: 0 done, -EINPROGRESS (done/total
@@ -237,7 +243,8 @@ enum umbp_dp_store_flags {
  * arguments: n == 0, group not in layout, block id out of range, layout of
  * another pool, flags unknown, a key whose hash_len is not 1..32), -ENODEV / -ENOSYS (the layout's group is on
  * CUDA and that backend is not usable / not built), -ENOMEM, -ESHUTDOWN
- * (engine being destroyed). Any thread. */
+ * (engine being destroyed), -ECHILD (engine inherited through fork()). Any
+ * thread. */
 UMBP_API int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group,
                            int part, unsigned n, const uint32_t *block_ids, const umbp_key *keys,
                            unsigned flags, umbp_dp_job **ret_job);
@@ -251,7 +258,8 @@ UMBP_API int umbp_dp_load(umbp_dp_engine *eng, const umbp_kv_layout *layout, uin
  * (acquire) with the completion of every copy: the region or slot bytes are
  * visible to the caller. */
 UMBP_API int umbp_dp_job_poll(umbp_dp_job *job);
-/* Wait up to timeout_ms (UINT32_MAX: forever): 0 done, -ETIMEDOUT. A
+/* Wait up to timeout_ms (UINT32_MAX: forever): 0 done, -ETIMEDOUT, -ECHILD
+ * (not done, and its engine was inherited through fork()). A
  * timeout leaves the job running and owned by the engine. A host job's
  * waiter with at least 1 s left copies the job's blocks that no copy thread
  * has started yet itself, in its own thread, rather than sleep (a copy thread
@@ -261,7 +269,8 @@ UMBP_API int umbp_dp_job_poll(umbp_dp_job *job);
 UMBP_API int umbp_dp_job_wait(umbp_dp_job *job, uint32_t timeout_ms);
 /* Cancel a job none of whose copies has started: 0 (every key gets
  * -ECANCELED, slots aborted, pins dropped, the job is done), -EBUSY (copies
- * started; the job runs to its end), -EALREADY (done). */
+ * started; the job runs to its end), -EALREADY (done), -ECHILD (its engine
+ * was inherited through fork()). */
 UMBP_API int umbp_dp_job_cancel(umbp_dp_job *job);
 /* After done: 0 when every key succeeded, else the first failing key's code.
  * -EINPROGRESS before. */

@@ -400,6 +400,17 @@ unsigned umbp_dp__test_live_jobs(umbp_dp_engine *eng) {
 
 /* ---- engine ---------------------------------------------------------------- */
 
+/* A fork() child's copy of an engine has none of its threads: its queued and
+ * running copies happen in the parent (or never), and eng->mu may have been
+ * held by a parent thread at the fork. -ECHILD before anything waits or
+ * locks there. */
+static int eng_forked_fail(const umbp_dp_engine *eng) {
+  if (eng->pid == getpid()) return 0;
+  return umbp_fail(-ECHILD, "dp: this engine was created by process %d and inherited through fork(): its copy "
+                   "threads run only there; in the child, attach the pool and create an engine of its own",
+                   (int)eng->pid);
+}
+
 void umbp_dp_opts_init(umbp_dp_opts *o) {
   memset(o, 0, sizeof *o);
   o->threads = 2;
@@ -436,6 +447,7 @@ int umbp_dp_engine_create(umbp_pool *pool, const umbp_dp_opts *opts, umbp_dp_eng
   umbp_dp_engine *eng = calloc(1, sizeof *eng);
   if (!eng) return umbp_fail(-ENOMEM, "dp engine: out of memory");
   eng->pool = pool;
+  eng->pid = getpid();
   eng->nthreads = opts->threads ? opts->threads : DP_THREADS_DEFAULT;
   pthread_mutex_init(&eng->mu, NULL);
   pthread_cond_init(&eng->work_cv, NULL);
@@ -508,6 +520,9 @@ static void sweep_cuda(umbp_dp_engine *eng) {
 
 void umbp_dp_engine_destroy(umbp_dp_engine *eng) {
   if (!eng) return;
+  /* A fork() child's copy: no thread to wait for or join, and its jobs may
+   * still be polled, so it is left allocated (the parent's engine runs on). */
+  if (eng->pid != getpid()) return;
   /* Cancel whatever is still queued; running jobs end normally. */
   for (;;) {
     struct umbp_dp_job *q = NULL;
@@ -566,6 +581,8 @@ static int job_new(umbp_dp_engine *eng, const umbp_kv_layout *lay, uint16_t grou
   if (!eng || !lay || n == 0 || !blocks || !ret)
     return umbp_fail(-EINVAL, "dp: engine, layout, n > 0, block ids and ret_job are required");
   if (lay->pool != eng->pool) return umbp_fail(-EINVAL, "dp: the layout was made for another pool handle");
+  int frc = eng_forked_fail(eng);
+  if (frc) return frc;
   const struct dp_group *g = layout_group(lay, group);
   if (!g) return umbp_fail(-EINVAL, "dp: the layout has no group %u", group);
   for (unsigned i = 0; i < n; i++)
@@ -824,6 +841,8 @@ int umbp_dp_job_poll(umbp_dp_job *job) {
 int umbp_dp_job_wait(umbp_dp_job *job, uint32_t timeout_ms) {
   if (!job) return umbp_fail(-EINVAL, "dp: job is NULL");
   if (umbp_dp_job_poll(job) == 0) return 0;
+  int frc = eng_forked_fail(job->eng); /* nothing in this process would finish it */
+  if (frc) return frc;
   uint64_t deadline = timeout_ms == UINT32_MAX ? UINT64_MAX : umbp_now_ns() + (uint64_t)timeout_ms * 1000000u;
   umbp_dp_engine *eng = job->eng; /* valid: the engine owns the job until DONE */
   for (;;) {
@@ -861,6 +880,8 @@ int umbp_dp_job_cancel(umbp_dp_job *job) {
   if (!job) return umbp_fail(-EINVAL, "dp: job is NULL");
   umbp_dp_engine *eng = job->eng;
   if (atomic_load_explicit(&job->state, memory_order_acquire) == DP_JOB_DONE) return -EALREADY;
+  int frc = eng_forked_fail(eng);
+  if (frc) return frc;
   pthread_mutex_lock(&eng->mu);
   int st = atomic_load_explicit(&job->state, memory_order_relaxed);
   if (st != DP_JOB_QUEUED || job->grp->cuda) {

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/common.h"
 #include "umbp/datapath.h"
@@ -98,6 +99,7 @@ struct umbp_dp_engine {
   struct umbp_dp_job *live; /* jobs not done */
   _Atomic unsigned test_delay_us; /* test hook: sleep per block in host copies */
   void *cuda;               /* CUDA backend's engine state */
+  pid_t pid;                /* creating process: a fork() child's copy has no copy threads */
 };
 
 /* Finish a job whose copies have all stopped: publish/abort slots, drop pins,

@@ -398,6 +398,56 @@ static void test_defer_release_after_detach(void **st) {
   fx_close(&f);
 }
 
+/* A fork() child holding its parent's engine and a job still copying: the
+ * child has no copy threads, so waiting and destroying must return rather
+ * than wait for copies that will never happen there. A plain fork, not
+ * exec: the inherited copy is what is tested. */
+static void test_fork_child(void **st) {
+  (void)st;
+  struct fx f;
+  fx_open(&f, "dpfork", 4096, 16);
+  uint64_t b[1] = {4096};
+  struct kvc c;
+  kvc_init(&c, 1, 4, b, 0, 0);
+  umbp_kv_layout *lay;
+  assert_int_equal(umbp_kv_layout_create(f.pool, c.reg, 1, &lay), 0);
+  umbp_dp_engine *e = engine(f.pool, 1);
+  umbp_dp__test_set_delay(e, 200000); /* 0.8 s for the job's 4 blocks */
+  uint32_t ids[4] = {0, 1, 2, 3};
+  umbp_key k[4];
+  for (unsigned i = 0; i < 4; i++) k[i] = dp_key(f.ns, 12, i);
+  umbp_dp_job *j;
+  assert_int_equal(umbp_dp_store(e, lay, 0, -1, 4, ids, k, 0, &j), 0);
+  while (umbp_dp__test_live_jobs(e) && atomic_load(&j->state) == DP_JOB_QUEUED) usleep(1000);
+  fflush(NULL);
+  pid_t p = fork();
+  assert_true(p >= 0);
+  if (p == 0) {
+    alarm(10); /* a hang ends the child with SIGALRM */
+    int code = 0;
+    if (umbp_dp_job_wait(j, UINT32_MAX) != -ECHILD) code |= 1;
+    if (!strstr(umbp_last_error(), "fork")) code |= 2;
+    umbp_dp_job *j2 = NULL;
+    if (umbp_dp_store(e, lay, 0, -1, 1, ids, k, 0, &j2) != -ECHILD || j2) code |= 4;
+    if (umbp_dp_job_cancel(j) != -ECHILD) code |= 8;
+    umbp_dp_engine_destroy(e);
+    _exit(code);
+  }
+  int ws;
+  assert_int_equal(waitpid(p, &ws, 0), p);
+  assert_true(WIFEXITED(ws));
+  assert_int_equal(WEXITSTATUS(ws), 0);
+  /* The parent's job is untouched by the child. */
+  assert_int_equal(umbp_dp_job_wait(j, 10000), 0);
+  assert_int_equal(umbp_dp_job_status(j), 0);
+  umbp_dp_job_release(j);
+  assert_int_equal(umbp_contains_bulk(f.pool, 4, k, (uint8_t[4]){0}), 4);
+  umbp_dp_engine_destroy(e);
+  umbp_kv_layout_free(lay);
+  kvc_free(&c);
+  fx_close(&f);
+}
+
 /* UMBP_DP_STORE_DEFER_PUBLISH: copied slots stay reserved and invisible
  * until umbp_dp_job_publish(); a job released unpublished gives them back. */
 static void test_defer_publish(void **st) {
@@ -807,6 +857,7 @@ int main(void) {
       cmocka_unit_test(test_affinity),     cmocka_unit_test(test_no_slot),
       cmocka_unit_test(test_defer_publish),
       cmocka_unit_test(test_defer_release_after_detach),
+      cmocka_unit_test(test_fork_child),
       cmocka_unit_test(test_ipc_table),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
