@@ -83,7 +83,8 @@ static const char *inspect_usage =
     "                             mv /var/lib/node_exporter/umbp.prom.$$ /var/lib/node_exporter/umbp.prom\n"
     "\n"
     "Exit status: 0 shown (with --check: no violation); 1 the pool cannot be\n"
-    "opened (missing, corrupted, no permission) or --check found violations;\n"
+    "opened (missing, corrupted, no permission), was destroyed (or created\n"
+    "again) under --watch or --stat, or --check found violations;\n"
     "2 usage error; 3 a SIGBUS on the pool (its file truncated under the running\n"
     "processes, or its file system full), said on stderr with the cause.\n"
     "Example: umbp inspect kv --check && umbp inspect kv --json | jq .slots\n";
@@ -498,6 +499,21 @@ static void print_stat_line(const struct snap *s, const struct snap *prev, unsig
          (unsigned long long)s->census.pinned, s->info.procs_live);
 }
 
+/* Does NAME still name the pool inspect maps? NULL when it does; else why
+ * not, in why. `umbp pool destroy` does not wait for inspect (a read-only
+ * attach claims no registry slot), so without this --watch and --stat would
+ * go on showing the removed pool, or the old one after a create of the same
+ * name, and keep its memory mapped. */
+static const char *pool_gone(const struct snap *s, const char *again, char *why, size_t n) {
+  struct stat named;
+  bool exists = stat(s->info.path, &named) == 0;
+  if (s->st.st_nlink && exists && named.st_ino == s->st.st_ino && named.st_dev == s->st.st_dev) return NULL;
+  snprintf(why, n, "pool '%s' was destroyed while inspect watched it (%s %s): run '%s' again to %s", s->info.name,
+           s->info.path, exists ? "now names another pool" : "was removed", again,
+           exists ? "watch the new pool" : "watch it once it is created again");
+  return why;
+}
+
 static void sleep_s(double sec) {
   struct timespec ts = {(time_t)sec, (long)((sec - (double)(time_t)sec) * 1e9)};
   while (nanosleep(&ts, &ts) != 0 && !stop_watch) {
@@ -607,6 +623,9 @@ int cmd_inspect(int argc, char **argv) {
     cli_pool_detach(p);
     return ret;
   }
+  char again[128], why[512]; /* the command that watches NAME again, and why it ended */
+  snprintf(again, sizeof again, "umbp inspect %s%s --%s %g", name, json ? " --json" : "", stat > 0 ? "stat" : "watch",
+           stat > 0 ? stat : watch);
   if (watch > 0 || stat > 0) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -619,6 +638,11 @@ int cmd_inspect(int argc, char **argv) {
     bool have_prev = false;
     while (!stop_watch) {
       snap_take(p, s, 0);
+      if (pool_gone(s, again, why, sizeof why)) {
+        cli_error("%s", why);
+        ret = CLI_RUNTIME;
+        break;
+      }
       print_stat_line(s, have_prev ? prev : NULL, &lines);
       if (cli_stdout_check("inspect --stat") != CLI_OK) {
         free(s);
@@ -635,12 +659,17 @@ int cmd_inspect(int argc, char **argv) {
     free(s);
     free(prev);
     cli_pool_detach(p);
-    return CLI_OK;
+    return ret;
   }
   bool tty = isatty(1), have_prev = false;
   if (watch > 0 && nevents) nevents = SNAP_MAX_EVENTS; /* summarised by type and namespace */
   for (;;) {
     snap_take(p, s, nevents);
+    if (watch > 0 && pool_gone(s, again, why, sizeof why)) {
+      cli_error("%s", why);
+      ret = CLI_RUNTIME;
+      break;
+    }
     if (ck && umbp_pool_check(p, ck) != 0) {
       cli_error("check failed: %s", umbp_last_error());
       ret = CLI_RUNTIME;

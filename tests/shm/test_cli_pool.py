@@ -2,6 +2,7 @@
 """`umbp pool` from the command line: exit codes, messages, --help, JSON."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -115,6 +116,31 @@ try:
             r = subprocess.run([TOOL, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=20)
         check(f"{' '.join(args)} > /dev/full ends (exit 1) instead of printing into nothing",
               r.returncode == 1 and "writing the output failed" in r.stderr, (r.returncode, r.stderr))
+    # inspect's read-only attach does not keep destroy from removing the pool: --watch and --stat end,
+    # saying so, instead of showing the removed pool (or the old one after a create of the same name)
+    for args, recreate in ((["--watch", "0.1"], False), (["--stat", "0.1"], False), (["--watch", "0.1", "--json"], True)):
+        w = subprocess.Popen([TOOL, "inspect", name, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+        time.sleep(0.5)
+        if recreate:  # stopped meanwhile, so that inspect sees only the new pool
+            w.send_signal(signal.SIGSTOP)
+        umbp("pool", "destroy", name)
+        if recreate:
+            umbp("pool", "create", name, "--capacity", "32MiB", "--slot-size", "128KiB", "--no-prefault", "-q")
+            w.send_signal(signal.SIGCONT)
+        try:
+            err = w.communicate(timeout=20)[1]
+        except subprocess.TimeoutExpired:
+            w.kill()
+            err = w.communicate()[1] + " (still running 20 s after the destroy)"
+        word = "now names another pool" if recreate else "was removed"
+        check(f"inspect {' '.join(args)}: a pool destroyed{' and created again' if recreate else ''} ends it (exit 1)",
+              w.returncode == 1 and f"pool '{name}' was destroyed while inspect watched it" in err and word in err
+              and f"umbp inspect {name}" in err, (w.returncode, err))
+        if not recreate:
+            umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault", "-q")
+    umbp("pool", "destroy", name)
+    umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault", "-q")
     rc, _, err = umbp("--version", "extra")
     check("umbp --version takes no arguments", rc == 2 and "'extra'" in err, err)
     # a live process keeps destroy from removing the pool
