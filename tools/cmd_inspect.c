@@ -546,11 +546,13 @@ int cmd_inspect(int argc, char **argv) {
     case O_CHECK: check = true; break;
     case O_PROM: prom = true; break;
     case O_STAT: {
-      /* --stat, --stat=S or --stat S (S: the next word when it is a number) */
+      /* --stat, --stat=S or --stat S (S: the next word when it is a number,
+       * a negative one included, so that it is refused as a value rather than
+       * as an unknown option) */
       const char *arg = optarg;
-      if (!arg && optind < argc && argv[optind][0] != '-') {
+      if (!arg && optind < argc && (argv[optind][0] != '-' || (argv[optind][1] >= '0' && argv[optind][1] <= '9'))) {
         strtod(argv[optind], &end);
-        if (!*end && end != argv[optind] && cli_decimal(argv[optind])) arg = argv[optind++];
+        if (!*end && end != argv[optind] && cli_decimal(argv[optind] + (argv[optind][0] == '-'))) arg = argv[optind++];
       }
       stat = arg ? strtod(arg, &end) : 1.0;
       if (arg && (*end || end == arg || !cli_decimal(arg) || !(stat >= 0.1 && stat <= 86400)))

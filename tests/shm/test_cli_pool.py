@@ -84,6 +84,11 @@ try:
     check("pool ls still lists a pool named '-...'", rc == 0 and f"-{name}" in out, out + err)
     rc, out, err = umbp("pool", "destroy", "--force", "--", "-" + name)
     check("pool destroy -- -NAME removes it", rc == 0 and not os.path.exists(f"/dev/shm/umbp.-{name}"), (rc, out, err))
+    # a negative --stat interval is refused as a value, not as an unknown option '-1'
+    for v in ("-1", "-0.5"):
+        rc, _, err = umbp("inspect", name, "--stat", v)
+        check(f"inspect --stat {v}: usage error naming the value and the range",
+              rc == 2 and f"--stat '{v}'" in err and "0.1 to 86400" in err, (rc, err))
     rc, _, err = umbp("pool", "create", name, "extra", "--capacity", "16MiB")
     check("too many arguments names the extra one", rc == 2 and "'extra' after pool NAME" in err, err)
     for sub in (["info", name, "x"], ["destroy", name, "x"], ["reap", name, "x"]):
