@@ -149,7 +149,8 @@ static void print_event_summary(umbp_pool *p, const struct snap *s) {
       for (unsigned q = k; q < s->nev; q++) m += s->ev[q].type == type && s->ev[q].key.ns == s->ev[k].key.ns;
       char name[136] = "";
       if (umbp_ns_name(p, s->ev[k].key.ns, name, sizeof name) != 0) snprintf(name, sizeof name, "ns %u", s->ev[k].key.ns);
-      printf("%s%s %u", firstns ? "" : ", ", name, m);
+      char safe[136];
+      printf("%s%s %u", firstns ? "" : ", ", snap_term_safe(name, safe, sizeof safe), m);
       firstns = false;
     }
     printf(")");
@@ -215,11 +216,11 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
   uint64_t now = s->wall_ns; /* CLOCK_REALTIME when the snapshot was taken */
   for (int k = 0; k < s->nprocs; k++) {
     const umbp_proc_info *q = &s->procs[k];
-    char hb[32];
+    char hb[32], comm[sizeof q->comm];
     snprintf(hb, sizeof hb, "%.1fs ago", q->heartbeat_ns && now > q->heartbeat_ns ? (double)(now - q->heartbeat_ns) / 1e9 : 0.0);
     printf("  %-4u %-8d %-9s %-5d %-7s %6llu %10s  %s\n", q->slot, q->pid, umbp_role_name(q->role), q->rank,
            !q->alive ? "dead" : s->stopped[k] ? "stopped" : "alive", (unsigned long long)s->pins_by[q->slot], hb,
-           q->comm);
+           snap_term_safe(q->comm, comm, sizeof comm));
   }
   if (s->procs_stopped)
     printf("  (a stopped process holds its pins and reserved slots, and nothing else, until it is resumed: "
@@ -232,7 +233,9 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
     if (!shown++)
       printf("  %-4s %-20s %8s %12s %12s %8s %10s%s  label   (hit rate: hits / lookups since the pool was created)\n",
              "id", "name", "blocks", "bytes", "quota", "hit rate", "lookups", prev ? "   lookups/s" : "");
-    printf("  %-4u %-20.20s %8llu %12s %12s %7.1f%% %10llu", n->id, n->name, (unsigned long long)n->blocks,
+    char nm[sizeof n->name];
+    printf("  %-4u %-20.20s %8llu %12s %12s %7.1f%% %10llu", n->id, snap_term_safe(n->name, nm, sizeof nm),
+           (unsigned long long)n->blocks,
            cli_fmt_size(n->blocks * i->slot_size, a, sizeof a), n->quota_bytes ? cli_fmt_size(n->quota_bytes, b, sizeof b) : "none",
            100.0 * snap_ratio(n->c.hits, n->c.lookups), (unsigned long long)n->c.lookups);
     const struct snap_ns *pn = NULL;
@@ -240,7 +243,8 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
       if (prev->ns[q].id == n->id) pn = &prev->ns[q];
     if (prev) printf(" %12.1f", pn ? rate(n->c.lookups, pn->c.lookups, s, prev) : 0.0);
     const char *label = notes_label(&g_notes, n->name);
-    printf("  %s\n", label ? label : "-");
+    char lb[256];
+    printf("  %s\n", label ? snap_term_safe(label, lb, sizeof lb) : "-");
   }
   if (!shown) printf("  (none registered)\n");
   print_event_state(s);

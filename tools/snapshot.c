@@ -123,6 +123,26 @@ static size_t utf8_len(const unsigned char *q) {
   return n;
 }
 
+const char *snap_term_safe(const char *v, char *buf, size_t n) {
+  size_t o = 0;
+  if (!n) return "";
+  for (const unsigned char *q = (const unsigned char *)v; v && *q && o + 1 < n;) {
+    size_t l = utf8_len(q);
+    /* C0 controls, DEL, C1 controls (U+0080..U+009F: 0xc2 0x80..0x9f) and bytes that are not UTF-8 */
+    bool bad = !l || *q < 0x20 || *q == 0x7f || (q[0] == 0xc2 && q[1] < 0xa0);
+    if (bad || o + l >= n) {
+      buf[o++] = '?';
+      q += l ? l : 1;
+      continue;
+    }
+    memcpy(buf + o, q, l);
+    o += l;
+    q += l;
+  }
+  buf[o] = 0;
+  return buf;
+}
+
 /* A label value: backslash, double quote and newline escaped. The text
  * format is UTF-8 and Prometheus refuses a whole scrape with one byte that
  * is not: a namespace name is any bytes to the library, so such a byte is

@@ -79,5 +79,10 @@ void snap_fmt_time(uint64_t unix_ns, char *buf, size_t n);
  * every metric with its HELP and TYPE lines; the list is in
  * docs/operations.md. 0, or -EIO when f failed. */
 int snap_prometheus(const struct snap *s, FILE *f);
+/* v for a terminal into buf (n bytes, NUL-terminated): control characters
+ * (C0, DEL, C1) and bytes that are not UTF-8 as '?', so that a name another
+ * process wrote (a namespace, a process name, a notes label) cannot move the
+ * cursor or rewrite what the operator's terminal shows. Returns buf. */
+const char *snap_term_safe(const char *v, char *buf, size_t n);
 
 #endif

@@ -314,6 +314,24 @@ def t_not_utf8():
         d.stop()
 
 
+@check("inspect's text output writes control characters of names other processes set as '?'")
+def t_term_safe():
+    d = Daemon()
+    try:
+        # a namespace name is any bytes to the library: ESC sequences, BEL and a C1 CSI (U+009B)
+        # would move the cursor or rewrite an operator's terminal
+        p = subprocess.run([HELPER, "store", POOL, b"evil\x1b[2J\x07x\xc2\x9by\xff", "0", "1"],
+                           capture_output=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.strip() == b"stored 1", p
+        assert helper("store", POOL, "caf\u00e9", "0", "1") == "stored 1"
+        out = subprocess.run([TOOL, "inspect", POOL], capture_output=True, timeout=30).stdout
+        assert b"evil?[2J?x?y?" in out, out
+        assert "caf\u00e9".encode() in out, out  # printable UTF-8 is kept as it is
+        assert not any(c < 0x20 and c != 0x0a for c in out) and b"\x7f" not in out and b"\xc2\x9b" not in out, out
+    finally:
+        d.stop()
+
+
 @check("slow clients (slowloris) from one address do not lock out a scraper from another")
 def t_slowloris():
     import http.client
