@@ -39,6 +39,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 
@@ -97,10 +98,28 @@ def parse(text: str, uuid: str | None = None) -> Notes:
     return n
 
 
+def _open_regular(p: str, flags: int, mode: int = 0o600) -> int:
+    """os.open(p) of the notes file, refused unless it is a regular file: any
+    local user can make /dev/shm/umbp-notes.NAME first, and a FIFO there would
+    block open() or read() for ever (O_NONBLOCK; O_NOFOLLOW as every pool
+    file). OSError naming the file, what it is and the command that removes it."""
+    fd = os.open(p, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        what = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else \
+            "not a regular file"
+        raise OSError(errno.EINVAL, f"{p} is {what}, not umbp's notes file of the pool: if no other program "
+                                    f"uses it, remove it ({'rm -r' if stat.S_ISDIR(st.st_mode) else 'rm'} {p})")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def read(pool: str, uuid: str | None = None) -> Notes:
-    """The notes of `pool` without the lock (readers tolerate a record being appended)."""
+    """The notes of `pool` without the lock (readers tolerate a record being
+    appended); none when the file is missing or is not a regular file."""
     try:
-        with open(path(pool), encoding="utf-8", errors="replace") as f:
+        with os.fdopen(_open_regular(path(pool), os.O_RDONLY), encoding="utf-8", errors="replace") as f:
             return parse(f.read(), uuid)
     except OSError:
         return Notes()
@@ -164,9 +183,9 @@ class Locked:
 
     def _open(self) -> int:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = _open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
-            return os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            return _open_regular(self.path, os.O_RDWR)
         mode = _pool_file_mode(self.pool)
         if mode:
             try:
