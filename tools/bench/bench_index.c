@@ -902,11 +902,6 @@ struct mem_lat {
 };
 static struct mem_lat g_mem_ours[MAX_LF], g_mem_4k[MAX_LF];
 
-static int dbl_cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 #if defined(__x86_64__)
 static double piece_line_ns(const char *p, size_t len) {
   uint64_t nl = len / 64;
@@ -940,9 +935,8 @@ static struct mem_lat mem_region(const char *base, size_t len) {
     size_t at = (size_t)((uint64_t)i * np / k) * MEM_PIECE; /* k pieces spread over the region */
     v[i] = piece_line_ns(base + at, len - at < MEM_PIECE ? len - at : MEM_PIECE);
   }
-  qsort(v, k, sizeof *v, dbl_cmp);
   m.ok = true;
-  m.med = k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+  m.med = median(v, k); /* sorts v */
   m.lo = v[0];
   m.hi = v[k - 1];
   return m;
