@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli_config.h" /* UMBP_HAVE_MICROHTTPD */
+#include "pool_fault.h"
 #include "snapshot.h"
 
 int metrics_parse_addr(const char *arg, struct sockaddr_storage *ss, socklen_t *len, char *why, size_t n) {
@@ -164,6 +165,15 @@ int metrics_serve(int fd, const char *pool, struct metrics_server **ret, char *w
     close(fd);
     return rc;
   }
+  /* This attach is a second mapping of the pool, and a scrape reads parts of
+   * it (namespaces, counters, the event ring) that the daemon's own threads
+   * may not touch between two checks of the file: a scrape of a pool whose
+   * file was truncated killed the daemon with a bare SIGBUS (no message,
+   * status 135). Watched like the daemon's own mapping, it ends in the same
+   * logged message and status 3. */
+  char who[48];
+  snprintf(who, sizeof who, "umbp-daemon[%d]: error", (int)getpid());
+  cli_fault_watch(srv->pool, who, true);
   srv->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, on_request, srv,
                               MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
                               MHD_OPTION_CONNECTION_LIMIT, 64u,
@@ -174,7 +184,7 @@ int metrics_serve(int fd, const char *pool, struct metrics_server **ret, char *w
                               MHD_OPTION_PER_IP_CONNECTION_LIMIT, 8u, MHD_OPTION_END);
   if (!srv->mhd) {
     snprintf(why, n, "libmicrohttpd could not start serving the metrics socket");
-    umbp_pool_detach(srv->pool);
+    cli_pool_detach(srv->pool);
     free(srv->snap);
     free(srv);
     close(fd);
@@ -187,7 +197,7 @@ int metrics_serve(int fd, const char *pool, struct metrics_server **ret, char *w
 void metrics_stop(struct metrics_server *srv) {
   if (!srv) return;
   MHD_stop_daemon(srv->mhd); /* closes the listening socket too */
-  umbp_pool_detach(srv->pool);
+  cli_pool_detach(srv->pool); /* ends the watch; a short file is let go of without touching it */
   free(srv->snap);
   free(srv);
 }

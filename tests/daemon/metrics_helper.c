@@ -14,6 +14,11 @@
  *   metrics_helper hold-pins NAME NSNAME COUNT
  *       publish keys 0..COUNT-1 of NSNAME and pin each, print "pinned N",
  *       and wait to be killed (or stopped).
+ *   metrics_helper events-offset NAME
+ *       print the offset of the event-ring region in the pool's file (read
+ *       from its header through a read-only attach): the regions before it
+ *       (registry, index header, free rings) are what the daemon's own
+ *       threads touch; the scrape also reads this one and those after it.
  * Exit 0, 1 on a failure (with the library's message), 2 usage.
  */
 #include <signal.h>
@@ -24,11 +29,13 @@
 #include <unistd.h>
 
 #include "index_test_util.h"
+#include "shm/layout.h"
+#include "umbp/admin.h"
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
 int main(int argc, char **argv) {
-  if (argc < 3 || (strcmp(argv[1], "hold") && strcmp(argv[1], "hold-pins") && argc < 6) ||
+  if (argc < 3 || (strcmp(argv[1], "hold") && strcmp(argv[1], "hold-pins") && strcmp(argv[1], "events-offset") && argc < 6) ||
       (!strcmp(argv[1], "hold-pins") && argc < 5)) {
     fprintf(stderr, "usage: see the comment at the top of metrics_helper.c\n");
     return 2;
@@ -36,6 +43,20 @@ int main(int argc, char **argv) {
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
   umbp_attach_opts o;
   umbp_attach_opts_init(&o);
+  if (!strcmp(argv[1], "events-offset")) {
+    umbp_pool *p;
+    void *base;
+    size_t len;
+    o.read_only = true;
+    o.role = UMBP_ROLE_TOOL;
+    if (umbp_pool_attach(argv[2], &o, &p) || umbp_admin_pool_mapping(p, &base, &len)) {
+      printf("attach %s\n", umbp_last_error());
+      return 1;
+    }
+    printf("%llu\n", (unsigned long long)((const struct umbp_shm_header *)base)->regions[UMBP_REG_EVENTS].offset);
+    umbp_pool_detach(p);
+    return 0;
+  }
   o.role = UMBP_ROLE_WORKER;
   umbp_pool *p;
   int rc = umbp_pool_attach(argv[2], &o, &p);
