@@ -168,6 +168,9 @@ def t_bind_fail():
 def t_help():
     out = subprocess.run([TOOL, "daemon", "--help"], capture_output=True, text=True).stdout
     assert "--metrics ADDRESS:PORT" in out and "Example: --metrics 127.0.0.1:" in out, out
+    # what the paragraph lists is served: it named "readers" long after layout 6 removed those metrics
+    para = " ".join(out.split("--metrics ADDRESS:PORT", 1)[1].split("Example:", 1)[0].split())
+    assert "readers" not in para and "stopped" in para, para
 
 
 @check("a stopped process: the metric, inspect's state column and the daemon's log name it with its pins",
