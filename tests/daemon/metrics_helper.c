@@ -14,6 +14,13 @@
  *   metrics_helper hold-pins NAME NSNAME COUNT
  *       publish keys 0..COUNT-1 of NSNAME and pin each, print "pinned N",
  *       and wait to be killed (or stopped).
+ *   metrics_helper churn NAME NSNAME MS
+ *       turn event recording on (a first drain), then for MS milliseconds
+ *       publish and remove blocks on a second thread (a removed event each,
+ *       faster than they are drained: the ring overflows) while this one
+ *       drains up to 4096 events every 20 ms (bursts that move the dequeue
+ *       position far: what made a scrape's drained estimate step back most
+ *       often); prints "drained D dropped X".
  *   metrics_helper events-offset NAME
  *       print the offset of the event-ring region in the pool's file (read
  *       from its header through a read-only attach): the regions before it
@@ -21,11 +28,15 @@
  *       threads touch; the scrape also reads this one and those after it.
  * Exit 0, 1 on a failure (with the library's message), 2 usage.
  */
+#include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "index_test_util.h"
@@ -34,9 +45,25 @@
 #include "umbp/index.h"
 #include "umbp/pool.h"
 
+static atomic_bool churn_stop;
+static umbp_pool *churn_pool;
+static uint32_t churn_ns;
+
+static void *churn_producer(void *arg) {
+  (void)arg;
+  for (uint64_t id = 0; !atomic_load(&churn_stop); id++) {
+    umbp_key k = itu_key(churn_ns, id, 0);
+    uint32_t s;
+    if (umbp_reserve(churn_pool, -1, churn_ns, &s) == 0 && umbp_publish(churn_pool, s, &k) == 0)
+      umbp_remove(churn_pool, &k);
+  }
+  return NULL;
+}
+
 int main(int argc, char **argv) {
-  if (argc < 3 || (strcmp(argv[1], "hold") && strcmp(argv[1], "hold-pins") && strcmp(argv[1], "events-offset") && argc < 6) ||
-      (!strcmp(argv[1], "hold-pins") && argc < 5)) {
+  bool four = argc > 1 && (!strcmp(argv[1], "hold-pins") || !strcmp(argv[1], "churn")); /* NAME NSNAME N */
+  if (argc < 3 || (strcmp(argv[1], "hold") && strcmp(argv[1], "events-offset") && !four && argc < 6) ||
+      (four && argc < 5)) {
     fprintf(stderr, "usage: see the comment at the top of metrics_helper.c\n");
     return 2;
   }
@@ -73,6 +100,30 @@ int main(int argc, char **argv) {
   if ((rc = umbp_ns_register(p, argv[3], &ns)) != 0) {
     printf("ns_register %d %s\n", rc, umbp_last_error());
     return 1;
+  }
+  if (!strcmp(argv[1], "churn")) {
+    static umbp_event ev[4096];
+    uint64_t drained = 0;
+    churn_pool = p;
+    churn_ns = ns;
+    umbp_events_drain(p, NULL, 0); /* removals record events from now on */
+    pthread_t t;
+    if (pthread_create(&t, NULL, churn_producer, NULL)) return 1;
+    struct timespec now, gap = {0, 20000000};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t end = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    end += strtoull(argv[4], NULL, 10) * 1000000ull;
+    do {
+      int n = umbp_events_drain(p, ev, 4096);
+      if (n > 0) drained += (uint64_t)n;
+      nanosleep(&gap, NULL);
+      clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec < end);
+    atomic_store(&churn_stop, true);
+    pthread_join(t, NULL);
+    printf("drained %llu dropped %llu\n", (unsigned long long)drained, (unsigned long long)umbp_events_dropped(p));
+    umbp_pool_detach(p);
+    return 0;
   }
   if (!strcmp(argv[1], "hold-pins")) {
     unsigned n = (unsigned)atoi(argv[4]), pinned = 0;
