@@ -815,6 +815,21 @@ static void watch_stopped(umbp_pool *p, struct stopped_seen *seen) {
   }
 }
 
+/* Does pool `name` exist with a daemon running? *pid: its pid (-1: not
+ * known). A read-only attach: it changes nothing, and false when the pool
+ * cannot be attached. */
+static bool pool_has_daemon(const char *name, int *pid) {
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  ao.read_only = true;
+  ao.role = UMBP_ROLE_TOOL;
+  umbp_pool *ro;
+  if (umbp_pool_attach(name, &ao, &ro)) return false;
+  bool yes = umbp_admin_daemon_query(ro, pid, NULL) == 1;
+  umbp_pool_detach(ro);
+  return yes;
+}
+
 int cmd_daemon(int argc, char **argv) {
   if (want_help(argc, argv)) {
     printf(daemon_usage, metrics_http_available() ? " (this one is)" : " (this one is NOT: install libmicrohttpd-dev and rebuild)");
@@ -891,6 +906,19 @@ int cmd_daemon(int argc, char **argv) {
                    "(scripts/setup.sh) and rebuild, or use 'umbp inspect %s --prometheus'", o.metrics, o.pool);
     }
     mfd = metrics_listen(&o.maddr, o.mlen);
+    /* A daemon started twice with the same --metrics finds the port taken by
+     * the pool's own daemon: "pick another one" sent the operator to another
+     * port, only for the start to fail there on that daemon. Say which. */
+    int dpid = -1;
+    if (mfd == -EADDRINUSE && pool_has_daemon(o.pool, &dpid)) {
+      free(fileq);
+      if (dpid > 0)
+        return fatal("--metrics %s: cannot listen: %s: pool '%s' already has a daemon (pid %d), which may be the one "
+                     "on this port: stop it first (kill -TERM %d), or leave it running",
+                     o.metrics, strerror(EADDRINUSE), o.pool, dpid, dpid);
+      return fatal("--metrics %s: cannot listen: %s: pool '%s' already has a daemon (pid unknown): stop it first",
+                   o.metrics, strerror(EADDRINUSE), o.pool);
+    }
     if (mfd < 0) {
       free(fileq);
       return fatal("--metrics %s: cannot listen: %s%s", o.metrics, strerror(-mfd),

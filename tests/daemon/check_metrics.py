@@ -164,6 +164,21 @@ def t_bind_fail():
         s.close()
 
 
+@check("a second daemon of the pool on the same --metrics port is told of the first, not to pick another port")
+def t_twice():
+    d = Daemon()
+    try:
+        p = subprocess.run([TOOL, "daemon", POOL, "--foreground", "--metrics", f"127.0.0.1:{d.port}"],
+                           capture_output=True, text=True, timeout=20)
+        assert p.returncode == 1, f"exit {p.returncode}: {p.stderr}"
+        # "pick another one" sent the operator to another port, where the start failed on the daemon anyway
+        assert (f"pool '{POOL}' already has a daemon (pid {d.p.pid})" in p.stderr and f"kill -TERM {d.p.pid}" in
+                p.stderr and "pick another" not in p.stderr), p.stderr
+        assert "umbp_pool_info" in d.scrape_text()  # the first one serves on
+    finally:
+        d.stop()
+
+
 @check("--help documents --metrics with an example", needs_parser=False)
 def t_help():
     out = subprocess.run([TOOL, "daemon", "--help"], capture_output=True, text=True).stdout
