@@ -86,7 +86,9 @@ UMBP_API void umbp_feed_opts_init(umbp_feed_opts *opts);
  * the handle's open file (an OFD lock the kernel drops when the process
  * dies), so a killed consumer's name is free again at once. fork(): the
  * file is close-on-exec; a child that does not exec shares it and keeps the
- * name held while it lives, and must not use the handle. */
+ * name held while it lives; its umbp_feed_read() and umbp_feed_commit() on
+ * the inherited handle fail with -ECHILD (they would move the parent's
+ * cursor), and its umbp_feed_close() frees only its own copy. */
 UMBP_API int umbp_feed_open(umbp_pool *pool, const char *name, const umbp_feed_opts *opts,
                             umbp_feed **ret_feed);
 
@@ -97,7 +99,8 @@ UMBP_API int umbp_feed_open(umbp_pool *pool, const char *name, const umbp_feed_o
  * the capacity behind), torn by a producer overtaken a whole lap, or left
  * unfinished for 100 ms by a producer that stopped or died between its claim
  * and its completion. Errors: -EINVAL (NULL feed, NULL out with max > 0),
- * -ESTALE (the feed was re-created since the open: open it again). Never
+ * -ESTALE (the feed was re-created since the open: open it again), -ECHILD
+ * (a handle inherited through fork(), see umbp_feed_open()). Never
  * waits: an entry still being written ends the read (it is returned by a
  * later call). Ordering: each returned entry was completely written by its
  * producer, and what that producer wrote before publishing the block (its
@@ -108,7 +111,8 @@ UMBP_API int umbp_feed_read(umbp_feed *feed, umbp_feed_entry *out, unsigned max,
 
 /* Record that every entry before position `pos` is processed: a consumer
  * reopened under the same name with UMBP_FEED_RESUME starts there. pos
- * beyond the read cursor is clamped to it. Returns 0, or -EINVAL (NULL).
+ * beyond the read cursor is clamped to it. Returns 0, or -EINVAL (NULL),
+ * -ECHILD (a handle inherited through fork()).
  * Relaxed store to the consumer's own line of the feed; no one waits on it. */
 UMBP_API int umbp_feed_commit(umbp_feed *feed, uint64_t pos);
 

@@ -220,6 +220,7 @@ struct umbp_feed {
   int fd;                 /* holds the name's lock byte */
   struct umbp_feed_map m;
   unsigned row;
+  char name[UMBP_FEED_NAME_MAX + 1]; /* the consumer's, for messages */
   uint64_t cursor, lost;
   uint64_t stall_pos, stall_since; /* the unfinished entry the last read ended at */
   bool stalled;
@@ -583,6 +584,7 @@ UMBP_API int umbp_feed_open(umbp_pool *p, const char *name, const umbp_feed_opts
   atomic_store_explicit(&c->read, f->cursor, memory_order_relaxed);
   atomic_store_explicit(&c->active_ns, umbp_realtime_ns(), memory_order_relaxed);
   f->row = (unsigned)row;
+  snprintf(f->name, sizeof f->name, "%s", name);
   feed_lock_byte(p->fd, UMBP_LOCK_FEED, F_UNLCK);
   *ret = f;
   return 0;
@@ -596,8 +598,20 @@ fail:
   return rc;
 }
 
+/* A consumer handle inherited through fork(): -ECHILD. The name belongs to
+ * the parent (the same open file holds its lock in both processes). */
+static int feed_forked_fail(const umbp_feed *f) {
+  return umbp_fail(-ECHILD, "feed consumer '%s' of pool '%s' was opened by process %d and inherited through "
+                            "fork(): a child may not read or commit on it (it would move the parent's cursor); "
+                            "umbp_feed_close() it, attach the pool in the child and open the feed under a name "
+                            "of its own", f->name, f->p->name, f->p->attach_pid);
+}
+
 UMBP_API int umbp_feed_read(umbp_feed *f, umbp_feed_entry *out, unsigned max, uint64_t *ret_lost) {
   if (!f || (!out && max)) return umbp_fail(-EINVAL, "umbp_feed_read: feed, and out for max = %u, are required", max);
+  /* a fork() child's copy of the handle would advance and count on the
+   * parent's consumer line (its cursor copy is private, the line is not) */
+  if (f->p->forked) return feed_forked_fail(f);
   if (atomic_load_explicit(&f->p->hdr->feed_gen, memory_order_relaxed) != f->m.gen)
     return umbp_fail(-ESTALE, "pool '%s': its feed was re-created since this consumer opened it: open it again",
                      f->p->name);
@@ -668,6 +682,7 @@ UMBP_API int umbp_feed_read(umbp_feed *f, umbp_feed_entry *out, unsigned max, ui
 
 UMBP_API int umbp_feed_commit(umbp_feed *f, uint64_t pos) {
   if (!f) return umbp_fail(-EINVAL, "umbp_feed_commit: feed is required");
+  if (f->p->forked) return feed_forked_fail(f); /* would move the parent's committed cursor */
   if ((int64_t)(pos - f->cursor) > 0) pos = f->cursor;
   atomic_store_explicit(&f->m.h->consumers[f->row].committed, pos, memory_order_relaxed);
   return 0;

@@ -381,6 +381,43 @@ static void test_mp_feed(void **state) {
   umbp_feed_close(a);
 }
 
+/* A fork() child's copy of a consumer handle may not read or commit: it
+ * would advance and count on the parent's line (before the fix the child's
+ * read returned the entries and set the parent's delivered, read and
+ * committed). Its close frees only its copy: the parent keeps the name and
+ * reads everything. */
+static void test_mp_feed_forked(void **state) {
+  struct fx *f = *state;
+  umbp_feed *a;
+  assert_int_equal(umbp_feed_open(f->p, "parent", NULL, &a), 0);
+  publish(f, 1, 5);
+  pid_t c = fork();
+  assert_true(c >= 0);
+  if (c == 0) {
+    umbp_feed_entry e[16];
+    int code = 0;
+    if (umbp_feed_read(a, e, 16, NULL) != -ECHILD) code |= 1;
+    else if (!strstr(umbp_last_error(), "fork()")) code |= 2;
+    if (umbp_feed_commit(a, 3) != -ECHILD) code |= 4;
+    umbp_feed_close(a);
+    _exit(code);
+  }
+  assert_int_equal(tu_wait(c), 0);
+  umbp_feed_info fi;
+  assert_int_equal(umbp_feed_info_get(f->p, &fi), 0);
+  assert_int_equal(fi.n_consumers, 1);
+  assert_int_equal(fi.consumers[0].delivered, 0);
+  assert_int_equal(fi.consumers[0].read, 0);
+  assert_int_equal(fi.consumers[0].committed, 0);
+  assert_true(fi.consumers[0].alive);
+  umbp_feed *dup;
+  assert_int_equal(umbp_feed_open(f->p, "parent", NULL, &dup), -EBUSY);
+  umbp_feed_entry e[16];
+  assert_int_equal(umbp_feed_read(a, e, 16, NULL), 5);
+  assert_int_equal(umbp_feed_commit(a, 5), 0);
+  umbp_feed_close(a);
+}
+
 /* A tier killed holding a request: the client's poll says -ENOTCONN at
  * once; the next tier adopts the table. */
 static void test_mp_tier_killed(void **state) {
@@ -432,6 +469,7 @@ int main(int argc, char **argv) {
   };
   const struct CMUnitTest mp[] = {
       cmocka_unit_test_setup_teardown(test_mp_feed, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_mp_feed_forked, setup, teardown),
       cmocka_unit_test_setup_teardown(test_mp_tier_killed, setup, teardown),
   };
   if (argc > 1 && !strcmp(argv[1], "mp")) return cmocka_run_group_tests_name("tier-mp", mp, NULL, NULL);
