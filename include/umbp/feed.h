@@ -82,7 +82,9 @@ UMBP_API void umbp_feed_opts_init(umbp_feed_opts *opts);
  * consumers); -ETIMEDOUT (another process held the pool's feed lock for
  * 5 s: stopped while opening); -ENOSPC, -EACCES, -EIO from creating the
  * file. Ownership: the handle is the caller's until umbp_feed_close(); it
- * must be closed before the pool handle is detached. The name is held by
+ * must be closed before the pool handle is detached (after the detach,
+ * umbp_feed_read() and umbp_feed_commit() fail with -EBADF; the close still
+ * frees the handle and the name). The name is held by
  * the handle's open file (an OFD lock the kernel drops when the process
  * dies), so a killed consumer's name is free again at once. fork(): the
  * file is close-on-exec; a child that does not exec shares it and keeps the
@@ -100,7 +102,8 @@ UMBP_API int umbp_feed_open(umbp_pool *pool, const char *name, const umbp_feed_o
  * unfinished for 100 ms by a producer that stopped or died between its claim
  * and its completion. Errors: -EINVAL (NULL feed, NULL out with max > 0),
  * -ESTALE (the feed was re-created since the open: open it again), -ECHILD
- * (a handle inherited through fork(), see umbp_feed_open()). Never
+ * (a handle inherited through fork(), see umbp_feed_open()), -EBADF (the
+ * pool handle was detached before the feed was closed). Never
  * waits: an entry still being written ends the read (it is returned by a
  * later call). Ordering: each returned entry was completely written by its
  * producer, and what that producer wrote before publishing the block (its
@@ -112,7 +115,8 @@ UMBP_API int umbp_feed_read(umbp_feed *feed, umbp_feed_entry *out, unsigned max,
 /* Record that every entry before position `pos` is processed: a consumer
  * reopened under the same name with UMBP_FEED_RESUME starts there. pos
  * beyond the read cursor is clamped to it. Returns 0, or -EINVAL (NULL),
- * -ECHILD (a handle inherited through fork()).
+ * -ECHILD (a handle inherited through fork()), -EBADF (the pool handle was
+ * detached).
  * Relaxed store to the consumer's own line of the feed; no one waits on it. */
 UMBP_API int umbp_feed_commit(umbp_feed *feed, uint64_t pos);
 

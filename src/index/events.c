@@ -217,6 +217,7 @@ struct umbp_feed_map {
 
 struct umbp_feed {
   umbp_pool *p;
+  uint64_t p_serial;      /* p's attach_serial: p may be detached (freed) before the close */
   int fd;                 /* holds the name's lock byte */
   struct umbp_feed_map m;
   unsigned row;
@@ -503,6 +504,7 @@ UMBP_API int umbp_feed_open(umbp_pool *p, const char *name, const umbp_feed_opts
   umbp_feed *f = calloc(1, sizeof *f);
   if (!f) return umbp_fail(-ENOMEM, "umbp_feed_open: out of memory");
   f->p = p;
+  f->p_serial = p->attach_serial;
   f->fd = -1;
   if ((rc = feed_pool_lock(p))) {
     free(f);
@@ -598,6 +600,17 @@ fail:
   return rc;
 }
 
+/* Whether the feed's pool handle is still attached: read and commit load
+ * through it (feed_gen, the fork mark), and umbp_pool_detach() frees it. A
+ * caller that detached first gets -EBADF instead of a use after free; the
+ * feed's own mapping and file stay valid until umbp_feed_close(). One
+ * uncontended mutex a call (umbp_pool_attached()). */
+static int feed_pool_check(const umbp_feed *f, const char *fn) {
+  if (UMBP_LIKELY(umbp_pool_attached(f->p, f->p_serial))) return 0;
+  return umbp_fail(-EBADF, "%s: feed consumer '%s': its pool handle was detached (umbp_pool_detach()) before "
+                           "umbp_feed_close(): close the feed first, or attach again and reopen it", fn, f->name);
+}
+
 /* A consumer handle inherited through fork(): -ECHILD. The name belongs to
  * the parent (the same open file holds its lock in both processes). */
 static int feed_forked_fail(const umbp_feed *f) {
@@ -609,6 +622,8 @@ static int feed_forked_fail(const umbp_feed *f) {
 
 UMBP_API int umbp_feed_read(umbp_feed *f, umbp_feed_entry *out, unsigned max, uint64_t *ret_lost) {
   if (!f || (!out && max)) return umbp_fail(-EINVAL, "umbp_feed_read: feed, and out for max = %u, are required", max);
+  int rc = feed_pool_check(f, "umbp_feed_read");
+  if (rc) return rc;
   /* a fork() child's copy of the handle would advance and count on the
    * parent's consumer line (its cursor copy is private, the line is not) */
   if (f->p->forked) return feed_forked_fail(f);
@@ -682,6 +697,8 @@ UMBP_API int umbp_feed_read(umbp_feed *f, umbp_feed_entry *out, unsigned max, ui
 
 UMBP_API int umbp_feed_commit(umbp_feed *f, uint64_t pos) {
   if (!f) return umbp_fail(-EINVAL, "umbp_feed_commit: feed is required");
+  int rc = feed_pool_check(f, "umbp_feed_commit");
+  if (rc) return rc;
   if (f->p->forked) return feed_forked_fail(f); /* would move the parent's committed cursor */
   if ((int64_t)(pos - f->cursor) > 0) pos = f->cursor;
   atomic_store_explicit(&f->m.h->consumers[f->row].committed, pos, memory_order_relaxed);

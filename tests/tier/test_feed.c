@@ -260,6 +260,35 @@ static void test_feed_stale_file(void **state) {
   assert_int_equal(access(path, F_OK), -1); /* destroy removes the feed with the pool */
 }
 
+/* A feed used after its pool handle was detached: read and commit fail with
+ * -EBADF (they loaded through the freed handle before: a SIGSEGV, or an
+ * ASan use-after-free); close still frees the handle and the name. */
+static void test_feed_after_detach(void **state) {
+  struct fx *f = *state;
+  umbp_feed *a;
+  assert_int_equal(umbp_feed_open(f->p, "late", NULL, &a), 0);
+  publish(f, 1, 3);
+  umbp_pool_detach(f->p);
+  /* the same size as a handle: malloc may hand the freed memory out again */
+  void *junk = malloc(4096);
+  memset(junk, 0xff, 4096);
+  umbp_feed_entry e[8];
+  assert_int_equal(umbp_feed_read(a, e, 8, NULL), -EBADF);
+  assert_non_null(strstr(umbp_last_error(), "detached"));
+  assert_int_equal(umbp_feed_commit(a, 1), -EBADF);
+  uint64_t cur = 99;
+  assert_int_equal(umbp_feed_position(a, &cur, NULL, NULL), 0); /* the feed's own state: still answers */
+  assert_int_equal(cur, 0);
+  umbp_feed_close(a);
+  free(junk);
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  assert_int_equal(umbp_pool_attach(f->name, &ao, &f->p), 0); /* for the teardown */
+  assert_int_equal(umbp_feed_open(f->p, "late", NULL, &a), 0); /* the close freed the name */
+  assert_int_equal(umbp_feed_read(a, e, 8, NULL), 3);           /* resumed at its commit: 0 */
+  umbp_feed_close(a);
+}
+
 /* ---- the tier's request table ---- */
 
 static void test_tier_table(void **state) {
@@ -465,6 +494,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_feed_resume, setup, teardown),
       cmocka_unit_test_setup_teardown(test_feed_stalled_producer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_feed_stale_file, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_feed_after_detach, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tier_table, setup, teardown),
   };
   const struct CMUnitTest mp[] = {
