@@ -80,8 +80,10 @@ UMBP_API void umbp_feed_opts_init(umbp_feed_opts *opts);
  * -EROFS (read-only handle); -ECHILD; -EBUSY (a live process holds that
  * consumer name); -EUSERS (UMBP_FEED_MAX_CONSUMERS names held by live
  * consumers); -ETIMEDOUT (another process held the pool's feed lock for
- * 5 s: stopped while opening); -ENOSPC, -EACCES, -EIO from creating the
- * file. Ownership: the handle is the caller's until umbp_feed_close(); it
+ * 5 s: stopped while opening); -EIDRM (the pool was destroyed while this
+ * handle stayed attached: a feed made now would outlive it, or replace the
+ * feed of a new pool of the same name); -ENOSPC, -EACCES, -EIO from
+ * creating the file. Ownership: the handle is the caller's until umbp_feed_close(); it
  * must be closed before the pool handle is detached (after the detach,
  * umbp_feed_read() and umbp_feed_commit() fail with -EBADF; the close still
  * frees the handle and the name). The name is held by

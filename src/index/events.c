@@ -510,6 +510,19 @@ UMBP_API int umbp_feed_open(umbp_pool *p, const char *name, const umbp_feed_opts
     free(f);
     return rc;
   }
+  /* A pool destroyed while this handle stayed attached: its feed file is
+   * gone with it, and the name /dev/shm/umbp.NAME.feed may already be a new
+   * pool's of the same name. Creating a feed here would replace that pool's
+   * (its producers attaching later then refuse the file, uuid mismatch, and
+   * its consumers never see their publishes) or, with no new pool, leave a
+   * file nobody removes. (A destroy that starts after this check unlinks
+   * the pool, then the feed: it removes the one made here.) */
+  struct stat pst;
+  if (!fstat(p->fd, &pst) && pst.st_nlink == 0) {
+    rc = umbp_fail(-EIDRM, "pool '%s' was destroyed (umbp_pool_destroy) while this handle stayed attached: it "
+                           "can have no feed; detach it, and attach the pool again if it was recreated", p->name);
+    goto fail;
+  }
   char shm[UMBP_NAME_MAX + 16];
   feed_shm_name(p->name, shm, sizeof shm);
   uint32_t gen = atomic_load_explicit(&p->hdr->feed_gen, memory_order_acquire);

@@ -289,6 +289,39 @@ static void test_feed_after_detach(void **state) {
   umbp_feed_close(a);
 }
 
+/* A handle left attached to a destroyed pool may not open a feed: before
+ * the fix it replaced the feed file of a new pool of the same name with one
+ * of its own (old uuid), so the new pool's publishers that attached later
+ * refused the file and its consumer saw none of their publishes. */
+static void test_feed_destroyed_pool(void **state) {
+  struct fx *f = *state;
+  assert_int_equal(umbp_pool_destroy(f->name), 0); /* f->p stays attached */
+  umbp_pool *q = mk_pool(f->name, 1024);
+  umbp_feed *g, *old;
+  assert_int_equal(umbp_feed_open(q, "new", NULL, &g), 0);
+  assert_int_equal(umbp_feed_open(f->p, "old", NULL, &old), -EIDRM);
+  assert_non_null(strstr(umbp_last_error(), "destroyed"));
+  umbp_pool *r; /* a publisher of the new pool attaching now */
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  assert_int_equal(umbp_pool_attach(f->name, &ao, &r), 0);
+  uint32_t ns;
+  assert_int_equal(umbp_ns_register(r, "feed-model", &ns), 0);
+  for (uint64_t i = 0; i < 3; i++) {
+    uint32_t s;
+    umbp_key k;
+    mkkey(&k, ns, 40 + i);
+    assert_int_equal(umbp_reserve(r, -1, ns, &s), 0);
+    assert_int_equal(umbp_publish(r, s, &k), 0);
+  }
+  umbp_feed_entry e[8];
+  assert_int_equal(umbp_feed_read(g, e, 8, NULL), 3);
+  assert_int_equal(key_id(&e[0].key), 40);
+  umbp_feed_close(g);
+  umbp_pool_detach(r);
+  umbp_pool_detach(q); /* the teardown destroys the new pool, and detaches f->p */
+}
+
 /* ---- the tier's request table ---- */
 
 static void test_tier_table(void **state) {
@@ -495,6 +528,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_feed_stalled_producer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_feed_stale_file, setup, teardown),
       cmocka_unit_test_setup_teardown(test_feed_after_detach, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_feed_destroyed_pool, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tier_table, setup, teardown),
   };
   const struct CMUnitTest mp[] = {
