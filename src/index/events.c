@@ -290,6 +290,7 @@ static int feed_map_fd(umbp_pool *p, int fd, int prot, uint32_t gen, struct umbp
 
 void umbp_ix_feed_init(struct umbp_index *ix) {
   pthread_mutex_init(&ix->feed_mu, NULL);
+  pthread_mutex_init(&ix->feed_open_mu, NULL);
   atomic_store_explicit(&ix->feed, NULL, memory_order_relaxed);
   atomic_store_explicit(&ix->feed_tried, 0, memory_order_relaxed);
   ix->feed_old = NULL;
@@ -311,6 +312,7 @@ void umbp_ix_feed_fini(struct umbp_index *ix) {
     ix->feed_old = n;
   }
   pthread_mutex_destroy(&ix->feed_mu);
+  pthread_mutex_destroy(&ix->feed_open_mu);
 }
 
 /* The slow path of an emit that saw generation gen for the first time: map
@@ -506,7 +508,12 @@ UMBP_API int umbp_feed_open(umbp_pool *p, const char *name, const umbp_feed_opts
   f->p = p;
   f->p_serial = p->attach_serial;
   f->fd = -1;
+  /* this handle's other threads first (index_internal.h, feed_open_mu):
+   * two opens at once each created a file and one consumer was left reading
+   * a file that producers no longer append to; then other processes */
+  pthread_mutex_lock(&p->index->feed_open_mu);
   if ((rc = feed_pool_lock(p))) {
+    pthread_mutex_unlock(&p->index->feed_open_mu);
     free(f);
     return rc;
   }
@@ -601,10 +608,12 @@ UMBP_API int umbp_feed_open(umbp_pool *p, const char *name, const umbp_feed_opts
   f->row = (unsigned)row;
   snprintf(f->name, sizeof f->name, "%s", name);
   feed_lock_byte(p->fd, UMBP_LOCK_FEED, F_UNLCK);
+  pthread_mutex_unlock(&p->index->feed_open_mu);
   *ret = f;
   return 0;
 fail:
   feed_lock_byte(p->fd, UMBP_LOCK_FEED, F_UNLCK);
+  pthread_mutex_unlock(&p->index->feed_open_mu);
   if (f->fd >= 0) {
     munmap(f->m.h, f->m.len);
     close(f->fd);

@@ -90,6 +90,10 @@ struct umbp_index {
   _Atomic uint32_t feed_tried; /* the feed_gen last tried (mapped or refused) */
   pthread_mutex_t feed_mu;
   struct umbp_feed_map *feed_old;
+  /* umbp_feed_open() between this handle's threads: the pool's feed lock
+   * byte is an OFD lock on the handle's one open file, which does not
+   * exclude another thread using that same file */
+  pthread_mutex_t feed_open_mu;
 };
 
 /* 64-bit key hash (not cryptographic: the block hash is already one). */

@@ -5,6 +5,7 @@
  * processes that publish, consume, stop and die (suite mp).
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -322,6 +323,64 @@ static void test_feed_destroyed_pool(void **state) {
   umbp_pool_detach(q); /* the teardown destroys the new pool, and detaches f->p */
 }
 
+/* Threads of one process opening feeds on one pool handle at once, each
+ * time the feed has to be (re-)created: every consumer reads what is
+ * published afterwards. Before the fix the pool's feed lock (an OFD lock on
+ * the handle's one file) let them through together; each created a file,
+ * and a consumer left on the replaced one silently read nothing (about one
+ * in eight here), or two took the same line and one got -EBUSY. */
+struct open_race {
+  umbp_pool *p;
+  pthread_barrier_t *b;
+  const char *name;
+  umbp_feed *feed;
+  int rc;
+};
+static void *open_race_thread(void *arg) {
+  struct open_race *o = arg;
+  umbp_feed_opts fo;
+  umbp_feed_opts_init(&fo);
+  fo.capacity = 64; /* producers keep each replaced file mapped until detach: keep them small */
+  pthread_barrier_wait(o->b);
+  o->rc = umbp_feed_open(o->p, o->name, &fo, &o->feed);
+  return NULL;
+}
+
+static void test_feed_open_threads(void **state) {
+  struct fx *f = *state;
+  char path[256];
+  feed_path(f->name, path, sizeof path);
+  const char *names[3] = {"t0", "t1", "t2"};
+  for (int it = 0; it < 60; it++) {
+    unlink(path); /* the next opens re-create the feed */
+    pthread_barrier_t b;
+    pthread_barrier_init(&b, NULL, 3);
+    struct open_race o[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+      o[i] = (struct open_race){.p = f->p, .b = &b, .name = names[i]};
+      assert_int_equal(pthread_create(&t[i], NULL, open_race_thread, &o[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&b);
+    publish(f, 1000 * (uint64_t)it, 2);
+    for (int i = 0; i < 3; i++) {
+      if (o[i].rc) fprintf(stderr, "round %d open %s: %s\n", it, names[i], umbp_last_error());
+      assert_int_equal(o[i].rc, 0);
+      umbp_feed_entry e[4];
+      int n = umbp_feed_read(o[i].feed, e, 4, NULL);
+      if (n != 2) fprintf(stderr, "round %d consumer %s read %d of 2\n", it, names[i], n);
+      assert_int_equal(n, 2);
+      umbp_feed_close(o[i].feed);
+    }
+    for (int i = 0; i < 2; i++) { /* keep the pool from filling */
+      umbp_key k;
+      mkkey(&k, f->ns, 1000 * (uint64_t)it + i);
+      assert_int_equal(umbp_remove(f->p, &k), 0);
+    }
+  }
+}
+
 /* ---- the tier's request table ---- */
 
 static void test_tier_table(void **state) {
@@ -529,6 +588,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_feed_stale_file, setup, teardown),
       cmocka_unit_test_setup_teardown(test_feed_after_detach, setup, teardown),
       cmocka_unit_test_setup_teardown(test_feed_destroyed_pool, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_feed_open_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tier_table, setup, teardown),
   };
   const struct CMUnitTest mp[] = {
