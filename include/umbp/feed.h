@@ -130,7 +130,9 @@ UMBP_API int umbp_feed_position(umbp_feed *feed, uint64_t *ret_cursor, uint64_t 
                                 uint64_t *ret_behind);
 
 /* Close the handle; its name stays in the feed with its committed cursor,
- * free for the next open under that name. Accepts NULL. */
+ * free for the next open under that name. Accepts NULL; a handle closed
+ * already (not an open feed of this process) is ignored with a warning to
+ * the log callback. */
 UMBP_API void umbp_feed_close(umbp_feed *feed);
 
 typedef struct umbp_feed_consumer_info {

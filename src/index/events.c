@@ -225,6 +225,7 @@ struct umbp_feed {
   uint64_t cursor, lost;
   uint64_t stall_pos, stall_since; /* the unfinished entry the last read ended at */
   bool stalled;
+  struct umbp_feed *live_next; /* this process's open feeds (feed_live_*) */
 };
 
 static uint64_t feed_hdr_sum(const struct feed_hdr *h) {
@@ -481,6 +482,36 @@ static int feed_create(umbp_pool *p, const char *shm, uint32_t cap, uint32_t gen
   return 0;
 }
 
+/* This process's open consumer handles. umbp_feed_close() frees the handle,
+ * unmaps its mapping and closes its fd, so a second close of one pointer (a
+ * cleanup path run twice: the caller's bug, but an easy one) freed it again
+ * (glibc aborts) and closed whatever fd and unmapped whatever mapping had
+ * since taken those numbers: another feed's, whose name lock went with it.
+ * As umbp_pool_detach() does for pool handles (segment.c), close acts only
+ * on a handle this list holds and takes it off first. (A pointer malloc has
+ * since handed out again for a new feed is that feed: no list can tell.)
+ * The lock is never held across another lock or a system call. */
+static pthread_mutex_t feed_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct umbp_feed *feed_live_head;
+
+static void feed_live_add(struct umbp_feed *f) {
+  pthread_mutex_lock(&feed_live_mu);
+  f->live_next = feed_live_head;
+  feed_live_head = f;
+  pthread_mutex_unlock(&feed_live_mu);
+}
+
+/* Take f off the list: whether it was on it. */
+static bool feed_live_take(struct umbp_feed *f) {
+  pthread_mutex_lock(&feed_live_mu);
+  struct umbp_feed **pp = &feed_live_head;
+  while (*pp && *pp != f) pp = &(*pp)->live_next;
+  bool found = *pp != NULL;
+  if (found) *pp = f->live_next;
+  pthread_mutex_unlock(&feed_live_mu);
+  return found;
+}
+
 UMBP_API void umbp_feed_opts_init(umbp_feed_opts *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
@@ -609,6 +640,7 @@ UMBP_API int umbp_feed_open(umbp_pool *p, const char *name, const umbp_feed_opts
   snprintf(f->name, sizeof f->name, "%s", name);
   feed_lock_byte(p->fd, UMBP_LOCK_FEED, F_UNLCK);
   pthread_mutex_unlock(&p->index->feed_open_mu);
+  feed_live_add(f);
   *ret = f;
   return 0;
 fail:
@@ -738,6 +770,11 @@ UMBP_API int umbp_feed_position(umbp_feed *f, uint64_t *ret_cursor, uint64_t *re
 
 UMBP_API void umbp_feed_close(umbp_feed *f) {
   if (!f) return;
+  if (!feed_live_take(f)) {
+    umbp_log(UMBP_LOG_WARN, "umbp_feed_close: %p is not an open feed handle of this process (closed "
+                            "already?): ignored", (void *)f);
+    return;
+  }
   munmap(f->m.h, f->m.len);
   close(f->fd); /* drops the name's lock */
   free(f);

@@ -381,6 +381,27 @@ static void test_feed_open_threads(void **state) {
   }
 }
 
+/* A handle closed twice: the second close is ignored. Before the fix it
+ * freed the handle again (glibc aborted the process) after closing its fd
+ * number and unmapping its range again, whoever held them by then. */
+static void test_feed_close_twice(void **state) {
+  struct fx *f = *state;
+  umbp_feed *a, *b;
+  assert_int_equal(umbp_feed_open(f->p, "a", NULL, &a), 0);
+  umbp_feed_close(a);
+  assert_int_equal(umbp_feed_open(f->p, "b", NULL, &b), 0);
+  if (a != b) umbp_feed_close(a); /* the same pointer again would be b's own, legitimately */
+  publish(f, 1, 3);
+  umbp_feed_entry e[8];
+  assert_int_equal(umbp_feed_read(b, e, 8, NULL), 3);
+  umbp_feed *dup;
+  assert_int_equal(umbp_feed_open(f->p, "b", NULL, &dup), -EBUSY); /* b's name lock is still held */
+  umbp_feed_close(b);
+  umbp_feed_close(b);
+  assert_int_equal(umbp_feed_open(f->p, "b", NULL, &dup), 0);
+  umbp_feed_close(dup);
+}
+
 /* ---- the tier's request table ---- */
 
 static void test_tier_table(void **state) {
@@ -589,6 +610,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_feed_after_detach, setup, teardown),
       cmocka_unit_test_setup_teardown(test_feed_destroyed_pool, setup, teardown),
       cmocka_unit_test_setup_teardown(test_feed_open_threads, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_feed_close_twice, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tier_table, setup, teardown),
   };
   const struct CMUnitTest mp[] = {
