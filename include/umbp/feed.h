@@ -89,10 +89,12 @@ UMBP_API void umbp_feed_opts_init(umbp_feed_opts *opts);
  * frees the handle and the name). The name is held by
  * the handle's open file (an OFD lock the kernel drops when the process
  * dies), so a killed consumer's name is free again at once. fork(): the
- * file is close-on-exec; a child that does not exec shares it and keeps the
- * name held while it lives; its umbp_feed_read() and umbp_feed_commit() on
- * the inherited handle fail with -ECHILD (they would move the parent's
- * cursor), and its umbp_feed_close() frees only its own copy. */
+ * child's copy of the handle lets go of the file at the fork (an atfork
+ * handler closes its fd and replaces its mapping), so the name stays the
+ * parent's alone and is free once the parent dies, children alive or not;
+ * the child's umbp_feed_read() and umbp_feed_commit() on the inherited
+ * handle fail with -ECHILD (they would move the parent's cursor), and its
+ * umbp_feed_close() frees only its own copy. */
 UMBP_API int umbp_feed_open(umbp_pool *pool, const char *name, const umbp_feed_opts *opts,
                             umbp_feed **ret_feed);
 

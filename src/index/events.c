@@ -494,7 +494,31 @@ static int feed_create(umbp_pool *p, const char *shm, uint32_t cap, uint32_t gen
 static pthread_mutex_t feed_live_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct umbp_feed *feed_live_head;
 
+/* fork(): the child's copy of each open feed lets go of the feed file. The
+ * consumer's name is an OFD lock on the handle's open file description,
+ * which the kernel drops only when the last reference goes: every fd and
+ * every mapping made from it. A child that inherited both (and did not
+ * exec) kept the name held after its parent died, so the consumer restarted
+ * under that name got -EBUSY for as long as the child lived. The child
+ * closes the fd and puts anonymous memory over the mapping (the handle's
+ * pointers stay valid, for umbp_feed_position() and umbp_feed_close(); read
+ * and commit fail with -ECHILD before they look). System calls only: the
+ * child of a threaded parent may make async-signal-safe calls only. */
+static void feed_fork_prepare(void) { pthread_mutex_lock(&feed_live_mu); }
+static void feed_fork_parent(void) { pthread_mutex_unlock(&feed_live_mu); }
+static void feed_fork_child(void) {
+  for (struct umbp_feed *f = feed_live_head; f; f = f->live_next) {
+    mmap(f->m.h, f->m.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+  }
+  pthread_mutex_unlock(&feed_live_mu);
+}
+static pthread_once_t feed_fork_once = PTHREAD_ONCE_INIT;
+static void feed_fork_register(void) { pthread_atfork(feed_fork_prepare, feed_fork_parent, feed_fork_child); }
+
 static void feed_live_add(struct umbp_feed *f) {
+  pthread_once(&feed_fork_once, feed_fork_register);
   pthread_mutex_lock(&feed_live_mu);
   f->live_next = feed_live_head;
   feed_live_head = f;
@@ -665,8 +689,9 @@ static int feed_pool_check(const umbp_feed *f, const char *fn) {
                            "umbp_feed_close(): close the feed first, or attach again and reopen it", fn, f->name);
 }
 
-/* A consumer handle inherited through fork(): -ECHILD. The name belongs to
- * the parent (the same open file holds its lock in both processes). */
+/* A consumer handle inherited through fork(): -ECHILD. The name and its
+ * line belong to the parent (the child's copy let go of the file at the
+ * fork: feed_fork_child()). */
 static int feed_forked_fail(const umbp_feed *f) {
   return umbp_fail(-ECHILD, "feed consumer '%s' of pool '%s' was opened by process %d and inherited through "
                             "fork(): a child may not read or commit on it (it would move the parent's cursor); "
@@ -776,7 +801,7 @@ UMBP_API void umbp_feed_close(umbp_feed *f) {
     return;
   }
   munmap(f->m.h, f->m.len);
-  close(f->fd); /* drops the name's lock */
+  if (f->fd >= 0) close(f->fd); /* drops the name's lock (-1: a fork() child's copy) */
   free(f);
 }
 

@@ -560,6 +560,32 @@ static void test_mp_feed_forked(void **state) {
   umbp_feed_close(a);
 }
 
+/* A consumer killed while a child it forked (no exec) lives: its name is
+ * free at once. Before the fix the child's inherited fd and mapping kept
+ * the name's lock, and the restarted consumer got -EBUSY until the child
+ * exited. */
+static void test_mp_feed_fork_child_lets_go(void **state) {
+  struct fx *f = *state;
+  int fd;
+  char line[256];
+  char *cons[] = {(char *)helper(), "consume-fork", (char *)f->name, "forker", NULL};
+  pid_t cpid = tu_spawn(cons, &fd);
+  assert_true(cpid > 0);
+  assert_true(tu_readline(fd, line, sizeof line) >= 0);
+  close(fd);
+  int child = 0;
+  assert_int_equal(sscanf(line, "open %d", &child), 1);
+  assert_true(child > 0);
+  umbp_feed *dup;
+  assert_int_equal(umbp_feed_open(f->p, "forker", NULL, &dup), -EBUSY); /* the consumer lives */
+  kill(cpid, SIGKILL);
+  tu_wait(cpid);
+  int rc = umbp_feed_open(f->p, "forker", NULL, &dup);
+  kill(child, SIGKILL); /* the helper's child: reaped by init */
+  assert_int_equal(rc, 0);
+  umbp_feed_close(dup);
+}
+
 /* A tier killed holding a request: the client's poll says -ENOTCONN at
  * once; the next tier adopts the table. */
 static void test_mp_tier_killed(void **state) {
@@ -616,6 +642,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest mp[] = {
       cmocka_unit_test_setup_teardown(test_mp_feed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_mp_feed_forked, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_mp_feed_fork_child_lets_go, setup, teardown),
       cmocka_unit_test_setup_teardown(test_mp_tier_killed, setup, teardown),
   };
   if (argc > 1 && !strcmp(argv[1], "mp")) return cmocka_run_group_tests_name("tier-mp", mp, NULL, NULL);

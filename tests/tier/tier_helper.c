@@ -9,12 +9,16 @@
  *   tier_helper consume NAME CONSUMER
  *       open the feed as CONSUMER, print "open", then read forever (a test
  *       stops it with SIGSTOP or kills it).
+ *   tier_helper consume-fork NAME CONSUMER
+ *       open the feed as CONSUMER, fork a child that only sleeps (no exec),
+ *       print "open CHILDPID", then read forever.
  *   tier_helper serve-take NAME
  *       serve the pool's tier table (state connected), print "serving", take
  *       one request, print "took N", then sleep until killed.
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -76,6 +80,22 @@ int main(int argc, char **argv) {
       if (umbp_feed_read(f, e, 64, NULL) <= 0) usleep(1000);
     }
   }
+  if (argc >= 4 && !strcmp(argv[1], "consume-fork")) {
+    umbp_pool *p = attach(argv[2]);
+    umbp_feed *f;
+    if (umbp_feed_open(p, argv[3], NULL, &f)) {
+      fprintf(stderr, "feed: %s\n", umbp_last_error());
+      return 2;
+    }
+    pid_t c = fork();
+    if (c == 0)
+      for (;;) pause();
+    printf("open %d\n", (int)c);
+    umbp_feed_entry e[64];
+    for (;;) {
+      if (umbp_feed_read(f, e, 64, NULL) <= 0) usleep(1000);
+    }
+  }
   if (argc >= 3 && !strcmp(argv[1], "serve-take")) {
     umbp_pool *p = attach(argv[2]);
     umbp_tier *t;
@@ -94,6 +114,7 @@ int main(int argc, char **argv) {
     printf("took %u\n", j.n_blocks);
     for (;;) pause();
   }
-  fprintf(stderr, "usage: tier_helper publish NAME FIRST COUNT | consume NAME CONSUMER | serve-take NAME\n");
+  fprintf(stderr, "usage: tier_helper publish NAME FIRST COUNT | consume NAME CONSUMER | consume-fork NAME CONSUMER | "
+                  "serve-take NAME\n");
   return 2;
 }
