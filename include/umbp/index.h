@@ -260,7 +260,9 @@ typedef struct umbp_event {
  * it. A consumer calls umbp_events_drain(pool, NULL, 0) when it starts, so
  * that it is told of every removal after that point. When the ring is full
  * the oldest events are dropped and counted (umbp_events_dropped); eviction
- * never waits for drainers. A removed event is emitted before its slot can
+ * never waits for drainers: while a drainer is stopped (or dead, not yet
+ * reaped) inside this call, holding the oldest event, removals drop their
+ * own events instead, counted, each process spinning on it once. A removed event is emitted before its slot can
  * be reused, and a remover killed midway has its event emitted by the
  * reaper. */
 UMBP_API int umbp_events_drain(umbp_pool *pool, umbp_event *out, unsigned max);

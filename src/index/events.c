@@ -99,7 +99,9 @@ void umbp_ix_emit(struct umbp_index *ix, int type, const struct umbp_key_shm *k)
     memset(&ev, 0, sizeof ev);
     ev.type = (uint8_t)type;
     ev.key = *k;
-    umbp_ring_enqueue_overwrite_g(ix->events, &ix->ev_geo, &ev, ix->p->owner_id);
+    /* never waits for a drainer: one stopped in its claim costs the first
+     * emit a bounded spin and later ones nothing (ev_stuck) */
+    umbp_ring_enqueue_overwrite_hint_g(ix->events, &ix->ev_geo, &ev, ix->p->owner_id, &ix->ev_stuck);
   }
   feed_emit(ix, type, k);
 }
@@ -295,6 +297,7 @@ void umbp_ix_feed_init(struct umbp_index *ix) {
   atomic_store_explicit(&ix->feed, NULL, memory_order_relaxed);
   atomic_store_explicit(&ix->feed_tried, 0, memory_order_relaxed);
   ix->feed_old = NULL;
+  atomic_store_explicit(&ix->ev_stuck, 0, memory_order_relaxed);
   /* publishes call umbp_ix_emit() (reserve.c checks ev_stored), which sends
    * stored events to the ring only when asked (ev_ring_stored) */
   atomic_store_explicit(&ix->ev_stored, ix->p->proc_slot >= 0, memory_order_relaxed);

@@ -86,6 +86,9 @@ struct umbp_index {
    * header's feed_gen moves (older mappings stay on feed_old until detach,
    * since another thread may still be appending through them). */
   _Atomic bool ev_ring_stored;
+  /* the event ring's cell word this process's last emit gave up on (a
+   * drainer stopped or killed in its claim): umbp_ring_enqueue_overwrite_hint_g() */
+  _Atomic uint64_t ev_stuck;
   _Atomic(struct umbp_feed_map *) feed;
   _Atomic uint32_t feed_tried; /* the feed_gen last tried (mapped or refused) */
   pthread_mutex_t feed_mu;

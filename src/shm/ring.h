@@ -287,6 +287,12 @@ int umbp_ring_geo_get(const void *mem, size_t mem_bytes, struct umbp_ring_geo *r
  * mid-call is repaired like any producer (the cell becomes a tombstone). */
 unsigned umbp_ring_enqueue_overwrite(void *ring, const void *elem, uint16_t owner);
 unsigned umbp_ring_enqueue_overwrite_g(void *ring, const struct umbp_ring_geo *g, const void *elem, uint16_t owner);
+/* The same, with a caller's hint (process-local, any threads; starts 0):
+ * the cell word that made its last call give up. A call that finds the
+ * very same word in the cell it needs (that claim has not moved since)
+ * drops its element at once, counted, instead of spinning again. */
+unsigned umbp_ring_enqueue_overwrite_hint_g(void *ring, const struct umbp_ring_geo *g, const void *elem,
+                                            uint16_t owner, _Atomic uint64_t *stuck);
 
 /* Approximate number of elements: enq_pos - deq_pos clamped to [0, capacity]
  * (it includes claimed-but-unfinished cells and tombstones).  Relaxed loads; a

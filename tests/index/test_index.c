@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Block index: every operation and every error, single process. */
 #include <pthread.h>
+#include <time.h>
 
 #include "test_util.h"
 
@@ -1186,6 +1187,69 @@ static void test_events_pool_of_older_build(void **state) {
   umbp_pool_detach(q);
 }
 
+static uint64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* CPU time of n removals of keys id0.. (published first, 32 at a time in
+ * the 64-slot pool, untimed). */
+static uint64_t timed_removals(struct fx *f, uint64_t id0, int n) {
+  uint64_t t = 0;
+  for (int b = 0; b < n; b += 32) {
+    for (int i = b; i < b + 32 && i < n; i++) {
+      umbp_key k = itu_key(f->ns, id0 + (uint64_t)i, 0);
+      put(f->p, &k);
+    }
+    uint64_t t0 = thread_cpu_ns();
+    for (int i = b; i < b + 32 && i < n; i++) {
+      umbp_key k = itu_key(f->ns, id0 + (uint64_t)i, 0);
+      assert_int_equal(umbp_remove(f->p, &k), 0);
+    }
+    t += thread_cpu_ns() - t0;
+  }
+  return t;
+}
+
+/* A drainer stopped (or killed, not yet reaped) between its claim of the
+ * oldest event and its release: the cell every removal's event needs stays
+ * READING. Removals go on, dropping and counting their events, and after
+ * the first gives up, no removal spins on that cell again. Before the fix
+ * each spun 1024 times first: about 30 us a removal, 250 times its cost,
+ * in every process, for as long as the drainer stayed stopped. The stopped
+ * drainer is its claim, as the ring's dequeue leaves it: the cell word
+ * READING under an owner id that never moves. */
+static void test_event_ring_stopped_drainer(void **state) {
+  struct fx *f = *state;
+  assert_int_equal(umbp_events_drain(f->p, NULL, 0), 0); /* record removed events */
+  enum { N = 2000 };
+  uint64_t base = timed_removals(f, 1000, N); /* the ring full, each event drops the oldest */
+  struct umbp_ring_hdr *h = umbp_pool_region(f->p, UMBP_REG_EVENTS);
+  uint64_t pos = atomic_load(&h->enq_pos);
+  struct umbp_ring_cell *c = umbp_ring__cell(h, pos);
+  uint64_t w0 = atomic_load(&c->word);
+  assert_int_equal(umbp_ring__wkind(w0), UMBP_RING_STABLE);
+  assert_int_equal(umbp_ring__seqdiff(umbp_ring__wseq(w0), pos), 1 - 16); /* the oldest of 16 */
+  atomic_store(&c->word, umbp_ring__word(umbp_ring__wseq(w0), UMBP_RING_READING, 0x7777));
+  uint64_t d0 = umbp_events_dropped(f->p);
+  uint64_t stuck = timed_removals(f, 10000, N);
+  assert_int_equal(umbp_events_dropped(f->p) - d0, N); /* each removal's own event, counted */
+  if (stuck >= 4 * base + 1000000)
+    fprintf(stderr, "%d removals: %.1f ms CPU with a drainer stopped in its claim, %.1f ms without\n", N,
+                    stuck / 1e6, base / 1e6);
+  assert_true(stuck < 4 * base + 1000000);
+  /* the drainer resumes (here: the cell as it was): events are recorded again */
+  atomic_store(&c->word, w0);
+  umbp_key k = itu_key(f->ns, 20000, 0);
+  put(f->p, &k);
+  assert_int_equal(umbp_remove(f->p, &k), 0);
+  umbp_event ev[64];
+  int n = umbp_events_drain(f->p, ev, 64);
+  assert_int_equal(n, 16);
+  assert_memory_equal(ev[15].key.hash, k.hash, 32);
+}
+
 static void test_event_ring_drops_oldest(void **state) {
   struct fx *f = *state;
   assert_int_equal(umbp_events_drain(f->p, NULL, 0), 0); /* record removed events */
@@ -2047,6 +2111,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_full_pool_churn, setup_awkward, teardown),
       cmocka_unit_test_setup_teardown(test_structured_keys, setup_awkward, teardown),
       cmocka_unit_test_setup_teardown(test_event_ring_drops_oldest, setup_ev16, teardown),
+      cmocka_unit_test_setup_teardown(test_event_ring_stopped_drainer, setup_ev16, teardown),
       cmocka_unit_test_setup_teardown(test_events_recorded_after_first_drain, setup_ev16, teardown),
       cmocka_unit_test_setup_teardown(test_events_pool_of_older_build, setup_ev16, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_scribbled_way, setup, teardown),
