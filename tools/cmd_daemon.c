@@ -88,7 +88,8 @@ static const char *daemon_usage =
     "                        none. Repeatable. NS may be a glob ('vllm-*') or\n"
     "                        'label:PATTERN', see --quota-file.\n"
     "  --quota-file FILE     quotas from FILE, one 'NAMESPACE SIZE' per line, '#'\n"
-    "                        starts a comment; read at start and again on SIGHUP.\n"
+    "                        starts a comment; read at start and again on SIGHUP\n"
+    "                        (a regular file: a FIFO or device is refused).\n"
     "                        NAMESPACE is a name (registered if new), a glob of\n"
     "                        names ('vllm-*'), or 'label:PATTERN', a glob of the\n"
     "                        labels the vLLM connector gives derived namespaces\n"
@@ -238,16 +239,28 @@ static void warn_big_quota(umbp_pool *p, const struct quota *q) {
  * end (a directory, an I/O error) is an error, never an empty file: on
  * SIGHUP that would drop every quota in force. */
 static int read_quota_file(const char *path, struct quota *q, unsigned *n, char *err, size_t errn) {
-  FILE *f = fopen(path, "re");
-  if (!f) {
+  /* O_NONBLOCK: open(2) of a FIFO for reading waits for a writer, which hung
+   * the daemon at start and, on SIGHUP, its main loop (no reaping, no
+   * SIGTERM). Only a regular file is read (a FIFO, socket or device is
+   * refused by name); O_NONBLOCK changes nothing for one. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
     snprintf(err, errn, "cannot read quota file %s: %s", path, strerror(errno));
     return -1;
   }
   struct stat st;
-  int e = fstat(fileno(f), &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0; /* fopen() of a directory succeeds */
-  if (e) {
-    snprintf(err, errn, "cannot read quota file %s: %s", path, strerror(e));
-    fclose(f);
+  int e = fstat(fd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0; /* open() of a directory succeeds */
+  if (!e && !S_ISREG(st.st_mode)) {
+    snprintf(err, errn, "cannot read quota file %s: it is a %s, not a regular file: write the quotas to a file and "
+                        "name that",
+             path, S_ISFIFO(st.st_mode) ? "FIFO" : S_ISSOCK(st.st_mode) ? "socket" : "device");
+    close(fd);
+    return -1;
+  }
+  FILE *f = e ? NULL : fdopen(fd, "r");
+  if (!f) {
+    snprintf(err, errn, "cannot read quota file %s: %s", path, strerror(e ? e : errno));
+    close(fd);
     return -1;
   }
   char line[512];

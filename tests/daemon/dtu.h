@@ -29,11 +29,16 @@ static inline void dtu_sleep_ms(unsigned ms) {
 /* Run `umbp ARGS...` (NULL-terminated), stdout+stderr into out (NUL-terminated,
  * truncated to n-1). uid >= 0: run as that uid/gid (needs root). Returns the
  * exit status (128+sig when killed). */
+/* Non-zero: dtu_run_as()'s command is killed by SIGALRM (status 128+14)
+ * after that many seconds, for a test of a command that used to hang. */
+static unsigned dtu_run_alarm_s;
+
 static inline int dtu_run_as(int uid, char *out, size_t n, const char *const *args) {
   int fds[2];
   if (pipe(fds) != 0) return -1;
   pid_t pid = fork();
   if (pid == 0) {
+    if (dtu_run_alarm_s) alarm(dtu_run_alarm_s); /* kept across execv() */
     dup2(fds[1], 1);
     dup2(fds[1], 2);
     close(fds[0]);

@@ -497,6 +497,27 @@ static void test_sighup_quotas(void **st) {
   snprintf(want, sizeof want, "cannot read quota file %s: Is a directory", qf);
   assert_non_null(strstr(out, want));
   assert_int_equal(rmdir(qf), 0);
+  /* a FIFO in its place: refused without waiting for a writer (open() of a
+   * FIFO used to block the daemon's main loop on SIGHUP, and its start) */
+  assert_int_equal(mkfifo(qf, 0600), 0);
+  kill(d, SIGHUP);
+  snprintf(want, sizeof want, "error: SIGHUP: cannot read quota file %s: it is a FIFO, not a regular file", qf);
+  logged = false;
+  for (int i = 0; i < 500 && !logged; i++) {
+    logged = strstr(read_log(log), want) != NULL;
+    if (!logged) dtu_sleep_ms(10);
+  }
+  if (!logged) fprintf(stderr, "# log: %s", out);
+  assert_true(logged);
+  assert_int_equal(quota_of(name, "chat"), 2 << 20);
+  dtu_run_alarm_s = 10;
+  int rc = DTU_RUN(out, "daemon", tu_name("dqfifo"), "--capacity", "1MiB", "--foreground", "--quota-file", qf);
+  dtu_run_alarm_s = 0;
+  if (rc != 1) fprintf(stderr, "# exit %d: %s", rc, out);
+  assert_int_equal(rc, 1);
+  snprintf(want, sizeof want, "cannot read quota file %s: it is a FIFO, not a regular file", qf);
+  assert_non_null(strstr(out, want));
+  assert_int_equal(unlink(qf), 0);
   /* a read error after a successful open (/proc/self/mem at offset 0 gives EIO) */
   assert_int_equal(DTU_RUN(out, "daemon", tu_name("dqeio"), "--capacity", "1MiB", "--foreground", "--quota-file",
                            "/proc/self/mem"), 1);
