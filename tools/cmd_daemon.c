@@ -263,9 +263,14 @@ static int read_quota_file(const char *path, struct quota *q, unsigned *n, char 
     close(fd);
     return -1;
   }
-  char line[512];
+  /* getline(): a line of any length is one line. fgets() into 512 bytes
+   * cut a longer one into pieces read as lines of their own, so the tail of
+   * a long '#' comment ("... chat 1MiB") became a quota. */
+  char *line = NULL;
+  size_t cap = 0;
   unsigned lineno = 0, k = 0;
-  while (fgets(line, sizeof line, f)) {
+  int rc = -1;
+  while (getline(&line, &cap, f) >= 0) {
     lineno++;
     char *hash = strchr(line, '#');
     if (hash) *hash = 0;
@@ -280,30 +285,30 @@ static int read_quota_file(const char *path, struct quota *q, unsigned *n, char 
     uint64_t b;
     struct quota pq;
     if (sp == line + start || cli_parse_size(sp, &b) || parse_quota_key(line + start, (size_t)(sp - line - start), &pq)) {
-      snprintf(err, errn, "%s:%u: expected 'NAMESPACE SIZE' (e.g. 'chat 8GiB', 'vllm-* 8GiB' or 'label:Qwen* 8GiB'), got '%.*s'", path, lineno,
-               (int)strcspn(line, "\n"), line);
-      fclose(f);
-      return -1;
+      snprintf(err, errn, "%s:%u: expected 'NAMESPACE SIZE' (e.g. 'chat 8GiB', 'vllm-* 8GiB' or 'label:Qwen* 8GiB'), got '%.*s%s'", path, lineno,
+               len > 200 ? 200 : (int)len, line, len > 200 ? "..." : "");
+      goto out;
     }
     if (k == MAX_QUOTAS) {
       snprintf(err, errn, "%s:%u: more than %d quotas", path, lineno, MAX_QUOTAS);
-      fclose(f);
-      return -1;
+      goto out;
     }
     pq.bytes = b;
     q[k++] = pq;
   }
-  if (ferror(f)) { /* fgets() stopped on an error, not at the end */
+  if (ferror(f) || !feof(f)) { /* getline() stopped on an error (a read error, ENOMEM), not at the end */
     e = errno;
     char at[40] = "";
     if (lineno) snprintf(at, sizeof at, " after line %u", lineno);
     snprintf(err, errn, "cannot read quota file %s%s: %s", path, at, strerror(e ? e : EIO));
-    fclose(f);
-    return -1;
+    goto out;
   }
-  fclose(f);
   *n = k;
-  return 0;
+  rc = 0;
+out:
+  free(line);
+  fclose(f);
+  return rc;
 }
 
 static int apply_quotas(umbp_pool *p, const struct quota *q, unsigned n) {

@@ -555,6 +555,48 @@ static void test_sighup_quotas(void **st) {
   unlink(log);
 }
 
+/* Quota-file text as editors write it. A line longer than the read buffer
+ * (511 bytes) was cut into pieces, each read as a line: the tail of a long
+ * comment became a quota ("evil 64KiB" below), and line numbers after it
+ * were off. */
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void test_quota_file_text(void **st) {
+  (void)st;
+  const char *name = tu_name("dqtext");
+  const char *log = log_path(name);
+  char qf[256], text[2048], want[400];
+  snprintf(qf, sizeof qf, "/tmp/umbp-test-%s.quotas", name);
+  unlink(log);
+  char pad[510]; /* "# " + 509 bytes: the old fgets() stopped just before " evil 64KiB" */
+  memset(pad, 'x', 509);
+  pad[509] = 0;
+  snprintf(text, sizeof text, "# %s evil 64KiB\nchat 1MiB\n", pad);
+  write_file(qf, text);
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quota-file", qf, NULL};
+  pid_t d = dtu_daemon_start(name, log, args);
+  assert_true(d > 0);
+  assert_int_equal(quota_of(name, "chat"), 1 << 20);
+  assert_int_equal(quota_of(name, "evil"), UINT64_MAX); /* not registered: it was in a comment */
+  kill(d, SIGTERM);
+  assert_int_equal(tu_wait(d), 0);
+  /* a bad line after a long one is named by its own number */
+  snprintf(text, sizeof text, "# %s\nchat lots\n", pad);
+  write_file(qf, text);
+  assert_int_equal(DTU_RUN(out, "daemon", name, "--foreground", "--quota-file", qf), 1);
+  snprintf(want, sizeof want, "%s:2: expected 'NAMESPACE SIZE'", qf);
+  if (!strstr(out, want)) fprintf(stderr, "# %s", out);
+  assert_non_null(strstr(out, want));
+  umbp_pool_destroy(name);
+  unlink(qf);
+  unlink(log);
+}
+
 /* The log's wording: "1 partition" / "N partitions" when creating, and on
  * adopt a note that names only the creation options given that differ
  * (it said "--capacity 1 MiB / --slot-size 256 KiB differ" for a --capacity
@@ -1114,6 +1156,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_half_made_pool, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemonise_relative_paths, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_adopt_note_wording, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_quota_file_text, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemon_notices_pool_gone, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemon_pool_truncated_deep, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_sigbus_names_pool, dtu_kill_daemons),
