@@ -270,23 +270,36 @@ static int read_quota_file(const char *path, struct quota *q, unsigned *n, char 
   size_t cap = 0;
   unsigned lineno = 0, k = 0;
   int rc = -1;
-  while (getline(&line, &cap, f) >= 0) {
+  ssize_t got;
+  while ((got = getline(&line, &cap, f)) >= 0) {
     lineno++;
-    char *hash = strchr(line, '#');
+    /* Editors on Windows start a UTF-8 file with a byte-order mark: it is
+     * not part of the first name (which was registered, for good, as
+     * "\xEF\xBB\xBFchat" while 'chat' got no quota). A NUL byte means
+     * UTF-16 or a binary file, whose text the string functions below would
+     * cut short at the NUL. */
+    char *text = line;
+    if (lineno == 1 && got >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3)) text += 3;
+    if (memchr(line, 0, (size_t)got)) {
+      snprintf(err, errn, "%s:%u: a NUL byte: the file is not plain text (UTF-16, or binary); save it as UTF-8 "
+                          "or ASCII text", path, lineno);
+      goto out;
+    }
+    char *hash = strchr(text, '#');
     if (hash) *hash = 0;
     /* KEY SIZE: SIZE is the last word, KEY all before it (a label pattern may have spaces) */
-    size_t len = strcspn(line, "\n");
-    while (len && (line[len - 1] == ' ' || line[len - 1] == '\t' || line[len - 1] == '\r')) len--;
-    line[len] = 0;
-    size_t start = strspn(line, " \t");
+    size_t len = strcspn(text, "\n");
+    while (len && (text[len - 1] == ' ' || text[len - 1] == '\t' || text[len - 1] == '\r')) len--;
+    text[len] = 0;
+    size_t start = strspn(text, " \t");
     if (start == len) continue;
-    char *sp = line + len;
-    while (sp > line + start && sp[-1] != ' ' && sp[-1] != '\t') sp--;
+    char *sp = text + len;
+    while (sp > text + start && sp[-1] != ' ' && sp[-1] != '\t') sp--;
     uint64_t b;
     struct quota pq;
-    if (sp == line + start || cli_parse_size(sp, &b) || parse_quota_key(line + start, (size_t)(sp - line - start), &pq)) {
+    if (sp == text + start || cli_parse_size(sp, &b) || parse_quota_key(text + start, (size_t)(sp - text - start), &pq)) {
       snprintf(err, errn, "%s:%u: expected 'NAMESPACE SIZE' (e.g. 'chat 8GiB', 'vllm-* 8GiB' or 'label:Qwen* 8GiB'), got '%.*s%s'", path, lineno,
-               len > 200 ? 200 : (int)len, line, len > 200 ? "..." : "");
+               len > 200 ? 200 : (int)len, text, len > 200 ? "..." : "");
       goto out;
     }
     if (k == MAX_QUOTAS) {

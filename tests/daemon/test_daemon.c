@@ -585,6 +585,25 @@ static void test_quota_file_text(void **st) {
   assert_int_equal(quota_of(name, "evil"), UINT64_MAX); /* not registered: it was in a comment */
   kill(d, SIGTERM);
   assert_int_equal(tu_wait(d), 0);
+  /* a UTF-8 byte-order mark and CRLF line ends (a Windows editor): the
+   * mark is not part of the first name ("\xEF\xBB\xBFchat" was registered,
+   * and 'chat' kept its old quota) */
+  write_file(qf, "\xEF\xBB\xBF" "chat 2MiB\r\n# note\r\n");
+  d = dtu_daemon_start(name, log, args + 5); /* adopts: --quota-file FILE only */
+  assert_true(d > 0);
+  assert_int_equal(quota_of(name, "chat"), 2 << 20);
+  assert_int_equal(quota_of(name, "\xEF\xBB\xBF" "chat"), UINT64_MAX);
+  kill(d, SIGTERM);
+  assert_int_equal(tu_wait(d), 0);
+  /* UTF-16 (NUL bytes): refused as not plain text */
+  FILE *f = fopen(qf, "w");
+  assert_non_null(f);
+  fwrite("\xFF\xFE" "c\0h\0a\0t\0 \0" "1\0M\0\n\0", 1, 18, f);
+  fclose(f);
+  assert_int_equal(DTU_RUN(out, "daemon", name, "--foreground", "--quota-file", qf), 1);
+  snprintf(want, sizeof want, "%s:1: a NUL byte: the file is not plain text (UTF-16, or binary)", qf);
+  if (!strstr(out, want)) fprintf(stderr, "# %s", out);
+  assert_non_null(strstr(out, want));
   /* a bad line after a long one is named by its own number */
   snprintf(text, sizeof text, "# %s\nchat lots\n", pad);
   write_file(qf, text);
