@@ -81,7 +81,8 @@ static const char *daemon_usage =
     "                        create --help').\n"
     "  --foreground          stay in the foreground, log to stderr (tests, systemd).\n"
     "  --log FILE            without --foreground: append the log to FILE (default\n"
-    "                        /dev/null).\n"
+    "                        /dev/null). A FIFO needs its reader running first;\n"
+    "                        lines it has no room for are dropped, not waited for.\n"
     "  --unlink-on-exit      destroy the pool when the daemon stops on SIGTERM or\n"
     "                        SIGINT (default: keep it for the next daemon).\n"
     "  --quota NS=SIZE       byte quota of namespace NS (registered if new); 0 means\n"
@@ -907,9 +908,18 @@ int cmd_daemon(int argc, char **argv) {
   }
   int log_fd = -1;
   if (!o.foreground && o.log) {
-    log_fd = open(o.log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    /* O_NONBLOCK: open(2) of a FIFO for writing waits for a reader, which
+     * hung `umbp daemon --log FIFO` for good; without a reader it now fails
+     * with ENXIO. It stays set: a log reader that stops reading costs the
+     * lines that do not fit in the pipe, never a stalled main loop or
+     * evictor. A regular file ignores it. */
+    log_fd = open(o.log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0640);
     if (log_fd < 0) {
-      cli_error("cannot open log file %s: %s", o.log, strerror(errno));
+      if (errno == ENXIO)
+        cli_error("cannot open log file %s: it is a FIFO that no process has open for reading: start its reader "
+                  "first, or log to a regular file", o.log);
+      else
+        cli_error("cannot open log file %s: %s", o.log, strerror(errno));
       free(fileq);
       return CLI_RUNTIME;
     }

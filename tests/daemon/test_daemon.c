@@ -199,6 +199,35 @@ static void test_daemonise(void **st) {
   fclose(f);
   assert_non_null(strstr(out, "ready: pool"));
   assert_non_null(strstr(out, "stopped"));
+  /* --log FIFO: refused at once when nothing reads it (open() used to wait
+   * for a reader for good); with a reader the log goes there */
+  assert_int_equal(unlink(log), 0);
+  assert_int_equal(mkfifo(log, 0600), 0);
+  dtu_run_alarm_s = 10;
+  rc = DTU_RUN(out, "daemon", name, "--log", log);
+  dtu_run_alarm_s = 0;
+  if (rc != 1) fprintf(stderr, "# exit %d: %s", rc, out);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, "it is a FIFO that no process has open for reading: start its reader first"));
+  int rfd = open(log, O_RDONLY | O_NONBLOCK);
+  assert_true(rfd >= 0);
+  dtu_run_alarm_s = 10;
+  rc = DTU_RUN(out, "daemon", name, "--log", log);
+  dtu_run_alarm_s = 0;
+  if (rc != 0) fprintf(stderr, "# exit %d: %s", rc, out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "served by pid "));
+  pid = atoi(strstr(out, "served by pid ") + 14);
+  dtu_track(pid);
+  kill(pid, SIGTERM);
+  for (int i = 0; i < 500 && kill(pid, 0) == 0; i++) dtu_sleep_ms(10);
+  assert_int_equal(kill(pid, 0), -1);
+  n = 0;
+  for (ssize_t r; (r = read(rfd, out + n, sizeof out - 1 - n)) > 0;) n += (size_t)r;
+  out[n] = 0;
+  close(rfd);
+  assert_non_null(strstr(out, "ready: pool"));
+  assert_non_null(strstr(out, "stopped"));
   /* cannot create: a capacity no machine can make a pool of is a usage error
    * (exit 2), found before the daemon forks */
   const char *name2 = tu_name("dbg2");
