@@ -2,7 +2,8 @@
 /*
  * umbp daemon — create a pool (or adopt it after a restart of the daemon) and
  * own it: reap dead processes, keep free slots between the watermarks, apply
- * namespace quotas, stop cleanly on SIGTERM/SIGINT, re-read quotas on SIGHUP.
+ * namespace quotas, stop cleanly on SIGTERM/SIGINT, re-read quotas and reopen
+ * the log file on SIGHUP.
  *
  * Order of events (STYLE: a child created by fork() shares its parent's open
  * file descriptions and with them the registry's and the daemon's OFD locks):
@@ -83,6 +84,7 @@ static const char *daemon_usage =
     "  --log FILE            without --foreground: append the log to FILE (default\n"
     "                        /dev/null). A FIFO needs its reader running first;\n"
     "                        lines it has no room for are dropped, not waited for.\n"
+    "                        SIGHUP opens FILE again (after logrotate renamed it).\n"
     "  --unlink-on-exit      destroy the pool when the daemon stops on SIGTERM or\n"
     "                        SIGINT (default: keep it for the next daemon).\n"
     "  --quota NS=SIZE       byte quota of namespace NS (registered if new); 0 means\n"
@@ -118,7 +120,8 @@ static const char *daemon_usage =
     "                        Example: --metrics 127.0.0.1:9478, then\n"
     "                        curl -s http://127.0.0.1:9478/metrics | grep umbp_slots\n"
     "\n"
-    "Signals: SIGTERM, SIGINT stop the daemon cleanly; SIGHUP re-reads --quota-file.\n"
+    "Signals: SIGTERM, SIGINT stop the daemon cleanly; SIGHUP re-reads --quota-file\n"
+    "and reopens --log FILE.\n"
     "Log lines: '2026-12-02T16:00:00Z umbp-daemon[PID]: message' (UTC).\n"
     "\n"
     "The daemon stops with status 1 when, checked every --reap-interval, its pool\n"
@@ -738,6 +741,60 @@ static const char *pool_file_lost(umbp_pool *p, const umbp_pool_info *info, char
   return NULL;
 }
 
+/* ---- paths and the log file ---------------------------------------------- */
+/* Make *name (the value of option opt) absolute in buf when it is relative:
+ * 0, or -1 said with cli_error(). */
+static int make_absolute(const char *opt, const char **name, char *buf, size_t n) {
+  if (!*name || (*name)[0] == '/') return 0;
+  char cwd[4096];
+  if (!getcwd(cwd, sizeof cwd)) {
+    cli_error("%s %s: cannot tell the current directory to make it absolute: %s", opt, *name, strerror(errno));
+    return -1;
+  }
+  if ((size_t)snprintf(buf, n, "%s/%s", strcmp(cwd, "/") ? cwd : "", *name) >= n) {
+    cli_error("%s %s: its absolute name (in %s) is longer than %zu bytes", opt, *name, cwd, n - 1);
+    return -1;
+  }
+  *name = buf;
+  return 0;
+}
+
+/* Open --log FILE for appending: the fd, or -errno. O_NONBLOCK: open(2) of a
+ * FIFO for writing waits for a reader, which hung `umbp daemon --log FIFO`
+ * for good; without a reader it now fails with ENXIO. It stays set: a log
+ * reader that stops reading costs the lines that do not fit in the pipe,
+ * never a stalled main loop or evictor. A regular file ignores it. */
+static int open_log(const char *path) {
+  int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0640);
+  return fd >= 0 ? fd : -errno;
+}
+
+static const char *log_open_error(int e, char *buf, size_t n) {
+  if (e == ENXIO)
+    snprintf(buf, n, "it is a FIFO that no process has open for reading: start its reader first, or log to a "
+                     "regular file");
+  else
+    snprintf(buf, n, "%s", strerror(e));
+  return buf;
+}
+
+/* SIGHUP: open --log FILE again, so that a log rotated by renaming it
+ * (logrotate's default, then 'kill -HUP') is written anew under its name
+ * instead of on into the renamed file. If it cannot be opened, the log goes
+ * on into the file open before, which says so. */
+static void reopen_log(const char *path) {
+  int fd = open_log(path);
+  if (fd < 0) {
+    char why[300];
+    dlog("error: SIGHUP: cannot reopen log file %s: %s; logging on to the file opened before", path,
+         log_open_error(-fd, why, sizeof why));
+    return;
+  }
+  if (dup2(fd, 2) < 0) dlog("error: SIGHUP: cannot reopen log file %s: dup2: %s", path, strerror(errno));
+  else dlog("SIGHUP: log file %s reopened", path);
+  close(fd);
+}
+
 /* ---- daemonising ------------------------------------------------------------ */
 /* Returns in the daemon (grandchild); the first parent exits from here with
  * the daemon's verdict. */
@@ -879,27 +936,15 @@ int cmd_daemon(int argc, char **argv) {
   struct quota *newq = fileq + MAX_QUOTAS;
   unsigned nfileq = 0, nnewq = 0;
   char err[600];
-  /* --quota-file is read again on SIGHUP, after daemonise() has changed to
-   * "/": a relative name is made absolute against the directory it was
-   * given in. Not realpath(): a symlink stays a symlink, so that pointing it
-   * at a new file and sending SIGHUP reads the new file. (--log is opened
-   * once, before daemonising: it needs nothing.) */
-  static char qpath[4096];
-  if (o.quota_file && o.quota_file[0] != '/') {
-    char cwd[sizeof qpath];
-    if (!getcwd(cwd, sizeof cwd)) {
-      cli_error("--quota-file %s: cannot tell the current directory to make it absolute: %s", o.quota_file,
-                strerror(errno));
-      free(fileq);
-      return CLI_RUNTIME;
-    }
-    if ((size_t)snprintf(qpath, sizeof qpath, "%s/%s", strcmp(cwd, "/") ? cwd : "", o.quota_file) >= sizeof qpath) {
-      cli_error("--quota-file %s: its absolute name (in %s) is longer than %zu bytes", o.quota_file, cwd,
-                sizeof qpath - 1);
-      free(fileq);
-      return CLI_RUNTIME;
-    }
-    o.quota_file = qpath;
+  /* --quota-file is read again and --log opened again on SIGHUP, after
+   * daemonise() has changed to "/": a relative name is made absolute against
+   * the directory it was given in. Not realpath(): a symlink stays a symlink,
+   * so that pointing it at a new file and sending SIGHUP reads the new file. */
+  static char qpath[4096], lpath[4096];
+  if (make_absolute("--quota-file", &o.quota_file, qpath, sizeof qpath) ||
+      make_absolute("--log", &o.log, lpath, sizeof lpath)) {
+    free(fileq);
+    return CLI_RUNTIME;
   }
   if (o.quota_file && read_quota_file(o.quota_file, fileq, &nfileq, err, sizeof err)) {
     cli_error("%s", err);
@@ -908,18 +953,10 @@ int cmd_daemon(int argc, char **argv) {
   }
   int log_fd = -1;
   if (!o.foreground && o.log) {
-    /* O_NONBLOCK: open(2) of a FIFO for writing waits for a reader, which
-     * hung `umbp daemon --log FIFO` for good; without a reader it now fails
-     * with ENXIO. It stays set: a log reader that stops reading costs the
-     * lines that do not fit in the pipe, never a stalled main loop or
-     * evictor. A regular file ignores it. */
-    log_fd = open(o.log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0640);
+    log_fd = open_log(o.log);
     if (log_fd < 0) {
-      if (errno == ENXIO)
-        cli_error("cannot open log file %s: it is a FIFO that no process has open for reading: start its reader "
-                  "first, or log to a regular file", o.log);
-      else
-        cli_error("cannot open log file %s: %s", o.log, strerror(errno));
+      char why[300];
+      cli_error("cannot open log file %s: %s", o.log, log_open_error(-log_fd, why, sizeof why));
       free(fileq);
       return CLI_RUNTIME;
     }
@@ -1035,6 +1072,7 @@ int cmd_daemon(int argc, char **argv) {
     }
     if ((lost_why = pool_file_lost(p, &pinfo, lost, sizeof lost))) break;
     if (sig == SIGHUP) {
+      if (!o.foreground && o.log) reopen_log(o.log);
       if (!o.quota_file) {
         dlog("SIGHUP: no --quota-file to re-read; quotas unchanged");
       } else if (read_quota_file(o.quota_file, newq, &nnewq, err, sizeof err)) {

@@ -726,23 +726,53 @@ static void test_daemonise_relative_paths(void **st) {
   assert_non_null(f);
   fprintf(f, "chat 2MiB\n");
   fclose(f);
+  /* rotate the log as logrotate does (rename, then SIGHUP): the daemon opens
+   * "rlog" again, in the start directory; it wrote on into the renamed file */
+  char rotated[310];
+  snprintf(rotated, sizeof rotated, "%s.1", logp);
+  assert_int_equal(rename(logp, rotated), 0);
   kill(pid, SIGHUP);
   for (int i = 0; i < 500 && quota_of(name, "chat") != 2 << 20; i++) dtu_sleep_ms(10);
-  if (quota_of(name, "chat") != 2 << 20) dtu_dump_log(logp);
+  if (quota_of(name, "chat") != 2 << 20) dtu_dump_log(rotated);
   assert_int_equal(quota_of(name, "chat"), 2 << 20);
+  /* a log that cannot be opened again (a directory in its place): the log
+   * goes on into the file open before, which says so */
+  char held[310], want[400];
+  snprintf(held, sizeof held, "%s.held", logp);
+  for (int i = 0; i < 500 && access(logp, F_OK) != 0; i++) dtu_sleep_ms(10);
+  assert_int_equal(rename(logp, held), 0);
+  assert_int_equal(mkdir(logp, 0755), 0);
+  kill(pid, SIGHUP);
+  snprintf(want, sizeof want, "error: SIGHUP: cannot reopen log file %s: Is a directory; logging on to the file "
+           "opened before", logp);
+  bool logged = false;
+  for (int i = 0; i < 500 && !logged; i++) {
+    logged = strstr(read_log(held), want) != NULL;
+    if (!logged) dtu_sleep_ms(10);
+  }
+  if (!logged) fprintf(stderr, "# log: %s", out);
+  assert_true(logged);
+  assert_int_equal(rmdir(logp), 0);
+  assert_int_equal(rename(held, logp), 0);
   kill(pid, SIGTERM);
   for (int i = 0; i < 500 && kill(pid, 0) == 0; i++) dtu_sleep_ms(10);
   assert_int_equal(kill(pid, 0), -1);
   read_log(logp); /* the log went where --log named, relative to the start directory */
-  char want[400];
   snprintf(want, sizeof want, "SIGHUP: re-reading quotas from %s (1 entry)", rq);
   if (!strstr(out, want)) fprintf(stderr, "# log: %s", out);
   assert_non_null(strstr(out, want));
   assert_null(strstr(out, "cannot read quota file"));
   assert_non_null(strstr(out, "stopped"));
+  snprintf(want, sizeof want, "SIGHUP: log file %s reopened", logp);
+  assert_non_null(strstr(out, want));
+  assert_null(strstr(out, "ready: pool")); /* that went into the renamed file */
+  read_log(rotated);
+  assert_non_null(strstr(out, "ready: pool"));
+  assert_null(strstr(out, "stopped"));
   umbp_pool_destroy(name);
   unlink(rq);
   unlink(logp);
+  unlink(rotated);
   rmdir(dir);
 }
 
