@@ -73,7 +73,8 @@ static const char *daemon_usage =
     "                        with memory; 'auto' the GPUs' local nodes from the\n"
     "                        topology plan; or a list such as 0,1.\n"
     "  --group GROUP         create the pool with mode 0660 for GROUP (name or gid);\n"
-    "                        default 0600, owner only.\n"
+    "                        default 0600, owner only. Not changed on adopting (a\n"
+    "                        note says so when it differs).\n"
     "  --no-prefault         do not pre-fault the slot bytes when creating; their\n"
     "                        blocks in /dev/shm are still reserved (fallocate), and\n"
     "                        the index metadata is always allocated at creation.\n"
@@ -676,6 +677,21 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
     dlog("note: %s %s from the existing pool's; %s only when the pool is created (destroy it to change %s)", what,
          cap_differs && slot_differs ? "differ" : "differs", cap_differs && slot_differs ? "they apply" : "it applies",
          cap_differs && slot_differs ? "them" : "it");
+  }
+  /* --group too applies only at creation: a pool made 0600, or for another
+   * group (UMBP_GROUP changed in the systemd unit), stays so, and the
+   * group's engines cannot attach; that was not said anywhere. */
+  if (o->pp.group_access && ((st.st_mode & 0060) != 0060 || st.st_gid != o->pp.group)) {
+    char g1[64], g2[64];
+    struct group *gr = getgrgid(o->pp.group);
+    snprintf(g1, sizeof g1, "%s", gr ? gr->gr_name : "");
+    gr = getgrgid(st.st_gid);
+    snprintf(g2, sizeof g2, "%s", gr ? gr->gr_name : "?");
+    dlog("note: --group %s%s%u%s differs from the existing pool's (mode %04o, group %u (%s)): it applies only when the "
+         "pool is created, so processes of that group that are not uid %u cannot attach; destroy the pool "
+         "('umbp pool destroy %s') and start the daemon again to change it",
+         g1, *g1 ? " (gid " : "", (unsigned)o->pp.group, *g1 ? ")" : "", (unsigned)(st.st_mode & 07777),
+         (unsigned)st.st_gid, g2, (unsigned)st.st_uid, o->pool);
   }
   *ret = p;
   return CLI_OK;

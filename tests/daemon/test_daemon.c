@@ -658,10 +658,20 @@ static void test_adopt_note_wording(void **st) {
   const char *same_cap[] = {"--capacity", "1MiB", NULL};
   const char *other_cap[] = {"--capacity", "2MiB", NULL};
   const char *other_slot[] = {"--capacity", "1MiB", "--slot-size", "8KiB", NULL};
-  const char *const *runs[] = {create, same_cap, other_cap, other_slot};
+  /* --group is creation-only too: on a 0600 pool the group's engines cannot
+   * attach, which no line said; with the pool 0660 for that group, no note */
+  const char *group0[] = {"--group", "0", NULL};
+  const char *const *runs[] = {create, same_cap, other_cap, other_slot, group0, group0};
   const char *note[] = {NULL, NULL, "note: --capacity 2 MiB differs from the existing pool's; it applies only",
-                        "note: --slot-size 8 KiB differs from the existing pool's; it applies only"};
-  for (unsigned r = 0; r < 4; r++) {
+                        "note: --slot-size 8 KiB differs from the existing pool's; it applies only",
+                        "(gid 0) differs from the existing pool's (mode 0600, group 0 (", NULL};
+  for (unsigned r = 0; r < 6; r++) {
+    if (r == 5) {
+      char shm[300];
+      snprintf(shm, sizeof shm, "/dev/shm/umbp.%s", name);
+      assert_int_equal(chown(shm, (uid_t)-1, 0), 0);
+      assert_int_equal(chmod(shm, 0660), 0);
+    }
     unlink(log);
     pid_t d = dtu_daemon_start(name, log, runs[r]);
     assert_true(d > 0);
@@ -688,6 +698,7 @@ static void test_adopt_note_wording(void **st) {
     else assert_null(strstr(out, "note: --"));
     if (r == 2) assert_null(strstr(out, "--slot-size"));
     if (r == 3) assert_null(strstr(out, "--capacity"));
+    if (r == 4) assert_non_null(strstr(out, "cannot attach; destroy the pool ('umbp pool destroy "));
   }
   umbp_pool_destroy(name);
   unlink(log);
