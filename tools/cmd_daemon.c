@@ -221,6 +221,38 @@ static int parse_quota_key(const char *key, size_t len, struct quota *q) {
   return 0;
 }
 
+/* Why KEY (klen bytes) and SIZE (NULL: none) are not a quota, for the error
+ * message after the expected form: what is wrong and how to write it. */
+static const char *quota_why(const char *key, size_t klen, const char *size, char *buf, size_t n) {
+  while (klen && (*key == ' ' || *key == '\t')) key++, klen--;
+  while (klen && (key[klen - 1] == ' ' || key[klen - 1] == '\t')) klen--;
+  uint64_t v;
+  const char *lw = key + klen; /* the key's last word: "10" of "chat 10 GiB" */
+  while (lw > key && lw[-1] != ' ' && lw[-1] != '\t') lw--;
+  char word[48], num[96];
+  size_t lwl = (size_t)(key + klen - lw);
+  snprintf(word, sizeof word, "%.*s", (int)(lwl < 40 ? lwl : 40), lw);
+  snprintf(num, sizeof num, "%s%.40s", word, size ? size : "");
+  if (!size || !*size)
+    snprintf(buf, n, "%s", cli_parse_size(key, &v) == 0 ? "no NAMESPACE before the size" : "no SIZE after the namespace");
+  else if (!klen)
+    snprintf(buf, n, "no NAMESPACE before the size");
+  else if (lw > key && lwl < 40 && cli_parse_size(word, &v) == 0 && cli_parse_size(size, &v) &&
+           cli_parse_size(num, &v) == 0) /* "chat 10 GiB" */
+    snprintf(buf, n, "a SIZE is one word: write '%s', not '%s %.40s'", num, word, size);
+  else if (cli_parse_size(size, &v))
+    snprintf(buf, n, "'%.40s' is not a size: a whole number of bytes with an optional unit B, KiB, MiB, GiB, TiB or "
+                     "PiB (K, M, G ... are the same, 1024-based), below 16 EiB",
+             size);
+  else if (klen > strlen(LABEL_PREFIX) && !strncmp(key, LABEL_PREFIX, strlen(LABEL_PREFIX)))
+    snprintf(buf, n, "a label pattern is 1 to %zu bytes", sizeof((struct quota *)0)->ns - 1);
+  else if (memchr(key, ' ', klen) || memchr(key, '\t', klen))
+    snprintf(buf, n, "a namespace name has no spaces (only a 'label:PATTERN' may)");
+  else
+    snprintf(buf, n, "a namespace name is 1 to 128 bytes, this one %zu", klen);
+  return buf;
+}
+
 /* "namespace 'chat'", "namespaces 'vllm-*'" or "namespaces labelled 'Qwen*'": a quota, for the log. */
 static const char *quota_what(const struct quota *q, char *buf, size_t n) {
   snprintf(buf, n, "%s '%s'", q->kind == Q_LABEL ? "namespaces labelled" : q->kind == Q_GLOB ? "namespaces" : "namespace",
@@ -303,8 +335,10 @@ static int read_quota_file(const char *path, struct quota *q, unsigned *n, char 
     uint64_t b;
     struct quota pq;
     if (sp == text + start || cli_parse_size(sp, &b) || parse_quota_key(text + start, (size_t)(sp - text - start), &pq)) {
-      snprintf(err, errn, "%s:%u: expected 'NAMESPACE SIZE' (e.g. 'chat 8GiB', 'vllm-* 8GiB' or 'label:Qwen* 8GiB'), got '%.*s%s'", path, lineno,
-               len > 200 ? 200 : (int)len, text, len > 200 ? "..." : "");
+      char why[300];
+      snprintf(err, errn, "%s:%u: expected 'NAMESPACE SIZE' (e.g. 'chat 8GiB', 'vllm-* 8GiB' or 'label:Qwen* 8GiB'), got '%.*s%s': %s", path, lineno,
+               len > 200 ? 200 : (int)len, text, len > 200 ? "..." : "",
+               quota_why(text + start, (size_t)(sp - text - start), sp == text + start ? NULL : sp, why, sizeof why));
       goto out;
     }
     if (k == MAX_QUOTAS) {
@@ -521,10 +555,13 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
     case O_QUOTA: {
       const char *eq = strrchr(optarg, '=');
       struct quota q;
-      if (!eq || cli_parse_size(eq + 1, &v) || parse_quota_key(optarg, (size_t)(eq - optarg), &q))
+      if (!eq || cli_parse_size(eq + 1, &v) || parse_quota_key(optarg, (size_t)(eq - optarg), &q)) {
+        char why[300];
         return cli_usage_error("daemon",
                                "--quota '%s': use NAMESPACE=SIZE, e.g. --quota chat=8GiB, 'vllm-*=8GiB' or "
-                               "'label:Qwen*=8GiB'", optarg);
+                               "'label:Qwen*=8GiB'%s%s", optarg, eq ? ": " : "",
+                               eq ? quota_why(optarg, (size_t)(eq - optarg), eq + 1, why, sizeof why) : "");
+      }
       if (o->nquotas == MAX_QUOTAS) return cli_usage_error("daemon", "more than %d --quota options", MAX_QUOTAS);
       q.bytes = v;
       o->quotas[o->nquotas++] = q;

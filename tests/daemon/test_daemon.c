@@ -633,6 +633,24 @@ static void test_quota_file_text(void **st) {
   snprintf(want, sizeof want, "%s:1: a NUL byte: the file is not plain text (UTF-16, or binary)", qf);
   if (!strstr(out, want)) fprintf(stderr, "# %s", out);
   assert_non_null(strstr(out, want));
+  /* what is wrong with a bad line is said, not only the expected form */
+  static const struct {
+    const char *line, *why;
+  } bad[] = {
+      {"chat 10 GiB\n", "got 'chat 10 GiB': a SIZE is one word: write '10GiB', not '10 GiB'"},
+      {"chat -1\n", "got 'chat -1': '-1' is not a size: a whole number of bytes with an optional unit"},
+      {"chat\n", "got 'chat': no SIZE after the namespace"},
+      {"8GiB\n", "got '8GiB': no NAMESPACE before the size"},
+      {"chat bot 1GiB\n", "a namespace name has no spaces (only a 'label:PATTERN' may)"},
+  };
+  for (unsigned i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    write_file(qf, bad[i].line);
+    assert_int_equal(DTU_RUN(out, "daemon", name, "--foreground", "--quota-file", qf), 1);
+    if (!strstr(out, bad[i].why)) fprintf(stderr, "# %s", out);
+    assert_non_null(strstr(out, bad[i].why));
+  }
+  assert_int_equal(DTU_RUN(out, "daemon", name, "--quota", "chat=lots"), 2);
+  assert_non_null(strstr(out, "'lots' is not a size"));
   /* a bad line after a long one is named by its own number */
   snprintf(text, sizeof text, "# %s\nchat lots\n", pad);
   write_file(qf, text);
