@@ -447,7 +447,18 @@ static void apply_pattern_quotas(umbp_pool *p, const char *pool, const struct qu
       if (ni.quota_bytes && umbp_ns_set_quota(p, id, 0) == 0)
         dlog("quota of namespace '%s' (id %u): none (no quota matches it any more)", ni.name, id);
     } else if (win) {
-      set_by_pattern[id] = false; /* a name quota holds it: apply_quotas() set it */
+      /* A name quota holds it. apply_quotas() set it, but for one of the
+       * command line only at start: when a glob or label line that had
+       * overridden it is gone (SIGHUP), it goes back to its own bytes here
+       * (it kept the pattern's bytes for good). */
+      if (set_by_pattern[id] && ni.quota_bytes != win->bytes) {
+        if (umbp_ns_set_quota(p, id, win->bytes))
+          dlog("error: quota of namespace '%s' not applied: %s", ni.name, umbp_last_error());
+        else
+          dlog("quota of namespace '%s' (id %u): %s, its own again (no glob or label quota after it matches it any "
+               "more)", ni.name, id, win->bytes ? cli_fmt_size(win->bytes, b, sizeof b) : "none");
+      }
+      set_by_pattern[id] = false;
     }
   }
 }

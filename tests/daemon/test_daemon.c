@@ -566,6 +566,19 @@ static void test_sighup_quotas(void **st) {
   assert_int_equal(quota_of(name, "chat"), 0);
   assert_int_equal(quota_of(name, "search"), 0);
   assert_int_equal(quota_of(name, "batch"), 64 << 10);
+  /* a glob line overrides a --quota (it comes after); once the line is gone
+   * the --quota holds again (it kept the glob's bytes) */
+  f = fopen(qf, "w");
+  fprintf(f, "b* 1MiB\n");
+  fclose(f);
+  kill(d, SIGHUP);
+  for (int i = 0; i < 500 && quota_of(name, "batch") != 1 << 20; i++) dtu_sleep_ms(10);
+  assert_int_equal(quota_of(name, "batch"), 1 << 20);
+  f = fopen(qf, "w");
+  fclose(f);
+  kill(d, SIGHUP);
+  for (int i = 0; i < 500 && quota_of(name, "batch") != 64 << 10; i++) dtu_sleep_ms(10);
+  assert_int_equal(quota_of(name, "batch"), 64 << 10);
   f = fopen(qf, "w");
   fprintf(f, "chat lots\n"); /* for the start below */
   fclose(f);
