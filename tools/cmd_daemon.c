@@ -561,7 +561,14 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
     }
     case O_NOPF: o->pp.no_prefault = true; break;
     case O_FG: o->foreground = true; break;
-    case O_LOG: o->log = optarg; break;
+    /* --log and --quota-file name one file each: a second one used to
+     * replace the first without a word, whose quotas then never applied */
+    case O_LOG:
+      if (o->log && strcmp(o->log, optarg))
+        return cli_usage_error("daemon", "--log '%s' after --log '%s': the daemon logs to one file: give one", optarg,
+                               o->log);
+      o->log = optarg;
+      break;
     case O_UNLINK: o->unlink_on_exit = true; break;
     case O_QUOTA: {
       const char *eq = strrchr(optarg, '=');
@@ -578,7 +585,12 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       o->quotas[o->nquotas++] = q;
       break;
     }
-    case O_QFILE: o->quota_file = optarg; break;
+    case O_QFILE:
+      if (o->quota_file && strcmp(o->quota_file, optarg))
+        return cli_usage_error("daemon", "--quota-file '%s' after --quota-file '%s': the daemon reads one quota file: "
+                               "put every line in one (or use --quota NS=SIZE for more)", optarg, o->quota_file);
+      o->quota_file = optarg;
+      break;
     case O_METRICS: {
       char why[300];
       if (metrics_parse_addr(optarg, &o->maddr, &o->mlen, why, sizeof why))

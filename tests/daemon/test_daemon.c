@@ -1107,6 +1107,12 @@ static void test_bad_input(void **st) {
   assert_non_null(strstr(out, "unexpected argument 'b'"));
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--quota", "chat"), 2);
   assert_non_null(strstr(out, "NAMESPACE=SIZE"));
+  /* a second --quota-file or --log replaced the first without a word */
+  assert_int_equal(DTU_RUN(out, "daemon", "x", "--quota-file", "/nonexistent/a", "--quota-file", "/nonexistent/b"), 2);
+  assert_non_null(strstr(out, "--quota-file '/nonexistent/b' after --quota-file '/nonexistent/a': the daemon reads "
+                              "one quota file"));
+  assert_int_equal(DTU_RUN(out, "daemon", "x", "--log", "/nonexistent/a", "--log", "/nonexistent/b"), 2);
+  assert_non_null(strstr(out, "--log '/nonexistent/b' after --log '/nonexistent/a'"));
   assert_int_equal(DTU_RUN(out, "daemon", "x", "--capacity", "lots"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--evict-low", "50", "--evict-high", "40"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "x", "--bogus"), 2);
