@@ -738,6 +738,32 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
          cap_differs && slot_differs ? "differ" : "differs", cap_differs && slot_differs ? "they apply" : "it applies",
          cap_differs && slot_differs ? "them" : "it");
   }
+  /* So do an explicit --numa-nodes list and --index-pages huge/small: a
+   * changed one was ignored without a word ('auto' and 'all' are not
+   * compared: they name no nodes until a pool is created). */
+  bool nodes_differ = false;
+  if (o->pp.n_numa_nodes && !o->auto_nodes) {
+    nodes_differ = o->pp.n_numa_nodes != info.n_partitions;
+    for (unsigned i = 0; !nodes_differ && i < o->pp.n_numa_nodes; i++)
+      nodes_differ = o->pp.numa_nodes[i] != info.partitions[i].numa_node;
+  }
+  if (nodes_differ) {
+    char have[160] = "";
+    size_t l = 0;
+    for (unsigned i = 0; i < info.n_partitions && l < sizeof have - 16; i++)
+      l += info.partitions[i].numa_node < 0
+               ? (size_t)snprintf(have + l, sizeof have - l, "%snone", i ? "," : "")
+               : (size_t)snprintf(have + l, sizeof have - l, "%s%d", i ? "," : "", info.partitions[i].numa_node);
+    dlog("note: --numa-nodes differs from the existing pool's partitions (on node%s %s): it applies only when the "
+         "pool is created; destroy the pool ('umbp pool destroy %s') and start the daemon again to change it",
+         info.n_partitions == 1 ? "" : "s", have, o->pool);
+  }
+  if ((o->pp.index_pages == UMBP_INDEX_PAGES_HUGE && !info.index_hugepages) ||
+      (o->pp.index_pages == UMBP_INDEX_PAGES_SMALL && info.index_hugepages))
+    dlog("note: --index-pages %s differs from the existing pool's (index on %s pages): it applies only when the pool "
+         "is created; destroy the pool ('umbp pool destroy %s') and start the daemon again to change it",
+         o->pp.index_pages == UMBP_INDEX_PAGES_HUGE ? "huge" : "small", info.index_hugepages ? "2 MiB" : "4 KiB",
+         o->pool);
   /* --group too applies only at creation: a pool made 0600, or for another
    * group (UMBP_GROUP changed in the systemd unit), stays so, and the
    * group's engines cannot attach; that was not said anywhere. */

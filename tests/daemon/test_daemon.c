@@ -731,6 +731,32 @@ static void test_adopt_note_wording(void **st) {
     if (r == 3) assert_null(strstr(out, "--capacity"));
     if (r == 4) assert_non_null(strstr(out, "cannot attach; destroy the pool ('umbp pool destroy "));
   }
+  /* an explicit --numa-nodes list and --index-pages huge/small are
+   * creation-only too, and were ignored without a word */
+  umbp_pool_info info;
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  ao.read_only = true;
+  umbp_pool *rp;
+  assert_int_equal(umbp_pool_attach(name, &ao, &rp), 0);
+  umbp_pool_get_info(rp, &info);
+  umbp_pool_detach(rp);
+  char node[16];
+  snprintf(node, sizeof node, "%d", info.n_partitions == 1 && info.partitions[0].numa_node == 1 ? 0 : 1);
+  const char *other_nodes[] = {"--numa-nodes", node, "--index-pages", info.index_hugepages ? "small" : "huge", NULL};
+  unlink(log);
+  pid_t d = dtu_daemon_start(name, log, other_nodes);
+  assert_true(d > 0);
+  kill(d, SIGTERM);
+  assert_int_equal(tu_wait(d), 0);
+  read_log(log);
+  char want[200];
+  snprintf(want, sizeof want, "note: --index-pages %s differs from the existing pool's (index on %s pages)",
+           info.index_hugepages ? "small" : "huge", info.index_hugepages ? "2 MiB" : "4 KiB");
+  if (!strstr(out, want) || !strstr(out, "note: --numa-nodes differs from the existing pool's partitions (on node"))
+    fprintf(stderr, "# log: %s", out);
+  assert_non_null(strstr(out, want));
+  assert_non_null(strstr(out, "note: --numa-nodes differs from the existing pool's partitions (on node"));
   umbp_pool_destroy(name);
   unlink(log);
 }
