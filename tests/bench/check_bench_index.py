@@ -459,6 +459,18 @@ def _():
     assert r.returncode == 0 and "index" in r.stdout, r
 
 
+@check("an unknown option, a missing value or '=value' on a flag is a usage error that names the option")
+def _():
+    for args, want in ((["--bogus"], "unknown option '--bogus'"), (["-x"], "unknown option '-x'"),
+                       (["--keys"], "option '--keys' needs a value"),
+                       (["--filter"], "option '--filter' needs a value"),
+                       (["--json=1"], "option '--json' takes no value"),
+                       (["--i", "ours"], "option '--i' is ambiguous")):
+        r = run(["bench", "index"] + args)
+        assert r.returncode == 2 and want in r.stderr and not r.stdout, "%s: exit %d, stderr %r" % (
+            args, r.returncode, r.stderr)
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

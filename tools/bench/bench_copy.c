@@ -845,8 +845,9 @@ int bench_copy_main(int argc, char **argv) {
   unsigned cpus[256], ncpus = 0;
   const char *cases_s = "64KiBx2,256KiBx16,1MiBx80,4MiBx160";
   optind = 1;
+  opterr = 0; /* our own messages name the option (cli_bad_option) */
   int ch;
-  while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
     switch (ch) {
     case 't': threads = (unsigned)atoi(optarg); break;
     case 'r': reps = (unsigned)atoi(optarg); break;
@@ -894,7 +895,8 @@ int bench_copy_main(int argc, char **argv) {
       break;
     }
     case 'h': fputs(copy_usage, stdout); return CLI_OK;
-    default: return cli_usage_error("bench copy", "unknown option");
+    case ':': return cli_usage_error("bench copy", "option '%s' needs a value", argv[optind - 1]);
+    default: return cli_bad_option("bench copy", lo, argv[optind - 1]);
     }
   }
   if (optind < argc) return cli_usage_error("bench copy", "unexpected argument '%s'", argv[optind]);

@@ -1956,8 +1956,9 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       {"index-pages", required_argument, NULL, O_IPAGES}, {"rte-hugepages", no_argument, NULL, O_RTEHUGE},
       {NULL, 0, NULL, 0}};
   optind = 1;
+  opterr = 0; /* our own messages name the option (cli_bad_option) */
   int c;
-  while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
     char *end;
     switch (c) {
     case O_KEYS: {
@@ -2031,8 +2032,10 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     case 'h':
       fputs(usage_text, stdout);
       return CLI_OK;
+    case ':':
+      return cli_usage_error("bench index", "option '%s' needs a value", argv[optind - 1]);
     default:
-      return cli_usage_error("bench index", "unknown option");
+      return cli_bad_option("bench index", lo, argv[optind - 1]);
     }
   }
   if (optind < argc) return cli_usage_error("bench index", "unexpected argument '%s'", argv[optind]);
