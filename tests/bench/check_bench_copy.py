@@ -37,6 +37,15 @@ def _():
             args, r.returncode, r.stderr)
 
 
+@check("--threads and --reps take whole numbers in range: '2abc' and 2^32 + 2 are usage errors")
+def _():
+    for opt, bad in (("--threads", "2abc"), ("--threads", "4294967298"), ("--threads", "0"), ("--threads", "65"),
+                     ("--threads", "1.0"), ("--reps", "4294967297"), ("--reps", "x"), ("--reps", "1001")):
+        r = run(["bench", "copy", opt, bad, "--bytes", "1MiB", "--cases", "64KiBx2"])
+        assert r.returncode == 2 and "%s '%s'" % (opt, bad) in r.stderr and not r.stdout, "%s %r: exit %d, %s" % (
+            opt, bad, r.returncode, r.stderr)
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

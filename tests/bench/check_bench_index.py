@@ -471,6 +471,15 @@ def _():
             args, r.returncode, r.stderr)
 
 
+@check("--reps takes a whole number from 1 to 1000: one past 2^32 is not taken as 1")
+def _():
+    for bad in ("4294967297", "1.5", "0x5", "+5", "0", "1001", ""):
+        r = run(["bench", "index", "--reps", bad, "--keys", "64", "--impls", "ours", "--filter", "hit-single-lf0.5-p1",
+                 "--lf", "0.5", "--seconds", "0.001"])
+        assert r.returncode == 2 and "--reps '%s'" % bad in r.stderr, "--reps %r: exit %d, %s" % (
+            bad, r.returncode, r.stderr)
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

@@ -849,8 +849,19 @@ int bench_copy_main(int argc, char **argv) {
   int ch;
   while ((ch = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
     switch (ch) {
-    case 't': threads = (unsigned)atoi(optarg); break;
-    case 'r': reps = (unsigned)atoi(optarg); break;
+    case 't':
+    case 'r': {
+      /* whole decimal numbers, range-checked before the cast: atoi() took
+       * "2abc" as 2 and wrapped 4294967298 to 2 */
+      unsigned long lim = ch == 't' ? 64 : 1000;
+      errno = 0;
+      unsigned long v = cli_decimal(optarg) && !strchr(optarg, '.') ? strtoul(optarg, NULL, 10) : 0;
+      if (errno || v < 1 || v > lim)
+        return cli_usage_error("bench copy", "--%s '%s': give 1 to %lu", ch == 't' ? "threads" : "reps", optarg, lim);
+      if (ch == 't') threads = (unsigned)v;
+      else reps = (unsigned)v;
+      break;
+    }
     case 'C': cases_s = optarg; break;
     case 'g': cuda = true; break;
     case 'm': {
@@ -902,8 +913,6 @@ int bench_copy_main(int argc, char **argv) {
   if (optind < argc) return cli_usage_error("bench copy", "unexpected argument '%s'", argv[optind]);
   if (copy_given && !cuda)
     return cli_usage_error("bench copy", "--cuda-copy, --cuda-ctas, --victim and --pull need --cuda");
-  if (threads < 1 || threads > 64) return cli_usage_error("bench copy", "--threads: 1..64");
-  if (reps < 1 || reps > 1000) return cli_usage_error("bench copy", "--reps: 1..1000");
   struct bcase cases[32];
   unsigned nc = 0;
   char buf[512];

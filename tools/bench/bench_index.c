@@ -1976,12 +1976,14 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       if (parse_double(optarg, &o->warmup) || o->warmup < 0 || o->warmup > 60)
         return cli_usage_error("bench index", "--warmup '%s': give a duration in [0, 60] seconds", optarg);
       break;
-    case O_REPS:
+    case O_REPS: {
+      /* range-checked before the cast: (unsigned)4294967297 would be 1 */
       errno = 0;
-      o->reps = (unsigned)strtoul(optarg, &end, 10);
-      if (errno || *end || end == optarg || o->reps < 1 || o->reps > 1000)
-        return cli_usage_error("bench index", "--reps '%s': give 1 to 1000", optarg);
+      unsigned long v = cli_decimal(optarg) && !strchr(optarg, '.') ? strtoul(optarg, NULL, 10) : 0;
+      if (errno || v < 1 || v > 1000) return cli_usage_error("bench index", "--reps '%s': give 1 to 1000", optarg);
+      o->reps = (unsigned)v;
       break;
+    }
     case O_LF: {
       o->n_lf = 0;
       char buf[256];
