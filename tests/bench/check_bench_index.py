@@ -480,6 +480,26 @@ def _():
             bad, r.returncode, r.stderr)
 
 
+@check("--filter that matches no case and --impls that names no table are usage errors, before any table is made")
+def _():
+    base = ["bench", "index", "--keys", "2000", "--seconds", "0.001", "--reps", "1", "--lf", "0.5"]
+    for extra, want in ((["--filter", "nosuch"], "--filter 'nosuch' matches no case"),
+                        (["--filter", "hit-singel", "--json"], "--filter 'hit-singel' matches no case"),
+                        (["--filter", ""], "--filter '' matches no case"),
+                        (["--impls", ","], "--impls names no table"),
+                        (["--impls", "rte_hash", "--no-dpdk"], "--impls rte_hash with --no-dpdk")):
+        r = run(base + extra)
+        assert r.returncode == 2 and want in r.stderr and not r.stdout, "%s: exit %d, stdout %r, stderr %r" % (
+            extra, r.returncode, r.stdout[:200], r.stderr)
+        if "--filter" in extra:
+            assert "hit-single-lf0.5-pN" in r.stderr and "churn-reader-lf0.5-pN" in r.stderr, r.stderr
+    # a filter that selects only churn-reader rows runs the churn pair (the progress count agrees)
+    r = run(base + ["--impls", "ours", "--filter", "reader", "--json"])
+    assert r.returncode == 0, r.stderr
+    assert [c["name"] for c in json.loads(r.stdout)["cases"]] == [
+        "churn-lf0.5-p1", "churn-reader-lf0.5-p1", "churn-lf0.5-p2", "churn-reader-lf0.5-p2"], r.stdout
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

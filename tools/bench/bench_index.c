@@ -1862,9 +1862,10 @@ static const char *usage_text =
     "  --lf LIST       load factors (keys/N), comma-separated, each in (0, 1];\n"
     "                  default 0.5,0.9.\n"
     "  --filter LIST   run only the cases whose name contains one of these\n"
-    "                  comma-separated substrings, e.g. hit-single,churn.\n"
-    "  --impls LIST    tables to measure, from ours,rte_hash,cds_lfht (default all);\n"
-    "                  e.g. --impls ours under a profiler.\n"
+    "                  comma-separated substrings, e.g. hit-single,churn; one that\n"
+    "                  matches no case is a usage error that lists the cases.\n"
+    "  --impls LIST    tables to measure, from ours,rte_hash,cds_lfht (default all;\n"
+    "                  at least one); e.g. --impls ours under a profiler.\n"
     "  --seed N        seed of the keys and of the access order; default 1.\n"
     "  --no-dpdk       do not start DPDK's EAL; rte_hash columns stay empty.\n"
     "  --index-pages M our pools' index pages: try (default), huge (2 MiB pages or\n"
@@ -2041,6 +2042,14 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     }
   }
   if (optind < argc) return cli_usage_error("bench index", "unexpected argument '%s'", argv[optind]);
+  /* a run that measures no table would fill the tables and print rows of '-' */
+  if (!o->impl_on[IMPL_OURS] && !o->impl_on[IMPL_LFHT]) {
+    if (!o->impl_on[IMPL_RTE])
+      return cli_usage_error("bench index", "--impls names no table: give one or more of ours, rte_hash, cds_lfht");
+    if (o->no_dpdk)
+      return cli_usage_error("bench index", "--impls rte_hash with --no-dpdk measures no table: drop --no-dpdk, or "
+                                            "add ours or cds_lfht to --impls");
+  }
   return -1;
 }
 
@@ -2056,11 +2065,30 @@ static unsigned count_rows(const struct opts *o) {
         total += case_selected(o, name);
       }
     for (unsigned par = 1; par <= 2; par++) {
+      /* as run_lf(): the churn pair runs when either of its names is selected */
+      char rname[64];
       snprintf(name, sizeof name, "churn-%s-p%u", lfs, par);
-      total += 2 * case_selected(o, name);
+      snprintf(rname, sizeof rname, "churn-reader-%s-p%u", lfs, par);
+      total += 2 * (case_selected(o, name) || case_selected(o, rname));
     }
   }
   return total;
+}
+
+/* A --filter that selects no case: a usage error that names the cases of the
+ * first load factor, rather than a run that fills the tables and prints an
+ * empty table (or "cases":[]) with exit status 0. */
+static int filter_matches_nothing(const struct opts *o) {
+  char lfs[16], names[1024] = "";
+  size_t u = 0;
+  lf_label(o->lf[0], lfs, sizeof lfs);
+  for (int op = 0; op < OP_N; op++)
+    u += (size_t)snprintf(names + u, sizeof names - u, "%s%s-%s-pN", op ? ", " : "", op_names[op], lfs);
+  snprintf(names + u, sizeof names - u, ", churn-%s-pN, churn-reader-%s-pN (N 1 or 2)", lfs, lfs);
+  return cli_usage_error("bench index",
+                         "--filter '%s' matches no case (a case runs when its name contains one of the "
+                         "comma-separated words); the cases are %s%s",
+                         o->filter, names, o->n_lf > 1 ? ", and the same for each other --lf" : "");
 }
 
 int bench_index_main(int argc, char **argv) {
@@ -2073,6 +2101,7 @@ int bench_index_main(int argc, char **argv) {
 
   g_progress = cli_stderr_tty();
   g_total = count_rows(&o);
+  if (!g_total) return filter_matches_nothing(&o);
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
