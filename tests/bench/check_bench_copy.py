@@ -46,6 +46,14 @@ def _():
             opt, bad, r.returncode, r.stderr)
 
 
+@check("--cases that names no case is a usage error, not an empty table")
+def _():
+    for bad in ("", ",", ",,"):
+        r = run(["bench", "copy", "--cases", bad, "--bytes", "1MiB", "--json"])
+        assert r.returncode == 2 and "--cases '%s' names no case" % bad in r.stderr and not r.stdout, \
+            "--cases %r: exit %d, stdout %r, stderr %r" % (bad, r.returncode, r.stdout, r.stderr)
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

@@ -922,6 +922,8 @@ int bench_copy_main(int argc, char **argv) {
     if (parse_case(t, &cases[nc])) return cli_usage_error("bench copy", "--cases: '%s' is not OBJxR (e.g. 1MiBx80)", t);
     nc++;
   }
+  /* '--cases ""' or ',' would run nothing and print an empty table, exit 0 */
+  if (!nc) return cli_usage_error("bench copy", "--cases '%s' names no case: give OBJxR, e.g. 1MiBx80", cases_s);
   if (cuda) {
     char why[256];
     if (!(umbp_dp_backends(why, sizeof why) & UMBP_DP_BACKEND_CUDA)) {
