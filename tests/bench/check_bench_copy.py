@@ -6,8 +6,10 @@ Usage errors exit 2 and name the option; what a run leaves behind (its
 private pool) is gone after it ends, however it ends.
 """
 import os
+import signal
 import subprocess
 import sys
+import time
 import traceback
 
 TOOL = os.environ.get("UMBP_TOOL", "")
@@ -52,6 +54,41 @@ def _():
         r = run(["bench", "copy", "--cases", bad, "--bytes", "1MiB", "--json"])
         assert r.returncode == 2 and "--cases '%s' names no case" % bad in r.stderr and not r.stdout, \
             "--cases %r: exit %d, stdout %r, stderr %r" % (bad, r.returncode, r.stdout, r.stderr)
+
+
+def pool_files(pid):
+    """The files of bench copy's pool of process pid: /dev/shm/umbp.bench-copy-PID and its
+    index on huge pages, umbp-index.bench-copy-PID in a hugetlbfs mount."""
+    name = "bench-copy-%d" % pid
+    found = []
+    for d, f in (("/dev/shm", "umbp." + name), ("/dev/hugepages", "umbp-index." + name)):
+        if os.path.exists(os.path.join(d, f)):
+            found.append(os.path.join(d, f))
+    return found
+
+
+@check("SIGINT or SIGTERM during a run removes its pool (no /dev/shm or huge-page file left)")
+def _():
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIG_DFL in the child: a shell's background job would otherwise inherit SIGINT ignored
+        p = subprocess.Popen([TOOL, "bench", "copy", "--reps", "1000", "--bytes", "64MiB", "--cases", "64KiBx2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            deadline = time.monotonic() + 30
+            while not pool_files(p.pid) and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert pool_files(p.pid), "%s: the run made no pool in 30 s (exit %r)" % (sig.name, p.poll())
+            time.sleep(0.2)
+            p.send_signal(sig)
+            p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        assert p.returncode == -sig, "%s: exit %r" % (sig.name, p.returncode)
+        left = pool_files(p.pid)
+        assert not left, "%s: the run left %s" % (sig.name, left)
 
 
 def main():

@@ -131,8 +131,9 @@ static const char *copy_usage =
     "the same bytes in the same run: plain memcpy with the same number of threads\n"
     "(host backend), or cudaMemcpy between a pinned host buffer and device memory\n"
     "(--cuda). A block object of OBJ bytes is gathered from R regions (R/2 layers of\n"
-    "K and V tensors): the case OBJxR. A private pool (no pre-fault, destroyed at the\n"
-    "end) holds one slot per block; the KV regions are host memory (or cuda:0).\n"
+    "K and V tensors): the case OBJxR. A private pool, bench-copy-PID (no pre-fault,\n"
+    "destroyed at the end and on SIGINT or SIGTERM), holds one slot per block; the\n"
+    "KV regions are host memory (or cuda:0).\n"
     "\n"
     "Options:\n"
     "  --threads N     host copy threads, for ours and for the memcpy reference\n"
@@ -573,6 +574,17 @@ static int copy_rep(struct copy_run *x, unsigned rep) {
   return 0;
 }
 
+/* The private pool of the case being run ("" between cases): removed on
+ * SIGINT or SIGTERM, which otherwise left bench-copy-PID (its slot bytes in
+ * /dev/shm, its index on huge pages) behind for good. */
+static char g_copy_pool[64];
+
+static void copy_on_signal(int sig) {
+  if (g_copy_pool[0]) umbp_pool_destroy(g_copy_pool);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpus, unsigned ncpus, unsigned reps,
                     uint64_t bytes, bool cuda, struct result *res) {
   unsigned nb = (unsigned)((bytes + c->obj - 1) / c->obj);
@@ -589,8 +601,10 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
   pp.n_numa_nodes = 1;
   pp.numa_nodes[0] = 0;
   umbp_pool *pool = NULL;
+  snprintf(g_copy_pool, sizeof g_copy_pool, "%s", name); /* before the pool exists: no window */
   int rc = umbp_pool_create(name, &pp, &pool);
   if (rc) {
+    g_copy_pool[0] = 0;
     cli_error("bench copy: pool: %s", umbp_last_error());
     return rc;
   }
@@ -717,6 +731,7 @@ out:
   free(reg), free(ids), free(pins), free(keys), free(slotp);
   cli_pool_detach(pool);
   umbp_pool_destroy(name);
+  g_copy_pool[0] = 0;
   return rc;
 }
 
@@ -931,6 +946,11 @@ int bench_copy_main(int argc, char **argv) {
       return CLI_RUNTIME;
     }
   }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = copy_on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
   struct result res[32];
   for (unsigned i = 0; i < nc; i++)
     if (run_case(&cases[i], threads, ncpus ? cpus : NULL, ncpus, reps, bytes, cuda, &res[i])) return CLI_RUNTIME;
