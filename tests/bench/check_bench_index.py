@@ -500,6 +500,20 @@ def _():
         "churn-lf0.5-p1", "churn-reader-lf0.5-p1", "churn-lf0.5-p2", "churn-reader-lf0.5-p2"], r.stdout
 
 
+@check("--lf with four load factors reports every case of each (80 rows, none dropped)")
+def _():
+    lfs = ("0.1", "0.2", "0.3", "0.4")
+    r = run(["bench", "index", "--keys", "1000", "--seconds", "0.001", "--reps", "1", "--impls", "ours",
+             "--lf", ",".join(lfs), "--json"])
+    assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
+    names = [c["name"] for c in json.loads(r.stdout)["cases"]]
+    want = []
+    for lf in lfs:
+        want += [n.replace("lf0.5", "lf" + lf) for n in expected_names() if "lf0.5" in n]
+    assert sorted(names) == sorted(want), "missing %s, unexpected %s" % (sorted(set(want) - set(names)),
+                                                                       sorted(set(names) - set(want)))
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

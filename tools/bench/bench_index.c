@@ -133,7 +133,9 @@ struct case_res {
   unsigned nrep;
 };
 
-#define MAX_CASES 64
+/* every case of every load factor: OP_N lookup ops and the churn pair, each
+ * with 1 and 2 processes (64 dropped the last 16 rows of --lf with 4 values) */
+#define MAX_CASES (MAX_LF * (OP_N + 2) * 2)
 static struct case_res cases[MAX_CASES];
 static unsigned n_cases;
 
