@@ -514,6 +514,37 @@ def _():
                                                                        sorted(set(names) - set(want)))
 
 
+@check("--keys beyond a pool's slots, /dev/shm or the memory fails at once, naming --keys and a value that fits")
+def _():
+    base = ["--seconds", "0.001", "--reps", "1", "--lf", "0.5", "--filter", "hit-single-lf0.5-p1"]
+    for keys in ("16777216", "268435456"):
+        r = run(["bench", "index", "--keys", keys] + base)
+        assert r.returncode == 2 and "--keys %s" % keys in r.stderr and "give --keys 16777215 or less" in r.stderr \
+            and not r.stdout, "--keys %s: exit %d, stderr %r" % (keys, r.returncode, r.stderr)
+    # the references alone may have more keys than a pool has slots
+    r = run(["bench", "index", "--keys", "16777216", "--impls", "cds_lfht", "--filter", "nosuch"])
+    assert r.returncode == 2 and "--filter 'nosuch'" in r.stderr and "--keys" not in r.stderr, r.stderr
+    # a pool of 16777215 slots of 4 KiB (64 GiB, counted whole by the library) is more than most test
+    # machines' /dev/shm or memory: there it must fail before anything is made, with a --keys that fits
+    st = os.statvfs("/dev/shm")
+    avail = st.f_bavail * st.f_frsize
+    with open("/proc/meminfo") as f:
+        mem = [int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:")]
+    if mem:
+        avail = min(avail, mem[0])
+    if avail > 80 << 30:
+        return "SKIP /dev/shm and the memory hold a pool of 16777215 slots here"
+    t0 = time.monotonic()
+    r = run(["bench", "index", "--keys", "16777215", "--impls", "ours"] + base + ["--json"])
+    took = time.monotonic() - t0
+    assert r.returncode == 1 and not r.stdout, "exit %d, stdout %r, stderr %r" % (r.returncode, r.stdout, r.stderr)
+    m = re.search(r"--keys 16777215: our pool needs .* give --keys (\d+) or less", r.stderr)
+    assert m and "--capacity" not in r.stderr, r.stderr
+    fit = int(m.group(1))
+    assert 64 <= fit < 16777215 and fit * 4096 < avail, "suggested --keys %d with %d bytes available" % (fit, avail)
+    assert took < 5, "the refusal took %.1f s" % took
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

@@ -61,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1853,8 +1854,11 @@ static const char *usage_text =
     "them (a run in another container sharing /dev/shm does), and says so.\n"
     "\n"
     "Options:\n"
-    "  --keys N        table size N (slots, entries, buckets); default 1048576.\n"
-    "                  Our pool reserves N*4 KiB of /dev/shm memory while it runs.\n"
+    "  --keys N        table size N (slots, entries, buckets), 64 to 268435456\n"
+    "                  (16777215 with ours); default 1048576. Our pool reserves\n"
+    "                  N*4 KiB of /dev/shm memory while it runs; a table that\n"
+    "                  /dev/shm or the memory cannot hold fails at once, with a\n"
+    "                  --keys that fits.\n"
     "  --seconds S     length of one table's run in a repetition; default 0.02.\n"
     "  --warmup W      run each table W seconds, untimed, right before each of its\n"
     "                  timed runs (lookup and churn rows alike); default 0. A run\n"
@@ -2044,6 +2048,12 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     }
   }
   if (optind < argc) return cli_usage_error("bench index", "unexpected argument '%s'", argv[optind]);
+  /* our pool has a slot a key: more than a pool can have failed only at pool
+   * creation, with a message about pool create's --capacity and --slot-size */
+  if (o->impl_on[IMPL_OURS] && o->keys > CLI_MAX_SLOTS)
+    return cli_usage_error("bench index", "--keys %llu: our pool has a slot a key, and a pool holds at most %u slots: "
+                           "give --keys %u or less, or leave ours out (--impls rte_hash,cds_lfht)",
+                           (unsigned long long)o->keys, CLI_MAX_SLOTS, CLI_MAX_SLOTS);
   /* a run that measures no table would fill the tables and print rows of '-' */
   if (!o->impl_on[IMPL_OURS] && !o->impl_on[IMPL_LFHT]) {
     if (!o->impl_on[IMPL_RTE])
@@ -2093,6 +2103,77 @@ static int filter_matches_nothing(const struct opts *o) {
                          o->filter, names, o->n_lf > 1 ? ", and the same for each other --lf" : "");
 }
 
+/* What --keys N costs, checked before anything is made (keys_fit()), so that
+ * a table too large for this machine fails at once with a --keys that fits,
+ * rather than after DPDK's EAL is up, inside pool creation with a message
+ * about pool create's --capacity, or by the OOM killer.
+ * /dev/shm: our pool, counted whole as the library counts it before creating
+ * it (src/shm/segment.c, check_fits()), although no_prefault never writes the
+ * slot bytes: 4 KiB a slot, plus its index and metadata (160 bytes a slot at
+ * 1M slots; 256 counted), plus headers, rings and 2 MiB alignment.
+ * Memory (MemAvailable): what the tables write: our index (256 bytes a key, as
+ * above), rte_hash's EAL heap (320 bytes an entry: dpdk_start()'s -m), a
+ * cds_lfht node and bucket (96 bytes); and the key streams (2 x 48 MiB in
+ * each of our processes, 2 x 32 MiB for the references) with slack. */
+#define SHM_PER_KEY (4096ull + 256)
+#define SHM_FIXED (64ull << 20)
+#define MEM_FIXED (512ull << 20)
+
+static uint64_t meminfo_avail(void) {
+  FILE *f = fopen("/proc/meminfo", "re");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+  fclose(f);
+  return (uint64_t)kb * 1024;
+}
+
+/* CLI_OK, or CLI_RUNTIME with a message naming --keys, what it needs and a
+ * --keys that fits (rounded down to a multiple of 1024). */
+static int keys_fit(const struct opts *o) {
+  char need[32], have[32];
+  uint64_t n = o->keys, fit;
+  uint64_t mem = meminfo_avail();
+  struct statvfs sv;
+  if (o->impl_on[IMPL_OURS] && statvfs("/dev/shm", &sv) == 0) {
+    /* the library wants the whole pool both free in /dev/shm and available
+     * as memory (MemAvailable) */
+    uint64_t shm = (uint64_t)sv.f_bavail * sv.f_frsize;
+    bool by_mem = mem && mem < shm;
+    uint64_t avail = by_mem ? mem : shm;
+    if (n * SHM_PER_KEY + SHM_FIXED > avail) {
+      fit = (avail > SHM_FIXED ? (avail - SHM_FIXED) / SHM_PER_KEY : 0) & ~1023ull;
+      cli_fmt_size(n * SHM_PER_KEY + SHM_FIXED, need, sizeof need);
+      cli_fmt_size(avail, have, sizeof have);
+      char give[64] = "";
+      if (fit >= 64) snprintf(give, sizeof give, "give --keys %llu or less, or ", (unsigned long long)fit);
+      cli_error("bench index: --keys %llu: our pool needs %s of /dev/shm (4 KiB a slot, reserved though never "
+                "written, and its index), and as much memory available, but %s %s%s: %s%s",
+                (unsigned long long)n, need, by_mem ? "the machine has" : "/dev/shm has", have,
+                by_mem ? " available (MemAvailable)" : " free", give,
+                by_mem ? "free some memory"
+                       : "enlarge /dev/shm (mount -o remount,size=<N>G /dev/shm, or docker run --shm-size=<N>g)");
+      return CLI_RUNTIME;
+    }
+  }
+  uint64_t per = (o->impl_on[IMPL_OURS] ? 256 : 0) + (o->impl_on[IMPL_RTE] && !o->no_dpdk ? 320 : 0) +
+                 (o->impl_on[IMPL_LFHT] ? 96 : 0);
+  if (mem && per && n * per + MEM_FIXED > mem) {
+    fit = (mem > MEM_FIXED ? (mem - MEM_FIXED) / per : 0) & ~1023ull;
+    cli_fmt_size(n * per + MEM_FIXED, need, sizeof need);
+    cli_fmt_size(mem, have, sizeof have);
+    char give[64] = "";
+    if (fit >= 64) snprintf(give, sizeof give, "give --keys %llu or less, ", (unsigned long long)fit);
+    cli_error("bench index: --keys %llu: the tables need about %s of memory but the machine has %s available "
+              "(MemAvailable): %smeasure fewer tables (--impls), or free some memory",
+              (unsigned long long)n, need, have, give);
+    return CLI_RUNTIME;
+  }
+  return CLI_OK;
+}
+
 int bench_index_main(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--child")) return child_main(argc, argv);
@@ -2112,7 +2193,8 @@ int bench_index_main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
 
-  sweep_stale_pools();
+  sweep_stale_pools(); /* first: the pools it removes free /dev/shm for keys_fit() */
+  if (keys_fit(&o)) return CLI_RUNTIME;
   urcu_memb_register_thread();
   dpdk_start(&o);
   if (!o.json || g_progress)
