@@ -91,6 +91,15 @@ def _():
         assert not left, "%s: the run left %s" % (sig.name, left)
 
 
+@check("--cuda without a usable GPU fails (exit 1) with the cause and what runs instead")
+def _():
+    r = run(["bench", "copy", "--cuda", "--reps", "1", "--bytes", "1MiB", "--cases", "64KiBx2", "--json"])
+    if r.returncode == 0:
+        return "SKIP a GPU is usable here: bench copy --cuda ran"
+    assert r.returncode == 1 and not r.stdout, "exit %d, stdout %r, stderr %r" % (r.returncode, r.stdout, r.stderr)
+    assert "bench copy --cuda: " in r.stderr and "without --cuda" in r.stderr, r.stderr
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

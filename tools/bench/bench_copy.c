@@ -942,7 +942,9 @@ int bench_copy_main(int argc, char **argv) {
   if (cuda) {
     char why[256];
     if (!(umbp_dp_backends(why, sizeof why) & UMBP_DP_BACKEND_CUDA)) {
-      cli_error("bench copy --cuda: %s", why);
+      /* the cause (no GPU, no driver, no CUDA build), then what runs here */
+      cli_error("bench copy --cuda: %s; without --cuda, bench copy measures the host backend (memcpy reference)",
+                why);
       return CLI_RUNTIME;
     }
   }
