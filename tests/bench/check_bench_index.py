@@ -545,6 +545,15 @@ def _():
     assert took < 5, "the refusal took %.1f s" % took
 
 
+@check("--lf that gives one load factor twice (or two with one case label) is a usage error")
+def _():
+    for lfs in ("0.5,0.5", "0.5,0.50", "0.1234561,0.1234562"):
+        r = run(["bench", "index", "--keys", "1000", "--seconds", "0.001", "--reps", "1", "--impls", "ours",
+                 "--filter", "hit-single", "--lf", lfs, "--json"])
+        assert r.returncode == 2 and "--lf '%s'" % lfs in r.stderr and "give each load factor once" in r.stderr \
+            and not r.stdout, "--lf %s: exit %d, stdout %r, stderr %r" % (lfs, r.returncode, r.stdout[:300], r.stderr)
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

@@ -1999,6 +1999,16 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
         double v;
         if (o->n_lf == MAX_LF || parse_double(t, &v) || v <= 0 || v > 1)
           return cli_usage_error("bench index", "--lf '%s': give up to %d load factors in (0, 1]", optarg, MAX_LF);
+        /* two with one case label (0.5,0.5; or 0.1234561,0.1234562, both
+         * lf0.123456) would give two rows, and two JSON cases, of one name */
+        char lab[16], prev[16];
+        lf_label(v, lab, sizeof lab);
+        for (unsigned k = 0; k < o->n_lf; k++) {
+          lf_label(o->lf[k], prev, sizeof prev);
+          if (!strcmp(lab, prev))
+            return cli_usage_error("bench index", "--lf '%s': two of these name the cases %s (6 significant "
+                                   "digits): give each load factor once", optarg, lab);
+        }
         o->lf[o->n_lf++] = v;
       }
       if (!o->n_lf) return cli_usage_error("bench index", "--lf: give at least one load factor");
