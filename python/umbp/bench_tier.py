@@ -373,9 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     except argparse.ArgumentTypeError as e:
         print(f"umbp bench tier: --sizes: {e}", file=sys.stderr)
         return 2
-    if not sizes or any(s < 4096 or s % 64 for s in sizes) or a.prefix < 1 or a.reps < 1:
-        print("umbp bench tier: sizes must be multiples of 64 from 4KiB; --prefix and --reps at least 1",
-              file=sys.stderr)
+    # each bad value named with its option; --engine-tokens and --engine-reps
+    # were not checked at all (0 reached the engines, after the transfers)
+    bad = []
+    if not sizes or any(s < 4096 or s % 64 for s in sizes):
+        bad.append(f"--sizes '{a.sizes}': give block sizes, multiples of 64 from 4KiB")
+    for name in ("prefix", "reps", "engine_tokens", "engine_reps"):
+        if getattr(a, name) < 1:
+            bad.append(f"--{name.replace('_', '-')} {getattr(a, name)}: give 1 or more")
+    if bad:
+        print(f"umbp bench tier: {bad[0]}", file=sys.stderr)
         return 2
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
     try:

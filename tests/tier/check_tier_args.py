@@ -203,6 +203,21 @@ def _():
     assert rc == IMPORTED, (rc, err)
 
 
+@check("umbp bench tier: each bad number names its option (--engine-tokens, --engine-reps too), before Mooncake")
+def _():
+    def bench(*args):
+        r = subprocess.run([TOOL, "bench", "tier", *args], capture_output=True, text=True, timeout=60, env=ENV)
+        assert "Traceback" not in r.stderr, (args, r.stderr)
+        return r.returncode, r.stderr
+    for args, words in ((("--engine-reps", "0"), "--engine-reps 0"), (("--engine-tokens", "-5"), "--engine-tokens -5"),
+                        (("--reps", "0"), "--reps 0"), (("--prefix", "0"), "--prefix 0"),
+                        (("--sizes", "100"), "--sizes '100'")):
+        rc, err = bench(*args)
+        assert rc == 2 and words in err and "stand-in" not in err, (args, rc, err)
+    rc, err = bench("--sizes", "4KiB", "--reps", "1", "--engine-reps", "1")
+    assert rc == IMPORTED, (rc, err)
+
+
 def cleanup():
     subprocess.run(["rm", "-rf", TMP])
 
