@@ -554,6 +554,22 @@ def _():
             and not r.stdout, "--lf %s: exit %d, stdout %r, stderr %r" % (lfs, r.returncode, r.stdout[:300], r.stderr)
 
 
+@check("--impls rte_hash alone without a working EAL exits 1 with the cause (with --rte-hugepages: the pages)")
+def _():
+    # rte_hash's heap on 2 MiB pages for 16M entries: -m 5248 MiB, more than a test machine has free
+    with open("/proc/meminfo") as f:
+        info = {l.split(":")[0]: l.split()[1] for l in f}
+    if int(info.get("HugePages_Free", 0)) * int(info.get("Hugepagesize", 0)) >= 5248 * 1024:
+        return "SKIP this machine has 5248 MiB of free huge pages: EAL would start"
+    r = run(["bench", "index", "--keys", "16M", "--impls", "rte_hash", "--rte-hugepages", "--lf", "0.5",
+             "--filter", "hit-single-lf0.5-p1", "--reps", "1", "--seconds", "0.001", "--json"], timeout=120)
+    assert r.returncode == 1 and not r.stdout, "exit %d, stdout %r, stderr %r" % (r.returncode, r.stdout[:300],
+                                                                                 r.stderr)
+    assert "--impls rte_hash: rte_hash not measured" in r.stderr and "nothing else to measure" in r.stderr, r.stderr
+    if "built without DPDK" not in r.stderr:
+        assert "--rte-hugepages" in r.stderr and "vm.nr_hugepages" in r.stderr, r.stderr
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

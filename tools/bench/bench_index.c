@@ -523,7 +523,7 @@ struct bench {
 };
 
 static bool g_dpdk;                 /* EAL is up */
-static char g_dpdk_note[256];       /* why rte_hash is not measured, or its version */
+static char g_dpdk_note[512];       /* why rte_hash is not measured, or its version */
 static char g_ours_note[256];       /* where our pool's index lives */
 static bool g_ours_index_huge;
 static char g_pool_names[MAX_LF][UMBP_NAME_MAX + 1];
@@ -1453,8 +1453,12 @@ static void dpdk_start(const struct opts *o) {
   if (have_aff) sched_setaffinity(0, sizeof saved, &saved);
   optind = 1; /* rte_eal_init runs getopt */
   if (rc < 0) {
-    snprintf(g_dpdk_note, sizeof g_dpdk_note, "rte_hash not measured: rte_eal_init failed: %s",
-             rte_strerror(rte_errno));
+    /* with --rte-hugepages the usual cause is too few free 2 MiB pages for
+     * -m: say so, and what to do */
+    snprintf(g_dpdk_note, sizeof g_dpdk_note, "rte_hash not measured: rte_eal_init failed: %s%s%s%s",
+             rte_strerror(rte_errno), o->rte_huge ? " (--rte-hugepages: its heap, -m " : "", o->rte_huge ? mem : "",
+             o->rte_huge ? " MiB, on free 2 MiB pages: reserve more with sysctl vm.nr_hugepages=N, lower --keys, "
+                           "or drop --rte-hugepages)" : "");
     return;
   }
   g_dpdk = true;
@@ -1920,7 +1924,7 @@ static const char *usage_text =
     "with --no-huge (--in-memory with --rte-hugepages) --no-pci --no-shconf\n"
     "--no-telemetry on two of this process's\n"
     "CPUs. Without DPDK, or when EAL fails, the benchmark says why (dpdk_note) and\n"
-    "still runs ours against cds_lfht.\n"
+    "still runs ours against cds_lfht (with --impls rte_hash alone: exit status 1).\n"
     "\n"
     "Exit status: 0 success; 1 runtime error (pool, table or process could not be\n"
     "created, or a table gave a wrong answer); 2 usage error; 3 a SIGBUS on a pool\n"
@@ -2207,6 +2211,12 @@ int bench_index_main(int argc, char **argv) {
   if (keys_fit(&o)) return CLI_RUNTIME;
   urcu_memb_register_thread();
   dpdk_start(&o);
+  if (!g_dpdk && !o.impl_on[IMPL_OURS] && !o.impl_on[IMPL_LFHT]) {
+    /* --impls rte_hash alone and no EAL: every row would be '-', exit 0 */
+    cli_error("bench index: --impls rte_hash: %s; nothing else to measure", g_dpdk_note);
+    urcu_memb_unregister_thread();
+    return CLI_RUNTIME;
+  }
   if (!o.json || g_progress)
     if (!g_dpdk) fprintf(stderr, "umbp: bench index: %s\n", g_dpdk_note);
 
