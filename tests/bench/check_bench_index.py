@@ -570,6 +570,27 @@ def _():
         assert "--rte-hugepages" in r.stderr and "vm.nr_hugepages" in r.stderr, r.stderr
 
 
+@check("on a 64 MiB /dev/shm (Docker's default) a small table runs, and a large one is refused with a --keys that runs")
+def _():
+    def small_shm(keys):
+        # a private mount namespace whose /dev/shm is a 64 MiB tmpfs (needs root; skipped otherwise)
+        return subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" "$@"',
+                               TOOL, "bench", "index", "--keys", keys, "--impls", "ours", "--lf", "0.5",
+                               "--filter", "hit-single-lf0.5-p1", "--reps", "1", "--seconds", "0.001",
+                               "--index-pages", "small", "--json"], capture_output=True, text=True, timeout=120)
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64m tmpfs /dev/shm"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return "SKIP cannot mount a private /dev/shm here (unshare -m needs root): " + probe.stderr.strip()[:100]
+    r = small_shm("8192")
+    assert r.returncode == 0, "--keys 8192 on a 64 MiB /dev/shm: exit %d, %s" % (r.returncode, r.stderr)
+    r = small_shm("1M")
+    m = re.search(r"give --keys (\d+) or less", r.stderr)
+    assert r.returncode == 1 and m, "--keys 1M on a 64 MiB /dev/shm: exit %d, %s" % (r.returncode, r.stderr)
+    r = small_shm(m.group(1))
+    assert r.returncode == 0, "--keys %s (the suggestion): exit %d, %s" % (m.group(1), r.returncode, r.stderr)
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):
