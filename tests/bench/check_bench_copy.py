@@ -67,9 +67,9 @@ def pool_files(pid):
     return found
 
 
-@check("SIGINT or SIGTERM during a run removes its pool (no /dev/shm or huge-page file left)")
+@check("SIGINT, SIGTERM or SIGHUP during a run removes its pool (no /dev/shm or huge-page file left)")
 def _():
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         # SIG_DFL in the child: a shell's background job would otherwise inherit SIGINT ignored
         p = subprocess.Popen([TOOL, "bench", "copy", "--reps", "1000", "--bytes", "64MiB", "--cases", "64KiBx2"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -14,6 +14,7 @@ import re
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -589,6 +590,48 @@ def _():
     assert r.returncode == 1 and m, "--keys 1M on a 64 MiB /dev/shm: exit %d, %s" % (r.returncode, r.stderr)
     r = small_shm(m.group(1))
     assert r.returncode == 0, "--keys %s (the suggestion): exit %d, %s" % (m.group(1), r.returncode, r.stderr)
+
+
+@check("SIGINT, SIGTERM or SIGHUP during a run removes its pool and ends its second process")
+def _():
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # p2 rows: the second process runs; SIG_DFL in the child (a background job inherits SIGINT ignored)
+        p = subprocess.Popen([TOOL, "bench", "index", "--keys", "20000", "--reps", "1000", "--seconds", "0.01",
+                              "--lf", "0.5", "--filter", "p2", "--impls", "ours"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        name = "umbp-bench-index-%d-0" % p.pid
+        kids = []
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and p.poll() is None and not kids:
+                time.sleep(0.05)
+                if os.path.exists("/dev/shm/umbp." + name):
+                    kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
+                                          text=True).stdout.split()
+            assert kids, "%s: no second process within 60 s (exit %r)" % (sig.name, p.poll())
+            time.sleep(0.3)
+            p.send_signal(sig)
+            p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        assert p.returncode == -sig, "%s: exit %r" % (sig.name, p.returncode)
+        left = [d for d in ("/dev/shm/umbp." + name, "/dev/hugepages/umbp-index." + name) if os.path.exists(d)]
+        assert not left, "%s: the run left %s" % (sig.name, left)
+        for k in kids:
+            for _ in range(100):
+                try:
+                    with open("/proc/%s/stat" % k) as f:
+                        state = f.read().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    break
+                if state == "Z":
+                    break  # killed, not yet reaped by init
+                time.sleep(0.05)
+            else:
+                raise AssertionError("%s: the second process %s still runs" % (sig.name, k))
 
 
 def main():

@@ -132,8 +132,8 @@ static const char *copy_usage =
     "(host backend), or cudaMemcpy between a pinned host buffer and device memory\n"
     "(--cuda). A block object of OBJ bytes is gathered from R regions (R/2 layers of\n"
     "K and V tensors): the case OBJxR. A private pool, bench-copy-PID (no pre-fault,\n"
-    "destroyed at the end and on SIGINT or SIGTERM), holds one slot per block; the\n"
-    "KV regions are host memory (or cuda:0).\n"
+    "destroyed at the end and on SIGINT, SIGTERM or SIGHUP), holds one slot per\n"
+    "block; the KV regions are host memory (or cuda:0).\n"
     "\n"
     "Options:\n"
     "  --threads N     host copy threads, for ours and for the memcpy reference\n"
@@ -575,7 +575,7 @@ static int copy_rep(struct copy_run *x, unsigned rep) {
 }
 
 /* The private pool of the case being run ("" between cases): removed on
- * SIGINT or SIGTERM, which otherwise left bench-copy-PID (its slot bytes in
+ * SIGINT, SIGTERM or SIGHUP, which otherwise left bench-copy-PID (its slot bytes in
  * /dev/shm, its index on huge pages) behind for good. */
 static char g_copy_pool[64];
 
@@ -953,6 +953,7 @@ int bench_copy_main(int argc, char **argv) {
   sa.sa_handler = copy_on_signal;
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL); /* the terminal or the ssh session closed */
   struct result res[32];
   for (unsigned i = 0; i < nc; i++)
     if (run_case(&cases[i], threads, ncpus ? cpus : NULL, ncpus, reps, bytes, cuda, &res[i])) return CLI_RUNTIME;

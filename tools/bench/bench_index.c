@@ -1852,7 +1852,7 @@ static const char *usage_text =
     "run none); a wrong answer ends the run with exit status 1.\n"
     "\n"
     "Pools. Each load factor's pool is umbp-bench-index-PID-I, removed at the end\n"
-    "of the run and on SIGINT or SIGTERM. A run killed otherwise (SIGKILL, the OOM\n"
+    "of the run and on SIGINT, SIGTERM or SIGHUP. A run killed otherwise (SIGKILL, the OOM\n"
     "killer) leaves it, with its /dev/shm memory and huge pages; the next run\n"
     "removes such pools of processes that no longer exist when no process holds\n"
     "them (a run in another container sharing /dev/shm does), and says so.\n"
@@ -2205,6 +2205,7 @@ int bench_index_main(int argc, char **argv) {
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL); /* the terminal or the ssh session closed */
   signal(SIGPIPE, SIG_IGN);
 
   sweep_stale_pools(); /* first: the pools it removes free /dev/shm for keys_fit() */
