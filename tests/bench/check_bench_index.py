@@ -634,6 +634,23 @@ def _():
                 raise AssertionError("%s: the second process %s still runs" % (sig.name, k))
 
 
+@check("churn rows at a load factor that leaves our churn writer too few free slots are a usage error, not 0.00")
+def _():
+    base = ["bench", "index", "--impls", "ours", "--reps", "2", "--seconds", "0.01", "--json"]
+    for keys, lf in (("4096", "0.99"), ("1000", "1"), ("64", "0.5")):
+        r = run(base + ["--keys", keys, "--lf", lf, "--filter", "churn"])
+        assert r.returncode == 2 and ("--lf %s at --keys %s leaves" % (lf, keys)) in r.stderr and not r.stdout, \
+            "--keys %s --lf %s: exit %d, stdout %r, stderr %r" % (keys, lf, r.returncode, r.stdout[:200], r.stderr)
+    # the load factor the message names works, and without churn rows any load factor does
+    r = run(base + ["--keys", "4096", "--lf", "0.99", "--filter", "churn"])
+    lf = re.search(r"give --lf ([0-9.]+) or lower", r.stderr).group(1)
+    r = run(base + ["--keys", "4096", "--lf", lf, "--filter", "churn-lf%s-p1" % lf])
+    assert r.returncode == 0, r.stderr
+    assert all(positive(c["ours_mops"]) for c in json.loads(r.stdout)["cases"]), r.stdout
+    r = run(base + ["--keys", "1000", "--lf", "1", "--filter", "hit-single-lf1-p1"])
+    assert r.returncode == 0, r.stderr
+
+
 def main():
     print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):

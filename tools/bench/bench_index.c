@@ -1870,7 +1870,8 @@ static const char *usage_text =
     "  --reps R        repetitions per case (1 to 1000), medians reported;\n"
     "                  default 75.\n"
     "  --lf LIST       load factors (keys/N), comma-separated, each in (0, 1];\n"
-    "                  default 0.5,0.9.\n"
+    "                  default 0.5,0.9. Churn rows need 80 of our N slots free\n"
+    "                  beside the LF*N keys (a usage error otherwise).\n"
     "  --filter LIST   run only the cases whose name contains one of these\n"
     "                  comma-separated substrings, e.g. hit-single,churn; one that\n"
     "                  matches no case is a usage error that lists the cases.\n"
@@ -2117,6 +2118,37 @@ static int filter_matches_nothing(const struct opts *o) {
                          o->filter, names, o->n_lf > 1 ? ", and the same for each other --lf" : "");
 }
 
+/* Our churn writer needs CHURN_LOW + 16 free slots beside the lf*N keys (a
+ * reserve from an empty free queue would evict the reader's keys); with fewer
+ * it only waits, and its row read 0.00 M pairs/s, ratio 0.00x, exit 0 (e.g.
+ * --lf 1, or --lf 0.99 with --keys 4096). A usage error when a churn row of
+ * ours is selected at such a load factor. */
+static int churn_room(const struct opts *o) {
+  if (!o->impl_on[IMPL_OURS]) return CLI_OK;
+  for (unsigned l = 0; l < o->n_lf; l++) {
+    char lfs[16], name[64], rname[64];
+    bool churn = false;
+    lf_label(o->lf[l], lfs, sizeof lfs);
+    for (unsigned par = 1; par <= 2; par++) {
+      snprintf(name, sizeof name, "churn-%s-p%u", lfs, par);
+      snprintf(rname, sizeof rname, "churn-reader-%s-p%u", lfs, par);
+      churn = churn || case_selected(o, name) || case_selected(o, rname);
+    }
+    uint64_t nins = (uint64_t)llround(o->lf[l] * (double)o->keys), need = CHURN_LOW + 16;
+    if (nins < 1) nins = 1;
+    if (!churn || o->keys >= nins + need) continue;
+    char most[32] = "";
+    if (o->keys > need) /* the largest load factor, in thousandths, that leaves `need` slots free */
+      snprintf(most, sizeof most, "--lf %g or lower, ",
+               floor((double)(o->keys - need) / (double)o->keys * 1000) / 1000);
+    return cli_usage_error("bench index", "--lf %g at --keys %llu leaves %llu free slot%s in our pool, and its churn "
+                           "writer needs %llu: give %sa larger --keys, or a --filter without churn",
+                           o->lf[l], (unsigned long long)o->keys, (unsigned long long)(o->keys - nins),
+                           o->keys - nins == 1 ? "" : "s", (unsigned long long)need, most);
+  }
+  return CLI_OK;
+}
+
 /* What --keys N costs, checked before anything is made (keys_fit()), so that
  * a table too large for this machine fails at once with a --keys that fits,
  * rather than after DPDK's EAL is up, inside pool creation with a message
@@ -2199,6 +2231,7 @@ int bench_index_main(int argc, char **argv) {
   g_progress = cli_stderr_tty();
   g_total = count_rows(&o);
   if (!g_total) return filter_matches_nothing(&o);
+  if (churn_room(&o)) return CLI_USAGE;
 
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
