@@ -6,6 +6,7 @@ Usage errors exit 2 and name the option; what a run leaves behind (its
 private pool) is gone after it ends, however it ends.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,6 +99,28 @@ def _():
         return "SKIP a GPU is usable here: bench copy --cuda ran"
     assert r.returncode == 1 and not r.stdout, "exit %d, stdout %r, stderr %r" % (r.returncode, r.stdout, r.stderr)
     assert "bench copy --cuda: " in r.stderr and "without --cuda" in r.stderr, r.stderr
+
+
+@check("on a 64 MiB /dev/shm (Docker's default) a pool too large is refused at once naming --bytes, and that --bytes runs")
+def _():
+    def small_shm(*args):
+        # a private mount namespace whose /dev/shm is a 64 MiB tmpfs (needs root; skipped otherwise)
+        return subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" "$@"',
+                               TOOL, "bench", "copy", "--reps", "1", *args], capture_output=True, text=True,
+                              timeout=120)
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64m tmpfs /dev/shm"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return "SKIP cannot mount a private /dev/shm here (unshare -m needs root): " + probe.stderr.strip()[:100]
+    # the default 256 MiB a job; 64-byte objects, each in a 4 KiB slot: 32 MiB of them is a 2 GiB pool
+    for args in (["--cases", "64KiBx2"], ["--cases", "64x1", "--bytes", "32MiB"]):
+        r = small_shm(*args)
+        m = re.search(r"give --bytes (\S+) or less", r.stderr)
+        assert r.returncode == 1 and m and "--capacity" not in r.stderr and not r.stdout, \
+            "%s: exit %d, stderr %r" % (args, r.returncode, r.stderr)
+        r = small_shm(*args, "--bytes", m.group(1))
+        assert r.returncode == 0, "%s --bytes %s (the suggestion): exit %d, %s" % (args, m.group(1), r.returncode,
+                                                                                   r.stderr)
 
 
 def main():

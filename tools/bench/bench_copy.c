@@ -24,6 +24,7 @@
 #include <time.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -144,8 +145,11 @@ static const char *copy_usage =
     "                  region count (default 64KiBx2,256KiBx16,1MiBx80,4MiBx160:\n"
     "                  1 layer, 8 layers, 40 layers and 80 layers of K,V).\n"
     "  --reps N        repetitions per case; medians are printed (default 5).\n"
-    "  --bytes SIZE    bytes moved per job (default 256MiB; the pool is that large,\n"
-    "                  at most 2GiB).\n"
+    "  --bytes SIZE    bytes moved per job (default 256MiB, at most 2GiB). The pool\n"
+    "                  has a slot of OBJ rounded up to 4 KiB per object, so objects\n"
+    "                  under 4 KiB make it larger; a case whose pool or buffers\n"
+    "                  /dev/shm or the memory cannot hold fails at once, with a\n"
+    "                  --bytes that fits.\n"
     "  --cuda          regions on cuda:0 through the CUDA backend, reference\n"
     "                  cudaMemcpy of pinned buffers (needs a GPU and a CUDA build).\n"
     "  --cuda-copy MODE  how the CUDA backend copies (umbp_dp_opts.cuda_copy):\n"
@@ -585,6 +589,56 @@ static void copy_on_signal(int sig) {
   raise(sig);
 }
 
+/* Whether case c's pool and buffers fit this machine, checked for every case
+ * before any runs: CLI_OK, or CLI_RUNTIME naming --bytes and one that fits.
+ * The pool holds one slot (OBJ rounded up to 4 KiB) per block of --bytes, and
+ * the stores write every slot, so it takes its whole capacity of /dev/shm and
+ * of memory, which small objects multiply (--cases 64x1 turns 256 MiB into a
+ * 16 GiB pool); the KV regions and the memcpy reference take --bytes each
+ * (host memory; with --cuda the pinned reference). Before, a pool too large
+ * for /dev/shm failed with pool create's advice ('--capacity'), and one that
+ * fit /dev/shm but not the memory ran into the OOM killer. 16 MiB: the pool's
+ * own overhead. */
+static int case_fits(const struct bcase *c, unsigned threads, uint64_t bytes, bool cuda) {
+  uint64_t nb = (bytes + c->obj - 1) / c->obj, slot = (c->obj + 4095) & ~4095ull, fixed = 16ull << 20;
+  if (nb < threads) nb = threads;
+  uint64_t per_mem = slot + (cuda ? 1 : 2) * c->obj; /* slot, regions (host only), reference buffer */
+  uint64_t shm = UINT64_MAX, mem = UINT64_MAX;
+  struct statvfs sv;
+  if (statvfs("/dev/shm", &sv) == 0) shm = (uint64_t)sv.f_bavail * sv.f_frsize;
+  FILE *f = fopen("/proc/meminfo", "re");
+  if (f) {
+    char line[256];
+    unsigned long long kb;
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+        mem = (uint64_t)kb * 1024;
+        break;
+      }
+    fclose(f);
+  }
+  if (nb * slot + fixed <= shm && nb * per_mem + fixed <= mem) return CLI_OK;
+  uint64_t nb_shm = shm > fixed ? (shm - fixed) / slot : 0, nb_mem = mem > fixed ? (mem - fixed) / per_mem : 0;
+  uint64_t nb_max = nb_shm < nb_mem ? nb_shm : nb_mem;
+  bool by_shm = nb_shm <= nb_mem;
+  char need[32], have[32], fit[32], b[32];
+  cli_fmt_size(by_shm ? nb * slot + fixed : nb * per_mem + fixed, need, sizeof need);
+  cli_fmt_size(by_shm ? shm : mem, have, sizeof have);
+  cli_fmt_size(bytes, b, sizeof b);
+  uint64_t max_bytes = (nb_max * c->obj) & ~1023ull; /* whole KiB */
+  if (nb_max >= threads && max_bytes > 0) {
+    cli_fmt_size_arg(max_bytes, fit, sizeof fit); /* a form --bytes takes */
+    cli_error("bench copy: case %s with --bytes %s needs %s of %s (%llu blocks, a %llu-byte slot each%s) but there "
+              "is %s: give --bytes %s or less%s", c->name, b, need, by_shm ? "/dev/shm" : "memory",
+              (unsigned long long)nb, (unsigned long long)slot, by_shm ? "" : ", the KV regions and the reference",
+              have, fit, c->obj < 4096 ? ", or larger objects (each takes a 4 KiB slot)" : "");
+  } else {
+    cli_error("bench copy: case %s needs %s of %s but there is %s: free or enlarge %s", c->name, need,
+              by_shm ? "/dev/shm" : "memory", have, by_shm ? "/dev/shm (docker run --shm-size=<N>g)" : "memory");
+  }
+  return CLI_RUNTIME;
+}
+
 static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpus, unsigned ncpus, unsigned reps,
                     uint64_t bytes, bool cuda, struct result *res) {
   unsigned nb = (unsigned)((bytes + c->obj - 1) / c->obj);
@@ -948,6 +1002,8 @@ int bench_copy_main(int argc, char **argv) {
       return CLI_RUNTIME;
     }
   }
+  for (unsigned i = 0; i < nc; i++)
+    if (case_fits(&cases[i], threads, bytes, cuda)) return CLI_RUNTIME;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = copy_on_signal;
