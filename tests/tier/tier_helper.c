@@ -11,7 +11,7 @@
  *       stops it with SIGSTOP or kills it).
  *   tier_helper consume-fork NAME CONSUMER
  *       open the feed as CONSUMER, fork a child that only sleeps (no exec),
- *       print "open CHILDPID", then read forever.
+ *       print "open CHILDPID" once the child runs, then read forever.
  *   tier_helper serve-take NAME
  *       serve the pool's tier table (state connected), print "serving", take
  *       one request, print "took N", then sleep until killed.
@@ -87,9 +87,20 @@ int main(int argc, char **argv) {
       fprintf(stderr, "feed: %s\n", umbp_last_error());
       return 2;
     }
+    /* "open" only once the child is past fork(), its fork handlers run: the
+     * test kills this process next and expects the name free at once */
+    int pp[2];
+    if (pipe(pp)) return 2;
     pid_t c = fork();
-    if (c == 0)
+    if (c == 0) {
+      close(pp[0]);
+      if (write(pp[1], "r", 1) != 1) _exit(2);
       for (;;) pause();
+    }
+    close(pp[1]);
+    char r;
+    if (c < 0 || read(pp[0], &r, 1) != 1) return 2;
+    close(pp[0]);
     printf("open %d\n", (int)c);
     umbp_feed_entry e[64];
     for (;;) {
