@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import re
 import subprocess
 import sys
 
@@ -518,3 +519,20 @@ def test_placement_config_overrides_the_plan(pool_name):
     pl = U.plan_placement(U.UMBPConfig.from_extra({"pool": pool_name, "numa_nodes": [0], "copy_cpus": [0]}), 2, 0)
     assert (pl.copy_cpus, pl.numa_nodes) == ([0], [0])
     assert pl.copy_threads == _topo_plan("--ranks", "2")["threads_per_rank"] and pl.source["copy_threads"] == "plan"
+
+
+def test_copy_cpus_the_worker_may_not_run_on_name_the_key(pool_name):
+    """copy_cpus with a CPU outside the worker's affinity (a container's cpuset)
+    or past CPU_SETSIZE failed the worker with libumbp's "data path: dp engine:
+    cannot bind copy thread 0 to cpu N", which named neither the config key nor
+    the CPUs to give. The error now names both."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cases = [([allowed[0], 4096], "cpu 4096 out of range")]
+    if allowed[-1] + 1 < 1024:   # not every CPU below CPU_SETSIZE allowed: one this worker may not use
+        cases.append(([allowed[-1] + 1], f"cannot bind copy thread 0 to cpu {allowed[-1] + 1}"))
+    for bad, why in cases:
+        with pytest.raises(ValueError, match=rf"kv_connector_extra_config\.copy_cpus={re.escape(str(bad))}: "
+                                             rf".*{why}.*may run on CPUs {allowed[0]}.*leave copy_cpus out"):
+            Worker(pool_name, 1, 0, seed=1, copy_cpus=bad)
+    w = Worker(pool_name, 1, 0, seed=1, copy_cpus=[allowed[0]])   # an allowed CPU still works
+    w.close()

@@ -327,12 +327,24 @@ def plan_placement(cfg: UMBPConfig, tp_size: int, tp_rank: int, cuda_device: int
     return Placement(threads, cpus, nodes, src, notes)
 
 
+def _cpu_ranges(cpus: list[int]) -> str:
+    """CPU numbers as ranges, e.g. "0-3,8" (a container may allow hundreds)."""
+    out: list[str] = []
+    for c in cpus:
+        if out and out[-1].rsplit("-", 1)[-1] == str(c - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out) or "none"
+
+
 def layout_and_engine(pool, regs: list, cfg: UMBPConfig, tp_size: int, tp_rank: int,
                       cuda_device: int | None):
     """The KV layout over regs and a data-path engine placed by the topology
     plan: (layout, Placement, engine), as umbp.vllm's workers and the in-tree
     connector's runtime (umbp.vllm_runtime) both make them. A layout the C
-    side refuses raises ValueError with its reason."""
+    side refuses raises ValueError with its reason, as does a configured
+    copy_cpus that the copy threads cannot be bound to."""
     lib = L.lib()
     arr = (L.KVRegion * len(regs))(*regs)
     lay = C.c_void_p()
@@ -352,6 +364,15 @@ def layout_and_engine(pool, regs: list, cfg: UMBPConfig, tp_size: int, tp_rank: 
     rc = lib.umbp_dp_engine_create(pool.h, C.byref(o), C.byref(eng))
     if rc < 0:
         lib.umbp_kv_layout_free(lay)
+    if rc == -errno.EINVAL and pl.source["copy_cpus"] == "config":
+        # A CPU this worker may not run on (a container's cpuset, vLLM's CPU
+        # binding) or past CPU_SETSIZE: the C reason alone ("cannot bind copy
+        # thread 0 to cpu 5") named neither the key nor the CPUs to give.
+        allowed = sorted(os.sched_getaffinity(0))
+        raise ValueError(f"kv_connector_extra_config.copy_cpus={pl.copy_cpus}: "
+                         f"{lib.umbp_last_error().decode(errors='replace')}; this worker (TP rank {tp_rank}) may "
+                         f"run on CPUs {_cpu_ranges(allowed)}: give CPUs from those, or leave copy_cpus out "
+                         "for the topology plan's")
     L.check(rc, "data path")
     return lay, pl, eng
 
