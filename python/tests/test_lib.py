@@ -41,6 +41,19 @@ def test_errno_names_not_numbers():
             assert bad not in text, f"{path}: compare with -errno.NAME, not {bad}"
 
 
+def test_umbp_error_survives_pickling():
+    """A worker's UMBPError reaches the engine pickled (an executor returning
+    a worker's exception, the tests' worker processes): it unpickled by calling
+    __init__ with the message alone and raised TypeError ("missing 2 required
+    positional arguments") in place of the error."""
+    import errno
+    import pickle
+    with pytest.raises(L.UMBPError) as ei:
+        L.check(L.lib().umbp_pool_attach(b"t-py-no-such-pool", None, C.byref(C.c_void_p())), "attach pool x")
+    e = pickle.loads(pickle.dumps(ei.value))
+    assert type(e) is L.UMBPError and str(e) == str(ei.value) and e.code == -errno.ENOENT
+
+
 def test_a_wrong_umbp_lib_names_the_fix(monkeypatch, tmp_path):
     """UMBP_LIB set to the build directory (not the library in it) or to a
     file that is no library: the error says to point it at libumbp.so, not

@@ -62,8 +62,15 @@ class UMBPError(RuntimeError):
     """A libumbp call failed; .code is the negative errno."""
 
     def __init__(self, code: int, what: str, detail: str):
-        self.code = code
+        self.code, self.what, self.detail = code, what, detail
         super().__init__(f"{what}: {detail or os.strerror(-code)} ({os.strerror(-code)})")
+
+    def __reduce__(self):
+        # Exceptions are pickled as (class, self.args), and args holds only the
+        # message: unpickling (an executor that returns a worker's exception
+        # to the engine, the tests' worker processes) called __init__ with one
+        # argument and raised TypeError instead of the error.
+        return type(self), (self.code, self.what, self.detail)
 
 
 def _sanitized(path: str) -> bool:
