@@ -125,6 +125,11 @@ def test_config_values_are_checked_for_their_type(pool_name):
                    ("index_pages", {})):
         with pytest.raises(ValueError, match=f"kv_connector_extra_config.{key}="):
             sched(v) if key == "pool" else sched(pool_name, **{key: v})
+    # falsy values of another type were taken as "no slot_size" (the default), unsaid
+    for v in (False, "", [], {}):
+        with pytest.raises(ValueError, match=r"kv_connector_extra_config\.slot_size: .*not a size"):
+            sched(pool_name, slot_size=v)
+    assert U.UMBPConfig.from_extra({"slot_size": 0}).slot_size is None   # 0: the block object's size
     with pytest.raises(ValueError, match="total_capacity_bytes=.*differ"):
         sched(pool_name, capacity_bytes="1MiB", total_capacity_bytes="2MiB")
     assert not os.path.exists(f"/dev/shm/umbp.{pool_name}"), "a refused connector left its pool"

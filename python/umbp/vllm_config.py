@@ -216,7 +216,10 @@ class UMBPConfig:
                              f"total_capacity_bytes={c['total_capacity_bytes']!r} differ: give one of them")
         return cls(mode=c["mode"], pool=_pool_name(c["pool"]),
                    capacity=_parse_size(cap, "capacity_bytes") if cap is not None else None,
-                   slot_size=_parse_size(c["slot_size"], "slot_size") if c["slot_size"] else None,
+                   # checked when given, falsy or not: `if c["slot_size"]` let false, "" and []
+                   # pass as "the default"; 0 still means the default (block object size)
+                   slot_size=(_parse_size(c["slot_size"], "slot_size") or None) if c["slot_size"] is not None
+                   else None,
                    key_namespace=ns or None,
                    save_decode_cache=_bool(c["save_decode_cache"], "save_decode_cache"),
                    copy_threads=(_int(c["copy_threads"], "copy_threads", 1, _DP_THREADS_MAX)
