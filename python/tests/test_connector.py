@@ -541,3 +541,32 @@ def test_copy_cpus_the_worker_may_not_run_on_name_the_key(pool_name):
             Worker(pool_name, 1, 0, seed=1, copy_cpus=bad)
     w = Worker(pool_name, 1, 0, seed=1, copy_cpus=[allowed[0]])   # an allowed CPU still works
     w.close()
+
+
+def test_the_docs_setups_give_slots_that_fit_their_model(tmp_path):
+    """docs/vllm.md's standalone setup made the daemon's pool with 256 KiB slots
+    and served Llama-3.1-8B at TP 4, whose block object is 512 KiB per rank:
+    both engines copied from it were refused at start ("pool 'kv' has
+    262144-byte slots but this model's block object needs 524288"). Every
+    setup there that serves that model must give slots its TP size fits
+    (`umbp size`, whose block formula the connector's refusal matches)."""
+    import json
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "vllm.md")).read()
+    cfg = tmp_path / "config.json"   # meta-llama/Llama-3.1-8B-Instruct's config.json, the fields umbp size reads
+    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32,
+                               "num_hidden_layers": 32, "num_key_value_heads": 8, "torch_dtype": "bfloat16"}))
+    checked = 0
+    for block in re.findall(r"```sh\n(.*?)```", doc[:doc.index("### Sizing")], re.S):
+        tps = {int(n) for n in re.findall(r"--tensor-parallel-size (\d+)", block)}
+        slots = [a or b for a, b in re.findall(r"--slot-size (\S+)|\"slot_size\":\"([^\"]+)\"", block)]
+        if "Llama-3.1-8B" not in block or not tps:
+            continue
+        assert slots, f"a setup of Llama-3.1-8B without a slot size: {block}"
+        for tp in tps:
+            out = subprocess.run([_umbp_cli(), "size", "--model-config", str(cfg), "--tp", str(tp), "--json"],
+                                 capture_output=True, text=True, check=True).stdout
+            need = json.loads(out)["slot_size"]
+            for s in slots:
+                assert U.L.parse_size(s) >= need, f"slot size {s} < {need} bytes that TP {tp} needs: {block}"
+            checked += 1
+    assert checked >= 2, "docs/vllm.md's embedded and standalone setups were not found"
