@@ -379,6 +379,37 @@ def test_standalone_pool_and_slot_size(pool_name):
     assert subprocess.run([cli, "pool", "info", pool_name], capture_output=True).returncode == 0
 
 
+def test_a_pool_with_slots_far_larger_than_the_block_is_said(pool_name):
+    """A daemon's pool whose slots are 4x this model's block object (made for
+    a larger model, or --slot-size 256KiB for a small one) served the engine
+    with three quarters of its bytes unused, without a word. The scheduler
+    now warns with the slot size that fits; a pool of the block's size, or an
+    embedded pool made with an explicit slot_size, is not warned about."""
+    import logging
+    said: list[str] = []
+    h = logging.Handler()
+    h.emit = lambda r: said.append(r.getMessage())
+    lg = logging.getLogger("vllm.umbp")
+    lg.addHandler(h)
+    cli = _umbp_cli()
+    try:
+        for slot, warned in (("16KiB", True), ("4KiB", False)):
+            subprocess.run([cli, "pool", "create", pool_name, "--capacity", "1MiB", "--slot-size", slot,
+                            "--no-prefault"], check=True, capture_output=True)
+            sched(pool_name, mode="standalone").shutdown()
+            subprocess.run([cli, "pool", "destroy", pool_name], check=True, capture_output=True)
+            got = [x for x in said if "go unused" in x]
+            assert len(got) == warned, (slot, said)
+            if warned:
+                assert "16384-byte slots, 4.0x this model's block object (4096 bytes" in got[0], got
+                assert "75% of the pool's bytes" in got[0] and "--slot-size 4KiB holds 4.0x" in got[0], got
+            said.clear()
+        sched(pool_name, slot_size="16KiB").shutdown()   # asked for: embedded, made with that slot_size
+        assert not [x for x in said if "go unused" in x], said
+    finally:
+        lg.removeHandler(h)
+
+
 def test_eagle_group_not_prefix_cacheable(pool_name):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16)

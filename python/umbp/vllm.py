@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes as C
 import itertools
 import logging
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -166,6 +167,18 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
                            "embedded pool, are not applied (the pool has %d slots of %d bytes, set by `umbp "
                            "daemon --capacity --slot-size`); drop them from kv_connector_extra_config",
                            self.cfg.pool, ", ".join(making), info.slot_count, info.slot_size)
+        need = _slot_size(replace(self.cfg, mode="standalone"), kv_cache_config)   # the block object, to 4 KiB
+        have = L.lib().umbp_slot_size(self.pool.h)
+        if sched and have >= 2 * need and not (self.cfg.mode == "embedded" and self.cfg.slot_size):
+            # A slot holds one block object whatever its size: a daemon's pool
+            # made for a larger model (or with --slot-size left at 256 KiB for a
+            # small one) served this engine with most of each slot unused, unsaid.
+            logger.warning("UMBP: pool %r has %d-byte slots, %.1fx this model's block object (%d bytes per "
+                           "rank, rounded up to 4 KiB): %d%% of the pool's bytes go unused for this engine's "
+                           "blocks. For this model alone, a pool made with --slot-size %dKiB holds %.1fx as many "
+                           "blocks; a pool that engines of several models share needs the largest one's",
+                           self.cfg.pool, have, have / need, need, 100 - 100 * need // have, need // 1024,
+                           have / need)
         self.placement: Placement | None = None
         self.lib = L.lib()
         self.namespace: str | None = None
