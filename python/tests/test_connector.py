@@ -135,6 +135,27 @@ def test_config_values_are_checked_for_their_type(pool_name):
     assert not os.path.exists(f"/dev/shm/umbp.{pool_name}"), "a refused connector left its pool"
 
 
+def test_a_name_vllm_read_as_a_number_names_the_quoting(pool_name):
+    """vLLM's dotted --kv-transfer-config.kv_connector_extra_config.pool 7
+    reads the value as JSON (and "1k" as 1000), so a pool or namespace name
+    arrives as a number. It was refused as "not a string" (pool) or with no
+    word on why (key_namespace); the error now says how to quote it."""
+    import json
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    p = FlexibleArgumentParser()
+    p.add_argument("--kv-transfer-config")
+    a = p.parse_args(["--kv-transfer-config.kv_connector_extra_config.pool", "7",
+                      "--kv-transfer-config.kv_connector_extra_config.key_namespace", "1k"])
+    extra = json.loads(a.kv_transfer_config)["kv_connector_extra_config"]
+    assert extra == {"pool": 7, "key_namespace": 1000}, extra   # what vLLM hands the connector
+    fix = r"a number, not a string: vLLM reads .* as JSON .*give it as a JSON string: "
+    with pytest.raises(ValueError, match=r"kv_connector_extra_config\.pool=7: " + fix):
+        sched(extra["pool"])
+    with pytest.raises(ValueError, match=r"kv_connector_extra_config\.key_namespace=1000: " + fix):
+        sched(pool_name, key_namespace=extra["key_namespace"])
+    assert not os.path.exists(f"/dev/shm/umbp.{pool_name}")
+
+
 def test_load_failure_policy_fail_is_warned(pool_name):
     """vLLM's default kv_load_failure_policy 'fail' ends a request in an error
     when its blocks leave the pool between lookup and load; the docs' install

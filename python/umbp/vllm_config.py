@@ -142,11 +142,24 @@ def _ints(v: Any, key: str, most: int) -> list[int] | None:
                      f"e.g. [0, 1], or leave it out for the topology plan's")
 
 
+def _not_a_string(key: str, v: Any) -> str:
+    """Why a number is not taken for a string key, and the fix: vLLM's dotted
+    --kv-transfer-config.kv_connector_extra_config.KEY VALUE reads VALUE as
+    JSON, or as vLLM's human-readable integer, so a pool "7" arrives as 7 and
+    "1k" as 1000; str() would silently name another pool."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (f"a number, not a string: vLLM reads --kv-transfer-config.kv_connector_extra_config.{key} "
+                f"VALUE as JSON (7 is a number, and 1k becomes 1000); give it as a JSON string: "
+                f"--kv-transfer-config.kv_connector_extra_config.{key} '\"NAME\"', or \"{key}\": \"NAME\" "
+                f"in --kv-transfer-config's JSON")
+    return "not a string"
+
+
 def _pool_name(v: Any) -> str:
     """The pool name, checked by libumbp's rule before any file is named after it."""
     rc = L.lib().umbp_pool_name_valid(v.encode()) if isinstance(v, str) else -errno.EINVAL
     if rc < 0:
-        why = L.lib().umbp_last_error().decode(errors="replace") if isinstance(v, str) else "not a string"
+        why = L.lib().umbp_last_error().decode(errors="replace") if isinstance(v, str) else _not_a_string("pool", v)
         raise ValueError(f"kv_connector_extra_config.pool={v!r}: {why}")
     return v
 
@@ -206,8 +219,10 @@ class UMBPConfig:
                              "pages when enough are free, else 4 KiB), 'huge' (2 MiB or fail) or 'small'")
         ns = c["key_namespace"]
         if ns is not None and (not isinstance(ns, str) or len(ns.encode()) > 128):
-            raise ValueError(f"kv_connector_extra_config.key_namespace={ns!r}: give a string of 1 to 128 bytes, "
-                             "or leave it out to derive one from the model and KV layout")
+            raise ValueError(f"kv_connector_extra_config.key_namespace={ns!r}: "
+                             + (_not_a_string("key_namespace", ns) + "; " if not isinstance(ns, str) else "")
+                             + "give a string of 1 to 128 bytes, or leave it out to derive one from the model "
+                             "and KV layout")
         cap = c["capacity_bytes"] if c["capacity_bytes"] is not None else c["total_capacity_bytes"]
         if (c["capacity_bytes"] is not None and c["total_capacity_bytes"] is not None
                 and _parse_size(cap, "capacity_bytes")
