@@ -241,3 +241,32 @@ def test_bulk_lookup_parses_key_strings_and_refuses_malformed_ones(rig):
     # a namespace containing ':' still parses (the rank fields are taken from the right)
     odd = BlockIdentityCodec(UMBPNamespace("a:b")).key(b"\x01" * 32, 0)
     assert list(rig.sched.lookup([odd])) == [False]
+
+
+def test_a_pool_destroyed_under_the_engine_is_said(rig, pool_name):
+    """`umbp pool destroy --force` under an in-tree engine on umbp: umbp.vllm's
+    scheduler says so once (docs/vllm.md), the in-tree runtime's said nothing.
+    Its scheduler handle now logs it once at ERROR from a lookup, without the
+    daemon hint (the engine's workers made this pool), and keeps answering
+    from the mapping it has (blocks stored before stay hits)."""
+    import logging
+    import subprocess
+    from test_connector import _umbp_cli
+    keys = rig.keys(11, 2)
+    rig.worker.publish(rig.worker.wait(rig.worker.store_blocks(rig.store_batch(keys, [0, 1]))))
+    said: list[str] = []
+    h = logging.Handler()
+    h.emit = lambda r: said.append(f"{r.levelname}: {r.getMessage()}")
+    lg = logging.getLogger("vllm.umbp")
+    lg.addHandler(h)
+    try:
+        assert list(rig.sched.lookup(keys)) == [True, True] and not said
+        subprocess.run([_umbp_cli(), "pool", "destroy", pool_name, "--force"], check=True, capture_output=True)
+        for _ in range(2):
+            rig.sched.pool._lost_checked = 0.0   # checked at most every 5 s
+            assert list(rig.sched.lookup(keys)) == [True, True]
+    finally:
+        lg.removeHandler(h)
+    lost = [x for x in said if "destroyed while this engine ran" in x]
+    assert len(lost) == 1 and lost[0].startswith("ERROR") and "was removed" in lost[0], said
+    assert "umbp daemon" not in lost[0], lost

@@ -116,6 +116,7 @@ class _Pool:
         self.name = cfg.pool
         self.owner = False
         self.embedded = False
+        self.engine_made = False   # an embedded pool attached as is (the in-tree runtime's scheduler)
         self.engine = engine or EngineId()
         self.h = None
         self._pid = os.getpid()
@@ -370,7 +371,7 @@ class _Pool:
                f"can attach to and whose blocks go when it exits, so engines no longer share what they store. "
                f"Restart the engine to attach to the pool of that name"
                + (f" (start `umbp daemon {self.name} --capacity SIZE` first)"
-                  if not self.embedded and not self.owner else ""))
+                  if not (self.embedded or self.owner or self.engine_made) else ""))
         logger.error("%s", why)
         return why
 

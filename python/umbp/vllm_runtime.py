@@ -192,7 +192,9 @@ def _attach_existing(cfg: UMBPConfig, role: int, rank: int) -> _Pool | None:
         return None
     L.check(rc, f"attach pool {cfg.pool}")
     lib.umbp_pool_detach(h)
-    return _Pool(replace(cfg, mode="standalone"), 0, role, rank)   # attach only; never the owner
+    pool = _Pool(replace(cfg, mode="standalone"), 0, role, rank)   # attach only; never the owner
+    pool.engine_made = True   # made by this engine's workers: no daemon to start again when it is lost
+    return pool
 
 
 class UMBPSchedulerHandle:
@@ -229,6 +231,9 @@ class UMBPSchedulerHandle:
             if not self._attach():
                 KeyCodec(lambda ns: 0).encode(keys)   # still refuse malformed keys
                 return [False] * len(keys)
+            # said once, as umbp.vllm's scheduler does: a pool destroyed under
+            # the engine (`umbp pool destroy --force`) went unsaid here
+            self.pool.check_lost()
             arr = self._codec.encode(keys)
             n = len(keys)
             present = (C.c_uint8 * max(1, n))()
