@@ -270,3 +270,35 @@ def test_a_pool_destroyed_under_the_engine_is_said(rig, pool_name):
     lost = [x for x in said if "destroyed while this engine ran" in x]
     assert len(lost) == 1 and lost[0].startswith("ERROR") and "was removed" in lost[0], said
     assert "umbp daemon" not in lost[0], lost
+
+
+def test_standalone_says_which_keys_it_does_not_apply(pool_name):
+    """umbp.vllm warns that mode standalone does not apply capacity_bytes,
+    slot_size, numa_nodes, index_pages or no_prefault (the daemon's pool is
+    used as it is); the in-tree runtime on umbp dropped them without a word.
+    Its scheduler handle now says so once an engine; embedded mode does not."""
+    import logging
+    import subprocess
+    from test_connector import _umbp_cli
+    register_plugin()
+    subprocess.run([_umbp_cli(), "pool", "create", pool_name, "--capacity", "1MiB", "--slot-size", "4KiB",
+                    "--no-prefault"], check=True, capture_output=True)
+    said: list[str] = []
+    h = logging.Handler()
+    h.emit = lambda r: said.append(r.getMessage())
+    lg = logging.getLogger("vllm.umbp")
+    lg.addHandler(h)
+    topo = RankTopology(tp_rank=0, tp_size=1)
+    try:
+        for mode in ("standalone", "embedded"):
+            opts = {"backend": "umbp", "pool": pool_name, "capacity_bytes": "64GiB", "slot_size": "1MiB",
+                    "key_namespace": NS}
+            rt = UMBPRuntimeFactory.build(UMBPRuntimeConfig(mode=mode, options=opts))
+            rt.create_scheduler_handle(NS, topo, KVLayoutDescriptor((), topo)).close()
+            got = [x for x in said if "are not applied" in x]
+            assert len(got) == (mode == "standalone"), (mode, said)
+            if got:
+                assert f"pool {pool_name!r}" in got[0] and "capacity_bytes, slot_size" in got[0], got
+            said.clear()
+    finally:
+        lg.removeHandler(h)

@@ -592,6 +592,9 @@ class UMBPRuntime:
                 "from the umbp repository), or set UMBP_LIB=/path/to/libumbp.so, or drop \"backend\": "
                 "\"umbp\" from kv_connector_extra_config to use the runtime registered before (MORI)") from e
         self.cfg = runtime_config({**config.options, "mode": config.mode})   # checks the pool name with libumbp
+        # keys that make an embedded pool; a daemon's pool is used as it is
+        self._unapplied = [k for k in ("capacity_bytes", "total_capacity_bytes", "slot_size", "numa_nodes",
+                                       "index_pages", "no_prefault") if k in config.options]
 
     @classmethod
     def from_config(cls, config: UMBPRuntimeConfig) -> UMBPRuntime:
@@ -600,6 +603,13 @@ class UMBPRuntime:
     def create_scheduler_handle(self, namespace: str, topology: RankTopology,
                                 layout: KVLayoutDescriptor) -> UMBPSchedulerHandle:
         del layout
+        if self.cfg.mode == "standalone" and self._unapplied:
+            # said by umbp.vllm's scheduler (umbp.vllm.UMBPStoreConnector), not by this
+            # runtime: the keys went unapplied without a word. Once an engine, here.
+            logger.warning("UMBP runtime: mode 'standalone' uses the daemon's pool %r as it is: %s, which make "
+                           "an embedded pool, are not applied (a daemon's --capacity and --slot-size set its "
+                           "pool); drop them from kv_connector_extra_config", self.cfg.pool,
+                           ", ".join(self._unapplied))
         return UMBPSchedulerHandle(self.cfg, namespace, topology.rank_count)
 
     def create_worker_handle(self, namespace: str, topology: RankTopology,
