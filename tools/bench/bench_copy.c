@@ -481,6 +481,7 @@ static int alloc_regions(const struct bcase *c, unsigned nb, bool cuda, umbp_kv_
 }
 
 static void free_regions(const struct bcase *c, bool cuda, umbp_kv_region *reg) {
+  (void)cuda; /* used only where CUDA is built in */
   for (unsigned r = 0; r < c->nreg; r++) {
 #if UMBP_HAVE_CUDA
     if (cuda) {
