@@ -124,6 +124,31 @@ def _():
         assert "--enable-prefix-caching" in SV[e]["command"]
 
 
+# config.json fields of the models an engine may default to (what 'umbp size' reads)
+MODELS = {"meta-llama/Llama-3.1-8B-Instruct": dict(layers=32, kv_heads=8, head_dim=128, dtype_bytes=2)}
+
+
+def default_of(v):
+    v = str(v)
+    return v.split(":-", 1)[1].rstrip("}") if ":-" in v else v
+
+
+@check("the daemon's default --slot-size holds the default model's block at the default TP (vLLM refuses less)")
+def _():
+    cmd = SV[daemon_name()]["command"]
+    slot = size(default_of(cmd[cmd.index("--slot-size") + 1]).replace("iB", ""))
+    for e in engine_names():
+        ec = SV[e]["command"]
+        model = default_of(ec[ec.index("serve") + 1])
+        tp = int(default_of(ec[ec.index("--tensor-parallel-size") + 1])) if "--tensor-parallel-size" in ec else 1
+        assert model in MODELS, f"{e} serves {model} by default: add its config.json fields to MODELS"
+        m = MODELS[model]
+        # umbp size: layers x 2 (K,V) x 16 tokens x max(1, kv_heads / tp) x head_dim x dtype, rounded to 4 KiB
+        block = m["layers"] * 2 * 16 * max(1, m["kv_heads"] // tp) * m["head_dim"] * m["dtype_bytes"]
+        block = (block + 4095) // 4096 * 4096
+        assert slot >= block, f"--slot-size {slot} bytes < the {block} that {model} at TP {tp} needs ({e})"
+
+
 @check("the Dockerfile and targets the services build exist")
 def _():
     root = os.path.join(os.path.dirname(os.path.abspath(COMPOSE)))
