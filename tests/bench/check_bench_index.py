@@ -266,12 +266,13 @@ def _():
         log.seek(0)
         return log.read()
     try:
+        # "ready": the daemon holds its pool (the file exists earlier, while
+        # it is still being made; a run then took it for a leftover)
         deadline = time.monotonic() + 60
-        while not os.path.exists("/dev/shm/umbp." + name):
+        while "ready: pool" not in daemon_log():
             assert d.poll() is None, "the daemon exited (%s): %s" % (d.returncode, daemon_log())
-            assert time.monotonic() < deadline, "the daemon made no pool in 60 s"
+            assert time.monotonic() < deadline, "the daemon was not ready in 60 s: %s" % daemon_log()
             time.sleep(0.05)
-        time.sleep(0.5)
         r = small_run()
         assert r.returncode == 0, "exit %d, stderr:\n%s" % (r.returncode, r.stderr)
         assert os.path.exists("/dev/shm/umbp." + name), "the run removed a pool that a live daemon holds"
