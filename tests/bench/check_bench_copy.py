@@ -11,18 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 
 TOOL = os.environ.get("UMBP_TOOL", "")
 
-results = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import taplib  # noqa: E402
 
-
-def check(name):
-    def deco(fn):
-        results.append((name, fn))
-        return fn
-    return deco
+results, check = taplib.registry()
 
 
 def run(args, timeout=120):
@@ -124,26 +119,12 @@ def _():
 
 
 def main():
-    print("1..%d" % len(results))
     if not TOOL or not os.access(TOOL, os.X_OK):
+        print("1..%d" % len(results))
         for i, (name, _) in enumerate(results, 1):
             print("not ok %d - %s # UMBP_TOOL not set or not executable: %r" % (i, name, TOOL))
         return 1
-    failed = 0
-    for i, (name, fn) in enumerate(results, 1):
-        try:
-            res = fn()
-            if isinstance(res, str) and res.startswith("SKIP"):
-                print("ok %d - %s # %s" % (i, name, res))
-            else:
-                print("ok %d - %s" % (i, name))
-        except Exception:  # noqa: BLE001 - report every failure as TAP
-            failed += 1
-            print("not ok %d - %s" % (i, name))
-            for line in traceback.format_exc().splitlines():
-                print("# " + line)
-        sys.stdout.flush()
-    return 1 if failed else 0
+    return taplib.run(results)
 
 
 if __name__ == "__main__":

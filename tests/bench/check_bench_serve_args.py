@@ -8,19 +8,14 @@ must not read as a missing venv (exit 1)."""
 import os
 import subprocess
 import sys
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "tools", "bench_serve.py")
 
-results = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import taplib  # noqa: E402
 
-
-def check(name):
-    def deco(fn):
-        results.append((name, fn))
-        return fn
-    return deco
+results, check = taplib.registry()
 
 
 def serve(*args):
@@ -43,19 +38,7 @@ def _():
 
 
 def main():
-    print("1..%d" % len(results))
-    failed = 0
-    for i, (name, fn) in enumerate(results, 1):
-        try:
-            fn()
-            print("ok %d - %s" % (i, name))
-        except Exception:  # noqa: BLE001 - report every failure as TAP
-            failed += 1
-            print("not ok %d - %s" % (i, name))
-            for line in traceback.format_exc().splitlines():
-                print("# " + line)
-        sys.stdout.flush()
-    return 1 if failed else 0
+    return taplib.run(results)
 
 
 if __name__ == "__main__":

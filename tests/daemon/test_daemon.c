@@ -463,6 +463,21 @@ static uint64_t quota_of(const char *name, const char *ns) {
   return q;
 }
 
+/* Write text as the quota file qf and send the daemon d SIGHUP. */
+static void quota_file_hup(pid_t d, const char *qf, const char *text) {
+  FILE *f = fopen(qf, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+  kill(d, SIGHUP);
+}
+
+/* Namespace ns's quota once it is want, or after 5 s what it is then. */
+static uint64_t quota_soon(const char *name, const char *ns, uint64_t want) {
+  for (int i = 0; i < 500 && quota_of(name, ns) != want; i++) dtu_sleep_ms(10);
+  return quota_of(name, ns);
+}
+
 static void test_sighup_quotas(void **st) {
   (void)st;
   const char *name = tu_name("dquota");
@@ -553,32 +568,18 @@ static void test_sighup_quotas(void **st) {
   assert_non_null(strstr(out, "cannot read quota file /proc/self/mem: Input/output error"));
   /* an emptied file clears the quotas it had set; a --quota of the command
    * line stays, also for a namespace the file named too (issue 32) */
-  f = fopen(qf, "w");
-  fprintf(f, "chat 2MiB\nbatch 1MiB\n");
-  fclose(f);
-  kill(d, SIGHUP);
-  for (int i = 0; i < 500 && quota_of(name, "batch") != 1 << 20; i++) dtu_sleep_ms(10);
-  assert_int_equal(quota_of(name, "batch"), 1 << 20);
-  f = fopen(qf, "w");
-  fclose(f);
-  kill(d, SIGHUP);
-  for (int i = 0; i < 500 && quota_of(name, "chat") != 0; i++) dtu_sleep_ms(10);
-  assert_int_equal(quota_of(name, "chat"), 0);
+  quota_file_hup(d, qf, "chat 2MiB\nbatch 1MiB\n");
+  assert_int_equal(quota_soon(name, "batch", 1 << 20), 1 << 20);
+  quota_file_hup(d, qf, "");
+  assert_int_equal(quota_soon(name, "chat", 0), 0);
   assert_int_equal(quota_of(name, "search"), 0);
   assert_int_equal(quota_of(name, "batch"), 64 << 10);
   /* a glob line overrides a --quota (it comes after); once the line is gone
    * the --quota holds again (it kept the glob's bytes) */
-  f = fopen(qf, "w");
-  fprintf(f, "b* 1MiB\n");
-  fclose(f);
-  kill(d, SIGHUP);
-  for (int i = 0; i < 500 && quota_of(name, "batch") != 1 << 20; i++) dtu_sleep_ms(10);
-  assert_int_equal(quota_of(name, "batch"), 1 << 20);
-  f = fopen(qf, "w");
-  fclose(f);
-  kill(d, SIGHUP);
-  for (int i = 0; i < 500 && quota_of(name, "batch") != 64 << 10; i++) dtu_sleep_ms(10);
-  assert_int_equal(quota_of(name, "batch"), 64 << 10);
+  quota_file_hup(d, qf, "b* 1MiB\n");
+  assert_int_equal(quota_soon(name, "batch", 1 << 20), 1 << 20);
+  quota_file_hup(d, qf, "");
+  assert_int_equal(quota_soon(name, "batch", 64 << 10), 64 << 10);
   f = fopen(qf, "w");
   fprintf(f, "chat lots\n"); /* for the start below */
   fclose(f);
