@@ -76,8 +76,10 @@ enum umbp_tier_stat {
 /* Open the pool's tier table as a client. 0 and *ret_tier; -ENOENT (no tier
  * has ever served this pool: start `umbp tier POOL`); -EINVAL (NULL
  * argument); -EROFS (read-only handle); -ECHILD; -EBADMSG (the table is not
- * this pool's or is corrupted); -EACCES. The handle must be closed with
- * umbp_tier_close() before the pool handle is detached. */
+ * this pool's or is corrupted); -EACCES. Close the handle with
+ * umbp_tier_close() before the pool handle is detached: after the detach its
+ * requests fail with -EBADF (polls and cancels of requests already made still
+ * work). */
 UMBP_API int umbp_tier_attach(umbp_pool *pool, umbp_tier **ret_tier);
 
 /* Ask the tier to bring blocks [0, n_blocks) into the pool: keys holds
@@ -89,7 +91,9 @@ UMBP_API int umbp_tier_attach(umbp_pool *pool, umbp_tier **ret_tier);
  * Returns 0 and *ret_ticket; -ENOTCONN (no live tier, or it is not connected
  * to its store: the message says which); -EAGAIN (every record is in use);
  * -EINVAL (NULL argument, n_blocks or n_ranks 0, n_ranks above the table's
- * keys per record). Ordering: the keys are written before the record is
+ * keys per record); -EBADF (the pool handle the client was attached with has
+ * been detached: close the tier handle first); -ECHILD (called in a fork()
+ * child on its parent's handle). Ordering: the keys are written before the record is
  * marked ready (release, paired with the tier's acquire). Wakes the tier. */
 UMBP_API int umbp_tier_request(umbp_tier *tier, const umbp_key *keys, unsigned n_blocks, unsigned n_ranks,
                                uint32_t timeout_ms, uint64_t *ret_ticket, unsigned *ret_n_blocks);

@@ -124,7 +124,10 @@ struct tq_ctrl {
 _Static_assert(sizeof(struct tq_ctrl) == TQ_CTRL_BYTES, "record control line");
 
 struct umbp_tier {
-  umbp_pool *p;
+  umbp_pool *p;       /* may be detached (freed) before the close: see tq_pool_check() */
+  uint64_t p_serial;  /* p's attach_serial */
+  uint32_t owner_id;  /* p's, for the records this client fills */
+  char pool_name[UMBP_NAME_MAX + 8]; /* p's, for messages */
   int fd;
   bool server;
   struct tq_hdr *h;
@@ -189,6 +192,28 @@ static int tq_map(umbp_pool *p, int fd, int prot, umbp_tier *t) {
   return 0;
 }
 
+static void tq_set_pool(umbp_tier *t, umbp_pool *p) {
+  t->p = p;
+  t->p_serial = p->attach_serial;
+  t->owner_id = p->owner_id;
+  snprintf(t->pool_name, sizeof t->pool_name, "%s", p->name);
+}
+
+/* A request is made for the pool handle the client was attached with, and
+ * in its name (its registry slot): umbp_pool_detach() frees that handle, and
+ * a fork() child must not act under its parent's slot. The table's own
+ * mapping stays valid until umbp_tier_close(), so polls and cancels of
+ * requests already made keep working. One uncontended mutex a call
+ * (umbp_pool_attached()). */
+static int tq_pool_check(const umbp_tier *t) {
+  if (!umbp_pool_attached(t->p, t->p_serial))
+    return umbp_fail(-EBADF, "umbp_tier_request: pool '%s': its pool handle was detached (umbp_pool_detach()) "
+                             "before umbp_tier_close(): close the tier handle first, or attach again and call "
+                             "umbp_tier_attach() on the new handle", t->pool_name);
+  if (t->p->forked) return umbp_pool_forked_fail(t->p);
+  return 0;
+}
+
 static void tq_free(umbp_tier *t) {
   if (t->h) munmap(t->h, t->len);
   if (t->fd >= 0) close(t->fd);
@@ -237,7 +262,7 @@ UMBP_API int umbp_tier_attach(umbp_pool *p, umbp_tier **ret) {
     close(fd);
     return umbp_fail(-ENOMEM, "umbp_tier_attach: out of memory");
   }
-  t->p = p;
+  tq_set_pool(t, p);
   t->fd = fd;
   int rc = tq_map(p, fd, PROT_READ | PROT_WRITE, t);
   if (rc) {
@@ -266,15 +291,17 @@ UMBP_API int umbp_tier_request(umbp_tier *t, const umbp_key *keys, unsigned n_bl
   if (n_ranks > t->kpr || n_ranks > 65535)
     return umbp_fail(-EINVAL, "umbp_tier_request: %u ranks, the table holds %u keys a request", n_ranks, t->kpr);
   if (t->server) return umbp_fail(-EINVAL, "umbp_tier_request: a serving handle cannot request");
+  int rc = tq_pool_check(t);
+  if (rc) return rc;
   struct tq_hdr *h = t->h;
   if (!tq_alive(t))
-    return umbp_fail(-ENOTCONN, "pool '%s': no umbp tier is running (last: pid %d): start 'umbp tier %s'", t->p->name,
-                     (int)atomic_load_explicit(&h->pid, memory_order_relaxed), t->p->name);
+    return umbp_fail(-ENOTCONN, "pool '%s': no umbp tier is running (last: pid %d): start 'umbp tier %s'", t->pool_name,
+                     (int)atomic_load_explicit(&h->pid, memory_order_relaxed), t->pool_name);
   uint32_t state = atomic_load_explicit(&h->state, memory_order_relaxed);
   if (state != UMBP_TIER_CONNECTED) {
     char m[200];
     get_msg(h, m, sizeof m);
-    return umbp_fail(-ENOTCONN, "pool '%s': its umbp tier is %s%s%s", t->p->name, umbp_tier_state_name((int)state),
+    return umbp_fail(-ENOTCONN, "pool '%s': its umbp tier is %s%s%s", t->pool_name, umbp_tier_state_name((int)state),
                      m[0] ? ": " : "", m);
   }
   unsigned nb = n_blocks;
@@ -295,7 +322,7 @@ UMBP_API int umbp_tier_request(umbp_tier *t, const umbp_key *keys, unsigned n_bl
     memcpy(tq_keys(t, i), keys, (size_t)nb * n_ranks * sizeof(umbp_key));
     c->n_blocks = nb;
     c->n_ranks = (uint16_t)n_ranks;
-    c->client = t->p->owner_id;
+    c->client = t->owner_id;
     c->submit_ns = now;
     c->deadline_ns = now + (uint64_t)timeout_ms * 1000000u;
     /* [R1] keys and counts before readiness; pairs with the tier's [A1]. A
@@ -305,13 +332,13 @@ UMBP_API int umbp_tier_request(umbp_tier *t, const umbp_key *keys, unsigned n_bl
     if (!atomic_compare_exchange_strong_explicit(&c->word, &filling, W_MAKE(ST_READY, 0, gen),
                                                  memory_order_release, memory_order_relaxed))
       return umbp_fail(-ETIMEDOUT, "pool '%s': this request's record was reclaimed while it was being "
-                                   "filled (the process stopped for a minute?)", t->p->name);
+                                   "filled (the process stopped for a minute?)", t->pool_name);
     ring_doorbell(h);
     *ret_ticket = (uint64_t)gen << 16 | i;
     if (ret_n_blocks) *ret_n_blocks = nb;
     return 0;
   }
-  return umbp_fail(-EAGAIN, "pool '%s': all %u tier request records are in use", t->p->name, t->records);
+  return umbp_fail(-EAGAIN, "pool '%s': all %u tier request records are in use", t->pool_name, t->records);
 }
 
 /* Cancel record i of generation gen if it is still in one of the states of
@@ -347,7 +374,7 @@ UMBP_API int umbp_tier_poll(umbp_tier *t, uint64_t ticket, unsigned *ret_blocks)
     if (r < 0) {
       char m[200];
       get_msg(t->h, m, sizeof m);
-      return umbp_fail(r, "pool '%s': the umbp tier could not fetch: %s%s%s", t->p->name, strerror(-r),
+      return umbp_fail(r, "pool '%s': the umbp tier could not fetch: %s%s%s", t->pool_name, strerror(-r),
                        m[0] ? " (tier: " : "", m[0] ? m : "");
     }
     *ret_blocks = (unsigned)r;
@@ -357,12 +384,12 @@ UMBP_API int umbp_tier_poll(umbp_tier *t, uint64_t ticket, unsigned *ret_blocks)
   if (umbp_now_ns() > c->deadline_ns) {
     if (tq_cancel(t, i, gen, 1u << ST_READY | 1u << ST_WORKING))
       return umbp_fail(-ETIMEDOUT, "pool '%s': the umbp tier did not answer before the request's deadline",
-                       t->p->name);
+                       t->pool_name);
     return umbp_tier_poll(t, ticket, ret_blocks); /* answered meanwhile */
   }
   if (!tq_alive(t) || atomic_load_explicit(&t->h->state, memory_order_relaxed) != UMBP_TIER_CONNECTED) {
     if (tq_cancel(t, i, gen, 1u << ST_READY | 1u << ST_WORKING))
-      return umbp_fail(-ENOTCONN, "pool '%s': the umbp tier %s while the request waited", t->p->name,
+      return umbp_fail(-ENOTCONN, "pool '%s': the umbp tier %s while the request waited", t->pool_name,
                        tq_alive(t) ? "lost its store" : "exited");
     return umbp_tier_poll(t, ticket, ret_blocks);
   }
@@ -406,7 +433,7 @@ UMBP_API int umbp_tier_serve(umbp_pool *p, const umbp_tier_params *params, umbp_
   tq_name(p->name, name, sizeof name);
   umbp_tier *t = calloc(1, sizeof *t);
   if (!t) return umbp_fail(-ENOMEM, "umbp_tier_serve: out of memory");
-  t->p = p;
+  tq_set_pool(t, p);
   t->server = true;
   t->fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
   if (t->fd >= 0) {

@@ -404,6 +404,52 @@ static void test_feed_close_twice(void **state) {
 
 /* ---- the tier's request table ---- */
 
+/* A tier client whose pool handle was detached before umbp_tier_close(): its
+ * request read the freed handle (the pool's name for messages, its registry
+ * slot for the record) and was made in the name of whatever the memory then
+ * held; now -EBADF naming the cause, while polls of requests already made
+ * still answer from the table's own mapping. */
+static void test_tier_after_detach(void **state) {
+  struct fx *f = *state;
+  umbp_tier_params tp;
+  umbp_tier_params_init(&tp);
+  tp.records = 4;
+  tp.keys_per_record = 8;
+  umbp_tier *s, *c;
+  assert_int_equal(umbp_tier_serve(f->p, &tp, &s), 0);
+  assert_int_equal(umbp_tier_set_state(s, UMBP_TIER_CONNECTED, "ok"), 0);
+  umbp_attach_opts ao;
+  umbp_attach_opts_init(&ao);
+  umbp_pool *p2;
+  assert_int_equal(umbp_pool_attach(f->name, &ao, &p2), 0);
+  assert_int_equal(umbp_tier_attach(p2, &c), 0);
+  umbp_key keys[2];
+  for (int i = 0; i < 2; i++) mkkey(&keys[i], f->ns, 700 + i);
+  uint64_t t1, t2;
+  assert_int_equal(umbp_tier_request(c, keys, 1, 1, 0, &t1, NULL), 0);
+  umbp_pool_detach(p2);
+  /* the freed handle's memory reused and overwritten */
+  void *junk[8];
+  for (int i = 0; i < 8; i++) {
+    junk[i] = malloc(4096);
+    memset(junk[i], 0xff, 4096);
+  }
+  assert_int_equal(umbp_tier_request(c, keys + 1, 1, 1, 0, &t2, NULL), -EBADF);
+  assert_non_null(strstr(umbp_last_error(), "detached"));
+  assert_non_null(strstr(umbp_last_error(), f->name));
+  umbp_tier_job j;
+  umbp_key got[8];
+  assert_int_equal(umbp_tier_take(s, &j, got, 8), 1); /* only the request made while attached */
+  assert_int_equal(umbp_tier_take(s, &j, got, 8), 0);
+  assert_int_equal(umbp_tier_complete(s, j.ticket, 1, NULL), 0);
+  unsigned blocks = 0;
+  assert_int_equal(umbp_tier_poll(c, t1, &blocks), 0);
+  assert_int_equal(blocks, 1);
+  for (int i = 0; i < 8; i++) free(junk[i]);
+  umbp_tier_close(c);
+  umbp_tier_close(s);
+}
+
 static void test_tier_table(void **state) {
   struct fx *f = *state;
   umbp_tier *c, *s;
@@ -638,6 +684,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_feed_open_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_feed_close_twice, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tier_table, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_tier_after_detach, setup, teardown),
   };
   const struct CMUnitTest mp[] = {
       cmocka_unit_test_setup_teardown(test_mp_feed, setup, teardown),
