@@ -159,7 +159,8 @@ typedef struct umbp_feed_info {
 
 /* Describe the pool's feed: 0 and *ret; -ENOENT (the pool has no feed: no
  * consumer ever opened one); -EINVAL (NULL argument); -EBADMSG (the feed
- * file is not this pool's or is corrupted). Loads only: read-only handles
+ * file is not this pool's or is corrupted); -EIDRM (the pool was destroyed
+ * while this handle stayed attached). Loads only: read-only handles
  * too; a snapshot. */
 UMBP_API int umbp_feed_info_get(umbp_pool *pool, umbp_feed_info *ret);
 

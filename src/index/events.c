@@ -810,6 +810,13 @@ UMBP_API void umbp_feed_close(umbp_feed *f) {
 
 UMBP_API int umbp_feed_info_get(umbp_pool *p, umbp_feed_info *ret) {
   if (!p || !ret) return umbp_fail(-EINVAL, "umbp_feed_info_get: pool and ret are required");
+  /* A pool destroyed while this handle stayed attached has no feed; the file
+   * of that name may be a new pool's, which the uuid check below would refuse
+   * as "an earlier pool's" when the earlier pool is this one. */
+  struct stat pst;
+  if (!fstat(p->fd, &pst) && pst.st_nlink == 0)
+    return umbp_fail(-EIDRM, "pool '%s' was destroyed (umbp_pool_destroy) while this handle stayed attached: it "
+                             "has no feed; detach it, and attach the pool again if it was recreated", p->name);
   uint32_t gen = atomic_load_explicit(&p->hdr->feed_gen, memory_order_acquire);
   if (!gen) return umbp_fail(-ENOENT, "pool '%s' has no published-key feed (no consumer opened one)", p->name);
   char shm[UMBP_NAME_MAX + 16];

@@ -302,6 +302,14 @@ static void test_feed_destroyed_pool(void **state) {
   assert_int_equal(umbp_feed_open(q, "new", NULL, &g), 0);
   assert_int_equal(umbp_feed_open(f->p, "old", NULL, &old), -EIDRM);
   assert_non_null(strstr(umbp_last_error(), "destroyed"));
+  /* the old handle's feed information: its pool was destroyed (before: "no
+   * consumer opened one", or with a feed made before the destroy, the new
+   * pool's feed refused as "an earlier pool's") */
+  umbp_feed_info fi;
+  assert_int_equal(umbp_feed_info_get(f->p, &fi), -EIDRM);
+  assert_non_null(strstr(umbp_last_error(), "destroyed"));
+  assert_int_equal(umbp_feed_info_get(q, &fi), 0);
+  assert_int_equal(fi.n_consumers, 1);
   umbp_pool *r; /* a publisher of the new pool attaching now */
   umbp_attach_opts ao;
   umbp_attach_opts_init(&ao);
