@@ -10,7 +10,12 @@
  *   1. $UMBP_PYTHON;
  *   2. run from its build tree, the source tree's .venv-cpu/bin/python (made by
  *      scripts/setup-python.sh, with Mooncake in it), if it exists;
- *   3. python3 from PATH (after `pip install .` of umbp and Mooncake's wheel).
+ *   3. the wheel's copy (`pip install .`): the python3 in the directory this
+ *      binary is in, if there is one. pip puts the script beside the Python it
+ *      installed the package for (a venv's or conda env's bin/), so this is
+ *      the Python that has umbp even when the binary is run by its absolute
+ *      path with that environment not on PATH (systemd, cron);
+ *   4. python3 from PATH (after `pip install --user .`, or `meson install`).
  * In a build tree the source tree's python/ goes first on PYTHONPATH, so the
  * package matches this build's library (umbp._lib finds libumbp.so in build dirs).
  * Options, help and exit codes are the Python module's (argparse), one text
@@ -23,6 +28,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_config.h" /* UMBP_WHEEL */
 #include "cmd_tier.h"
 
 #ifndef UMBP_SOURCE_ROOT
@@ -50,6 +56,19 @@ static const char *pick_python(char *buf, size_t n) {
     snprintf(buf, n, "%s/.venv-cpu/bin/python", UMBP_SOURCE_ROOT);
     if (access(buf, X_OK) == 0) return buf;
   }
+#if UMBP_WHEEL
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len > 0) {
+    exe[len] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) {
+      *slash = 0;
+      int w = snprintf(buf, n, "%s/python3", exe);
+      if (w > 0 && (size_t)w < n && access(buf, X_OK) == 0) return buf;
+    }
+  }
+#endif
   return "python3";
 }
 

@@ -8,9 +8,10 @@
 #     a script, nothing else (no tests, headers, pkg-config file).
 #  3. Install it with pip (no deps, no index) into a fresh venv, then, from a
 #     directory outside the source tree with no PYTHONPATH/UMBP_LIB/UMBP_TOOL:
-#     the library path, `umbp --version`, the vllm.general_plugins entry
-#     point, and (with .venv) connector tests copied from python/tests (the
-#     factory, TP=2 end to end, the CLI's standalone pool).
+#     the library path, `umbp --version`, `umbp tier` run by the script's
+#     path, the vllm.general_plugins entry point, and (with .venv) connector
+#     tests copied from python/tests (the factory, TP=2 end to end, the CLI's
+#     standalone pool).
 # vLLM in the fresh venv: a real `pip install vllm` is ~6 GB and 3+ minutes
 # with the network, so the fresh venv reaches the vLLM/torch of the repository's
 # .venv (scripts/setup-python.sh) through a .pth file. Only vLLM and its
@@ -100,6 +101,17 @@ echo "import umbp loads $lib"
 ver=$(run umbp --version)
 echo "$(run sh -c 'command -v umbp') --version: $ver"
 [ "$ver" = "umbp $version" ] || { echo "FAIL: expected 'umbp $version'"; exit 1; }
+# `umbp tier` runs the package's Python module: the venv's script, run by its
+# absolute path with the venv not on PATH (a unit file, cron), must use the
+# venv's python3, which has umbp (PATH here has no python3 at all).
+mkdir "$tmp/nopython"
+if ! out=$(run env PATH="$tmp/nopython" "$tmp/venv/bin/umbp" tier --help 2>&1) \
+    || ! grep -q '^usage: umbp tier' <<< "$out"; then
+  echo "$out"
+  echo "FAIL: $tmp/venv/bin/umbp tier, run by its path with the venv not on PATH, did not find the venv's Python"
+  exit 1
+fi
+echo "umbp tier by absolute path: runs the venv's python3"
 # vLLM finds the plugin by its entry point group; without the in-tree
 # connector (or without vLLM) register() does nothing and raises nothing.
 run python - <<'PY'
