@@ -23,10 +23,13 @@
 #include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -165,6 +168,32 @@ static void dlog(const char *fmt, ...) {
 static void lib_log(void *arg, int level, const char *msg) {
   (void)arg;
   dlog("%s%s", level == UMBP_LOG_ERROR ? "error: " : level == UMBP_LOG_WARN ? "warning: " : "", msg);
+}
+
+/* systemd's readiness protocol (sd_notify(3); Type=notify in
+ * contrib/systemd/umbp-daemon@.service): one datagram "READY=1" to the
+ * AF_UNIX socket that $NOTIFY_SOCKET names ('@' first: the abstract
+ * namespace), sent once the pool is created or adopted and served, so that
+ * `systemctl start` and the units ordered after the daemon wait for the pool.
+ * Without the variable (not started by systemd) it does nothing; a send that
+ * fails is logged, and systemd's start timeout then reports the unit. */
+static void notify_ready(void) {
+  const char *path = getenv("NOTIFY_SOCKET");
+  if (!path || !*path) return;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t len = strlen(path);
+  if ((path[0] != '/' && path[0] != '@') || len >= sizeof sa.sun_path) {
+    dlog("warning: NOTIFY_SOCKET=%s is not a socket path: systemd is not told that the daemon is ready", path);
+    return;
+  }
+  memcpy(sa.sun_path, path, len);
+  if (path[0] == '@') sa.sun_path[0] = 0;
+  static const char msg[] = "READY=1";
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || sendto(fd, msg, sizeof msg - 1, 0, (const struct sockaddr *)&sa,
+                       (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0)
+    dlog("warning: cannot tell systemd that the daemon is ready (NOTIFY_SOCKET=%s): %s", path, strerror(errno));
+  if (fd >= 0) close(fd);
 }
 
 /* The pipe to the waiting first parent (daemonised mode), -1 otherwise. */
@@ -1146,6 +1175,7 @@ int cmd_daemon(int argc, char **argv) {
   if (n > 0) dlog("reaped %d dead process%s left from before", n, n == 1 ? "" : "es");
   dlog("ready: pool '%s', reaping every %u ms, evicting below %u%% free up to %u%%", o.pool, o.reap_ms, o.low,
        o.high);
+  notify_ready();
   if (report_fd >= 0) {
     char ok[32];
     int l = snprintf(ok, sizeof ok, "ok %d", (int)getpid());

@@ -18,6 +18,7 @@ argv: the generated unit, the installed umbp path it must name."""
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,37 @@ def _():
     for bad in ("PrivateDevices", "PrivateIPC"):  # a private /dev/shm would hide the pool from the engines
         assert bad not in svc, bad
     assert dict(keys("Install"))["WantedBy"] == "multi-user.target"
+
+
+@check("Type=notify: the daemon sends READY=1 to $NOTIFY_SOCKET, and only once its pool exists")
+def _():
+    assert dict(keys("Service"))["Type"] == "notify", "systemctl start would return before the pool exists"
+    assert "--foreground" in dict(keys("Service"))["ExecStart"]  # the main pid, which systemd listens to
+    for where in ("file", "abstract"):
+        name = f"unit-notify-{where}-{os.getpid()}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        addr = os.path.join(TMP, "notify") if where == "file" else f"\0umbp-unit-test-{os.getpid()}"
+        sock.bind(addr)
+        sock.settimeout(10)
+        env = dict(os.environ, NOTIFY_SOCKET=addr if where == "file" else "@" + addr[1:])
+        d = subprocess.Popen([TOOL, "daemon", name, "--capacity", "16MiB", "--slot-size", "256KiB",
+                              "--foreground"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            try:
+                msg = sock.recv(4096)
+            except socket.timeout:
+                raise AssertionError(f"no READY=1 within 10 s ({where} socket)") from None
+            assert msg == b"READY=1", msg
+            info = subprocess.run([TOOL, "pool", "info", name], capture_output=True, text=True, timeout=30)
+            assert info.returncode == 0, info.stderr
+        finally:
+            d.terminate()
+            err = d.communicate(timeout=30)[1].decode(errors="replace")
+            sock.close()
+            if where == "file":
+                os.unlink(addr)
+            subprocess.run([TOOL, "pool", "destroy", name], capture_output=True, timeout=30)
+        assert d.returncode == 0 and "NOTIFY_SOCKET" not in err, (d.returncode, err)
 
 
 @check("systemd-analyze verify passes (ExecStart pointed at the build tree's umbp)")
