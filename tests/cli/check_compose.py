@@ -162,4 +162,27 @@ def _():
         assert f" AS {b['target']}" in text, (n, b["target"])
 
 
+@check("the build context leaves out the test venvs, build directories and .git (.dockerignore)")
+def _():
+    import fnmatch
+    for n, s in SV.items():
+        b = s.get("build")
+        if not b:
+            continue
+        ctx = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(COMPOSE)), b["context"]))
+        # BuildKit reads DOCKERFILE.dockerignore first, else .dockerignore at the context's root
+        for name in (b["dockerfile"] + ".dockerignore", ".dockerignore"):
+            path = os.path.join(ctx, name)
+            if os.path.exists(path):
+                break
+        else:
+            raise AssertionError(f"{n}: no .dockerignore in {ctx}: COPY . /src would send .venv and build dirs")
+        with open(path) as f:
+            pats = [ln.strip().lstrip("/") for ln in f if ln.strip() and not ln.startswith("#")]
+        for top in (".venv", ".venv-cpu", "build", "build-asan", ".git"):
+            assert any(fnmatch.fnmatchcase(top, p) for p in pats), f"{path} does not leave out {top}"
+        for kept in ("meson.build", "pyproject.toml", "src", "python", "tools", "include", "contrib"):
+            assert not any(fnmatch.fnmatchcase(kept, p) for p in pats), f"{path} leaves out {kept}"
+
+
 sys.exit(taplib.run(checks))
