@@ -421,10 +421,14 @@ def lib():
         try:
             handle = C.CDLL(path)
         except OSError as e:
-            if not os.environ.get("UMBP_LIB"):
-                raise
-            raise OSError(f"UMBP_LIB={path} cannot be loaded ({e}): point it at libumbp.so (the build's "
-                          "build/libumbp.so, or the installed package's), or unset it") from e
+            if os.environ.get("UMBP_LIB"):
+                raise OSError(f"UMBP_LIB={path} cannot be loaded ({e}): point it at libumbp.so (the build's "
+                              "build/libumbp.so, or the installed package's), or unset it") from e
+            # a wheel built on another machine: it links the system's libraries
+            raise OSError(f"{path} cannot be loaded ({e}): libumbp needs the run-time libraries it was built "
+                          "with: liburcu, libnuma, hwloc (Debian 12: apt-get install liburcu8 libnuma1 libhwloc15), "
+                          "and cudart where CUDA was found at build time; install them, or build umbp on this "
+                          "machine (bash scripts/setup.sh, then pip install . in its repository)") from e
         check_abi(handle)
         declare(handle, _SIGS)
         _lib = handle

