@@ -83,7 +83,7 @@ def _():
             assert SV[e].get("depends_on", {}).get(d), f"{e} must start after {d}"
 
 
-@check("shm_size on the namespace's owner, at least the pool's capacity default")
+@check("shm_size on the namespace's owner, at least the pool's capacity default, and set with it")
 def _():
     d = SV[daemon_name()]
     if d.get("ipc") == "host":
@@ -91,7 +91,11 @@ def _():
     cmd = d["command"]
     cap = cmd[cmd.index("--capacity") + 1]
     default = cap.split(":-")[1].rstrip("}") if ":-" in cap else cap
-    assert size(d["shm_size"]) > size(default.replace("GiB", "g").replace("MiB", "m")), (d["shm_size"], default)
+    shm = default_of(d["shm_size"])
+    assert size(shm) > size(default.replace("GiB", "g").replace("MiB", "m")), (d["shm_size"], default)
+    if ":-" in cap:  # a capacity from the environment needs a /dev/shm size from it too
+        assert str(d["shm_size"]).startswith("${") and ":-" in str(d["shm_size"]), \
+            f"--capacity is {cap} but shm_size is fixed at {d['shm_size']}: a larger capacity cannot be created"
 
 
 @check("cap_add SYS_NICE (mbind/set_mempolicy under Docker's seccomp profile) on daemon and engines")
