@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,6 +281,14 @@ static const char *size_usage =
     "  umbp size --model-config config.json --tp 8 --kv-dtype fp8 --tokens 4000000\n"
     "  umbp size --model-config config.json --tp 8 --pool kv\n";
 
+/* a x b, or ULLONG_MAX when the product does not fit: a config.json's fields
+ * are any positive JSON integers, and a wrapped product would pass the 4 GiB
+ * check as a small block, or be 0 (a division by zero below). */
+static unsigned long long mul_sat(unsigned long long a, unsigned long long b) {
+  unsigned long long r;
+  return __builtin_mul_overflow(a, b, &r) ? ULLONG_MAX : r;
+}
+
 static int parse_pos(const char *opt, const char *s, long long lo, long long hi, long long *out) {
   char *end;
   errno = 0;
@@ -362,7 +371,10 @@ int cmd_size(int argc, char **argv) {
   long long hpr = 0;
   unsigned long long obj;
   if (m.mla) {
-    obj = (unsigned long long)m.layers * (unsigned long long)bs * (unsigned long long)(m.kv_lora_rank + m.qk_rope) * eb;
+    /* each field is at most LLONG_MAX, so their sum fits 64 unsigned bits */
+    obj = mul_sat(mul_sat(mul_sat((unsigned long long)m.layers, (unsigned long long)bs),
+                          (unsigned long long)m.kv_lora_rank + (unsigned long long)m.qk_rope),
+                  eb);
   } else {
     /* vLLM shards the KV heads evenly, or replicates each head over
      * tp / kv_heads ranks; any other tp fails in vLLM (a truncated
@@ -373,14 +385,20 @@ int cmd_size(int argc, char **argv) {
                                      "use a --tp that divides %lld or is a multiple of it",
                              tp, m.kv_heads, m.kv_heads);
     hpr = m.kv_heads / tp > 0 ? m.kv_heads / tp : 1;
-    obj = (unsigned long long)m.layers * 2ull * (unsigned long long)bs * (unsigned long long)hpr *
-          (unsigned long long)m.head_dim * eb;
+    obj = mul_sat(mul_sat(mul_sat(mul_sat(mul_sat((unsigned long long)m.layers, 2), (unsigned long long)bs),
+                                  (unsigned long long)hpr),
+                          (unsigned long long)m.head_dim),
+                  eb);
   }
   if (obj > (1ull << 32)) {
     char a[32];
+    if (obj == ULLONG_MAX)
+      snprintf(a, sizeof a, "over 16 EiB");
+    else
+      cli_fmt_size(obj, a, sizeof a);
     return cli_usage_error("size", "a block of %lld tokens is %s per rank, over the 4 GiB a slot can hold: use a "
-                                   "smaller --block-size",
-                           bs, cli_fmt_size(obj, a, sizeof a));
+                                   "smaller --block-size, or check %s's num_hidden_layers (%lld) and %s",
+                           bs, a, cfg, m.layers, m.mla ? "kv_lora_rank + qk_rope_head_dim" : "head_dim");
   }
   uint64_t slot = (obj + 4095) / 4096 * 4096;
   uint64_t per_gib = (1ull << 30) / slot;

@@ -228,6 +228,22 @@ def _():
     assert rc == 2 and "over the 16777215 one pool holds" in err and not out, (rc, out, err)
 
 
+@check("config fields whose product passes 2^64: refused as over 4 GiB, not wrapped to a small block or a crash")
+def _():
+    # 2^61 layers x 2 x 4 tokens x 1 head x 1 x 4 bytes = 2^66: wrapped to 0, then a division by zero (SIGFPE)
+    zero = write("wrap0.json", {"num_hidden_layers": 1 << 61, "num_attention_heads": 1, "head_dim": 1})
+    # (2^62 + 1) x 2 x 4 x 1 x 1 x 2 = 2^66 + 16: wrapped to a 16-byte block
+    small = write("wrap16.json", {"num_hidden_layers": (1 << 62) + 1, "num_attention_heads": 1, "head_dim": 1})
+    # MLA: (2^63 - 1) + (2^63 - 1) overflowed a signed sum
+    mla = write("wrapmla.json", {"num_hidden_layers": 1, "kv_lora_rank": (1 << 63) - 1,
+                                 "qk_rope_head_dim": (1 << 63) - 1})
+    for cfg, args in ((zero, ["--block-size", "4", "--kv-dtype", "float32"]),
+                      (small, ["--block-size", "4", "--kv-dtype", "float16"]), (mla, [])):
+        rc, out, err = umbp("size", "--model-config", cfg, "--json", *args)
+        assert rc == 2 and "over the 4 GiB a slot can hold" in err and "over 16 EiB" in err, (cfg, rc, out, err)
+        assert cfg in err and out == "", (cfg, out, err)
+
+
 def cleanup():
     subprocess.run([TOOL, "pool", "destroy", POOL, "--force"], capture_output=True)
 
