@@ -94,8 +94,8 @@ enum umbp_topo_load_flags {
  *            unknown bits;
  *   -ENOENT  the XML file does not exist;
  *   -EACCES  the XML file cannot be read;
- *   -EBADMSG hwloc could not parse the XML file, or the topology has no PU
- *            or no NUMA node;
+ *   -EBADMSG hwloc could not parse the XML file, the file nests elements
+ *            over 128 deep, or the topology has no PU or no NUMA node;
  *   -ENOMEM  out of memory;
  *   other negative errno from hwloc.
  * Any thread. Does not print (hwloc's XML diagnostics are off unless the

@@ -733,6 +733,59 @@ static int read_xml_file(const char *path, char **ret_xml, size_t *ret_len) {
   return 0;
 }
 
+/* Deepest element nesting a topology XML may have. hwloc's importer recurses
+ * once per nested element, with no bound of its own: 20000 nested Groups
+ * overflow an 8 MiB stack (SIGSEGV, lstopo included). A real export nests 5
+ * to 9 deep (../shared/data/topologies); Groups, dies, caches and PCI bridges
+ * of the largest machines stay well under 128, which costs hwloc well under
+ * 100 KiB of stack, fine for any thread. */
+#define TOPO_MAX_XML_DEPTH 128u
+
+/* The deepest element nesting of the XML text s[0..len), counted without
+ * parsing: "<name" opens an element unless its tag ends in "/>", "</" closes
+ * one; comments, CDATA, declarations and processing instructions are skipped,
+ * and a '>' inside a quoted attribute value does not end a tag. Stops at the
+ * first level beyond max and returns it. A file this misreads is one hwloc
+ * refuses anyway; the count only has to bound what hwloc recurses into. */
+static unsigned xml_depth(const char *s, size_t len, unsigned max) {
+  const char *p = s, *end = s + len;
+  unsigned depth = 0, deepest = 0;
+  while (p < end && (p = memchr(p, '<', (size_t)(end - p)))) {
+    p++;
+    if (p < end && *p == '/') {
+      if (depth) depth--;
+      continue;
+    }
+    if (p < end && (*p == '!' || *p == '?')) {
+      const char *close = (size_t)(end - p) >= 3 && !memcmp(p, "!--", 3)        ? "-->"
+                          : (size_t)(end - p) >= 8 && !memcmp(p, "![CDATA[", 8) ? "]]>"
+                                                                                 : ">";
+      p = memmem(p, (size_t)(end - p), close, strlen(close));
+      if (!p) break;
+      p += strlen(close);
+      continue;
+    }
+    char quote = 0;
+    const char *t = p;
+    for (; t < end; t++) {
+      if (quote) {
+        if (*t == quote) quote = 0;
+      } else if (*t == '"' || *t == '\'') {
+        quote = *t;
+      } else if (*t == '>') {
+        break;
+      }
+    }
+    if (t == end) break;
+    if (t[-1] != '/' && ++depth > deepest) {
+      deepest = depth;
+      if (deepest > max) break;
+    }
+    p = t + 1;
+  }
+  return deepest;
+}
+
 UMBP_API int umbp_topo_load(const char *xml_path, unsigned flags, umbp_topo **ret_topo) {
   if (!ret_topo) return umbp_fail(-EINVAL, "umbp_topo_load: ret_topo is NULL");
   if (xml_path && !*xml_path)
@@ -744,6 +797,13 @@ UMBP_API int umbp_topo_load(const char *xml_path, unsigned flags, umbp_topo **re
   if (xml_path) {
     int rc = read_xml_file(xml_path, &xml, &xml_len);
     if (rc < 0) return rc;
+    if (xml_depth(xml, xml_len, TOPO_MAX_XML_DEPTH) > TOPO_MAX_XML_DEPTH) {
+      free(xml);
+      return umbp_fail(-EBADMSG,
+                       "topology file '%s' nests its elements more than %u deep (a real machine's export "
+                       "nests under 20): the file is corrupted or was not made by hwloc; re-export it with "
+                       "'lstopo-no-graphics --of xml FILE'", xml_path, TOPO_MAX_XML_DEPTH);
+    }
   }
   umbp_topo *t = calloc(1, sizeof *t);
   if (!t) {

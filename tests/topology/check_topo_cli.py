@@ -286,6 +286,25 @@ def _():
     finally:
         os.unlink(bad)
 
+@check("an XML nested 20000 deep is refused, naming the file (hwloc's importer overflowed the stack)")
+def _():
+    sets = 'cpuset="0x1" complete_cpuset="0x1" nodeset="0x1" complete_nodeset="0x1"'
+    levels = 20000
+    body = ('<?xml version="1.0" encoding="UTF-8"?>\n<topology version="2.0">\n'
+            f'<object type="Machine" os_index="0" {sets}>\n'
+            f'<object type="NUMANode" os_index="0" {sets} local_memory="1073741824"/>\n'
+            + f'<object type="Group" {sets}>\n' * levels + f'<object type="PU" os_index="0" {sets}/>\n'
+            + '</object>\n' * levels + '</object>\n</topology>\n')
+    bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-deep-{os.getpid()}.xml")
+    with open(bad, "w") as f:
+        f.write(body)
+    try:
+        rc, out, err = run("--xml", bad)
+        assert rc == 1 and "nests its elements more than" in err and bad in err and out == "", (rc, err[-400:])
+    finally:
+        os.unlink(bad)
+
+
 def main():
     if not TOOL or not os.access(TOOL, os.X_OK):
         print("1..0 # SKIP UMBP_TOOL is not set to the umbp binary")

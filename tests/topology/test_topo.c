@@ -347,6 +347,49 @@ static void test_crafted_os_indexes(void **state) {
   }
 }
 
+/* A file of one PU and one node inside `levels` nested Groups. */
+static void write_nested(char *path, int levels) {
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  assert_non_null(f);
+  static const char *const set = "cpuset=\"0x1\" complete_cpuset=\"0x1\" nodeset=\"0x1\" complete_nodeset=\"0x1\"";
+  fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE topology SYSTEM \"hwloc2.dtd\">\n"
+             "<topology version=\"2.0\">\n<object type=\"Machine\" os_index=\"0\" %s allowed_cpuset=\"0x1\" "
+             "allowed_nodeset=\"0x1\">\n<object type=\"NUMANode\" os_index=\"0\" %s local_memory=\"1073741824\"/>\n",
+          set, set);
+  for (int i = 0; i < levels; i++) fprintf(f, "<object type=\"Group\" %s>\n", set);
+  fprintf(f, "<object type=\"PU\" os_index=\"0\" %s/>\n", set);
+  for (int i = 0; i < levels; i++) fputs("</object>\n", f);
+  fputs("</object>\n</topology>\n", f);
+  assert_int_equal(fclose(f), 0);
+}
+
+/* hwloc's XML importer recurses once per nested element with no bound: 20000
+ * nested Groups overflowed the stack (SIGSEGV). Refused before hwloc sees
+ * them; a hundred levels, already far more than a real machine, still load. */
+static void test_deep_nesting(void **state) {
+  (void)state;
+  char path[] = "/tmp/umbp-topo-deep-XXXXXX";
+  write_nested(path, 20000);
+  umbp_topo *t = NULL;
+  int rc = umbp_topo_load(path, 0, &t);
+  if (rc != -EBADMSG) print_message("rc %d (%s)\n", rc, umbp_last_error());
+  if (rc == 0) umbp_topo_free(t);
+  assert_int_equal(rc, -EBADMSG);
+  assert_non_null(strstr(umbp_last_error(), "nests its elements more than"));
+  assert_non_null(strstr(umbp_last_error(), path));
+  unlink(path);
+  char ok[] = "/tmp/umbp-topo-nested-XXXXXX";
+  write_nested(ok, 100);
+  rc = umbp_topo_load(ok, 0, &t);
+  if (rc != 0) print_message("rc %d (%s)\n", rc, umbp_last_error());
+  assert_int_equal(rc, 0);
+  assert_int_equal(umbp_topo_pu_count(t), 1);
+  umbp_topo_free(t);
+  unlink(ok);
+}
+
 static void test_null_and_ranges(void **state) {
   (void)state;
   umbp_topo_free(NULL);
@@ -508,6 +551,7 @@ int main(void) {
       cmocka_unit_test(test_null_and_ranges),
       cmocka_unit_test(test_apply_refuses_xml),
       cmocka_unit_test(test_crafted_os_indexes),
+      cmocka_unit_test(test_deep_nesting),
       cmocka_unit_test(test_apply_live),
   };
   return cmocka_run_group_tests_name("topo", tests, NULL, NULL);
