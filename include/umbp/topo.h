@@ -95,7 +95,8 @@ enum umbp_topo_load_flags {
  *   -ENOENT  the XML file does not exist;
  *   -EACCES  the XML file cannot be read;
  *   -EBADMSG hwloc could not parse the XML file, the file nests elements
- *            over 128 deep, or the topology has no PU or no NUMA node;
+ *            over 128 deep, or the topology has no PU, no NUMA node or more
+ *            than UMBP_TOPO_MAX_RANKS GPUs;
  *   -ENOMEM  out of memory;
  *   other negative errno from hwloc.
  * Any thread. Does not print (hwloc's XML diagnostics are off unless the

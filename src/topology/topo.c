@@ -558,6 +558,16 @@ static int gpus_from_osdevs(umbp_topo *t) {
   qsort(cu, (size_t)ncu, sizeof *cu, cmp_osdev_ref);
   qsort(nv, (size_t)nnv, sizeof *nv, cmp_osdev_ref);
   if (ncu + nnv == 0) goto out;
+  /* The default plan is one rank per GPU, and a plan has at most
+   * UMBP_TOPO_MAX_RANKS ranks; the planner's cost grows with the square of
+   * the rank count. No machine has that many GPUs. */
+  if (ncu + nnv > UMBP_TOPO_MAX_RANKS) {
+    rc = umbp_fail(-EBADMSG, "topology of %s has %d GPUs (CUDA/NVML OS devices), more than the %d ranks a plan "
+                             "can have: the file is corrupted or was not made by hwloc; re-export it with "
+                             "'lstopo-no-graphics --of xml FILE'",
+                   t->source, ncu + nnv, UMBP_TOPO_MAX_RANKS);
+    goto out;
+  }
   rc = gpus_grow(t, ncu + nnv);
   if (rc < 0) goto out;
   for (int i = 0; i < ncu + nnv; i++) {

@@ -305,6 +305,36 @@ def _():
         os.unlink(bad)
 
 
+@check("an XML with more GPUs than a plan has ranks is refused (one rank per GPU went past 4096, quadratic)")
+def _():
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "unplaced-gpu.xml")) as f:
+        fixture = f.read()
+    anchor = '<object type="OSDev" gp_index="32" name="cuda0" subtype="CUDA" osdev_type="5"/>'
+    assert anchor in fixture
+
+    def with_gpus(extra):
+        # extra CUDA OS devices beside cuda0 (2 + extra GPUs in all)
+        devs = "".join(f'<object type="OSDev" name="cuda{i}" subtype="CUDA" osdev_type="5"/>\n'
+                       for i in range(2, 2 + extra))
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-gpus{extra}-{os.getpid()}.xml")
+        with open(path, "w") as f:
+            f.write(fixture.replace(anchor, anchor + "\n" + devs))
+        return path
+
+    bad, ok = with_gpus(4095), with_gpus(4094)
+    try:
+        rc, out, err = run("--xml", bad)
+        assert rc == 1 and "4097 GPUs" in err and "more than the 4096 ranks" in err and bad in err, (rc, err[-400:])
+        assert out == "", out[:200]
+        # 4096 GPUs: the default plan's 4096 ranks, one per GPU
+        d = topo_json("--xml", ok)
+        assert len(d["machine"]["gpus"]) == 4096 and len(d["plan"]["ranks"]) == 4096
+    finally:
+        os.unlink(bad)
+        os.unlink(ok)
+
+
 def main():
     if not TOOL or not os.access(TOOL, os.X_OK):
         print("1..0 # SKIP UMBP_TOOL is not set to the umbp binary")
