@@ -848,6 +848,10 @@ UMBP_API int umbp_topo_load(const char *xml_path, unsigned flags, umbp_topo **re
    * (GPUs, NICs, storage and the bridges above them). */
   hwloc_topology_set_io_types_filter(t->hw, xml_path ? HWLOC_TYPE_FILTER_KEEP_ALL
                                                      : HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  /* hwloc fails some loads (a topology without a NUMA node) without setting
+   * errno: clear it, so that a value left by an earlier call (ENOENT) is not
+   * reported as the cause */
+  errno = 0;
   if (hwloc_topology_load(t->hw) < 0) {
     int e = errno;
     if (xml_path)

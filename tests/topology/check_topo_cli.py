@@ -335,6 +335,24 @@ def _():
         os.unlink(ok)
 
 
+@check("an XML without a NUMA node: exit 1 naming the file, not a stale errno ('No such file or directory')")
+def _():
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "unplaced-gpu.xml")) as f:
+        fixture = f.read()
+    body = re.sub(r'<object type="NUMANode"[^>]*>\s*<page_type[^>]*/>\s*</object>\s*', "", fixture)
+    assert "NUMANode" not in body
+    bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-nonuma-{os.getpid()}.xml")
+    with open(bad, "w") as f:
+        f.write(body)
+    try:
+        rc, out, err = run("--xml", bad)
+        assert rc == 1 and f"could not parse '{bad}'" in err and out == "", (rc, err)
+        assert "No such file" not in err, err
+    finally:
+        os.unlink(bad)
+
+
 def main():
     if not TOOL or not os.access(TOOL, os.X_OK):
         print("1..0 # SKIP UMBP_TOOL is not set to the umbp binary")
