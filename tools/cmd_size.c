@@ -51,7 +51,8 @@
 
 /* ---- the model's config.json -------------------------------------------- */
 /* The fields umbp size needs; mla when kv_lora_rank and qk_rope_head_dim are
- * both present (then heads, kv_heads and head_dim are 0). */
+ * both present (then kv_heads and head_dim are 0, and heads is 0 when the
+ * config does not give num_attention_heads). */
 struct model {
   char name[128];
   long long layers, heads, kv_heads, head_dim, hidden, kv_lora_rank, qk_rope;
@@ -190,6 +191,10 @@ static int model_config_read(const char *path, struct model *m, char *err, size_
     goto out;
   }
   m->mla = lr > 0 && qr > 0;
+  if (m->mla && get_int(o, "num_attention_heads", &m->heads) < 0) {
+    snprintf(err, errn, bad, path, "num_attention_heads");
+    goto out;
+  }
   if (!m->mla) {
     if ((g = get_int(o, "num_attention_heads", &m->heads)) <= 0) {
       snprintf(err, errn, g ? bad : missing, path, "num_attention_heads", g ? "" : " (the number of attention heads)");
@@ -249,8 +254,9 @@ static const char *size_usage =
     "                       kv_lora_rank, qk_rope_head_dim, torch_dtype; in\n"
     "                       text_config when the file has one (multimodal models).\n"
     "  --tp N               tensor-parallel ranks (default 1). As in vLLM, N must\n"
-    "                       divide num_key_value_heads or be a multiple of it\n"
-    "                       (then each KV head is replicated on N / heads ranks).\n"
+    "                       divide num_attention_heads, and divide\n"
+    "                       num_key_value_heads or be a multiple of it (then\n"
+    "                       each KV head is replicated on N / heads ranks).\n"
     "                       The replay line is printed only where 'umbp replay'\n"
     "                       takes it (--tp 1 to 32, a shard of at most 1 GiB).\n"
     "  --block-size T       tokens per block: vLLM's --block-size (default 16).\n"
@@ -390,6 +396,12 @@ int cmd_size(int argc, char **argv) {
                           (unsigned long long)m.head_dim),
                   eb);
   }
+  /* vLLM splits the attention (query) heads evenly over the ranks, MLA
+   * models included, and refuses a tp that does not divide them */
+  if (m.heads && m.heads % tp)
+    return cli_usage_error("size", "--tp %lld does not divide the model's %lld attention heads: vLLM needs "
+                                   "num_attention_heads %% tp == 0; use a --tp that divides %lld",
+                           tp, m.heads, m.heads);
   if (obj > (1ull << 32)) {
     char a[32];
     if (obj == ULLONG_MAX)

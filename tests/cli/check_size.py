@@ -143,7 +143,8 @@ def _():
 
 @check("the replay line is one umbp replay takes: none beyond its 32 ranks, with the reason")
 def _():
-    rc, out, err = umbp("size", "--model-config", LL, "--tp", "64")
+    # DeepSeek-V3's 128 attention heads split over 64 ranks (Llama-3-8B's 32 would not)
+    rc, out, err = umbp("size", "--model-config", DS, "--tp", "64")
     assert rc == 0, err
     assert "umbp replay TRACE" not in out and "replay       none: umbp replay runs 1 to 32 ranks" in out, out
     rc, out, err = umbp("size", "--model-config", LL, "--tp", "32")
@@ -156,8 +157,8 @@ def _():
     # a shard over replay's 1 GiB (16384-token blocks: 2 GiB at tp 1)
     rc, out, err = umbp("size", "--model-config", LL, "--block-size", "16384")
     assert rc == 0 and "replay       none:" in out and "over the 1 GiB" in out, (rc, out, err)
-    # MLA is the same on every rank: any tp is valid
-    assert size_json(DS, "--tp", "3")["block_bytes_per_rank"] == 1124352
+    # MLA is the same on every rank: any tp vLLM takes (one that divides the 128 attention heads)
+    assert size_json(DS, "--tp", "4")["block_bytes_per_rank"] == 1124352
 
 
 @check("a full stdout: exit 1 naming the failed write, never a silent success")
@@ -194,6 +195,10 @@ def _():
         # vLLM needs kv_heads % tp == 0 or tp % kv_heads == 0 (8 KV heads: 3 gave a truncated "2 per rank")
         (["--model-config", LL, "--tp", "3"], 2, "--tp 3 does not divide the model's 8 KV heads"),
         (["--model-config", LL, "--tp", "12"], 2, "--tp 12 does not divide the model's 8 KV heads"),
+        # vLLM also needs num_attention_heads % tp == 0, MLA models included: 32 % 64 and 128 % 3 are refused
+        # there ("Total number of attention heads (32) must be divisible by tensor parallel size (64)")
+        (["--model-config", LL, "--tp", "64"], 2, "--tp 64 does not divide the model's 32 attention heads"),
+        (["--model-config", DS, "--tp", "3"], 2, "--tp 3 does not divide the model's 128 attention heads"),
     ]
     for args, want, words in cases:
         rc, out, err = umbp("size", *args)
@@ -222,8 +227,10 @@ def _():
     assert d["capacity_rounded_bytes"] // d["slot_size"] == 16777215, d
     rc, out, err = umbp("size", "--model-config", LL, "--tokens", "268435441")
     assert rc == 2 and "16777216 slots" in err and "at most 268435440" in err and not out, (rc, out, err)
-    # 2^40 tokens x 16 KiB x 4096 ranks is 2^66 bytes: it used to wrap to "--capacity 0"
-    rc, out, err = umbp("size", "--model-config", LL, "--tp", "4096", "--block-size", "1", "--tokens",
+    # 2^40 tokens x 16 KiB x 4096 ranks is 2^66 bytes: it used to wrap to "--capacity 0" (Llama-3-8B's
+    # shape with 4096 attention heads, so that vLLM would take tp 4096: 32 x 2 x 1 x 1 x 128 x 2 = 16 KiB)
+    wide = write("wide.json", dict(LLAMA3_8B, num_attention_heads=4096, head_dim=128))
+    rc, out, err = umbp("size", "--model-config", wide, "--tp", "4096", "--block-size", "1", "--tokens",
                         str(1 << 40))
     assert rc == 2 and "over the 16777215 one pool holds" in err and not out, (rc, out, err)
 
