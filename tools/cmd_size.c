@@ -347,6 +347,7 @@ int cmd_size(int argc, char **argv) {
   }
   if (optind < argc) return cli_usage_error("size", "unexpected argument '%s'", argv[optind]);
   if (!cfg) return cli_usage_error("size", "--model-config FILE is required: the model's config.json");
+  if (!*cfg) return cli_usage_error("size", "--model-config needs a file name: the path of the model's config.json");
   if (pool && umbp_pool_name_valid(pool)) return cli_usage_error("size", "--pool: %s", umbp_last_error());
 
   struct model m;

@@ -186,6 +186,8 @@ def _():
         (["--model-config", LL, "--block-size", "x"], 2, "--block-size 'x'"),
         (["--model-config", LL, "--kv-dtype", "int4"], 2, "--kv-dtype 'int4'"),
         (["--tp", "8"], 2, "--model-config FILE is required"),
+        # an empty name is a usage error, not "cannot read --model-config : No such file" (exit 1)
+        (["--model-config", ""], 2, "--model-config needs a file name"),
         (["--model-config", LL, "--pool", "bad/name"], 2, "--pool"),
         (["--model-config", LL, "--pool", "no-such-pool-size-xyz"], 1, "cannot read pool 'no-such-pool-size-xyz'"),
         # a directory, a device, a huge file: named as such, not "not JSON ... near end of file"
