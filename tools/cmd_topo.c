@@ -446,8 +446,9 @@ int cmd_topo(int argc, char **argv) {
     if (ngpu_list <= 0) {
       free(gpu_list);
       return cli_usage_error("topo",
-                             "--gpus wants a comma-separated list of GPU indexes, one per rank, "
-                             "such as 0,1,2,3 (got '%s')", gpus_arg);
+                             "--gpus wants a comma-separated list of GPU indexes (0 to 65535), one per "
+                             "rank and at most %d, such as 0,1,2,3 (got '%.64s%s')",
+                             UMBP_TOPO_MAX_RANKS, gpus_arg, strlen(gpus_arg) > 64 ? "..." : "");
     }
   }
 

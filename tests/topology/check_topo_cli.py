@@ -229,7 +229,9 @@ def _():
              (["--threads-per-rank", "0"], "--threads-per-rank"), (["--mempolicy", "x"], "policy"),
              (["--bogus"], "unknown option"), (["--xml"], "needs a value"), (["stray"], "unexpected"),
              (["--xml", ""], "--xml needs a file name"), (["--json=1"], "'--json' takes no value"),
-             (["--help=x"], "'--help' takes no value")]
+             (["--help=x"], "'--help' takes no value"),
+             # one entry more than a plan has ranks: the limit is named, the 8 KB list not echoed whole
+             (["--gpus", ",".join(["0"] * 4097)], "at most 4096, such as 0,1,2,3 (got '0,0,")]
     if have_data:
         cases.append((["--xml", xml("power8gpudistances.xml"), "--gpus", "0,7"], "GPU 7"))
         cases.append((["--xml", xml("24em64t-2n6c2t-pci.xml"), "--gpus", "0"], "no CUDA GPU"))
