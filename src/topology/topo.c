@@ -1058,12 +1058,6 @@ static int order_physical_first(const umbp_topo *t, hwloc_const_bitmap_t set, in
   return n;
 }
 
-static bool has_cpu(const struct prank *r, int pu) {
-  for (int i = 0; i < r->ncpus; i++)
-    if (r->cpus[i] == pu) return true;
-  return false;
-}
-
 static const char *gpu_name(const umbp_topo *t, int g) { return g >= 0 ? t->gpus[g].info.name : "no GPU"; }
 
 /* Choose each rank's partition node (pass 2 of the design note). */
@@ -1153,6 +1147,18 @@ static int plan_candidates(umbp_topo_plan *p) {
   return 0;
 }
 
+/* A candidate PU of a rank that shares: how many ranks hold it, its position
+ * in physical-first order, and the PU (a position in topo->pus). */
+struct share_key {
+  int use, pos, pu;
+};
+
+static int cmp_share_key(const void *a, const void *b) {
+  const struct share_key *x = a, *y = b;
+  if (x->use != y->use) return (x->use > y->use) - (x->use < y->use);
+  return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
 /* Pass 3: PUs per rank. use[k] counts ranks holding t->pus[k]. */
 static int plan_cpus(umbp_topo_plan *p, int *use, int *order, int *cores) {
   const umbp_topo *t = p->topo;
@@ -1212,23 +1218,37 @@ static int plan_cpus(umbp_topo_plan *p, int *use, int *order, int *cores) {
       }
     }
   }
-  /* C: share, least-used PUs first, once every group has had its free PUs. */
+  /* C: share, least-used PUs first, once every group has had its free PUs.
+   * Picked one at a time, a rank's next PU is the least-used one of C it does
+   * not hold yet, the first in physical-first order among equals; a pick
+   * changes only the count of the PU picked, which the rank then holds. So
+   * the picks are the rank's missing PUs taken from C sorted once by (use,
+   * position in that order): |C| log |C| per rank, not K x |C|. held[k] ==
+   * i + 1 marks t->pus[k] as rank i's already. */
+  int *held = calloc((size_t)t->npus, sizeof *held);
+  struct share_key *keys = malloc((size_t)t->npus * sizeof *keys);
+  if (!held || !keys) {
+    free(held);
+    free(keys);
+    free(members);
+    return -ENOMEM;
+  }
   for (int i = 0; i < p->nranks; i++) {
     struct prank *r = &p->r[i];
     if (r->ncpus >= K) continue;
-    int norder = order_physical_first(t, r->cand, order);
-    while (r->ncpus < K) {
-      int best = -1;
-      for (int q = 0; q < norder; q++) {
-        int k = order[q];
-        if (has_cpu(r, k)) continue;
-        if (best < 0 || use[k] < use[best]) best = k;
-      }
-      if (best < 0) break;
-      r->cpus[r->ncpus++] = best;
-      use[best]++;
+    for (int c = 0; c < r->ncpus; c++) held[r->cpus[c]] = i + 1;
+    int norder = order_physical_first(t, r->cand, order), nkeys = 0;
+    for (int q = 0; q < norder; q++)
+      if (held[order[q]] != i + 1) keys[nkeys++] = (struct share_key){use[order[q]], q, order[q]};
+    qsort(keys, (size_t)nkeys, sizeof *keys, cmp_share_key);
+    for (int j = 0; j < nkeys && r->ncpus < K; j++) {
+      r->cpus[r->ncpus++] = keys[j].pu;
+      held[keys[j].pu] = i + 1;
+      use[keys[j].pu]++;
     }
   }
+  free(keys);
+  free(held);
   free(members);
   return 0;
 }

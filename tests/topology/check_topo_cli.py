@@ -355,6 +355,48 @@ def _():
         os.unlink(bad)
 
 
+def bitmap(bits):
+    """hwloc's bitmap syntax: 32-bit words, most significant first, zero words empty."""
+    words = [0] * (max(bits) // 32 + 1)
+    for b in bits:
+        words[b // 32] |= 1 << (b % 32)
+    return ",".join(f"0x{w:08x}" if w else "" for w in reversed(words))
+
+
+@check("many ranks of many copy threads on a 2048-PU node: planned in seconds")
+def _():
+    npus = 2048
+    every, node = bitmap(range(npus)), 'nodeset="0x1" complete_nodeset="0x1"'
+    body = ['<?xml version="1.0" encoding="UTF-8"?>\n<topology version="2.0">\n',
+            f'<object type="Machine" os_index="0" cpuset="{every}" complete_cpuset="{every}" {node}>\n',
+            f'<object type="Package" os_index="0" cpuset="{every}" complete_cpuset="{every}" {node}>\n',
+            f'<object type="NUMANode" os_index="0" cpuset="{every}" complete_cpuset="{every}" {node} '
+            'local_memory="1073741824"/>\n']
+    for c in range(npus // 2):
+        pair = bitmap([2 * c, 2 * c + 1])
+        body.append(f'<object type="Core" os_index="{c}" cpuset="{pair}" complete_cpuset="{pair}" {node}>')
+        for pu in (2 * c, 2 * c + 1):
+            one = bitmap([pu])
+            body.append(f'<object type="PU" os_index="{pu}" cpuset="{one}" complete_cpuset="{one}" {node}/>')
+        body.append("</object>\n")
+    body.append("</object>\n</object>\n</topology>\n")
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-wide-{os.getpid()}.xml")
+    with open(path, "w") as f:
+        f.write("".join(body))
+    try:
+        # 64 ranks x 1024 threads want 32 times the PUs there are: each rank shares, picking its least-used PUs
+        # one at a time; the picks must cost no more than sorting the candidates once, not a pass over the rank's
+        # PUs per candidate per pick (K x |C| x K per rank)
+        p = subprocess.run([TOOL, "topo", "--xml", path, "--ranks", "64", "--threads-per-rank", "1024", "--json"],
+                           capture_output=True, text=True, timeout=30, env=ENV)
+        assert p.returncode == 0, p.stderr[-400:]
+        ranks = json.loads(p.stdout)["plan"]["ranks"]
+        assert len(ranks) == 64 and all(len(r["cpus"]) == 1024 and r["shared_cpus"] for r in ranks)
+        assert all(len(set(r["cpus"])) == 1024 for r in ranks)
+    finally:
+        os.unlink(path)
+
+
 def main():
     if not TOOL or not os.access(TOOL, os.X_OK):
         print("1..0 # SKIP UMBP_TOOL is not set to the umbp binary")
