@@ -83,7 +83,10 @@ enum umbp_topo_load_flags {
  * (cudaDeviceGetPCIBusId), so GPU i is CUDA device i as this process sees
  * it, CUDA_VISIBLE_DEVICES included. When the runtime reports no device (no
  * driver, no GPU), GPUs come from the topology's CUDA/NVML OS devices and a
- * note says so.
+ * note says so. When hwloc's HWLOC_XMLFILE variable is set (and neither
+ * HWLOC_FSROOT nor HWLOC_SYNTHETIC, which hwloc prefers), hwloc loads that
+ * file instead of discovering: it is read and checked as an xml_path is,
+ * its errors are returned as an xml_path's are, and a note names it.
  * xml_path non-NULL: an hwloc XML export (`lstopo-no-graphics --of xml`), for
  * tests and offline planning; the CUDA runtime is never asked, GPUs are the
  * file's CUDA OS devices (cudaN, in N order), else its NVML ones.

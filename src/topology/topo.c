@@ -802,18 +802,35 @@ UMBP_API int umbp_topo_load(const char *xml_path, unsigned flags, umbp_topo **re
     return umbp_fail(-EINVAL, "umbp_topo_load: empty XML path (pass NULL for this machine)");
   if (flags & ~(unsigned)UMBP_TOPO_LOAD_NO_CUDA)
     return umbp_fail(-EINVAL, "umbp_topo_load: unknown flags 0x%x", flags);
+  /* For this machine hwloc loads the file HWLOC_XMLFILE names instead of
+   * discovering (administrators set it to skip a slow discovery; HWLOC_FSROOT
+   * and HWLOC_SYNTHETIC win over it). That file is read here as an --xml one
+   * is, bounded and checked, so that a wrong one gets the same errors, not a
+   * hang (/dev/zero) or a crash (deep nesting) inside hwloc. */
+  const char *env_xml = NULL;
+  if (!xml_path) {
+    const char *e = getenv("HWLOC_XMLFILE");
+    if (e && *e && !getenv("HWLOC_FSROOT") && !getenv("HWLOC_SYNTHETIC")) env_xml = e;
+  }
+  const char *file = xml_path ? xml_path : env_xml;
   char *xml = NULL;
   size_t xml_len = 0;
-  if (xml_path) {
-    int rc = read_xml_file(xml_path, &xml, &xml_len);
-    if (rc < 0) return rc;
-    if (xml_depth(xml, xml_len, TOPO_MAX_XML_DEPTH) > TOPO_MAX_XML_DEPTH) {
+  if (file) {
+    int rc = read_xml_file(file, &xml, &xml_len);
+    if (rc == 0 && xml_depth(xml, xml_len, TOPO_MAX_XML_DEPTH) > TOPO_MAX_XML_DEPTH) {
       free(xml);
-      return umbp_fail(-EBADMSG,
-                       "topology file '%s' nests its elements more than %u deep (a real machine's export "
-                       "nests under 20): the file is corrupted or was not made by hwloc; re-export it with "
-                       "'lstopo-no-graphics --of xml FILE'", xml_path, TOPO_MAX_XML_DEPTH);
+      rc = umbp_fail(-EBADMSG,
+                     "topology file '%s' nests its elements more than %u deep (a real machine's export "
+                     "nests under 20): the file is corrupted or was not made by hwloc; re-export it with "
+                     "'lstopo-no-graphics --of xml FILE'", file, TOPO_MAX_XML_DEPTH);
     }
+    if (rc < 0 && env_xml) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", umbp_last_error());
+      return umbp_fail(rc, "HWLOC_XMLFILE (hwloc's variable, set in this environment) names a topology file "
+                           "hwloc cannot use: %s; or unset HWLOC_XMLFILE to discover this machine", why);
+    }
+    if (rc < 0) return rc;
   }
   umbp_topo *t = calloc(1, sizeof *t);
   if (!t) {
@@ -836,14 +853,18 @@ UMBP_API int umbp_topo_load(const char *xml_path, unsigned flags, umbp_topo **re
   /* the bytes read above, not the path: hwloc would read the path again,
    * unbounded, and whatever it is now (size includes the NUL, as hwloc's own
    * export gives it) */
-  if (xml_path && hwloc_topology_set_xmlbuffer(t->hw, xml, (int)xml_len + 1) < 0) {
+  if (file && hwloc_topology_set_xmlbuffer(t->hw, xml, (int)xml_len + 1) < 0) {
     int e = errno ? errno : EINVAL;
     rc = umbp_fail(e == ENOSYS ? -ENOSYS : -EBADMSG,
-                   "hwloc cannot use '%s' as a topology XML (%s): check that it is an hwloc XML "
+                   "hwloc cannot use '%s'%s as a topology XML (%s): check that it is an hwloc XML "
                    "export ('lstopo-no-graphics --of xml FILE'); HWLOC_XML_VERBOSE=1 shows "
-                   "hwloc's reason", xml_path, strerror(e));
+                   "hwloc's reason", file, env_xml ? " (HWLOC_XMLFILE)" : "", strerror(e));
     goto fail;
   }
+  if (env_xml)
+    sl_addf(&t->notes, &t->oom,
+            "this machine's topology is the file HWLOC_XMLFILE names (%s), not discovered: it is "
+            "right only if it was exported on this machine; unset HWLOC_XMLFILE to discover", env_xml);
   /* XML: keep every I/O object the file holds. Live: the important ones
    * (GPUs, NICs, storage and the bridges above them). */
   hwloc_topology_set_io_types_filter(t->hw, xml_path ? HWLOC_TYPE_FILTER_KEEP_ALL
@@ -854,11 +875,11 @@ UMBP_API int umbp_topo_load(const char *xml_path, unsigned flags, umbp_topo **re
   errno = 0;
   if (hwloc_topology_load(t->hw) < 0) {
     int e = errno;
-    if (xml_path)
+    if (file)
       rc = umbp_fail(-EBADMSG,
-                     "hwloc could not parse '%s' as a topology XML (%s): re-export it with "
+                     "hwloc could not parse '%s'%s as a topology XML (%s): re-export it with "
                      "'lstopo-no-graphics --of xml FILE', or set HWLOC_XML_VERBOSE=1 to see "
-                     "hwloc's reason", xml_path, e ? strerror(e) : "invalid content");
+                     "hwloc's reason", file, env_xml ? " (HWLOC_XMLFILE)" : "", e ? strerror(e) : "invalid content");
     else
       rc = umbp_fail(e ? -e : -EIO, "hwloc could not read this machine's topology: %s",
                      strerror(e ? e : EIO));

@@ -397,6 +397,27 @@ def _():
         os.unlink(path)
 
 
+@check("HWLOC_XMLFILE (hwloc loads it for this machine) is read and checked as --xml is, and named")
+def _():
+    def live(value):
+        env = dict(ENV, HWLOC_XMLFILE=value)
+        env.pop("HWLOC_FSROOT", None)
+        env.pop("HWLOC_SYNTHETIC", None)
+        p = subprocess.run([TOOL, "topo", "--json"], capture_output=True, text=True, timeout=20, env=env)
+        return p.returncode, p.stdout, p.stderr
+    # /dev/zero: hwloc read it until memory ran out
+    rc, out, err = live("/dev/zero")
+    assert rc == 1 and "HWLOC_XMLFILE" in err and "'/dev/zero' is a character device" in err and out == "", err
+    rc, out, err = live("/nonexistent/topo.xml")
+    assert rc == 1 and "HWLOC_XMLFILE" in err and "does not exist" in err and out == "", err
+    # a good file is still this machine's topology, with a note that says where it came from
+    fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unplaced-gpu.xml")
+    rc, out, err = live(fixture)
+    assert rc == 0, err
+    m, _ = check_schema(json.loads(out))
+    assert m["live"] and len(m["gpus"]) == 2 and any("HWLOC_XMLFILE" in n and fixture in n for n in m["notes"])
+
+
 def main():
     if not TOOL or not os.access(TOOL, os.X_OK):
         print("1..0 # SKIP UMBP_TOOL is not set to the umbp binary")
