@@ -5,6 +5,7 @@ values computed by hand below (the arithmetic is written out, so a change of
 formula in tools/cmd_size.c fails here), and the errors for bad input."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -255,6 +256,7 @@ def _():
 
 def cleanup():
     subprocess.run([TOOL, "pool", "destroy", POOL, "--force"], capture_output=True)
+    shutil.rmtree(TMP, ignore_errors=True)
 
 
 rc = taplib.run(checks)
