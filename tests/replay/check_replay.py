@@ -239,6 +239,49 @@ def _():
     assert not segments(p.pid), segments(p.pid)
 
 
+@check("a worker stopped before a request larger than its pipe: --reply-timeout and SIGINT still end the wait")
+def _():
+    # request 2 has 20000 ids (160 KB), more than a pipe holds: the scheduler's write of it to a stopped
+    # worker blocked in write(), past --reply-timeout, SIGINT and SIGTERM
+    n = 20000
+    path = write("pipe-full.jsonl", [{"timestamp": 3000 * r, "input_length": n, "output_length": 1,
+                                      "hash_ids": list(range(r * n, (r + 1) * n))} for r in range(3)])
+    for how in ("timeout", "sigint"):
+        args = [TOOL, "replay", path, "--block-tokens", "1", "--tp", "2", "--speed", "1"]
+        if how == "timeout":
+            args += ["--reply-timeout", "3"]
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        workers = []
+        try:
+            for _ in range(400):
+                with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+                    workers = [int(x) for x in f.read().split()]
+                if len(workers) == 2 and segments(p.pid):
+                    break
+                time.sleep(0.05)
+            assert len(workers) == 2, workers
+            time.sleep(1.0)  # request 1 is done; request 2 starts 3 s after it
+            os.kill(workers[1], signal.SIGSTOP)
+            if how == "sigint":
+                time.sleep(4.5)
+                p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=30)
+        finally:
+            p.kill()
+            for w in workers:
+                try:
+                    os.kill(w, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if how == "timeout":
+            assert p.returncode == 1, f"exit {p.returncode}: {err}"
+            assert f"worker rank 1 (pid {workers[1]}, state T, stopped" in err and "no reply for 3 s" in err, err
+        else:
+            assert p.returncode == 130 and "interrupted by SIGINT" in err, f"exit {p.returncode}: {err}"
+        assert not segments(p.pid), segments(p.pid)
+    os.unlink(path)
+
+
 @check("SIGINT: exit 130, workers reaped, pool removed")
 def _():
     p = start_slow()

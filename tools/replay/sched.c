@@ -47,17 +47,6 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int write_full(int fd, const void *buf, size_t n) {
-  size_t put = 0;
-  while (put < n) {
-    ssize_t r = write(fd, (const char *)buf + put, n - put);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return -1;
-    put += (size_t)r;
-  }
-  return 0;
-}
-
 /* 0 full, 1 EOF (the worker is gone), -1 error */
 static int read_full(int fd, void *buf, size_t n) {
   size_t got = 0;
@@ -124,6 +113,7 @@ static int spawn_worker(struct run *r, unsigned rank) {
   }
   close(to[0]);
   close(from[1]);
+  fcntl(to[1], F_SETFL, O_NONBLOCK); /* send_msg bounds its wait on a worker that reads nothing */
   r->w[rank].pid = pid;
   r->w[rank].to = to[1];
   r->w[rank].from = from[0];
@@ -152,19 +142,6 @@ static void report_dead(struct run *r, unsigned rank, const char *when) {
             when, r->name);
 }
 
-/* Send one message to worker rank. 0, or 1 after reporting a dead worker. */
-static int send_msg(struct run *r, unsigned rank, uint32_t type, uint64_t seq, uint32_t n, const uint64_t *ids) {
-  struct rp_msg m = {.type = type, .n = n, .seq = seq};
-  size_t hdr = sizeof m;
-  memcpy(r->msgbuf, &m, hdr);
-  if (n) memcpy((char *)r->msgbuf + hdr, ids, (size_t)n * sizeof *ids);
-  if (write_full(r->w[rank].to, r->msgbuf, hdr + (size_t)n * sizeof *ids) == 0) return 0;
-  char when[96];
-  snprintf(when, sizeof when, "after %zu of %zu requests", r->done, r->t->n);
-  report_dead(r, rank, when);
-  return 1;
-}
-
 static uint64_t mono_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -185,6 +162,62 @@ static void proc_state(pid_t pid, char *out, size_t n) {
                      : c == 'D' ? "in uninterruptible sleep" : c == 'R' ? "running" : c == 'S' ? "sleeping"
                      : c == 'Z' ? "a zombie" : "in an unknown state";
   snprintf(out, n, "%c, %s", c, what);
+}
+
+/* Worker rank has not answered (taken a message or sent a reply) for
+ * waited_ns: name it with its pid and /proc state on stderr, as the error
+ * that ends the replay when over, else as a note. */
+static void note_slow(const struct run *r, unsigned rank, uint64_t waited_ns, unsigned limit_s, bool over) {
+  char st[96];
+  proc_state(r->w[rank].pid, st, sizeof st);
+  if (over)
+    cli_error("replay: worker rank %u (pid %d, state %s) sent no reply for %u s during request %zu of %zu; "
+              "stopping the replay and removing pool '%s' (resume a stopped worker with 'kill -CONT %d', or "
+              "allow more time with --reply-timeout)", rank, (int)r->w[rank].pid, st, limit_s, r->done + 1,
+              r->t->n, r->name, (int)r->w[rank].pid);
+  else
+    fprintf(stderr, "umbp replay: waiting %.0f s for worker rank %u (pid %d, state %s); giving up after %u s\n",
+            (double)waited_ns / 1e9, rank, (int)r->w[rank].pid, st, limit_s);
+}
+
+/* Send one message to worker rank. 0, 1 after reporting a dead or silent
+ * worker, or 128+signal. The pipe is non-blocking: a message longer than the
+ * pipe's buffer (a request of over 8192 ids) waits for the worker to read
+ * it, and a worker that is stopped or hung must not hold the scheduler
+ * beyond --reply-timeout or past a SIGINT/SIGTERM, as a wait for its reply
+ * does not (wait_replies). */
+static int send_msg(struct run *r, unsigned rank, uint32_t type, uint64_t seq, uint32_t n, const uint64_t *ids) {
+  struct rp_msg m = {.type = type, .n = n, .seq = seq};
+  size_t hdr = sizeof m, len = hdr + (size_t)n * sizeof *ids, put = 0;
+  memcpy(r->msgbuf, &m, hdr);
+  if (n) memcpy((char *)r->msgbuf + hdr, ids, (size_t)n * sizeof *ids);
+  unsigned limit_s = r->cfg->worker_timeout_s ? r->cfg->worker_timeout_s : RP_WORKER_TIMEOUT_DEFAULT_S;
+  uint64_t t0 = mono_ns(), next_note = t0 + RP_WAIT_NOTE_S * 1000000000ull;
+  while (put < len) {
+    ssize_t w = write(r->w[rank].to, (const char *)r->msgbuf + put, len - put);
+    if (w > 0) {
+      put += (size_t)w;
+      continue;
+    }
+    if (w < 0 && errno != EINTR && errno != EAGAIN) break; /* EPIPE: the worker is gone */
+    if (g_sig) return 128 + g_sig;
+    uint64_t now = mono_ns();
+    if (now - t0 >= (uint64_t)limit_s * 1000000000ull) {
+      note_slow(r, rank, now - t0, limit_s, true);
+      return 1;
+    }
+    if (now >= next_note) {
+      note_slow(r, rank, now - t0, limit_s, false);
+      next_note = now + RP_WAIT_NOTE_S * 1000000000ull;
+    }
+    struct pollfd pf = {.fd = r->w[rank].to, .events = POLLOUT};
+    poll(&pf, 1, REPLY_POLL_MS);
+  }
+  if (put == len) return 0;
+  char when[96];
+  snprintf(when, sizeof when, "after %zu of %zu requests", r->done, r->t->n);
+  report_dead(r, rank, when);
+  return 1;
 }
 
 /* Wait for one reply from every rank in [lo, hi). 0, 1 (error reported), or
@@ -208,17 +241,8 @@ static int wait_replies(struct run *r, unsigned lo, unsigned hi, uint32_t type, 
       bool over = now - t0 >= (uint64_t)limit_s * 1000000000ull;
       for (unsigned i = lo; i < hi; i++) {
         if (!pending[i]) continue;
-        char st[96];
-        proc_state(r->w[i].pid, st, sizeof st);
-        if (over) {
-          cli_error("replay: worker rank %u (pid %d, state %s) sent no reply for %u s during request %zu of %zu; "
-                    "stopping the replay and removing pool '%s' (resume a stopped worker with 'kill -CONT %d', or "
-                    "allow more time with --reply-timeout)", i, (int)r->w[i].pid, st, limit_s, r->done + 1,
-                    r->t->n, r->name, (int)r->w[i].pid);
-          return 1;
-        }
-        fprintf(stderr, "umbp replay: waiting %.0f s for worker rank %u (pid %d, state %s); giving up after %u s\n",
-                (double)(now - t0) / 1e9, i, (int)r->w[i].pid, st, limit_s);
+        note_slow(r, i, now - t0, limit_s, over);
+        if (over) return 1;
       }
       next_note = now + RP_WAIT_NOTE_S * 1000000000ull;
       if (next_note > t0 + (uint64_t)limit_s * 1000000000ull) next_note = t0 + (uint64_t)limit_s * 1000000000ull;
