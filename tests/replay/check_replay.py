@@ -282,6 +282,21 @@ def _():
     os.unlink(path)
 
 
+@check("--speed: a delay beyond 2^64 ns is waited for (clamped to 2^63 ns), and SIGINT ends it")
+def _():
+    r = {"input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}
+    for ts, speed in ((1e20, "1"), (10000, "1e-300")):
+        path = write("late.jsonl", [dict(r, timestamp=0), dict(r, timestamp=ts)])
+        p = subprocess.Popen([TOOL, "replay", path, "--speed", speed], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(2)
+        assert p.poll() is None, f"--speed {speed}, timestamp {ts}: exited {p.returncode} without waiting"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 130 and "after 1 of 2 requests" in err, (ts, speed, p.returncode, err)
+        assert not segments(p.pid), segments(p.pid)
+
+
 @check("SIGINT: exit 130, workers reaped, pool removed")
 def _():
     p = start_slow()

@@ -540,8 +540,11 @@ int rp_run(const struct rp_config *cfg, const struct trace *t, uint64_t capacity
     }
     const struct trace_req *q = &t->req[i];
     if (cfg->speed > 0) {
-      double dt = (q->timestamp_ms - ts0) / cfg->speed;
-      if (dt > 0) sleep_until(t0 + (uint64_t)(dt * 1e6));
+      /* a delay past the range of uint64_t (a timestamp of 1e20 ms, --speed
+       * 1e-300) is clamped to 2^63 ns: converting it would be undefined, and
+       * wrapped to 0 on x86, replaying the rest of the trace unpaced */
+      double dt_ns = (q->timestamp_ms - ts0) / cfg->speed * 1e6;
+      if (dt_ns > 0) sleep_until(t0 + (dt_ns < 0x1p63 ? (uint64_t)dt_ns : 1ull << 63));
     }
     uint64_t a = now_ns();
     uint32_t hit;
