@@ -98,6 +98,10 @@ static const struct {
     {"{\"x\": 1e, \"input_length\": 5}", "column 8: invalid token near '1e'"},
     {"{\"x\": [1, 2,], \"input_length\": 5}", "column 13: unexpected token near ']'"},
     {"{\"timestamp\": -1, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "timestamp must be"},
+    /* a sum of output lengths must not wrap: 2^32 tokens at most */
+    {"{\"input_length\": 5, \"output_length\": 9223372036854775807, \"hash_ids\": [1]}",
+     "output_length must be at most 4294967296 tokens, found 9223372036854775807"},
+    {"{\"input_length\": 5, \"output_length\": 4294967297, \"hash_ids\": [1]}", "output_length must be at most"},
     {"{\"timestamp\": \"now\"}", "timestamp must be a number"},
     /* numbers beyond jansson's int64/double, swapped for placeholders (trace.c) */
     {"{\"timestamp\": 1e400, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}",

@@ -226,6 +226,9 @@ static int read_request(struct trace *t, const struct bigs *b, json_t *o, unsign
   if ((in && get_u64(b, in, "input_length", &r->input_len, err, errlen)) ||
       (out && get_u64(b, out, "output_length", &r->output_len, err, errlen)))
     return -EINVAL;
+  if (out && r->output_len > TRACE_MAX_OUTPUT_TOKENS)
+    return fail(err, errlen, "output_length must be at most %llu tokens, found %llu",
+                (unsigned long long)TRACE_MAX_OUTPUT_TOKENS, (unsigned long long)r->output_len);
   if (ids && !json_is_array(ids))
     return fail(err, errlen, "hash_ids must be an array of block ids, found %s", value_what(b, ids, buf, sizeof buf));
   if (json_array_size(ids) > TRACE_MAX_IDS_PER_REQ)

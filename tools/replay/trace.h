@@ -39,6 +39,12 @@ struct trace {
 /* Limits that keep a hostile trace from exhausting memory. */
 #define TRACE_MAX_IDS_PER_REQ (1u << 20)
 #define TRACE_MAX_DEPTH 64
+/* Largest output_length (tokens). The replay sums output lengths into 64 bits;
+ * a request's input_length is bounded by its ids, but nothing bounds
+ * output_length, and two lines of 2^63 tokens would wrap the sum to 0. 2^32
+ * tokens per request keeps the sum exact for any trace that fits in memory
+ * (2^32 requests of 40 bytes each). */
+#define TRACE_MAX_OUTPUT_TOKENS (1ull << 32)
 /* Longest line trace_load reads, its newline excluded. A real trace's lines
  * are a few KB (the longest of Mooncake's synthetic trace is 2,698 bytes); the
  * longest a request can legally be is TRACE_MAX_IDS_PER_REQ ids of 20 digits
