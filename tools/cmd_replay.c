@@ -5,6 +5,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,6 +231,35 @@ static void out_drop(struct out_file *o) {
   fclose(o->f);
   o->f = NULL;
   if (o->regular) unlink(o->path);
+}
+
+/* The regular --plot and --csv files to remove when SIGINT or SIGTERM ends
+ * the command outside a run (while the trace is read, between the steps of a
+ * sweep): rp_run() catches both during a run, and a run that fails drops the
+ * files, so a signal leaves no empty file either. */
+static const char *volatile g_drop[2];
+
+static void on_fatal_signal(int sig) {
+  for (int i = 0; i < 2; i++)
+    if (g_drop[i]) unlink(g_drop[i]);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* Catch SIGINT and SIGTERM to remove o's files; a signal the caller ignores
+ * stays ignored. */
+static void drop_on_signal(const struct out_file *plot, const struct out_file *csv) {
+  g_drop[0] = plot->f && plot->regular ? plot->path : NULL;
+  g_drop[1] = csv->f && csv->regular ? csv->path : NULL;
+  if (!g_drop[0] && !g_drop[1]) return;
+  const int sigs[] = {SIGINT, SIGTERM};
+  for (int i = 0; i < 2; i++) {
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
+  }
 }
 
 static void drop_outputs(struct out_file *plot, struct out_file *csv) {
@@ -697,6 +727,7 @@ int cmd_replay(int argc, char **argv) {
     drop_outputs(&plot, &csvo);
     return CLI_RUNTIME;
   }
+  drop_on_signal(&plot, &csvo);
 
   /* the workload */
   struct trace t;
@@ -785,6 +816,8 @@ int cmd_replay(int argc, char **argv) {
     drop_outputs(&plot, &csvo);
     return rc;
   }
+
+  g_drop[0] = g_drop[1] = NULL; /* the files are written now, and then complete */
 
   /* the curve: the capacity reaching 95% of the unbounded ratio, the files */
   struct curve_point pts[SWEEP_MAX + 1];

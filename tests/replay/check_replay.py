@@ -297,6 +297,32 @@ def _():
         assert not segments(p.pid), segments(p.pid)
 
 
+@check("SIGINT/SIGTERM while the trace is read: no empty --plot or --csv file left")
+def _():
+    fifo = os.path.join(TMP, "slow.fifo")
+    svg, csvp = os.path.join(TMP, "sig.svg"), os.path.join(TMP, "sig.csv")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        os.mkfifo(fifo)
+        wfd = os.open(fifo, os.O_RDWR)  # a writer that keeps the trace open: the read waits for more
+        try:
+            os.write(wfd, (json.dumps(SMALL[0]) + "\n").encode())
+            p = subprocess.Popen([TOOL, "replay", fifo, "--capacity-sweep", "1MiB,2MiB", "--plot", svg,
+                                  "--csv", csvp], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(200):
+                if os.path.exists(svg) and os.path.exists(csvp):
+                    break
+                time.sleep(0.05)
+            time.sleep(0.3)
+            assert p.poll() is None, f"exit {p.returncode}: {p.stderr.read()}"
+            p.send_signal(sig)
+            p.communicate(timeout=30)
+        finally:
+            os.close(wfd)
+            os.unlink(fifo)
+        assert p.returncode == -sig, (sig, p.returncode)
+        assert not os.path.exists(svg) and not os.path.exists(csvp), (sig, "an empty output file is left")
+
+
 @check("SIGINT: exit 130, workers reaped, pool removed")
 def _():
     p = start_slow()
