@@ -498,6 +498,31 @@ def _():
     assert p.returncode == 0 and json.loads(p.stdout)["requests"] == len(SMALL), (p.returncode, p.stderr)
 
 
+@check("--plot: a trace path that is not UTF-8, or cut in a character by the title's bound, gives well-formed XML")
+def _():
+    import xml.etree.ElementTree as ET
+    tmp = TMP.encode()
+    bad = os.path.join(tmp, b"dir-\xff\xfe", b"t.jsonl")
+    # the title keeps 299 bytes of "PATH (tp ...)": a run of 2-byte characters that starts at an even
+    # distance before byte 298 has a character cut in half there
+    base = len(tmp) + 1
+    a = next(a for a in range(1, 300) if (298 - (base + a + 1)) % 2 == 0 and 0 <= 298 - (base + a + 1) < 238)
+    cut = os.path.join(tmp, b"x" * a, ("\u00e9" * 120).encode(), b"t.jsonl")
+    assert cut[298:299] == b"\xc3", cut[290:300]
+    for path in (bad, cut):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(write("small.jsonl", SMALL), "rb") as src, open(path, "wb") as dst:
+            dst.write(src.read())
+        svg = os.path.join(TMP, "name.svg")
+        p = subprocess.run([TOOL, "replay", path, "--capacity-sweep", "1MiB,2MiB", "--plot", svg],
+                           capture_output=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        root = ET.parse(svg).getroot()  # raises on bytes that are not UTF-8
+        title = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text") if "capacity:" in (t.text or "")]
+        assert len(title) == 1 and ("dir-??" in title[0] if path is bad else "\u00e9\u00e9" in title[0]), title
+        os.unlink(path)
+
+
 @check("a failed write of --plot, --csv or stdout: exit 1, no success line, no device removed")
 def _():
     sweep = [*GEN, "--capacity-sweep", "1MiB,2MiB"]

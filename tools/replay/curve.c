@@ -24,6 +24,30 @@ int curve_knee(const struct curve_point *pts, unsigned n, double frac, double *r
   return 0;
 }
 
+/* Length (2..4) of the well-formed UTF-8 sequence of a character XML 1.0
+ * allows at s, or 0. The title holds the trace's path, and a file name is
+ * bytes: one that is not UTF-8, or a character cut by the title's bound,
+ * would make the SVG (declared UTF-8) not well-formed. */
+static int utf8_len(const unsigned char *s) {
+  unsigned c = s[0], cp, min;
+  int n;
+  if ((c & 0xe0) == 0xc0) {
+    n = 2, cp = c & 0x1f, min = 0x80;
+  } else if ((c & 0xf0) == 0xe0) {
+    n = 3, cp = c & 0x0f, min = 0x800;
+  } else if ((c & 0xf8) == 0xf0) {
+    n = 4, cp = c & 0x07, min = 0x10000;
+  } else {
+    return 0;
+  }
+  for (int i = 1; i < n; i++) {
+    if ((s[i] & 0xc0) != 0x80) return 0; /* also stops at the terminating NUL */
+    cp = cp << 6 | (s[i] & 0x3f);
+  }
+  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || cp == 0xfffe || cp == 0xffff) return 0;
+  return n;
+}
+
 static void xml_text(FILE *f, const char *s) {
   for (; *s; s++) {
     switch (*s) {
@@ -32,7 +56,17 @@ static void xml_text(FILE *f, const char *s) {
     case '>': fputs("&gt;", f); break;
     case '"': fputs("&quot;", f); break;
     default:
-      if ((unsigned char)*s >= 0x20 || *s == '\t') fputc(*s, f); /* XML 1.0 refuses other controls */
+      if ((unsigned char)*s >= 0x80) { /* a byte that is not UTF-8 becomes '?' */
+        int n = utf8_len((const unsigned char *)s);
+        if (n) {
+          fwrite(s, 1, (size_t)n, f);
+          s += n - 1;
+        } else {
+          fputc('?', f);
+        }
+      } else if ((unsigned char)*s >= 0x20 || *s == '\t') {
+        fputc(*s, f); /* XML 1.0 refuses other controls */
+      }
     }
   }
 }
