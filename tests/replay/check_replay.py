@@ -648,6 +648,10 @@ def _():
     import re
     for opt in sorted(set(re.findall(r"^  (--[a-z-]+)", out, re.M))):
         assert f"`{opt}" in doc, f"{opt} is in --help but not in docs/replay.md"
+    # and every exit status it lists ("Exit status: 0 done; 1 ...; 3 a SIGBUS ...; 130 / 143 ...")
+    status = out.split("Exit status:")[1].split("\n\n")[0]
+    for code in re.findall(r"(?:^ |; |\n)(\d+(?: / \d+)?) ", status):
+        assert f"\n| {code} |" in doc, f"exit status {code} is in --help but not in docs/replay.md"
 
 
 @check("synthetic Mooncake trace, unbounded: the paper's Table 2")
