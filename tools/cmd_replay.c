@@ -617,11 +617,15 @@ static int capacities(const struct replay_opts *o, uint64_t *caps, bool *unb, un
                              cli_fmt_size(caps[i], a, sizeof a), (unsigned long long)(caps[i] / o->cfg.slot_size),
                              cli_fmt_size(o->cfg.slot_size, b, sizeof b), CLI_MAX_SLOTS,
                              cli_fmt_size_arg(max_slots_capacity(o->cfg.slot_size), c, sizeof c));
-    } else if (!unb[i] && caps[i] / o->cfg.slot_size < o->cfg.tp) {
+    } else if (!unb[i] && caps[i] / o->cfg.slot_size < (o->cfg.tp < 2 ? 2 : o->cfg.tp)) {
+      /* a pool needs two slots per partition (umbp_layout_compute): refused
+       * here, naming the option, rather than by the pool after the trace is
+       * read and earlier steps of a sweep have run */
       char a[32], b[32];
-      return cli_usage_error("replay", "capacity %s holds %llu slots of %s: at least %u (one per rank) are needed",
+      return cli_usage_error("replay", "%s: capacity %s holds %llu slots of %s, and a pool needs %u (one per rank, "
+                             "and at least 2): use a larger capacity", o->sweep_arg ? "--capacity-sweep" : "--capacity",
                              cli_fmt_size(caps[i], a, sizeof a), (unsigned long long)(caps[i] / o->cfg.slot_size),
-                             cli_fmt_size(o->cfg.slot_size, b, sizeof b), o->cfg.tp);
+                             cli_fmt_size(o->cfg.slot_size, b, sizeof b), o->cfg.tp < 2 ? 2 : o->cfg.tp);
     }
   *ret_n = ncap;
   return -1;

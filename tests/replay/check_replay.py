@@ -553,7 +553,10 @@ BAD_ARGS = [
     (["--tp", "0"], "--tp '0'"),
     (["--tp", "x"], "--tp"),
     (["--capacity", "lots"], "--capacity 'lots'"),
-    (["--capacity", "4KiB", "--tp", "2"], "at least 2"),
+    (["--capacity", "4KiB", "--tp", "2"], "a pool needs 2"),
+    # a pool needs 2 slots: refused before the trace is read, naming the sweep's entry, not --capacity
+    (["--capacity", "64KiB"], "--capacity: capacity 64 KiB holds 1 slots of 64 KiB, and a pool needs 2"),
+    (["--capacity-sweep", "1MiB,64KiB"], "--capacity-sweep: capacity 64 KiB holds 1 slots of 64 KiB, and a pool needs 2"),
     (["--capacity", "1GiB", "--unbounded"], "exclude each other"),
     (["--capacity-sweep", "1GiB,"], "ends with a comma"),
     (["--capacity-sweep", "1GiB,,2GiB"], "--capacity-sweep"),
