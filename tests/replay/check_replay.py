@@ -323,6 +323,45 @@ def _():
         assert not os.path.exists(svg) and not os.path.exists(csvp), (sig, "an empty output file is left")
 
 
+@check("stdout or stderr closed: the pool and the --plot file never become fd 1 or 2")
+def _():
+    # were fd 2 left closed, the pool's segment would be opened as fd 2 and a note on stderr would overwrite its header
+    for fd in (1, 2):
+        p = subprocess.Popen([TOOL, "replay", "--generate", "chat", "--conversations", "40", "--tp", "2",
+                              "--speed", "1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, preexec_fn=lambda fd=fd: os.close(fd))
+        try:
+            for _ in range(200):
+                if segments(p.pid):
+                    break
+                time.sleep(0.05)
+            seg = segments(p.pid)
+            if fd == 1:  # a closed stdout fails after the setup line, before any run
+                assert p.wait(timeout=30) == 1 and not seg, (p.returncode, seg)
+                continue
+            assert seg, "pool never appeared"
+            target = os.readlink(f"/proc/{p.pid}/fd/{fd}")
+            assert target == "/dev/null", f"fd {fd} of the scheduler is {target}"
+            with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+                for w in f.read().split():
+                    target = os.readlink(f"/proc/{w}/fd/{fd}")
+                    assert target == "/dev/null", f"fd {fd} of worker {w} is {target}"
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=30) == 143, p.returncode
+            assert not segments(p.pid), segments(p.pid)
+        finally:
+            p.kill()
+            p.wait()
+    svg = os.path.join(TMP, "closed.svg")
+    p = subprocess.run([TOOL, "replay", write("small.jsonl", SMALL), "--capacity-sweep", "1MiB,2MiB", "--plot", svg],
+                       stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.close(1),
+                       timeout=120)
+    assert p.returncode == 1, p.returncode
+    if os.path.exists(svg):  # the summary written into the picture
+        with open(svg, "rb") as f:
+            assert f.read(5) == b"<?xml", "the text summary went into the --plot file"
+
+
 @check("SIGINT: exit 130, workers reaped, pool removed")
 def _():
     p = start_slow()
