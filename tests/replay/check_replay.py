@@ -362,6 +362,37 @@ def _():
             assert f.read(5) == b"<?xml", "the text summary went into the --plot file"
 
 
+@check("a worker stopped when the replay ends: named with its state, exit 1, no segment left")
+def _():
+    # request 2 has no whole block, so no worker hears of it: the next message is the goodbye
+    path = write("ends.jsonl", [{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]},
+                                {"timestamp": 2000, "input_length": 10, "output_length": 1, "hash_ids": [3]}])
+    p = subprocess.Popen([TOOL, "replay", path, "--tp", "2", "--speed", "1"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    workers = []
+    try:
+        for _ in range(200):
+            with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+                workers = [int(x) for x in f.read().split()]
+            if len(workers) == 2 and segments(p.pid):
+                break
+            time.sleep(0.05)
+        assert len(workers) == 2, workers
+        time.sleep(0.8)
+        os.kill(workers[1], signal.SIGSTOP)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        for w in workers:
+            try:
+                os.kill(w, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert p.returncode == 1, f"exit {p.returncode}: {err}"
+    assert f"worker rank 1 (pid {workers[1]}, state T, stopped" in err and "did not exit within 10 s" in err, err
+    assert not segments(p.pid), segments(p.pid)
+
+
 @check("SIGINT: exit 130, workers reaped, pool removed")
 def _():
     p = start_slow()

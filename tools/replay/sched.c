@@ -478,6 +478,12 @@ static int stop_workers(struct run *r) {
       r->w[i].pid = 0;
       cli_error("replay: worker rank %u did not finish cleanly (status 0x%x)", i, (unsigned)st);
       rc = 1;
+    } else if (got == 0) { /* stopped or hung: rp_run's cleanup kills it */
+      char state[96];
+      proc_state(r->w[i].pid, state, sizeof state);
+      cli_error("replay: worker rank %u (pid %d, state %s) did not exit within %d s of the end of the replay; "
+                "killing it", i, (int)r->w[i].pid, state, (int)(QUIT_WAIT_POLLS * (REAP_POLL_NS / 1000000) / 1000));
+      rc = 1;
     }
   }
   return rc;
