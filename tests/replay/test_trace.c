@@ -369,6 +369,21 @@ static void test_load(void **state) {
   assert_int_equal(trace_load(path, 512, &t, err, sizeof err), 0);
   assert_int_equal(t.n, 2);
   trace_free(&t);
+
+  trace_init(&t); /* a UTF-8 byte order mark before the first line is skipped, nowhere else */
+  f = fopen(path, "w");
+  fprintf(f, "\xef\xbb\xbf%s\r\n%s\n", obj, obj);
+  fclose(f);
+  assert_int_equal(trace_load(path, 512, &t, err, sizeof err), 0);
+  assert_int_equal(t.n, 2);
+  trace_free(&t);
+  trace_init(&t);
+  f = fopen(path, "w");
+  fprintf(f, "%s\n\xef\xbb\xbf%s\n", obj, obj);
+  fclose(f);
+  assert_int_equal(trace_load(path, 512, &t, err, sizeof err), -EINVAL);
+  assert_non_null(strstr(err, ":2: column 1: expected '{'"));
+  trace_free(&t);
   unlink(path);
 
   trace_init(&t);

@@ -353,9 +353,12 @@ int trace_load(const char *path, unsigned block_tokens, struct trace *t, char *e
   char msg[512];
   while ((l = read_line(f, &line, &cap, TRACE_MAX_LINE)) >= 0) {
     lineno++;
-    size_t len = (size_t)l;
+    size_t len = (size_t)l, skip = 0;
     while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
-    int r = trace_parse_line(t, line, len, block_tokens, msg, sizeof msg);
+    /* a UTF-8 byte order mark that an editor put before the first line:
+     * RFC 8259 lets a parser ignore it, and it is no part of the request */
+    if (lineno == 1 && len >= 3 && !memcmp(line, "\xef\xbb\xbf", 3)) skip = 3;
+    int r = trace_parse_line(t, line + skip, len - skip, block_tokens, msg, sizeof msg);
     if (r < 0) {
       snprintf(err, errlen, "%s:%lu: %s", path, lineno, msg);
       rc = r;
