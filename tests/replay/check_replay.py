@@ -14,6 +14,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -780,7 +781,10 @@ def main():
         todo = [r for r in results if r[1] is synthetic]
     else:
         todo = [r for r in results if r[1] is not synthetic]
-    return taplib.run(todo)
+    try:
+        return taplib.run(todo)
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)  # the traces, plots and FIFOs the checks wrote
 
 
 if __name__ == "__main__":
