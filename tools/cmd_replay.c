@@ -2,7 +2,6 @@
 /* umbp replay — replay a serving trace through a real pool with N worker
  * processes (tools/replay/ holds the parser, generator, scheduler, worker). */
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
@@ -707,22 +706,7 @@ static void report_sweep(const struct rp_config *cfg, const struct rp_result *re
   if (csv_path) printf("curve written to %s\n", csv_path);
 }
 
-/* Opens each of fds 0-2 that is closed (a caller's '2>&-') on /dev/null,
- * read-only, before anything else is opened: a write to it still fails as on
- * a closed fd (stdout_check names it), but the pool's segment, the trace or a
- * --plot file can no longer become standard output or error, where the
- * summary or a message would be written into it (over the pool's header,
- * which then cannot be destroyed). The workers inherit the three. */
-static void hold_std_fds(void) {
-  for (int fd = 0; fd <= 2; fd++)
-    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
-      int n = open("/dev/null", O_RDONLY); /* the lowest free fd: this one */
-      if (n > 2) close(n);
-    }
-}
-
 int cmd_replay(int argc, char **argv) {
-  hold_std_fds();
   if (argc >= 2 && !strcmp(argv[1], "--worker")) return rp_worker_main(argc, argv);
 
   struct replay_opts o;

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* umbp — one binary, one subcommand per area. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "cmd_tier.h"
@@ -46,7 +49,24 @@ static void usage(FILE *f) {
           umbp_version());
 }
 
+/* Opens each of fds 0-2 that is closed (a caller's '2>&-', a supervisor
+ * that closed them) on /dev/null, read-only, before anything else is opened:
+ * a write to it still fails as on a closed fd (cli_stdout_check() names it),
+ * but a pool's segment, a trace or an output file can no longer become
+ * standard output or error, where a message or the daemon's log would be
+ * written into it (over the pool's header: the pool is then refused and the
+ * daemon crashes). Child processes (replay's workers, the bench's) inherit
+ * the three. */
+static void hold_std_fds(void) {
+  for (int fd = 0; fd <= 2; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      int n = open("/dev/null", O_RDONLY); /* the lowest free fd: this one */
+      if (n > 2) close(n);
+    }
+}
+
 int main(int argc, char **argv) {
+  hold_std_fds();
   if (argc < 2) {
     usage(stderr);
     return CLI_USAGE;
