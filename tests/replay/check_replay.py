@@ -413,28 +413,6 @@ def _():
     assert not segments(p.pid)
 
 
-@check("SIGHUP or SIGQUIT to the whole process group (a terminal hung up, Ctrl-\\): no segment left")
-def _():
-    import resource
-    for sig, rc in ((signal.SIGHUP, 129), (signal.SIGQUIT, -signal.SIGQUIT)):
-        p = subprocess.Popen([TOOL, "replay", "--generate", "chat", "--conversations", "40", "--tp", "2",
-                              "--speed", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True,  # its own group, as a terminal's foreground job
-                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))  # no core file
-        for _ in range(200):
-            if segments(p.pid):
-                break
-            time.sleep(0.05)
-        time.sleep(0.5)
-        os.killpg(p.pid, sig)
-        out, err = p.communicate(timeout=30)
-        assert p.returncode == rc, f"{sig.name}: exit {p.returncode}: {err}"
-        end = time.monotonic() + 30  # SIGQUIT: the workers see their pipe close and remove the pool
-        while segments(p.pid) and time.monotonic() < end:
-            time.sleep(0.05)
-        assert not segments(p.pid), (sig.name, segments(p.pid))
-
-
 @check("scheduler killed by SIGKILL: the workers remove the pool")
 def _():
     p = start_slow()
