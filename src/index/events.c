@@ -545,6 +545,16 @@ UMBP_API void umbp_feed_opts_init(umbp_feed_opts *o) {
   o->start = UMBP_FEED_RESUME;
 }
 
+/* -EIDRM with a message if p's pool was destroyed while p stayed attached
+ * (its file has no name left): such a pool has no feed, and the feed file
+ * of that name may be a new pool's. 0 otherwise. */
+static int feed_pool_destroyed(umbp_pool *p) {
+  struct stat pst;
+  if (fstat(p->fd, &pst) || pst.st_nlink != 0) return 0;
+  return umbp_fail(-EIDRM, "pool '%s' was destroyed (umbp_pool_destroy) while this handle stayed attached: it "
+                           "has no feed; detach it, and attach the pool again if it was recreated", p->name);
+}
+
 UMBP_API int umbp_feed_open(umbp_pool *p, const char *name, const umbp_feed_opts *opts, umbp_feed **ret) {
   if (!p || !ret) return umbp_fail(-EINVAL, "umbp_feed_open: pool and ret_feed are required");
   int rc = feed_name_valid(name);
@@ -582,12 +592,7 @@ UMBP_API int umbp_feed_open(umbp_pool *p, const char *name, const umbp_feed_opts
    * its consumers never see their publishes) or, with no new pool, leave a
    * file nobody removes. (A destroy that starts after this check unlinks
    * the pool, then the feed: it removes the one made here.) */
-  struct stat pst;
-  if (!fstat(p->fd, &pst) && pst.st_nlink == 0) {
-    rc = umbp_fail(-EIDRM, "pool '%s' was destroyed (umbp_pool_destroy) while this handle stayed attached: it "
-                           "can have no feed; detach it, and attach the pool again if it was recreated", p->name);
-    goto fail;
-  }
+  if ((rc = feed_pool_destroyed(p))) goto fail;
   char shm[UMBP_NAME_MAX + 16];
   feed_shm_name(p->name, shm, sizeof shm);
   uint32_t gen = atomic_load_explicit(&p->hdr->feed_gen, memory_order_acquire);
@@ -813,10 +818,8 @@ UMBP_API int umbp_feed_info_get(umbp_pool *p, umbp_feed_info *ret) {
   /* A pool destroyed while this handle stayed attached has no feed; the file
    * of that name may be a new pool's, which the uuid check below would refuse
    * as "an earlier pool's" when the earlier pool is this one. */
-  struct stat pst;
-  if (!fstat(p->fd, &pst) && pst.st_nlink == 0)
-    return umbp_fail(-EIDRM, "pool '%s' was destroyed (umbp_pool_destroy) while this handle stayed attached: it "
-                             "has no feed; detach it, and attach the pool again if it was recreated", p->name);
+  int rc = feed_pool_destroyed(p);
+  if (rc) return rc;
   uint32_t gen = atomic_load_explicit(&p->hdr->feed_gen, memory_order_acquire);
   if (!gen) return umbp_fail(-ENOENT, "pool '%s' has no published-key feed (no consumer opened one)", p->name);
   char shm[UMBP_NAME_MAX + 16];
@@ -827,7 +830,7 @@ UMBP_API int umbp_feed_info_get(umbp_pool *p, umbp_feed_info *ret) {
     return umbp_fail(e == ENOENT ? -ENOENT : -e, "pool '%s': its feed /dev/shm%s: %s", p->name, shm, strerror(e));
   }
   struct umbp_feed_map m;
-  int rc = feed_map_fd(p, fd, PROT_READ, gen, &m);
+  rc = feed_map_fd(p, fd, PROT_READ, gen, &m);
   if (rc) {
     close(fd);
     return rc;
