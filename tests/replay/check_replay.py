@@ -50,6 +50,20 @@ def segments(pid):
     return glob.glob(f"/dev/shm/umbp.replay-{pid}-*")
 
 
+def wait_workers(p, tries):
+    """The scheduler p's worker pids once both run and its pool exists
+    (polled every 50 ms, `tries` times); asserts there are two."""
+    workers = []
+    for _ in range(tries):
+        with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+            workers = [int(x) for x in f.read().split()]
+        if len(workers) == 2 and segments(p.pid):
+            break
+        time.sleep(0.05)
+    assert len(workers) == 2, workers
+    return workers
+
+
 def write(name, lines):
     path = os.path.join(TMP, name)
     with open(path, "w") as f:
@@ -254,13 +268,7 @@ def _():
         p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         workers = []
         try:
-            for _ in range(400):
-                with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
-                    workers = [int(x) for x in f.read().split()]
-                if len(workers) == 2 and segments(p.pid):
-                    break
-                time.sleep(0.05)
-            assert len(workers) == 2, workers
+            workers = wait_workers(p, 400)
             time.sleep(1.0)  # request 1 is done; request 2 starts 3 s after it
             os.kill(workers[1], signal.SIGSTOP)
             if how == "sigint":
@@ -372,13 +380,7 @@ def _():
                          stderr=subprocess.PIPE, text=True)
     workers = []
     try:
-        for _ in range(200):
-            with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
-                workers = [int(x) for x in f.read().split()]
-            if len(workers) == 2 and segments(p.pid):
-                break
-            time.sleep(0.05)
-        assert len(workers) == 2, workers
+        workers = wait_workers(p, 200)
         time.sleep(0.8)
         os.kill(workers[1], signal.SIGSTOP)
         out, err = p.communicate(timeout=60)

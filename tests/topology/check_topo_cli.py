@@ -40,6 +40,18 @@ def run(*args):
     return p.returncode, p.stdout, p.stderr
 
 
+def run_on_xml(tag, body, *args):
+    """`umbp topo --xml FILE ARGS` on a temporary file holding body:
+    (rc, stdout, stderr, FILE); the file is removed."""
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-{tag}-{os.getpid()}.xml")
+    with open(path, "w") as f:
+        f.write(body)
+    try:
+        return (*run("--xml", path, *args), path)
+    finally:
+        os.unlink(path)
+
+
 def topo_json(*args):
     rc, out, err = run("--json", *args)
     assert rc == 0, f"exit {rc}: {err}"
@@ -246,14 +258,8 @@ def _():
 def _():
     rc, out, err = run("--xml", "/nonexistent/topo.xml")
     assert rc == 1 and "does not exist" in err and out == "", err
-    bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-bad-{os.getpid()}.xml")
-    with open(bad, "w") as f:
-        f.write("<topology version=\"2.0\"><object")
-    try:
-        rc, out, err = run("--xml", bad, "--json")
-        assert rc == 1 and bad in err and out == "", err
-    finally:
-        os.unlink(bad)
+    rc, out, err, bad = run_on_xml("bad", "<topology version=\"2.0\"><object", "--json")
+    assert rc == 1 and bad in err and out == "", err
 
 
 
@@ -278,15 +284,9 @@ def _():
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "unplaced-gpu.xml")) as f:
         body = re.sub(r'os_index="[0-9]+"', 'os_index="4294967295"', f.read())
-    bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-crafted-{os.getpid()}.xml")
-    with open(bad, "w") as f:
-        f.write(body)
-    try:
-        # (no ulimit -v here: ASan builds reserve terabytes of address space)
-        rc, out, err = run("--xml", bad, "--ranks", "64")
-        assert rc == 1 and "OS index 4294967295" in err and bad in err and out == "", (rc, err[-400:])
-    finally:
-        os.unlink(bad)
+    # (no ulimit -v here: ASan builds reserve terabytes of address space)
+    rc, out, err, bad = run_on_xml("crafted", body, "--ranks", "64")
+    assert rc == 1 and "OS index 4294967295" in err and bad in err and out == "", (rc, err[-400:])
 
 @check("an XML nested 20000 deep is refused, naming the file (hwloc's importer overflowed the stack)")
 def _():
@@ -297,14 +297,8 @@ def _():
             f'<object type="NUMANode" os_index="0" {sets} local_memory="1073741824"/>\n'
             + f'<object type="Group" {sets}>\n' * levels + f'<object type="PU" os_index="0" {sets}/>\n'
             + '</object>\n' * levels + '</object>\n</topology>\n')
-    bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-deep-{os.getpid()}.xml")
-    with open(bad, "w") as f:
-        f.write(body)
-    try:
-        rc, out, err = run("--xml", bad)
-        assert rc == 1 and "nests its elements more than" in err and bad in err and out == "", (rc, err[-400:])
-    finally:
-        os.unlink(bad)
+    rc, out, err, bad = run_on_xml("deep", body)
+    assert rc == 1 and "nests its elements more than" in err and bad in err and out == "", (rc, err[-400:])
 
 
 @check("an XML with more GPUs than a plan has ranks is refused (one rank per GPU went past 4096, quadratic)")
@@ -344,15 +338,9 @@ def _():
         fixture = f.read()
     body = re.sub(r'<object type="NUMANode"[^>]*>\s*<page_type[^>]*/>\s*</object>\s*', "", fixture)
     assert "NUMANode" not in body
-    bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-nonuma-{os.getpid()}.xml")
-    with open(bad, "w") as f:
-        f.write(body)
-    try:
-        rc, out, err = run("--xml", bad)
-        assert rc == 1 and f"could not parse '{bad}'" in err and out == "", (rc, err)
-        assert "No such file" not in err, err
-    finally:
-        os.unlink(bad)
+    rc, out, err, bad = run_on_xml("nonuma", body)
+    assert rc == 1 and f"could not parse '{bad}'" in err and out == "", (rc, err)
+    assert "No such file" not in err, err
 
 
 def bitmap(bits):
