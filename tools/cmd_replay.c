@@ -137,7 +137,7 @@ static const char *replay_usage_out =
     "not be written); 2 usage error;\n"
     "3 a SIGBUS on the pool in the scheduler (its file truncated, or /dev/shm\n"
     "full; a worker's says so and its rank dies); 130 / 143 interrupted by\n"
-    "SIGINT / SIGTERM (the pool is removed).\n"
+    "SIGINT / SIGTERM, 129 / 131 by SIGHUP / SIGQUIT (the pool is removed).\n"
     "\n"
     "Examples:\n"
     "  umbp replay --generate chat --tp 2\n"
@@ -233,9 +233,9 @@ static void out_drop(struct out_file *o) {
   if (o->regular) unlink(o->path);
 }
 
-/* The regular --plot and --csv files to remove when SIGINT or SIGTERM ends
+/* The regular --plot and --csv files to remove when SIGINT, SIGTERM, SIGHUP or SIGQUIT ends
  * the command outside a run (while the trace is read, between the steps of a
- * sweep): rp_run() catches both during a run, and a run that fails drops the
+ * sweep): rp_run() catches all four during a run, and a run that fails drops the
  * files, so a signal leaves no empty file either. */
 static const char *volatile g_drop[2];
 
@@ -246,14 +246,14 @@ static void on_fatal_signal(int sig) {
   raise(sig);
 }
 
-/* Catch SIGINT and SIGTERM to remove o's files; a signal the caller ignores
+/* Catch SIGINT, SIGTERM, SIGHUP and SIGQUIT to remove o's files; a signal the caller ignores
  * stays ignored. */
 static void drop_on_signal(const struct out_file *plot, const struct out_file *csv) {
   g_drop[0] = plot->f && plot->regular ? plot->path : NULL;
   g_drop[1] = csv->f && csv->regular ? csv->path : NULL;
   if (!g_drop[0] && !g_drop[1]) return;
-  const int sigs[] = {SIGINT, SIGTERM};
-  for (int i = 0; i < 2; i++) {
+  const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  for (int i = 0; i < 4; i++) {
     struct sigaction sa, old;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_fatal_signal;

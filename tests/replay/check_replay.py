@@ -415,6 +415,84 @@ def _():
     assert not segments(p.pid)
 
 
+def group_states(pgid):
+    """Each process of group pgid: pid, state and wait channel, from /proc."""
+    rows = []
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(f"{d}/stat") as f:
+                st = f.read().rsplit(")", 1)[1].split()
+            if int(st[2]) != pgid:
+                continue
+            with open(f"{d}/wchan") as f:
+                rows.append(f"pid {d[6:]} state {st[0]} wchan {f.read()}")
+        except (OSError, IndexError, ValueError):
+            pass
+    return "; ".join(rows) or "none left"
+
+
+@check("SIGHUP or SIGQUIT to the whole process group (a terminal hung up, Ctrl-\\): exit 129 / 131, no segment left")
+def _():
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # should the scheduler ever dump core: no file
+
+    def foreground():  # a terminal's foreground job: a script's background job (CI) inherits both ignored
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    # early: as soon as the pool exists (workers starting, some between fork and exec);
+    # steady: both workers exec'd and replaying
+    for when in ("early", "steady"):
+        for sig, rc in ((signal.SIGHUP, 129), (signal.SIGQUIT, 131)):
+            p = subprocess.Popen([TOOL, "replay", "--generate", "chat", "--conversations", "40", "--tp", "2",
+                                  "--speed", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True,  # its own group, as a terminal's foreground job
+                                 preexec_fn=foreground)
+            if when == "early":
+                for _ in range(2000):
+                    if segments(p.pid):
+                        break
+                    time.sleep(0.005)
+                assert segments(p.pid), "pool never appeared"
+            else:
+                for w in wait_workers(p, 400):
+                    for _ in range(400):
+                        with open(f"/proc/{w}/cmdline", "rb") as f:
+                            if b"--worker" in f.read():
+                                break
+                        time.sleep(0.05)
+            os.killpg(p.pid, sig)
+            try:
+                out, err = p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                states = group_states(p.pid)
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+                raise AssertionError(f"{when} {sig.name}: not ended 60 s after the signal: {states}")
+            assert p.returncode == rc, f"{when} {sig.name}: exit {p.returncode}: {err}"
+            assert f"interrupted by {sig.name}" in err and "removing pool" in err, (when, sig.name, err)
+            assert not segments(p.pid), (when, sig.name, segments(p.pid))
+
+
+@check("run under nohup (SIGHUP ignored): a SIGHUP leaves the replay running; SIGTERM still removes the pool")
+def _():
+    p = subprocess.Popen([TOOL, "replay", "--generate", "chat", "--conversations", "40", "--tp", "2",
+                          "--speed", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        wait_workers(p, 400)
+        os.killpg(p.pid, signal.SIGHUP)
+        time.sleep(1)
+        assert p.poll() is None, f"SIGHUP ended a replay that ignores it: exit {p.returncode}"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert p.returncode == 143, f"exit {p.returncode}: {err}"
+    assert not segments(p.pid), segments(p.pid)
+
+
 @check("scheduler killed by SIGKILL: the workers remove the pool")
 def _():
     p = start_slow()

@@ -101,9 +101,14 @@ static int spawn_worker(struct run *r, unsigned rank) {
     return -e;
   }
   if (pid == 0) {
-    /* the child: the worker's fds 3 and 4, SIGINT ignored across exec (the
-     * scheduler decides when workers stop) */
+    /* the child: the worker's fds 3 and 4; SIGINT, SIGHUP and SIGQUIT
+     * ignored across exec: a terminal sends them to the whole process group,
+     * and the scheduler, which catches them, decides when workers stop. Until
+     * these calls the child has the scheduler's handler, so a signal of the
+     * group in between does not kill it either. */
     signal(SIGINT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGQUIT, SIG_IGN);
     signal(SIGTERM, SIG_DFL);
     int a = fcntl(to[0], F_DUPFD, 16), b = fcntl(from[1], F_DUPFD, 16);
     if (a < 0 || b < 0 || dup2(a, RP_WORKER_IN_FD) < 0 || dup2(b, RP_WORKER_OUT_FD) < 0) _exit(127);
@@ -505,9 +510,16 @@ int rp_run(const struct rp_config *cfg, const struct trace *t, uint64_t capacity
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal; /* no SA_RESTART: poll/nanosleep return EINTR */
   sigemptyset(&sa.sa_mask);
-  struct sigaction old_int, old_term, old_pipe;
+  struct sigaction old_int, old_term, old_hup, old_quit, old_pipe;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  /* a terminal hung up, or Ctrl-\: the pool is removed as on Ctrl-C (no core
+   * dump: a core of a scheduler waiting on its workers says little). Where
+   * they are ignored (nohup, a script's background job) they stay so. */
+  sigaction(SIGHUP, NULL, &old_hup);
+  if (old_hup.sa_handler != SIG_IGN) sigaction(SIGHUP, &sa, NULL);
+  sigaction(SIGQUIT, NULL, &old_quit);
+  if (old_quit.sa_handler != SIG_IGN) sigaction(SIGQUIT, &sa, NULL);
   struct sigaction ign = {.sa_handler = SIG_IGN};
   sigaction(SIGPIPE, &ign, &old_pipe);
   umbp_log_set(log_cb, NULL, UMBP_LOG_ERROR);
@@ -579,8 +591,9 @@ out:
   if (cfg->progress && rc) fputs("\r\033[K", stderr);
   if (rc > 128) {
     int sig = rc - 128;
-    cli_error("replay: interrupted by %s after %zu of %zu requests; removing pool '%s'",
-              sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal", r.done, t->n, r.name);
+    const char *abbrev = sigabbrev_np(sig);
+    cli_error("replay: interrupted by SIG%s after %zu of %zu requests; removing pool '%s'", abbrev ? abbrev : "?",
+              r.done, t->n, r.name);
   }
   for (unsigned i = 0; i < RP_MAX_TP; i++)
     if (r.w[i].pid) kill(r.w[i].pid, SIGKILL);
@@ -603,6 +616,8 @@ out:
   umbp_log_set(NULL, NULL, 0);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
+  sigaction(SIGHUP, &old_hup, NULL);
+  sigaction(SIGQUIT, &old_quit, NULL);
   sigaction(SIGPIPE, &old_pipe, NULL);
   return rc;
 }

@@ -4,8 +4,9 @@
  * that moves its shard of each block between the pool and a private buffer
  * standing in for its GPU's KV cache. See replay.h for the protocol.
  *
- * The worker ignores SIGINT (a Ctrl-C on the terminal reaches the whole
- * process group; the scheduler decides when workers stop). If the scheduler
+ * The worker ignores SIGINT, SIGHUP and SIGQUIT (a terminal sends them to
+ * the whole process group; the scheduler catches them and decides when workers
+ * stop). If the scheduler
  * vanishes without a QUIT (its pipe reaches EOF), the worker removes the pool
  * itself, so a scheduler killed by SIGKILL leaves no segment behind.
  */
@@ -206,6 +207,8 @@ int rp_worker_main(int argc, char **argv) {
   w.block_bytes = bb;
   w.max_blocks = (uint32_t)(mb ? mb : 1);
   signal(SIGINT, SIG_IGN);
+  signal(SIGHUP, SIG_IGN);
+  signal(SIGQUIT, SIG_IGN);
   signal(SIGPIPE, SIG_IGN);
   umbp_log_set(log_cb, &w, UMBP_LOG_ERROR);
 
