@@ -126,4 +126,17 @@ int jb_finish(struct jb *j);
 /* True when stderr is a terminal (progress lines are drawn only then). */
 bool cli_stderr_tty(void);
 
+/* SIGINT, SIGTERM and SIGHUP ending a command whose cleanup needs more than
+ * async-signal-safe calls (umbp_pool_destroy() reads /proc/mounts with stdio,
+ * which a handler that interrupted malloc could deadlock in). The handler only
+ * writes the signal's number to a pipe; a thread of its own reads it, takes
+ * the lock below, runs cleanup(sig), and then the process dies of that
+ * signal as it would have without a handler. A signal the process ignores
+ * (nohup) stays ignored. Call once; 0, or -errno (nothing installed). */
+int cli_fatal_signals(void (*cleanup)(int sig));
+/* Held around what cleanup() must see whole (a pool created and its name
+ * recorded): a signal meanwhile is handled after the unlock. */
+void cli_fatal_lock(void);
+void cli_fatal_unlock(void);
+
 #endif

@@ -4,7 +4,10 @@
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
+#include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,3 +313,67 @@ int jb_finish(struct jb *j) {
   memset(j, 0, sizeof *j);
   return rc;
 }
+
+/* ---- fatal signals with cleanup on a thread (cli_fatal_signals) ---------------- */
+static int g_fatal_pipe[2] = {-1, -1};
+static void (*g_fatal_cleanup)(int sig);
+static pthread_mutex_t g_fatal_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void fatal_handler(int sig) {
+  int e = errno;
+  unsigned char c = (unsigned char)sig;
+  ssize_t r = write(g_fatal_pipe[1], &c, 1); /* a full pipe: a signal is already on its way */
+  (void)r;
+  errno = e;
+}
+
+static void *fatal_thread(void *arg) {
+  (void)arg;
+  unsigned char c;
+  while (read(g_fatal_pipe[0], &c, 1) != 1) {
+  }
+  pthread_mutex_lock(&g_fatal_mu); /* kept: nothing may create what cleanup() no longer sees */
+  g_fatal_cleanup(c);
+  signal(c, SIG_DFL);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, c);
+  pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+  raise(c); /* this thread's signal, default action: the whole process ends by it */
+  _exit(128 + c);
+}
+
+int cli_fatal_signals(void (*cleanup)(int sig)) {
+  if (pipe2(g_fatal_pipe, O_CLOEXEC | O_NONBLOCK)) return -errno;
+  /* the reading end blocks; the handler's write end must not */
+  fcntl(g_fatal_pipe[0], F_SETFL, 0);
+  g_fatal_cleanup = cleanup;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&a, 256 << 10);
+  pthread_t t;
+  int e = pthread_create(&t, &a, fatal_thread, NULL);
+  pthread_attr_destroy(&a);
+  if (e) {
+    close(g_fatal_pipe[0]);
+    close(g_fatal_pipe[1]);
+    g_fatal_pipe[0] = g_fatal_pipe[1] = -1;
+    return -e;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = fatal_handler;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  const int sigs[] = {SIGINT, SIGTERM, SIGHUP}; /* SIGHUP: the terminal or the ssh session closed */
+  for (unsigned i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+    struct sigaction old;
+    if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue; /* nohup: stays ignored */
+    sigaction(sigs[i], &sa, NULL);
+  }
+  return 0;
+}
+
+void cli_fatal_lock(void) { pthread_mutex_lock(&g_fatal_mu); }
+void cli_fatal_unlock(void) { pthread_mutex_unlock(&g_fatal_mu); }

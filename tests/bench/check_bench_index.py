@@ -635,6 +635,34 @@ def _():
                 raise AssertionError("%s: the second process %s still runs" % (sig.name, k))
 
 
+@check("run under nohup (SIGHUP ignored): a SIGHUP leaves it running; SIGTERM still removes its pool")
+def _():
+    def child():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup(1) does
+    p = subprocess.Popen([TOOL, "bench", "index", "--keys", "20000", "--reps", "1000", "--seconds", "0.01",
+                          "--lf", "0.5", "--filter", "miss-single-lf0.5-p1", "--impls", "ours"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=child)
+    name = "umbp-bench-index-%d-0" % p.pid
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and p.poll() is None and not os.path.exists("/dev/shm/umbp." + name):
+            time.sleep(0.05)
+        assert os.path.exists("/dev/shm/umbp." + name), "no pool within 60 s (exit %r)" % p.poll()
+        p.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert p.poll() is None, "SIGHUP ended a run that ignores it: exit %r" % p.returncode
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == -signal.SIGTERM, "exit %r" % p.returncode
+    left = [d for d in ("/dev/shm/umbp." + name, "/dev/hugepages/umbp-index." + name) if os.path.exists(d)]
+    assert not left, "the run left %s" % left
+
+
 @check("churn rows at a load factor that leaves our churn writer too few free slots are a usage error, not 0.00")
 def _():
     base = ["bench", "index", "--impls", "ours", "--reps", "2", "--seconds", "0.01", "--json"]

@@ -585,9 +585,8 @@ static int copy_rep(struct copy_run *x, unsigned rep) {
 static char g_copy_pool[64];
 
 static void copy_on_signal(int sig) {
+  (void)sig;
   if (g_copy_pool[0]) umbp_pool_destroy(g_copy_pool);
-  signal(sig, SIG_DFL);
-  raise(sig);
 }
 
 /* Whether case c's pool and buffers fit this machine, checked for every case
@@ -656,10 +655,11 @@ static int run_case(const struct bcase *c, unsigned threads, const unsigned *cpu
   pp.n_numa_nodes = 1;
   pp.numa_nodes[0] = 0;
   umbp_pool *pool = NULL;
-  snprintf(g_copy_pool, sizeof g_copy_pool, "%s", name); /* before the pool exists: no window */
+  cli_fatal_lock(); /* a signal meanwhile removes the pool once it exists */
   int rc = umbp_pool_create(name, &pp, &pool);
+  if (rc == 0) snprintf(g_copy_pool, sizeof g_copy_pool, "%s", name);
+  cli_fatal_unlock();
   if (rc) {
-    g_copy_pool[0] = 0;
     cli_error("bench copy: pool: %s", umbp_last_error());
     return rc;
   }
@@ -1005,12 +1005,11 @@ int bench_copy_main(int argc, char **argv) {
   }
   for (unsigned i = 0; i < nc; i++)
     if (case_fits(&cases[i], threads, bytes, cuda)) return CLI_RUNTIME;
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = copy_on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGHUP, &sa, NULL); /* the terminal or the ssh session closed */
+  int se = cli_fatal_signals(copy_on_signal);
+  if (se) {
+    cli_error("bench copy: cannot start its signal thread: %s", strerror(-se));
+    return CLI_RUNTIME;
+  }
   struct result res[32];
   for (unsigned i = 0; i < nc; i++)
     if (run_case(&cases[i], threads, ncpus ? cpus : NULL, ncpus, reps, bytes, cuda, &res[i])) return CLI_RUNTIME;

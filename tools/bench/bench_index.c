@@ -989,14 +989,16 @@ static int ours_setup(struct bench *b, unsigned lf_idx) {
   pp.no_prefault = true;
   pp.index_pages = b->o->index_pages;
   snprintf(b->pool_name, sizeof b->pool_name, BENCH_POOL_FMT, (int)getpid(), lf_idx);
+  cli_fatal_lock(); /* a signal meanwhile removes the pool once it exists */
   int rc = umbp_pool_create(b->pool_name, &pp, &b->pool);
+  if (rc == 0) snprintf(g_pool_names[lf_idx], sizeof g_pool_names[lf_idx], "%s", b->pool_name);
+  cli_fatal_unlock();
   if (rc) {
     cli_error("bench index: cannot create pool '%s' (%llu slots of 4 KiB): %s", b->pool_name,
               (unsigned long long)b->n, umbp_last_error());
     return rc;
   }
   cli_fault_watch(b->pool, "umbp bench index", false);
-  snprintf(g_pool_names[lf_idx], sizeof g_pool_names[lf_idx], "%s", b->pool_name);
   umbp_pool_info info;
   if (umbp_pool_get_info(b->pool, &info) == 0) {
     g_ours_index_huge = info.index_hugepages;
@@ -1478,12 +1480,13 @@ static void dpdk_stop(void) {
 #endif
 }
 
+/* SIGINT, SIGTERM, SIGHUP: the run's pools and its second process go with it
+ * (on cli_fatal_signals()'s thread, after which the process dies of sig). */
 static void on_signal(int sig) {
+  (void)sig;
   for (unsigned i = 0; i < MAX_LF; i++)
     if (g_pool_names[i][0]) umbp_pool_destroy(g_pool_names[i]);
   if (g_child_pid > 0) kill(g_child_pid, SIGKILL);
-  signal(sig, SIG_DFL);
-  raise(sig);
 }
 
 /* Whether a process holds pool `name`: its registry's locks, which also
@@ -2233,12 +2236,11 @@ int bench_index_main(int argc, char **argv) {
   if (!g_total) return filter_matches_nothing(&o);
   if (churn_room(&o)) return CLI_USAGE;
 
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGHUP, &sa, NULL); /* the terminal or the ssh session closed */
+  int se = cli_fatal_signals(on_signal);
+  if (se) {
+    cli_error("bench index: cannot start its signal thread: %s", strerror(-se));
+    return CLI_RUNTIME;
+  }
   signal(SIGPIPE, SIG_IGN);
 
   sweep_stale_pools(); /* first: the pools it removes free /dev/shm for keys_fit() */
