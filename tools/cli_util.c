@@ -154,7 +154,7 @@ int cli_parse_int_list(const char *s, int *out, int max) {
     char *end;
     errno = 0;
     long v = strtol(p, &end, 10);
-    if (errno || end == p || v < 0 || v > 65535) return -EINVAL;
+    if (errno || end == p || !isdigit((unsigned char)*p) || v < 0 || v > 65535) return -EINVAL; /* no sign, no spaces */
     if (n >= max) return -EINVAL;
     out[n++] = (int)v;
     p = end;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* umbp replay — replay a serving trace through a real pool with N worker
  * processes (tools/replay/ holds the parser, generator, scheduler, worker). */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -181,7 +182,7 @@ static const struct option long_opts[] = {
 };
 
 static int parse_uint(const char *s, uint64_t lo, uint64_t hi, uint64_t *ret) {
-  if (!s || !*s || *s == '-' || *s == '+') return -EINVAL;
+  if (!s || !isdigit((unsigned char)*s)) return -EINVAL; /* no sign, no spaces (strtoull takes both) */
   char *e;
   errno = 0;
   unsigned long long v = strtoull(s, &e, 10);

@@ -27,6 +27,7 @@
  * parallelism (each stage stores its own layers only), and vLLM's fp8_ds_mla
  * layout.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -299,7 +300,7 @@ static int parse_pos(const char *opt, const char *s, long long lo, long long hi,
   char *end;
   errno = 0;
   long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end || *s == '-' || v < lo || v > hi)
+  if (errno || end == s || *end || !isdigit((unsigned char)*s) || v < lo || v > hi) /* no sign, no spaces */
     return cli_usage_error("size", "%s '%s': use a whole number from %lld to %lld", opt, s, lo, hi);
   *out = v;
   return CLI_OK;

@@ -44,6 +44,7 @@
  * All PU and node numbers are OS indexes (as numactl/taskset use them).
  * Fields are only ever added within a schema version.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -364,8 +365,10 @@ static int print_table(const umbp_topo *t, const umbp_topo_plan *p, struct bufs 
   return 0;
 }
 
-/* Strict positive integer in [1, max]. */
+/* Strict positive integer in [1, max]: ASCII digits only (strtol alone takes
+ * leading spaces and a sign). */
 static int parse_pos(const char *s, int max, int *ret) {
+  if (!isdigit((unsigned char)*s)) return -EINVAL;
   char *end;
   errno = 0;
   long v = strtol(s, &end, 10);

@@ -184,6 +184,8 @@ def _():
         (["--model-config", write("strlayers.json", {"num_hidden_layers": "32"})], 2,
          "'num_hidden_layers' is not a positive integer"),
         (["--model-config", LL, "--tp", "0"], 2, "--tp '0'"),
+        (["--model-config", LL, "--tp", "+2"], 2, "--tp '+2'"),  # digits only: strtoll takes a sign
+        (["--model-config", LL, "--tp", " 2"], 2, "--tp ' 2'"),
         (["--model-config", LL, "--block-size", "x"], 2, "--block-size 'x'"),
         (["--model-config", LL, "--kv-dtype", "int4"], 2, "--kv-dtype 'int4'"),
         (["--tp", "8"], 2, "--model-config FILE is required"),

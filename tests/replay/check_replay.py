@@ -703,6 +703,9 @@ def _():
 BAD_ARGS = [
     (["--tp", "0"], "--tp '0'"),
     (["--tp", "x"], "--tp"),
+    # strtoull alone takes a leading space or sign: a number is digits only
+    (["--tp", " 2"], "--tp ' 2'"),
+    (["--seed", "+5"], "--seed '+5'"),
     (["--capacity", "lots"], "--capacity 'lots'"),
     (["--capacity", "4KiB", "--tp", "2"], "a pool needs 2"),
     # a pool needs 2 slots: refused before the trace is read, naming the sweep's entry, not --capacity

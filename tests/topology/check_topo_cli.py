@@ -242,6 +242,9 @@ def _():
              (["--bogus"], "unknown option"), (["--xml"], "needs a value"), (["stray"], "unexpected"),
              (["--xml", ""], "--xml needs a file name"), (["--json=1"], "'--json' takes no value"),
              (["--help=x"], "'--help' takes no value"),
+             # strtol alone takes a leading space or sign: a number is digits only
+             (["--ranks", " 2"], "--ranks"), (["--ranks", "+2"], "--ranks"), (["--gpus", "0,+1"], "--gpus"),
+             (["--gpus", " 0,1"], "--gpus"), (["--threads-per-rank", "+1"], "--threads-per-rank"),
              # one entry more than a plan has ranks: the limit is named, the 8 KB list not echoed whole
              (["--gpus", ",".join(["0"] * 4097)], "at most 4096, such as 0,1,2,3 (got '0,0,")]
     if have_data:
