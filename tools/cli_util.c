@@ -377,3 +377,13 @@ int cli_fatal_signals(void (*cleanup)(int sig)) {
 
 void cli_fatal_lock(void) { pthread_mutex_lock(&g_fatal_mu); }
 void cli_fatal_unlock(void) { pthread_mutex_unlock(&g_fatal_mu); }
+
+const char *cli_safe(const char *s) {
+  static _Thread_local char buf[4][1024];
+  static _Thread_local unsigned next;
+  char *o = buf[next++ & 3];
+  size_t i = 0;
+  for (; s && s[i] && i < sizeof buf[0] - 1; i++) o[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+  o[i] = 0;
+  return o;
+}

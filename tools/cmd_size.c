@@ -525,7 +525,7 @@ int cmd_size(int argc, char **argv) {
     if (jr == -ENOMEM) return CLI_RUNTIME; /* reported by jb_finish */
     out_errno = jr ? errno : 0;
   } else {
-    printf("model        %s (%s): %lld layers, ", m.name, cfg, m.layers);
+    printf("model        %s (%s): %lld layers, ", cli_safe(m.name), cli_safe(cfg), m.layers);
     if (m.mla)
       printf("MLA latent %lld + rope %lld per token per layer, the same on every rank\n", m.kv_lora_rank, m.qk_rope);
     else

@@ -293,7 +293,7 @@ static int print_json(const umbp_topo *t, const umbp_topo_plan *p, struct bufs *
 static int print_table(const umbp_topo *t, const umbp_topo_plan *p, struct bufs *b, bool explain) {
   char list[256], size[32];
   int nn = umbp_topo_numa_count(t), ng = umbp_topo_gpu_count(t);
-  printf("Machine: %s\n", umbp_topo_source(t));
+  printf("Machine: %s\n", cli_safe(umbp_topo_source(t)));
   printf("  %d package(s), %d core(s), %d PU(s), %d NUMA node(s) with memory, %d GPU(s)\n",
          umbp_topo_package_count(t), umbp_topo_core_count(t), umbp_topo_pu_count(t), nn, ng);
   printf("\nNUMA nodes with memory:\n  %-5s %-11s %-6s %s\n", "node", "memory", "cores", "PUs");
@@ -324,13 +324,13 @@ static int print_table(const umbp_topo *t, const umbp_topo_plan *p, struct bufs 
       n = umbp_topo_gpu_pus(t, g, b->a, b->cap);
       if (n < 0) return -1;
       fmt_list(b->a, n, list, sizeof list);
-      printf("  %-4d %-8s %-13s %-6s %-24s %s\n", g, gi.name, gi.pci_bus_id[0] ? gi.pci_bus_id : "-",
-             nodes, gi.model[0] ? gi.model : "-", list);
+      printf("  %-4d %-8s %-13s %-6s %-24s %s\n", g, cli_safe(gi.name), gi.pci_bus_id[0] ? cli_safe(gi.pci_bus_id) : "-",
+             nodes, gi.model[0] ? cli_safe(gi.model) : "-", list);
     }
   }
   if (explain && umbp_topo_note_count(t) > 0) {
     printf("\nDiscovery notes:\n");
-    for (int i = 0; i < umbp_topo_note_count(t); i++) printf("  - %s\n", umbp_topo_note(t, i));
+    for (int i = 0; i < umbp_topo_note_count(t); i++) printf("  - %s\n", cli_safe(umbp_topo_note(t, i)));
   }
 
   int nr = umbp_topo_plan_nranks(p);
@@ -347,7 +347,7 @@ static int print_table(const umbp_topo *t, const umbp_topo_plan *p, struct bufs 
     if (ri.gpu >= 0) {
       umbp_topo_gpu_info gi;
       if (umbp_topo_gpu_info_get(t, ri.gpu, &gi) < 0) return -1;
-      snprintf(gpu, sizeof gpu, "%d (%s)", ri.gpu, gi.name);
+      snprintf(gpu, sizeof gpu, "%d (%s)", ri.gpu, cli_safe(gi.name));
     }
     int n = umbp_topo_plan_rank_cpus(p, r, b->a, b->cap);
     if (n < 0) return -1;
@@ -355,11 +355,11 @@ static int print_table(const umbp_topo *t, const umbp_topo_plan *p, struct bufs 
     printf("  %-5d %-12s %-5u %-6s %-11s %s\n", r, gpu, ri.numa_node, ri.shared_cpus ? "yes" : "no",
            umbp_topo_mempolicy_name(ri.mempolicy), list);
     if (explain)
-      for (int k = 0; k < ri.nnotes; k++) printf("        why: %s\n", umbp_topo_plan_rank_note(p, r, k));
+      for (int k = 0; k < ri.nnotes; k++) printf("        why: %s\n", cli_safe(umbp_topo_plan_rank_note(p, r, k)));
   }
   if (umbp_topo_plan_note_count(p) > 0) {
     printf("\nNotes:\n");
-    for (int i = 0; i < umbp_topo_plan_note_count(p); i++) printf("  - %s\n", umbp_topo_plan_note(p, i));
+    for (int i = 0; i < umbp_topo_plan_note_count(p); i++) printf("  - %s\n", cli_safe(umbp_topo_plan_note(p, i)));
   }
   if (!explain) printf("\n(--explain says why each rank got its node and cores)\n");
   return 0;

@@ -71,6 +71,16 @@ def _():
     assert d["kv_connector_extra_config"] == {"slot_size": "2MiB", "capacity_bytes": "123GiB"}
 
 
+@check("a config.json whose architecture holds a terminal escape: the table shows '?' for it, JSON keeps it")
+def _():
+    cfg = write("escape.json", dict(LLAMA3_8B, architectures=["Evil\u001b[2J\u001b]0;owned\u0007Model"]))
+    rc, out, err = umbp("size", "--model-config", cfg)
+    assert rc == 0, (rc, err)
+    assert "\x1b" not in out and "\x07" not in out, repr(out[:300])
+    assert "Evil?[2J?]0;owned?Model" in out, out[:300]
+    assert size_json(cfg)["model"] == "Evil\x1b[2J\x1b]0;owned\x07Model"
+
+
 @check("Llama-3-8B, tp 8: one KV head per rank, 256 KiB; tp 16 replicates the heads")
 def _():
     d = size_json(LL, "--tp", "8")

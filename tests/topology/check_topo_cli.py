@@ -304,6 +304,21 @@ def _():
     assert rc == 1 and "nests its elements more than" in err and bad in err and out == "", (rc, err[-400:])
 
 
+@check("GPU names and models from an XML that hold a terminal escape: the tables show '?' for it")
+def _():
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "unplaced-gpu.xml")) as f:
+        fixture = f.read()
+    anchor = '<object type="OSDev" gp_index="32" name="cuda0" subtype="CUDA" osdev_type="5"/>'
+    assert anchor in fixture
+    evil = ('<object type="OSDev" gp_index="32" name="cu\x1b[2Jda0" subtype="CUDA" osdev_type="5">\n'
+            '<info name="GPUModel" value="Evil\x1b]0;owned\x07GPU"/>\n</object>')
+    rc, out, err, _ = run_on_xml("escape", fixture.replace(anchor, evil))
+    assert rc == 0, (rc, err)
+    assert "\x1b" not in out and "\x07" not in out, repr(out[:600])
+    assert "Evil?]0;owned?GPU" in out and "0 (cu?[2Jda0)" in out, out
+
+
 @check("an XML with more GPUs than a plan has ranks is refused (one rank per GPU went past 4096, quadratic)")
 def _():
     here = os.path.dirname(os.path.abspath(__file__))
