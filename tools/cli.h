@@ -123,11 +123,11 @@ void jb_null(struct jb *j, const char *key);
  * stdout, by main()'s cli_stdout_check(). */
 int jb_finish(struct jb *j);
 
-/* s with each control character (bytes below 0x20, and 0x7f) replaced by '?',
- * for text output of names that come from files (a topology XML's GPU model,
- * a config.json's architecture): written raw, an escape sequence in one would
- * reach the terminal. One of four rotating buffers of 1 KiB (longer text
- * is cut), so up to four results can sit in one printf; NULL gives "". */
+/* snap_term_safe() (snapshot.h: control characters and bytes that are not
+ * UTF-8 as '?') into one of four rotating 1 KiB buffers of the thread, so that
+ * up to four results can sit in one printf: for text output of names that
+ * come from files (a topology XML's GPU model, a config.json's architecture),
+ * where an escape sequence would reach the terminal. NULL gives "". */
 const char *cli_safe(const char *s);
 
 /* True when stderr is a terminal (progress lines are drawn only then). */

@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "snapshot.h"
 #include "umbp/admin.h"
 #include "umbp/pool.h"
 
@@ -381,9 +382,5 @@ void cli_fatal_unlock(void) { pthread_mutex_unlock(&g_fatal_mu); }
 const char *cli_safe(const char *s) {
   static _Thread_local char buf[4][1024];
   static _Thread_local unsigned next;
-  char *o = buf[next++ & 3];
-  size_t i = 0;
-  for (; s && s[i] && i < sizeof buf[0] - 1; i++) o[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
-  o[i] = 0;
-  return o;
+  return snap_term_safe(s, buf[next++ & 3], sizeof buf[0]);
 }

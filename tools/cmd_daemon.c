@@ -466,15 +466,15 @@ static void apply_pattern_quotas(umbp_pool *p, const char *pool, const struct qu
       set_by_pattern[id] = true;
       if (ni.quota_bytes == win->bytes) continue;
       if (umbp_ns_set_quota(p, id, win->bytes))
-        dlog("error: quota of namespace '%s' not applied: %s", ni.name, umbp_last_error());
+        dlog("error: quota of namespace '%s' not applied: %s", cli_safe(ni.name), umbp_last_error());
       else
-        dlog("quota of namespace '%s' (id %u%s%s%s): %s, from the quota of %s", ni.name, id, label ? ", label '" : "",
-             label ? label : "", label ? "'" : "", win->bytes ? cli_fmt_size(win->bytes, b, sizeof b) : "none",
+        dlog("quota of namespace '%s' (id %u%s%s%s): %s, from the quota of %s", cli_safe(ni.name), id,
+             label ? ", label '" : "", label ? cli_safe(label) : "", label ? "'" : "", win->bytes ? cli_fmt_size(win->bytes, b, sizeof b) : "none",
              quota_what(win, w, sizeof w));
     } else if (!win && set_by_pattern[id]) {
       set_by_pattern[id] = false;
       if (ni.quota_bytes && umbp_ns_set_quota(p, id, 0) == 0)
-        dlog("quota of namespace '%s' (id %u): none (no quota matches it any more)", ni.name, id);
+        dlog("quota of namespace '%s' (id %u): none (no quota matches it any more)", cli_safe(ni.name), id);
     } else if (win) {
       /* A name quota holds it. apply_quotas() set it, but for one of the
        * command line only at start: when a glob or label line that had
@@ -482,10 +482,10 @@ static void apply_pattern_quotas(umbp_pool *p, const char *pool, const struct qu
        * (it kept the pattern's bytes for good). */
       if (set_by_pattern[id] && ni.quota_bytes != win->bytes) {
         if (umbp_ns_set_quota(p, id, win->bytes))
-          dlog("error: quota of namespace '%s' not applied: %s", ni.name, umbp_last_error());
+          dlog("error: quota of namespace '%s' not applied: %s", cli_safe(ni.name), umbp_last_error());
         else
           dlog("quota of namespace '%s' (id %u): %s, its own again (no glob or label quota after it matches it any "
-               "more)", ni.name, id, win->bytes ? cli_fmt_size(win->bytes, b, sizeof b) : "none");
+               "more)", cli_safe(ni.name), id, win->bytes ? cli_fmt_size(win->bytes, b, sizeof b) : "none");
       }
       set_by_pattern[id] = false;
     }
