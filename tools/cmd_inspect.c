@@ -629,7 +629,7 @@ int cmd_inspect(int argc, char **argv) {
     cli_pool_detach(p);
     return ret;
   }
-  char again[128], why[512]; /* the command that watches NAME again, and why it ended */
+  char again[128], why[1024]; /* the command that watches NAME again, and why it ended */
   snprintf(again, sizeof again, "umbp inspect %s%s --%s %g", name, json ? " --json" : "", stat > 0 ? "stat" : "watch",
            stat > 0 ? stat : watch);
   if (watch > 0 || stat > 0) {

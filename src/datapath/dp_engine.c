@@ -708,7 +708,7 @@ int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t gr
     if (keys[i].hash_len < 1 || keys[i].hash_len > UMBP_KEY_HASH_MAX)
       return umbp_fail(-EINVAL, "dp store: key %u has hash_len %u; a key's hash is 1 to %d bytes "
                        "(set umbp_key.hash_len to the bytes of hash used)", i, keys[i].hash_len, UMBP_KEY_HASH_MAX);
-  struct umbp_dp_job *job;
+  struct umbp_dp_job *job = NULL; /* set by job_new_keyed() when it returns 0 */
   int rc = job_new_keyed(eng, layout, group, DP_OP_STORE, n, block_ids, keys, &job);
   if (rc) return rc;
   umbp_pool *pool = eng->pool;
@@ -777,7 +777,7 @@ int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t gr
 int umbp_dp_load(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group, unsigned n,
                  const umbp_key *keys, const uint32_t *block_ids, umbp_dp_job **ret_job) {
   if (!keys) return umbp_fail(-EINVAL, "dp load: keys are required");
-  struct umbp_dp_job *job;
+  struct umbp_dp_job *job = NULL; /* set by job_new_keyed() when it returns 0 */
   int rc = job_new_keyed(eng, layout, group, DP_OP_LOAD, n, block_ids, keys, &job);
   if (rc) return rc;
   int hits = umbp_lookup_pin_bulk(eng->pool, n, keys, job->slots);

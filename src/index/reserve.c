@@ -670,7 +670,7 @@ UMBP_API int umbp_publish(umbp_pool *p, uint32_t slot, const umbp_key *key) {
   if ((rc = key_load(key, &k, &h))) return rc;
   /* the home bucket is written below: start its miss now */
   prefetch_w(&ix->buckets[umbp_bucket_home(h, ix->nb)]);
-  uint64_t w;
+  uint64_t w = 0; /* set by check_reserved() when it returns 0 */
   if ((rc = check_reserved(p, slot, &w))) return rc;
   if (k.ns >= UMBP_MAX_NAMESPACES || atomic_load_explicit(&ix->ns[k.ns].state, memory_order_acquire) != 1)
     return umbp_fail(-EINVAL, "namespace %u is not registered: register it with umbp_ns_register()", k.ns);
