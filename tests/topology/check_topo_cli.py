@@ -52,6 +52,18 @@ def run_on_xml(tag, body, *args):
         os.unlink(path)
 
 
+# cuda0's element in tests/topology/unplaced-gpu.xml, which checks replace to craft GPUs
+CUDA0 = '<object type="OSDev" gp_index="32" name="cuda0" subtype="CUDA" osdev_type="5"/>'
+
+
+def unplaced_fixture():
+    """The text of tests/topology/unplaced-gpu.xml (which holds CUDA0)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "unplaced-gpu.xml")) as f:
+        text = f.read()
+    assert CUDA0 in text
+    return text
+
+
 def topo_json(*args):
     rc, out, err = run("--json", *args)
     assert rc == 0, f"exit {rc}: {err}"
@@ -284,9 +296,7 @@ def _():
 
 @check("a crafted XML (every os_index 4294967295) is refused at once, before allocating")
 def _():
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "unplaced-gpu.xml")) as f:
-        body = re.sub(r'os_index="[0-9]+"', 'os_index="4294967295"', f.read())
+    body = re.sub(r'os_index="[0-9]+"', 'os_index="4294967295"', unplaced_fixture())
     # (no ulimit -v here: ASan builds reserve terabytes of address space)
     rc, out, err, bad = run_on_xml("crafted", body, "--ranks", "64")
     assert rc == 1 and "OS index 4294967295" in err and bad in err and out == "", (rc, err[-400:])
@@ -306,14 +316,9 @@ def _():
 
 @check("GPU names and models from an XML that hold a terminal escape: the tables show '?' for it")
 def _():
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "unplaced-gpu.xml")) as f:
-        fixture = f.read()
-    anchor = '<object type="OSDev" gp_index="32" name="cuda0" subtype="CUDA" osdev_type="5"/>'
-    assert anchor in fixture
     evil = ('<object type="OSDev" gp_index="32" name="cu\x1b[2Jda0" subtype="CUDA" osdev_type="5">\n'
             '<info name="GPUModel" value="Evil\x1b]0;owned\x07GPU"/>\n</object>')
-    rc, out, err, _ = run_on_xml("escape", fixture.replace(anchor, evil))
+    rc, out, err, _ = run_on_xml("escape", unplaced_fixture().replace(CUDA0, evil))
     assert rc == 0, (rc, err)
     assert "\x1b" not in out and "\x07" not in out, repr(out[:600])
     assert "Evil?]0;owned?GPU" in out and "0 (cu?[2Jda0)" in out, out
@@ -321,11 +326,7 @@ def _():
 
 @check("an XML with more GPUs than a plan has ranks is refused (one rank per GPU went past 4096, quadratic)")
 def _():
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "unplaced-gpu.xml")) as f:
-        fixture = f.read()
-    anchor = '<object type="OSDev" gp_index="32" name="cuda0" subtype="CUDA" osdev_type="5"/>'
-    assert anchor in fixture
+    fixture = unplaced_fixture()
 
     def with_gpus(extra):
         # extra CUDA OS devices beside cuda0 (2 + extra GPUs in all)
@@ -333,7 +334,7 @@ def _():
                        for i in range(2, 2 + extra))
         path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"umbp-topo-cli-gpus{extra}-{os.getpid()}.xml")
         with open(path, "w") as f:
-            f.write(fixture.replace(anchor, anchor + "\n" + devs))
+            f.write(fixture.replace(CUDA0, CUDA0 + "\n" + devs))
         return path
 
     bad, ok = with_gpus(4095), with_gpus(4094)
@@ -351,10 +352,7 @@ def _():
 
 @check("an XML without a NUMA node: exit 1 naming the file, not a stale errno ('No such file or directory')")
 def _():
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "unplaced-gpu.xml")) as f:
-        fixture = f.read()
-    body = re.sub(r'<object type="NUMANode"[^>]*>\s*<page_type[^>]*/>\s*</object>\s*', "", fixture)
+    body = re.sub(r'<object type="NUMANode"[^>]*>\s*<page_type[^>]*/>\s*</object>\s*', "", unplaced_fixture())
     assert "NUMANode" not in body
     rc, out, err, bad = run_on_xml("nonuma", body)
     assert rc == 1 and f"could not parse '{bad}'" in err and out == "", (rc, err)
