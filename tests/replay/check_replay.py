@@ -51,16 +51,24 @@ def segments(pid):
 
 
 def wait_workers(p, tries):
-    """The scheduler p's worker pids once both run and its pool exists
-    (polled every 50 ms, `tries` times); asserts there are two."""
+    """The scheduler p's worker pids once its pool exists and both workers
+    run `umbp replay --worker` (exec'd, not a fork between fork and exec:
+    under ASan and load that window lasts long enough for a signal to land
+    in it); polled every 50 ms, `tries` times; asserts there are two."""
+    def execd(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return b"--worker" in f.read()
+        except OSError:
+            return False
     workers = []
     for _ in range(tries):
         with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
             workers = [int(x) for x in f.read().split()]
-        if len(workers) == 2 and segments(p.pid):
+        if len(workers) == 2 and segments(p.pid) and all(execd(w) for w in workers):
             break
         time.sleep(0.05)
-    assert len(workers) == 2, workers
+    assert len(workers) == 2 and all(execd(w) for w in workers), workers
     return workers
 
 
@@ -217,11 +225,7 @@ def start_slow():
     """A replay paced at real time (it sleeps between requests)."""
     p = subprocess.Popen([TOOL, "replay", "--generate", "chat", "--conversations", "40", "--tp", "2",
                           "--speed", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for _ in range(200):
-        if segments(p.pid):
-            break
-        time.sleep(0.05)
-    assert segments(p.pid), "pool never appeared"
+    wait_workers(p, 400)  # a scheduler killed before its workers start leaves the pool to no one
     time.sleep(0.3)
     return p
 
@@ -231,13 +235,7 @@ def _():
     p = subprocess.Popen([TOOL, "replay", "--generate", "chat", "--conversations", "40", "--tp", "2",
                           "--speed", "1", "--reply-timeout", "7"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for _ in range(400):
-        if segments(p.pid):
-            break
-        time.sleep(0.05)
-    with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
-        workers = [int(x) for x in f.read().split()]
-    assert len(workers) == 2, workers
+    workers = wait_workers(p, 400)
     os.kill(workers[1], signal.SIGSTOP)
     try:
         out, err = p.communicate(timeout=60)
@@ -454,12 +452,7 @@ def _():
                     time.sleep(0.005)
                 assert segments(p.pid), "pool never appeared"
             else:
-                for w in wait_workers(p, 400):
-                    for _ in range(400):
-                        with open(f"/proc/{w}/cmdline", "rb") as f:
-                            if b"--worker" in f.read():
-                                break
-                        time.sleep(0.05)
+                wait_workers(p, 400)
             os.killpg(p.pid, sig)
             try:
                 out, err = p.communicate(timeout=60)
