@@ -44,6 +44,16 @@ def registry():
     return checks, check
 
 
+def foreground():
+    """preexec_fn for a command whose signal handling a check exercises: SIGINT,
+    SIGQUIT and SIGHUP at their defaults, as in a terminal's foreground job. A
+    script's background job (CI) inherits SIGINT and SIGQUIT ignored and a run
+    under nohup SIGHUP ignored, and the commands keep an ignored one ignored."""
+    import signal
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     import socket

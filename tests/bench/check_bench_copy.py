@@ -66,10 +66,10 @@ def pool_files(pid):
 @check("SIGINT, SIGTERM or SIGHUP during a run removes its pool (no /dev/shm or huge-page file left)")
 def _():
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        # SIG_DFL in the child: a shell's background job would otherwise inherit SIGINT ignored
+        # SIG_DFL in the child for SIGINT and SIGHUP: a shell's background job would otherwise inherit SIGINT ignored, nohup SIGHUP
         p = subprocess.Popen([TOOL, "bench", "copy", "--reps", "1000", "--bytes", "64MiB", "--cases", "64KiBx2"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             preexec_fn=taplib.foreground)
         try:
             deadline = time.monotonic() + 30
             while not pool_files(p.pid) and p.poll() is None and time.monotonic() < deadline:

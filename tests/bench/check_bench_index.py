@@ -21,6 +21,9 @@ import tempfile
 import time
 import traceback
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import taplib  # noqa: E402  (tests/taplib.py: foreground())
+
 TOOL = os.environ.get("UMBP_TOOL", "")
 KEYS = 20000
 REPS = 2
@@ -112,6 +115,7 @@ def json_run():
         out, err = p.communicate(timeout=240)
         _json_run.update(pid=p.pid, rc=p.returncode, out=out, err=err)
     return _json_run
+
 
 
 @check("bench index --json exits 0 and prints one JSON object")
@@ -596,11 +600,11 @@ def _():
 @check("SIGINT, SIGTERM or SIGHUP during a run removes its pool and ends its second process")
 def _():
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        # p2 rows: the second process runs; SIG_DFL in the child (a background job inherits SIGINT ignored)
+        # p2 rows: the second process runs; SIG_DFL in the child for SIGINT and SIGHUP (a background job inherits SIGINT ignored, nohup SIGHUP)
         p = subprocess.Popen([TOOL, "bench", "index", "--keys", "20000", "--reps", "1000", "--seconds", "0.01",
                               "--lf", "0.5", "--filter", "p2", "--impls", "ours"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             preexec_fn=taplib.foreground)
         name = "umbp-bench-index-%d-0" % p.pid
         kids = []
         try:

@@ -4,6 +4,7 @@
 #define UMBP_TESTS_DTU_H
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <grp.h>
 #include <poll.h>
 #include <time.h>
@@ -110,6 +111,9 @@ static inline int dtu_kill_daemons(void **state) {
 /* Start `umbp daemon NAME --foreground ARGS...` with its stderr
  * appended to log; waits until it holds the pool. Returns its pid. */
 static inline pid_t dtu_daemon_start(const char *name, const char *log, const char *const *args) {
+  /* the log may hold an earlier daemon's lines: its "ready:" says nothing of this one */
+  struct stat before;
+  off_t start = stat(log, &before) == 0 ? before.st_size : 0;
   pid_t pid = fork();
   if (pid == 0) {
     int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -140,6 +144,10 @@ static inline pid_t dtu_daemon_start(const char *name, const char *log, const ch
         FILE *f = fopen(log, "r");
         char line[512];
         bool ready = false;
+        if (f && fseeko(f, start, SEEK_SET) != 0) {
+          fclose(f);
+          f = NULL;
+        }
         while (f && fgets(line, sizeof line, f))
           if (strstr(line, "ready: pool")) ready = true;
         if (f) fclose(f);

@@ -433,10 +433,6 @@ def group_states(pgid):
 def _():
     import resource
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # should the scheduler ever dump core: no file
-
-    def foreground():  # a terminal's foreground job: a script's background job (CI) inherits both ignored
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     # early: as soon as the pool exists (workers starting, some between fork and exec);
     # steady: both workers exec'd and replaying
     for when in ("early", "steady"):
@@ -444,7 +440,7 @@ def _():
             p = subprocess.Popen([TOOL, "replay", "--generate", "chat", "--conversations", "40", "--tp", "2",
                                   "--speed", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  start_new_session=True,  # its own group, as a terminal's foreground job
-                                 preexec_fn=foreground)
+                                 preexec_fn=taplib.foreground)
             if when == "early":
                 for _ in range(2000):
                     if segments(p.pid):
