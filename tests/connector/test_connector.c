@@ -102,6 +102,24 @@ static void test_keys_build_fold(void **state) {
   assert_int_equal(a[0].hash_len, 32);
   assert_memory_equal(a[2].hash, b[2].hash, 32);
   assert_memory_not_equal(a[0].hash, a[1].hash, 32);
+  /* Every byte counts, the tail past 32 too: two 40-byte hashes that share
+   * their first 32 bytes (a hash whose first 32 bytes were kept and the rest
+   * dropped made them one key, and a[0] vs a[1] above differ everywhere). */
+  uint8_t tail[2 * 40];
+  memcpy(tail, h, 40);
+  memcpy(tail + 40, h, 40);
+  tail[40 + 39] ^= 1;
+  assert_int_equal(umbp_conn_keys_build(&t, 2, tail, 40, a), 0);
+  assert_memory_not_equal(a[0].hash, a[1].hash, 32);
+  /* Stable across builds (connector.h): keys that a daemon's pool keeps
+   * outlive the engine that wrote them, and an engine of a later build must
+   * find them. These bytes were recorded from this build; a change of the fold
+   * is a change of every stored key and has to be made on purpose. */
+  static const uint8_t fold_h0[32] = {0x85, 0x28, 0x16, 0x43, 0xd0, 0x32, 0x63, 0x15, 0x2a, 0xec, 0x6f,
+                                      0xc9, 0x21, 0x5b, 0x51, 0xfa, 0xc7, 0x2d, 0x33, 0x6c, 0x04, 0x00,
+                                      0x01, 0xbd, 0x8c, 0x07, 0x20, 0x49, 0x3a, 0x58, 0x40, 0x56};
+  assert_int_equal(umbp_conn_keys_build(&t, 1, h, 40, a), 0);
+  assert_memory_equal(a[0].hash, fold_h0, 32);
 }
 
 static void ns_base(umbp_conn_ns_params *p) {
@@ -125,6 +143,11 @@ static void test_ns_derive(void **state) {
   assert_memory_equal(a, "vllm-", 5);
   assert_int_equal(umbp_conn_ns_derive(&p, b, sizeof(b)), n);
   assert_string_equal(a, b); /* deterministic */
+  /* and stable across builds: engines of two umbp versions sharing a daemon's
+   * pool (or one engine restarted on an upgrade) must derive the same name for
+   * the same model, or the stored blocks are never found again. Recorded from
+   * this build; a new serialisation bumps its "v" field and this name. */
+  assert_string_equal(a, "vllm-a6263eabfec4513eff085670bb1b5329");
   /* every field changes it */
   const char *alts[] = {"block", "layout", "dtype", "tp", "pp", "pcp", "dcp", "draft", "model", "rev", "groups"};
   for (unsigned i = 0; i < sizeof(alts) / sizeof(alts[0]); i++) {
