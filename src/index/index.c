@@ -76,7 +76,11 @@ __attribute__((cold, noinline)) void umbp_ix_stop_here(void) {
  * that place keys differently refuse each other's pools at attach. The
  * inputs exercise every key word, the high bits (the signature) and a table
  * size that is not a power of two. */
-uint64_t umbp_index_abi_part(void) {
+static uint64_t abi_key_hash(const uint64_t w[6]) { return umbp_key_hash_w(w); }
+
+uint64_t umbp_index_abi_part(void) { return umbp_index_abi_part_with(abi_key_hash); }
+
+uint64_t umbp_index_abi_part_with(uint64_t (*hash)(const uint64_t w[6])) {
   static const uint64_t keys[][6] = {
       {0, 0, 0, 0, 0, 0},
       {1, 2, 3, 4, 5, 6},
@@ -86,7 +90,7 @@ uint64_t umbp_index_abi_part(void) {
   static const uint32_t tables[] = {UMBP_MAX_PROBE, 1000003u, 0xfffffffbu};
   uint64_t acc = 0x756d62706b657973ull; /* "umbpkeys" */
   for (unsigned i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-    uint64_t h = umbp_key_hash_w(keys[i]);
+    uint64_t h = hash(keys[i]);
     acc = umbp_rotl64(acc ^ h, 17) * 0x9e3779b97f4a7c15ull;
     acc ^= umbp_key_sig(h) | (uint64_t)umbp_ovf_bit(h) << 16;
     for (unsigned t = 0; t < sizeof tables / sizeof tables[0]; t++)
@@ -148,9 +152,9 @@ static int ix_validate(const struct umbp_shm_header *h) {
 }
 
 
-static uint64_t ix_abi(void) {
+uint64_t umbp_index_module_abi_with(uint64_t key_part) {
   const uint64_t shape[] = {
-      umbp_index_abi_part(), /* key hash and bucket placement */
+      key_part, /* key hash and bucket placement: umbp_index_abi_part() */
       sizeof(struct umbp_slot_meta), _Alignof(struct umbp_slot_meta),
       sizeof(struct umbp_bucket), (size_t)umbp_pin_stride(1),
       sizeof(struct umbp_reader_shm), sizeof(struct umbp_ns_shm),
@@ -161,6 +165,8 @@ static uint64_t ix_abi(void) {
   };
   return umbp_fnv1a(shape, sizeof shape, 0x756d627069647821ull); /* "umbpidx!" */
 }
+
+static uint64_t ix_abi(void) { return umbp_index_module_abi_with(umbp_index_abi_part()); }
 
 static void ix_info(umbp_pool *p, umbp_pool_info *i) {
   for (unsigned k = 0; k < i->n_partitions && k < UMBP_MAX_PARTITIONS; k++)

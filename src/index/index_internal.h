@@ -327,6 +327,12 @@ uint64_t umbp_index_free_slots(umbp_pool *p, unsigned part);
  * of the index's ABI fingerprint that says every process places keys alike
  * (sizes alone do not). */
 uint64_t umbp_index_abi_part(void);
+/* The same with another key hash in place of umbp_key_hash_w (tests: a build
+ * that hashed keys otherwise gets another part). */
+uint64_t umbp_index_abi_part_with(uint64_t (*hash)(const uint64_t w[6]));
+/* The index module's abi_part() (module.h) with key_part in place of
+ * umbp_index_abi_part(): the sizes of its shared structs and key_part. */
+uint64_t umbp_index_module_abi_with(uint64_t key_part);
 
 /* table.c */
 UMBP_IX_HIDDEN __attribute__((cold)) int umbp_ix_key_fail(const umbp_key *k);

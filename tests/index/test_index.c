@@ -1001,6 +1001,10 @@ static void test_ring_header_scribbled(void **state) {
 /* The key hash and bucket placement are in the ABI fingerprint (issue 32,
  * smaller defects): a build that hashed a fixed key differently gets another
  * fingerprint, and the pool's recorded fingerprint includes this build's. */
+static uint64_t this_build_hash(const uint64_t w[6]) { return umbp_key_hash_w(w); }
+static uint64_t hash_low_bit_flipped(const uint64_t w[6]) { return umbp_key_hash_w(w) ^ 1; }
+static uint64_t hash_high_bit_flipped(const uint64_t w[6]) { return umbp_key_hash_w(w) ^ (1ull << 63); }
+
 static void test_fingerprint_covers_hash(void **state) {
   struct fx *f = *state;
   uint64_t part = umbp_index_module.abi_part();
@@ -1008,11 +1012,24 @@ static void test_fingerprint_covers_hash(void **state) {
   assert_int_equal(f->p->hdr->abi_fingerprint, umbp_abi_fingerprint());
   /* another hash of one fixed key (as another build would compute it) */
   assert_true(umbp_abi_fingerprint_with(&umbp_index_module, part ^ 1) != umbp_abi_fingerprint());
-  /* the part depends on the hash and on the placement of fixed keys */
+  /* the part depends on the hash and on the placement of fixed keys: it is
+   * the mix of umbp_key_hash_w's results, and a build whose key hash differs
+   * (here: two other hashes, one that differs in the low bits that place a
+   * key, one in the high bits of its signature) gets another part. A part
+   * that did not feed the hash in (checked before: h != 0 and part != its
+   * seed) let two builds that place keys differently share a pool. */
   uint64_t w[6] = {1, 2, 3, 4, 5, 6};
   uint64_t h = umbp_key_hash_w(w);
   assert_true(h != 0);
   assert_true(umbp_index_abi_part() != 0x756d62706b657973ull);
+  uint64_t kpart = umbp_index_abi_part();
+  assert_int_equal(umbp_index_abi_part_with(this_build_hash), kpart);
+  assert_true(umbp_index_abi_part_with(hash_low_bit_flipped) != kpart);
+  assert_true(umbp_index_abi_part_with(hash_high_bit_flipped) != kpart);
+  /* ... and the module's part (the one the fingerprint folds in, above) is
+   * made of it: another key part is another module part */
+  assert_int_equal(umbp_index_module_abi_with(kpart), part);
+  assert_true(umbp_index_module_abi_with(umbp_index_abi_part_with(hash_low_bit_flipped)) != part);
 }
 
 /* A full pool under long churn never runs out of index ways. At 32767 slots a
