@@ -50,9 +50,13 @@ def tools_includes():
                 if not m:
                     continue
                 inc = m.group(1)
-                ok = (inc.startswith("umbp/") and os.path.exists(os.path.join(ROOT, "include", inc))) \
+                # where the file named resolves to, not only whether it exists: "../src/common/common.h"
+                # exists beside tools/ too, and passed as one of the tools' own headers
+                own = [os.path.realpath(os.path.join(base, inc)) for base in (d, tools)]
+                ok = (inc.startswith("umbp/") and os.path.exists(os.path.join(PUBLIC, inc[5:]))
+                      and os.path.realpath(os.path.join(PUBLIC, inc[5:])).startswith(os.path.realpath(PUBLIC) + os.sep)) \
                     or inc == "cli_config.h" \
-                    or os.path.exists(os.path.join(d, inc)) or os.path.exists(os.path.join(tools, inc))
+                    or any(os.path.exists(f) and f.startswith(os.path.realpath(tools) + os.sep) for f in own)
                 if not ok:
                     bad.append(f"{os.path.relpath(path, ROOT)}:{n}: #include \"{inc}\"")
     assert not bad, "private headers included from tools/:\n" + "\n".join(bad)
