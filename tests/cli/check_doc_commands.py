@@ -162,9 +162,13 @@ def run_daemon(args):
     if "--foreground" in args:
         p = subprocess.Popen([TOOL, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=TMP)
         end = time.time() + 30
-        while time.time() < end and daemon_pid() != p.pid:
+        while daemon_pid() != p.pid:
             if p.poll() is not None:
                 return p.returncode, p.stderr.read()
+            if time.time() >= end:
+                # a daemon that never served the pool passed here as long as SIGTERM then ended it with 0
+                p.kill()
+                return 97, f"no daemon served the pool 30 s after the start (pid {p.pid}): {p.communicate()[1]}"
             time.sleep(0.05)
         p.send_signal(signal.SIGTERM)
         return p.wait(30), p.stderr.read()
