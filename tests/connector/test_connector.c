@@ -33,6 +33,7 @@ static umbp_key mk_key(uint32_t ns, uint16_t tp, uint16_t group, uint8_t fill) {
 static void test_codec_roundtrip(void **state) {
   (void)state;
   umbp_key k = mk_key(0xa1b2c3d4u, 7, 2, 0x5a);
+  k.pp_rank = 0x0105; /* mk_key's 0 would round-trip a pp_rank the codec dropped */
   k.hash[0] = 1;
   k.hash[31] = 0xff;
   uint8_t buf[UMBP_CONN_KEY_MAX];
@@ -40,12 +41,19 @@ static void test_codec_roundtrip(void **state) {
   assert_int_equal(n, UMBP_CONN_KEY_HDR + 32);
   assert_int_equal(buf[0], 0xd4); /* little endian, independent of host */
   assert_int_equal(buf[3], 0xa1);
+  /* the header as connector.h spells it, byte by byte: ns(4) tp(2) pcp(2)
+   * dcp(2) pp(2) group(2) hash_len(1), each little endian; a round trip alone
+   * passes any layout that encode and decode agree on */
+  static const uint8_t hdr[UMBP_CONN_KEY_HDR] = {0xd4, 0xc3, 0xb2, 0xa1, 7, 0, 3, 0, 4, 0, 0x05, 0x01, 2, 0, 32};
+  assert_memory_equal(buf, hdr, UMBP_CONN_KEY_HDR);
+  assert_memory_equal(buf + UMBP_CONN_KEY_HDR, k.hash, 32);
   umbp_key d;
   assert_int_equal(umbp_conn_key_decode(buf, (size_t)n, &d), n);
   assert_int_equal(d.ns, k.ns);
   assert_int_equal(d.tp_rank, 7);
   assert_int_equal(d.pcp_rank, 3);
   assert_int_equal(d.dcp_rank, 4);
+  assert_int_equal(d.pp_rank, 0x0105);
   assert_int_equal(d.group, 2);
   assert_int_equal(d.hash_len, 32);
   assert_memory_equal(d.hash, k.hash, 32);
