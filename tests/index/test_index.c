@@ -704,10 +704,25 @@ static void test_unlink_scribbled_way(void **state) {
   census_ok(f->p);
 }
 
+/* An event's key is the key published, field by field. */
+static void event_key_is(const umbp_key *got, const umbp_key *want) {
+  assert_int_equal(got->ns, want->ns);
+  assert_int_equal(got->tp_rank, want->tp_rank);
+  assert_int_equal(got->pcp_rank, want->pcp_rank);
+  assert_int_equal(got->dcp_rank, want->dcp_rank);
+  assert_int_equal(got->pp_rank, want->pp_rank);
+  assert_int_equal(got->group, want->group);
+  assert_int_equal(got->hash_len, want->hash_len);
+  assert_memory_equal(got->hash, want->hash, want->hash_len);
+}
+
 static void test_remove_and_events(void **state) {
   struct fx *f = *state;
   assert_int_equal(umbp_events_drain(f->p, NULL, 0), 0); /* record removed events from here on */
-  umbp_key k = itu_key(f->ns, 5, 0);
+  /* every key field non-zero and distinct: an event key that lost one (read
+   * back as 0) matched itu_key's zero ranks and group */
+  umbp_key k = itu_key(f->ns, 5, 1);
+  k.pcp_rank = 2, k.dcp_rank = 3, k.pp_rank = 4, k.group = 5;
   put(f->p, &k);
   uint32_t got;
   assert_int_equal(umbp_lookup_pin(f->p, &k, &got), 0);
@@ -724,13 +739,17 @@ static void test_remove_and_events(void **state) {
   assert_int_equal(ev[0].type, UMBP_EV_REMOVED);
   assert_int_equal(ev[0].key.ns, f->ns);
   assert_memory_equal(ev[0].key.hash, k.hash, 32);
+  event_key_is(&ev[0].key, &k);
   /* stored events on request */
   umbp_events_enable_stored(f->p, true);
-  umbp_key k2 = itu_key(f->ns, 6, 0);
+  umbp_key k2 = itu_key(f->ns, 6, 7);
+  k2.pcp_rank = 8, k2.dcp_rank = 9, k2.pp_rank = 10, k2.group = 11, k2.hash_len = 20;
+  memset(k2.hash + 20, 0, 12);
   put(f->p, &k2);
   n = umbp_events_drain(f->p, ev, 8);
   assert_int_equal(n, 1);
   assert_int_equal(ev[0].type, UMBP_EV_STORED);
+  event_key_is(&ev[0].key, &k2);
   umbp_events_enable_stored(f->p, false);
   /* the removed slot is reusable (after its grace period, no reader is in a section) */
   umbp_reclaim(f->p);
