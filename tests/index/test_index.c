@@ -236,6 +236,45 @@ static void test_key_compare_exact(void **state) {
   census_ok(f->p);
 }
 
+/* Keys that differ in one field alone, each rank, the group or the hash
+ * length, are different blocks on every lookup path. The index's tests used
+ * keys whose pp rank and group are 0 (itu_key), so a key copy that dropped
+ * one of them made such keys one block and no test saw it. */
+static void test_key_fields_distinct(void **state) {
+  struct fx *f = *state;
+  for (int field = 0; field < 6; field++) {
+    umbp_key k1 = itu_key(f->ns, 4200 + (uint64_t)field, 1), k2;
+    k1.pcp_rank = 2, k1.dcp_rank = 3, k1.pp_rank = 4, k1.group = 5;
+    k2 = k1;
+    switch (field) {
+      case 0: k2.tp_rank = 0x101; break;
+      case 1: k2.pcp_rank = 0x102; break;
+      case 2: k2.dcp_rank = 0x103; break;
+      case 3: k2.pp_rank = 0x104; break;
+      case 4: k2.group = 0x105; break;
+      case 5: k2.hash_len = 31, k2.hash[31] = 0; k1.hash[31] = 0; break; /* same bytes, shorter */
+    }
+    uint32_t s1 = put(f->p, &k1), got, sl[2];
+    assert_int_equal(umbp_contains(f->p, &k2), 0);
+    assert_int_equal(umbp_lookup_pin(f->p, &k2, &got), -ENOENT);
+    umbp_key both[2] = {k2, k1};
+    uint8_t present[2];
+    assert_int_equal(umbp_contains_bulk(f->p, 2, both, present), 1);
+    assert_int_equal(present[0], 0);
+    assert_int_equal(present[1], 1);
+    uint32_t s2 = put(f->p, &k2); /* not a duplicate of k1 */
+    assert_int_not_equal(s1, s2);
+    assert_int_equal(umbp_lookup_pin_bulk(f->p, 2, both, sl), 2);
+    assert_int_equal(sl[0], s2);
+    assert_int_equal(sl[1], s1);
+    assert_int_equal(umbp_unpin_bulk(f->p, 2, sl), 0);
+    assert_int_equal(umbp_remove(f->p, &k2), 0);
+    assert_int_equal(umbp_contains(f->p, &k1), 1);
+    assert_int_equal(umbp_remove(f->p, &k1), 0);
+  }
+  census_ok(f->p);
+}
+
 /* The way that links slot s, as umbp_way_get() gives it (0: none). */
 static uint64_t way_of(umbp_pool *p, uint32_t s, uint64_t h) {
   const struct umbp_bucket *bk = umbp_pool_region(p, UMBP_REG_BUCKETS);
@@ -2129,6 +2168,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_ring_header_scribbled, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fingerprint_covers_hash, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_key_fields_distinct, setup, teardown),
       cmocka_unit_test_setup_teardown(test_signature_split, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bucket_all_ways, setup, teardown),
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
