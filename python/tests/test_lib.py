@@ -143,3 +143,22 @@ def test_a_sanitizer_build_in_umbp_lib_is_refused_not_fatal(tmp_path):
     r = subprocess.run([sys.executable, "-c", "import umbp._lib as L\ntry:\n L.lib()\nexcept OSError as e:\n print(e)"],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "UMBP_LIB=/dev/zero cannot be loaded" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_key_fields_lie_where_the_library_reads_them():
+    """A size check passes two fields of one type swapped (tp_rank and
+    pcp_rank, say): every key the package built would then name another
+    rank's block. The library's encoder reads the key by its C layout and
+    writes each field at a documented place (connector.h: ns(4) tp(2)
+    pcp(2) dcp(2) pp(2) group(2) hash_len(1) hash, little endian), so the
+    bytes it writes for a Key made here show where each field landed."""
+    lib = L.lib()
+    encode = lib.umbp_conn_key_encode
+    encode.restype, encode.argtypes = C.c_int, [C.POINTER(L.Key), C.c_char_p, C.c_size_t]
+    k = L.Key(ns=0x11223344, tp_rank=0x0102, pcp_rank=0x0304, dcp_rank=0x0506, pp_rank=0x0708, group=0x090A,
+              hash_len=3)
+    k.hash[0], k.hash[1], k.hash[2] = 0xA1, 0xA2, 0xA3
+    buf = C.create_string_buffer(64)
+    assert encode(C.byref(k), buf, 64) == 15 + 3
+    assert buf.raw[:18] == bytes([0x44, 0x33, 0x22, 0x11, 0x02, 0x01, 0x04, 0x03, 0x06, 0x05, 0x08, 0x07,
+                                  0x0A, 0x09, 3, 0xA1, 0xA2, 0xA3]), buf.raw[:18].hex()
