@@ -162,3 +162,38 @@ def test_key_fields_lie_where_the_library_reads_them():
     assert encode(C.byref(k), buf, 64) == 15 + 3
     assert buf.raw[:18] == bytes([0x44, 0x33, 0x22, 0x11, 0x02, 0x01, 0x04, 0x03, 0x06, 0x05, 0x08, 0x07,
                                   0x0A, 0x09, 3, 0xA1, 0xA2, 0xA3]), buf.raw[:18].hex()
+
+
+def test_every_field_is_where_the_c_compiler_puts_it(tmp_path):
+    """Sizes alone pass two fields of one type swapped, or a field put in
+    another's padding: the offset of every field of every structure in
+    _C_NAMES, as gcc lays out the public header's struct, equals ctypes'.
+    A field name that the C struct lacks fails the compile, naming it."""
+    import shutil
+    import subprocess
+    gcc = shutil.which("gcc")
+    if not gcc:
+        pytest.skip("no gcc to compile the public headers")
+    include = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include")
+    if not os.path.exists(os.path.join(include, "umbp", "umbp.h")):
+        pytest.skip(f"no public headers at {include} (a copy of the tests outside the source tree)")
+    lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "umbp/umbp.h"', "int main(void) {"]
+    for cls, name in L._C_NAMES.items():
+        for f in cls._fields_:
+            lines.append(f'  printf("{name} {f[0]} %zu\\n", offsetof({name}, {f[0]}));')
+    lines.append("  return 0;\n}")
+    (tmp_path / "offsets.c").write_text("\n".join(lines) + "\n")
+    r = subprocess.run([gcc, "-I", include, "-o", str(tmp_path / "offsets"), str(tmp_path / "offsets.c")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = subprocess.run([str(tmp_path / "offsets")], capture_output=True, text=True, check=True).stdout
+    by_name = {name: cls for cls, name in L._C_NAMES.items()}
+    seen, wrong = 0, []
+    for line in out.splitlines():
+        struct, field, off = line.split()
+        seen += 1
+        ours = getattr(by_name[struct], field).offset
+        if ours != int(off):
+            wrong.append(f"{struct}.{field}: {int(off)} in C, {ours} in _lib.py")
+    assert seen == sum(len(c._fields_) for c in L._C_NAMES), out
+    assert not wrong, wrong
