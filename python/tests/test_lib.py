@@ -167,10 +167,13 @@ def test_key_fields_lie_where_the_library_reads_them():
 def test_every_field_is_where_the_c_compiler_puts_it(tmp_path):
     """Sizes alone pass two fields of one type swapped, or a field put in
     another's padding: the offset of every field of every structure in
-    _C_NAMES, as gcc lays out the public header's struct, equals ctypes'.
-    A field name that the C struct lacks fails the compile, naming it."""
+    _C_NAMES (_lib.py's and tier.py's), as gcc lays out the public header's
+    struct, equals ctypes'. A field name that the C struct lacks fails the
+    compile, naming it."""
     import shutil
     import subprocess
+    import umbp.tier as T
+    structs = {**L._C_NAMES, **T._C_NAMES}
     gcc = shutil.which("gcc")
     if not gcc:
         pytest.skip("no gcc to compile the public headers")
@@ -178,7 +181,7 @@ def test_every_field_is_where_the_c_compiler_puts_it(tmp_path):
     if not os.path.exists(os.path.join(include, "umbp", "umbp.h")):
         pytest.skip(f"no public headers at {include} (a copy of the tests outside the source tree)")
     lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "umbp/umbp.h"', "int main(void) {"]
-    for cls, name in L._C_NAMES.items():
+    for cls, name in structs.items():
         for f in cls._fields_:
             lines.append(f'  printf("{name} {f[0]} %zu\\n", offsetof({name}, {f[0]}));')
     lines.append("  return 0;\n}")
@@ -187,13 +190,13 @@ def test_every_field_is_where_the_c_compiler_puts_it(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     out = subprocess.run([str(tmp_path / "offsets")], capture_output=True, text=True, check=True).stdout
-    by_name = {name: cls for cls, name in L._C_NAMES.items()}
+    by_name = {name: cls for cls, name in structs.items()}
     seen, wrong = 0, []
     for line in out.splitlines():
         struct, field, off = line.split()
         seen += 1
         ours = getattr(by_name[struct], field).offset
         if ours != int(off):
-            wrong.append(f"{struct}.{field}: {int(off)} in C, {ours} in _lib.py")
-    assert seen == sum(len(c._fields_) for c in L._C_NAMES), out
+            wrong.append(f"{struct}.{field}: {int(off)} in C, {ours} in the package's ctypes structure")
+    assert seen == sum(len(c._fields_) for c in structs), out
     assert not wrong, wrong
