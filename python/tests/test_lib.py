@@ -180,23 +180,27 @@ def test_every_field_is_where_the_c_compiler_puts_it(tmp_path):
     include = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include")
     if not os.path.exists(os.path.join(include, "umbp", "umbp.h")):
         pytest.skip(f"no public headers at {include} (a copy of the tests outside the source tree)")
-    lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "umbp/umbp.h"', "int main(void) {"]
-    for cls, name in structs.items():
+
+    def members(cls, path="", base=0):
+        """(C member designator, ctypes offset) of every field, nested
+        structures (FeedInfo's consumers, every Key inside another) included."""
         for f in cls._fields_:
-            lines.append(f'  printf("{name} {f[0]} %zu\\n", offsetof({name}, {f[0]}));')
+            t, off = f[1], base + getattr(cls, f[0]).offset
+            yield path + f[0], off
+            if isinstance(t, type) and issubclass(t, C.Structure):
+                yield from members(t, path + f[0] + ".", off)
+            elif isinstance(t, type) and issubclass(t, C.Array) and issubclass(t._type_, C.Structure):
+                yield from members(t._type_, path + f[0] + "[1].", off + C.sizeof(t._type_))
+    want = [(name, m, off) for cls, name in structs.items() for m, off in members(cls)]
+    lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "umbp/umbp.h"', "int main(void) {"]
+    lines += [f'  printf("%zu\\n", offsetof({name}, {m}));' for name, m, _ in want]
     lines.append("  return 0;\n}")
     (tmp_path / "offsets.c").write_text("\n".join(lines) + "\n")
     r = subprocess.run([gcc, "-I", include, "-o", str(tmp_path / "offsets"), str(tmp_path / "offsets.c")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    out = subprocess.run([str(tmp_path / "offsets")], capture_output=True, text=True, check=True).stdout
-    by_name = {name: cls for cls, name in structs.items()}
-    seen, wrong = 0, []
-    for line in out.splitlines():
-        struct, field, off = line.split()
-        seen += 1
-        ours = getattr(by_name[struct], field).offset
-        if ours != int(off):
-            wrong.append(f"{struct}.{field}: {int(off)} in C, {ours} in the package's ctypes structure")
-    assert seen == sum(len(c._fields_) for c in structs), out
+    got = subprocess.run([str(tmp_path / "offsets")], capture_output=True, text=True, check=True).stdout.split()
+    assert len(got) == len(want), got
+    wrong = [f"{name}.{m}: {int(c)} in C, {off} in the package's ctypes structure"
+             for (name, m, off), c in zip(want, got) if int(c) != off]
     assert not wrong, wrong
