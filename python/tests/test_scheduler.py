@@ -299,6 +299,39 @@ def test_prometheus_metrics_after_real_steps(tmp_path, pool_name):
         e.close()
 
 
+def test_another_model_at_the_same_path_gets_another_namespace(tmp_path):
+    """Models served one after another from one path (a container's /model
+    mount, a `current` symlink moved to a fine-tune) with the same TP, dtype
+    and block size: the derived namespace follows what is at the path (its
+    config and samples of its weights), so a daemon's pool never gives the
+    second model the first one's KV; the same files give the same namespace
+    (engines of one model, hosts sharing blocks through `umbp tier`)."""
+    path = Path(model_dir(tmp_path))
+    weights = path / "model.safetensors"
+    weights.write_bytes(bytes(range(256)) * 4096)
+
+    def ns():
+        mc = ModelConfig(model=str(path), skip_tokenizer_init=True, dtype="float16", max_model_len=1024)
+        vc = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=BLOCK),
+                        parallel_config=ParallelConfig(tensor_parallel_size=TP), device_config=DeviceConfig("cpu"))
+        return U.derive_namespace(vc, make_kv_cache_config(), U.UMBPConfig.from_extra({}))
+
+    first = ns()
+    assert ns() == first, "the same model at the same path: the same namespace"
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["intermediate_size"] *= 2          # another model, the same KV layout
+    (path / "config.json").write_text(json.dumps(cfg))
+    wider = ns()
+    assert wider != first
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 1              # a fine-tune: same config, other weights
+    weights.write_bytes(bytes(data))
+    assert ns() not in (first, wider)
+    data[len(data) // 2] ^= 1
+    weights.write_bytes(bytes(data))
+    assert ns() == wider, "the files, not their inode or mtime, name the model"
+
+
 def test_own_cache_hit_stores_nothing_again(tmp_path, pool_name):
     """A request whose prefix is in vLLM's own cache and in the pool stores
     and announces none of those blocks again (the probe found them on every

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes as C
 import difflib
+import hashlib
 import errno
 import logging
 import math
@@ -431,8 +432,60 @@ def _slot_size(cfg: UMBPConfig, kv_cache_config) -> int:
     return max(need, cfg.slot_size or 0) if cfg.mode == "embedded" else need
 
 
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz")
+_SAMPLE = 64 << 10
+
+
+def model_fingerprint(model: str) -> str | None:
+    """What the model at a local path is, not where it is: None for a name
+    that is not a local file or directory (a hub id: its revision names it),
+    else 16 hex digits over the contents of its small JSON files (config,
+    generation config, the weights' index) and, per weight file, its name,
+    size and two 64 KiB samples of its data (the middle and the end; a
+    safetensors file's head is its tensor table, the same for every
+    fine-tune of one architecture). Host-independent (no inode or mtime), so
+    hosts that share blocks through `umbp tier` derive the same namespace;
+    two 64 KiB reads per weight file.
+
+    Why: the model string vLLM was given is a path for local models, and
+    several models are served from one path (a container's /model mount, a
+    `current` symlink moved to a new fine-tune) while a daemon's pool keeps
+    the earlier model's blocks: with the path alone in the namespace, the new
+    model loaded the old one's KV as hits and computed with it."""
+    try:
+        if os.path.isfile(model):
+            files = [(os.path.basename(model), model)]
+        elif os.path.isdir(model):
+            files = sorted((n, os.path.join(model, n)) for n in os.listdir(model))
+        else:
+            return None
+        h = hashlib.sha256()
+        for name, path in files:
+            if not os.path.isfile(path):
+                continue
+            size = os.path.getsize(path)
+            is_weights = name.endswith(_WEIGHT_SUFFIXES)
+            if not is_weights and not (name.endswith(".json") and size <= (1 << 20)):
+                continue
+            h.update(f"{name}\0{size}\0".encode())
+            with open(path, "rb") as f:
+                if not is_weights:
+                    h.update(f.read())
+                    continue
+                for off in (size // 2, max(0, size - _SAMPLE)):
+                    f.seek(off)
+                    h.update(f.read(_SAMPLE))
+        return h.hexdigest()[:16]
+    except OSError as e:
+        logger.warning("UMBP: cannot read the model files at %s (%s): its key namespace is derived from the "
+                       "path alone, so another model later served from this path would load this one's blocks; "
+                       "set kv_connector_extra_config.key_namespace per model", model, e)
+        return None
+
+
 def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig) -> str:
-    """The key namespace (umbp_conn_ns_derive): explicit, or a hash of the model and layout."""
+    """The key namespace (umbp_conn_ns_derive): explicit, or a hash of the
+    model (its name or path, and what is there: model_fingerprint) and layout."""
     mc, pc = vllm_config.model_config, vllm_config.parallel_config
     p = L.NsParams()
     keep = []
@@ -443,7 +496,9 @@ def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig) -> str:
         return b
 
     p.key_namespace = s(cfg.key_namespace) if cfg.key_namespace else None
-    p.model = s(getattr(mc, "model", None) or "unknown")
+    model = str(getattr(mc, "model", None) or "unknown")
+    fp = None if cfg.key_namespace else model_fingerprint(model)
+    p.model = s(model if fp is None else f"{model}#{fp}")
     p.revision = s(getattr(mc, "revision", None)) if getattr(mc, "revision", None) else None
     p.block_size = vllm_config.cache_config.block_size
     try:

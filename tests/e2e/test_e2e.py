@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import time
 
@@ -366,3 +367,34 @@ def test_docs_example_runs():
     assert not os.path.exists(f"/dev/shm/umbp.demo-{p.pid}"), "the example's embedded pool outlived it"
     assert "from the umbp pool:" in r.stdout and "num_cached_tokens 3968" in r.stdout, r.stdout
     assert "identical tokens and logprobs: True" in r.stdout, r.stdout
+
+
+def test_another_model_at_the_same_path_does_not_load_the_first_ones_blocks(workdir):
+    """An operator serves models from one path (a container's `/model` mount,
+    a `current` symlink moved to a new fine-tune) and keeps the daemon's pool
+    across the change. The model as vLLM was given it (the path) is the same,
+    as are TP, dtype and block size, but the weights are another model's: the
+    second engine must compute its prompt, not load the first model's KV (its
+    tokens and logprobs equal its own reference engine's)."""
+    path = os.path.join(workdir, "model-at-one-path")
+    old, new = model_dir("tiny", os.path.join(workdir, "old")), os.path.join(workdir, "new")
+    os.makedirs(new, exist_ok=True)
+    with open(os.path.join(old, "config.json")) as f:
+        cfg = json.load(f)
+    # the same KV layout (layers, KV heads, head_dim), another model: its MLP is wider
+    cfg["intermediate_size"] *= 2
+    with open(os.path.join(new, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    pool = f"e2e-path-{os.getpid()}"
+    with Daemon(pool, log_dir=workdir):
+        kv = kv_config(pool, mode="standalone")
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.copytree(old, path)
+        run_engine({"model": path, "kv": kv, "phases": [_phase([P_LONG])]}, workdir, "path-old")
+        shutil.rmtree(path)
+        shutil.copytree(new, path)
+        b = run_engine({"model": path, "kv": kv, "phases": [_phase([P_LONG])]}, workdir, "path-new")
+        want = run_engine({"model": path, "kv": None, "phases": [_phase([P_LONG])]}, workdir, "path-new-ref")
+        got = b["phases"][0]["runs"][0]["outputs"][0]
+        assert got["num_cached_tokens"] == 0, "the new model got the old model's blocks as hits"
+        same(got, want["phases"][0]["runs"][0]["outputs"][0], "new model at the old model's path")
