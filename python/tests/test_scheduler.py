@@ -332,6 +332,23 @@ def test_another_model_at_the_same_path_gets_another_namespace(tmp_path):
     assert ns() == wider, "the files, not their inode or mtime, name the model"
 
 
+def test_hf_overrides_give_another_namespace(tmp_path):
+    """One model, one path, one KV layout, but `--hf-overrides` that change
+    what the model computes (rms_norm_eps before every K projection): the
+    engines must not share blocks; the same overrides do share them."""
+    path = model_dir(tmp_path)
+
+    def ns(**kw):
+        mc = ModelConfig(model=path, skip_tokenizer_init=True, dtype="float16", max_model_len=1024, **kw)
+        vc = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=BLOCK),
+                        parallel_config=ParallelConfig(tensor_parallel_size=TP), device_config=DeviceConfig("cpu"))
+        return U.derive_namespace(vc, make_kv_cache_config(), U.UMBPConfig.from_extra({}))
+
+    plain, eps = ns(), ns(hf_overrides={"rms_norm_eps": 0.1})
+    assert eps != plain
+    assert ns(hf_overrides={"rms_norm_eps": 0.1}) == eps
+
+
 def test_own_cache_hit_stores_nothing_again(tmp_path, pool_name):
     """A request whose prefix is in vLLM's own cache and in the pool stores
     and announces none of those blocks again (the probe found them on every

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import ctypes as C
 import difflib
-import hashlib
 import errno
+import hashlib
+import json
 import logging
 import math
 import os
@@ -483,9 +484,28 @@ def model_fingerprint(model: str) -> str | None:
         return None
 
 
+def model_settings(mc) -> str | None:
+    """16 hex digits over the engine settings that change what one model
+    computes into its KV cache without changing its files, its KV dtype or
+    its layout: vLLM's `--quantization` (weights quantized online, e.g. fp8)
+    and `--hf-overrides` given as a dict (rms_norm_eps, rope scaling, ...);
+    None when neither is set. An override given as a function is not
+    hashable across processes and is left out (set key_namespace per setting
+    then). Two engines of one model, one with such a setting and one without,
+    otherwise shared a namespace, and each loaded KV computed by the other."""
+    q = getattr(mc, "quantization", None)
+    ov = getattr(mc, "hf_overrides", None)
+    ov = ov if isinstance(ov, dict) and ov else None
+    if not q and ov is None:
+        return None
+    text = json.dumps({"quantization": str(q) if q else None, "hf_overrides": ov}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig) -> str:
     """The key namespace (umbp_conn_ns_derive): explicit, or a hash of the
-    model (its name or path, and what is there: model_fingerprint) and layout."""
+    model (its name or path, what is there: model_fingerprint, and the
+    settings that change its numerics: model_settings) and layout."""
     mc, pc = vllm_config.model_config, vllm_config.parallel_config
     p = L.NsParams()
     keep = []
@@ -498,7 +518,8 @@ def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig) -> str:
     p.key_namespace = s(cfg.key_namespace) if cfg.key_namespace else None
     model = str(getattr(mc, "model", None) or "unknown")
     fp = None if cfg.key_namespace else model_fingerprint(model)
-    p.model = s(model if fp is None else f"{model}#{fp}")
+    settings = None if cfg.key_namespace else model_settings(mc)
+    p.model = s(model + (f"#{fp}" if fp else "") + (f"+{settings}" if settings else ""))
     p.revision = s(getattr(mc, "revision", None)) if getattr(mc, "revision", None) else None
     p.block_size = vllm_config.cache_config.block_size
     try:

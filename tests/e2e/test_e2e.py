@@ -398,3 +398,23 @@ def test_another_model_at_the_same_path_does_not_load_the_first_ones_blocks(work
         got = b["phases"][0]["runs"][0]["outputs"][0]
         assert got["num_cached_tokens"] == 0, "the new model got the old model's blocks as hits"
         same(got, want["phases"][0]["runs"][0]["outputs"][0], "new model at the old model's path")
+
+
+def test_hf_overrides_do_not_share_blocks_with_the_plain_model(tiny, workdir, ref):
+    """Two engines of one model at one path, one started with `--hf-overrides`
+    that change what it computes (rms_norm_eps, applied before every K and V
+    projection), on one daemon's pool: the second must compute its prompt,
+    not load the plain model's KV; its outputs equal an engine with the same
+    overrides and no connector."""
+    pool = f"e2e-ovr-{os.getpid()}"
+    over = {"hf_overrides": {"rms_norm_eps": 0.1}}
+    with Daemon(pool, log_dir=workdir):
+        kv = kv_config(pool, mode="standalone")
+        a = run_engine({"model": tiny, "kv": kv, "phases": [_phase([P_LONG])]}, workdir, "ovr-plain")
+        same(a["phases"][0]["runs"][0]["outputs"][0], ref.get()["long"], "plain engine")
+        b = run_engine({"model": tiny, "kv": kv, "engine": over, "phases": [_phase([P_LONG])]}, workdir, "ovr-eps")
+        want = run_engine({"model": tiny, "kv": None, "engine": over, "phases": [_phase([P_LONG])]}, workdir,
+                          "ovr-eps-ref")
+        got = b["phases"][0]["runs"][0]["outputs"][0]
+        assert got["num_cached_tokens"] == 0, "the engine with overrides got the plain model's blocks as hits"
+        same(got, want["phases"][0]["runs"][0]["outputs"][0], "engine with hf_overrides")
