@@ -47,6 +47,7 @@ import math
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -68,6 +69,50 @@ PUT_TRIES = 3  # a put the store refuses is tried again 1 s and 2 s later, then 
 # publishing them, create this file and stop, so that a test can kill the tier
 # "mid-transfer" at a known point.
 _PAUSE_BEFORE_PUBLISH = os.environ.get("UMBP_TIER_TEST_PAUSE_BEFORE_PUBLISH")
+
+# Seconds a SIGTERM or SIGINT gives the tier to stop cleanly before it is ended
+# with SIGKILL. Mooncake's Python calls hold the GIL for their whole length
+# (its setup retries an unreachable master for about 85 s, an RPC to a stopped
+# master waits 30 s), and while they do no Python code runs in any thread of
+# the tier, its signal handler included. So the bound is kept by a watchdog
+# process that needs no GIL: Python's C-level handler writes each signal's
+# number to a pipe (signal.set_wakeup_fd) whose read end the watchdog holds;
+# after SIGTERM or SIGINT it waits this long for the pipe's write end to close
+# (the tier exited), else it logs why and sends SIGKILL. A killed tier is a
+# case the design covers: the pool's reaper frees its reservations and pins.
+STOP_GRACE_S = 5.0
+_WATCHDOG = r'''
+import os, select, signal, sys, time
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)  # Ctrl-C reaches the process group: the watchdog outlives it
+pid, grace, log = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+while True:
+    b = os.read(0, 64)
+    if not b:
+        sys.exit(0)  # the tier exited
+    if signal.SIGTERM in b or signal.SIGINT in b:
+        break
+end = time.monotonic() + grace
+while True:
+    left = end - time.monotonic()
+    if left <= 0:
+        break
+    if select.select([0], [], [], left)[0] and not os.read(0, 64):
+        sys.exit(0)  # the tier exited within its grace
+msg = (time.strftime("%Y-%m-%d %H:%M:%S ") + f"umbp tier[{pid}]: still inside a Mooncake call {grace:g} s after "
+       "the signal (an unreachable or stopped master holds it, and with it the whole tier): ending it with SIGKILL; "
+       "the pool's reaper frees the slots it held\n")
+try:
+    f = open(log, "a") if log else sys.stderr
+    f.write(msg)
+    f.flush()
+except OSError:
+    pass
+try:
+    os.kill(pid, signal.SIGKILL)
+except OSError:
+    pass
+'''
 
 DESCRIPTION = """\
 Keep this host's umbp pool in front of a Mooncake Store shared by several
@@ -113,7 +158,10 @@ files:
   both are removed by 'umbp pool destroy POOL'.
 
 exit status:
-  0 stopped by SIGTERM or SIGINT; 1 runtime error (no such pool, a tier already
+  0 stopped by SIGTERM or SIGINT (within 5 s; a tier still inside a Mooncake
+  call then, held by an unreachable or stopped master, is ended with SIGKILL
+  and says so in its log: 137 in a shell, the pool's reaper frees what it
+  held); 1 runtime error (no such pool, a tier already
   serves it, Mooncake not installed, a --log file that cannot be opened, a bad
   --config file); 2 usage error (a bad option or value, an empty value, a pool
   name outside [A-Za-z0-9._-]{1,64} or starting with '-', --json without
@@ -727,6 +775,7 @@ class Tier:
             self.signalled = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
+        self.start_watchdog()
         self.log(f"serving pool {self.a.pool} ({self.slot_count} slots of {self.slot_size} B), master "
                  f"{self.mc['master_server_addr']}, write-back {self.a.writeback}")
         threads = [threading.Thread(target=self.connect_loop, name="tier-connect", daemon=True)]
@@ -743,6 +792,24 @@ class Tier:
             self.close()
         self.log("stopped")
         return 0
+
+    def start_watchdog(self) -> None:
+        """The process that bounds a stop by STOP_GRACE_S (see there). It ends
+        by itself when the tier does: the pipe's write end closes."""
+        r, w = os.pipe()
+        os.set_blocking(w, False)  # a full pipe must never block a signal handler
+        try:
+            subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(STOP_GRACE_S),
+                              os.path.abspath(self.a.log) if self.a.log else ""],
+                             stdin=r, stdout=subprocess.DEVNULL, close_fds=True)
+        except OSError as e:
+            self.log(f"cannot start the stop watchdog ({e}): a signal that arrives while a Mooncake call holds "
+                     "the tier waits for that call")
+            os.close(w)
+            return
+        finally:
+            os.close(r)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
 
     def close(self) -> None:
         if self.feed is not None:

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from cluster_util import Host, Master, Scheduler, dump_logs, json_status, wait_for
+from cluster_util import Host, Master, Scheduler, dump_logs, free_port, json_status, wait_for
 
 NS = "cluster-model-tp2"
 TP = 2
@@ -332,6 +332,37 @@ def test_writeback_evict_policy(cluster):
         finally:
             s.close()
         load_on(b, NS, 0, 8)
+    except BaseException:
+        print(dump_logs(work))
+        raise
+
+
+def test_stop_bounded_while_mooncake_holds_the_tier(cluster):
+    """SIGTERM stops a tier within its grace (5 s) even while a Mooncake call
+    holds it: Mooncake's Python calls keep the GIL, so while its setup retries
+    a master that is not there (about 85 s) no Python code of the tier runs,
+    its signal handler included. A healthy tier still stops cleanly (exit 0)."""
+    master, host, work = cluster
+    a = host("a")
+    a.start_tier(master, "--master", f"127.0.0.1:{free_port()}")  # nothing listens there
+    try:
+        a.wait_state("connecting")
+        time.sleep(1)  # inside Mooncake's setup
+        t0 = time.monotonic()
+        a.tier.send_signal(signal.SIGTERM)
+        rc = a.tier.wait(30)
+        secs = time.monotonic() - t0
+        assert secs < 5 + 3, secs
+        assert rc == -signal.SIGKILL, rc
+        assert "ending it with SIGKILL" in a.tier_log.read_text()
+        wait_for(lambda: a.check().returncode == 0, 20, "A's pool to pass its check after the reap")
+        a.start_tier(master)
+        a.wait_state("connected")
+        t0 = time.monotonic()
+        a.tier.send_signal(signal.SIGINT)
+        assert a.tier.wait(30) == 0
+        assert time.monotonic() - t0 < 5
+        assert a.tier_log.read_text().rstrip().endswith("stopped")
     except BaseException:
         print(dump_logs(work))
         raise
