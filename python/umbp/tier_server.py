@@ -161,9 +161,9 @@ exit status:
   0 stopped by SIGTERM or SIGINT (within 5 s; a tier still inside a Mooncake
   call then, held by an unreachable or stopped master, is ended with SIGKILL
   and says so in its log: 137 in a shell, the pool's reaper frees what it
-  held); 1 runtime error (no such pool, a tier already
-  serves it, Mooncake not installed, a --log file that cannot be opened, a bad
-  --config file); 2 usage error (a bad option or value, an empty value, a pool
+  held); 1 runtime error (no such pool, the pool destroyed under the running
+  tier, a tier already serves it, Mooncake not installed, a --log file that
+  cannot be opened, a bad --config file); 2 usage error (a bad option or value, an empty value, a pool
   name outside [A-Za-z0-9._-]{1,64} or starting with '-', --json without
   --status).
 
@@ -451,6 +451,8 @@ class Tier:
         self.keys = (L.Key * a.keys_per_record)()
         self.first_connect = True
         self.signalled = False
+        self.exit_code = 0
+        self.feed_info = T.FeedInfo()
 
     # ---- state ----
     def set_state(self, state: int, msg: str) -> None:
@@ -531,6 +533,12 @@ class Tier:
             now = time.monotonic()
             if now - last_beat > 0.5:
                 last_beat = now
+                if self.pool_destroyed():
+                    self.log(f"pool {self.a.pool} was destroyed (umbp pool destroy) under this tier: stopping, "
+                             "so as not to hold its memory and serve nobody; start umbp tier again once the "
+                             "pool is re-created")
+                    self.exit_code = 1
+                    return
                 self.lib.umbp_pool_heartbeat(self.pool)
                 self.lib.umbp_tier_set_state(self.t, self.state, None)
             while not self.signalled:
@@ -546,6 +554,14 @@ class Tier:
                 self.log(f"request {job.n_blocks}x{job.n_ranks} from {job.client}: {result}"
                          f"{' (' + msg + ')' if msg else ''} in {(time.monotonic() - now) * 1e3:.1f} ms",
                          debug=True)
+
+    def pool_destroyed(self) -> bool:
+        """Whether the pool was destroyed while this tier stayed attached (its
+        name unlinked: the feed's check, -EIDRM, made whether or not a feed
+        exists). Such a tier would keep the whole pool's memory mapped and its
+        store segment lent, while the schedulers of a re-created pool of that
+        name see no tier at all."""
+        return self.lib.umbp_feed_info_get(self.pool, C.byref(self.feed_info)) == -errno.EIDRM
 
     def fetch(self, job) -> tuple[int, str | None]:
         """Bring the missing shards of the request's blocks into the pool; the
@@ -791,7 +807,7 @@ class Tier:
                 th.join(10)
             self.close()
         self.log("stopped")
-        return 0
+        return self.exit_code
 
     def start_watchdog(self) -> None:
         """The process that bounds a stop by STOP_GRACE_S (see there). It ends

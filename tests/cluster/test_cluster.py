@@ -366,3 +366,20 @@ def test_stop_bounded_while_mooncake_holds_the_tier(cluster):
     except BaseException:
         print(dump_logs(work))
         raise
+
+
+def test_pool_destroyed_under_tier(cluster):
+    """A tier whose pool is destroyed (`umbp pool destroy`) stops, exit 1,
+    saying so, rather than keep the dead pool's memory mapped and its store
+    segment lent while serving nobody."""
+    master, host, work = cluster
+    a = host("a")
+    a.start_tier(master)
+    try:
+        a.wait_state("connected")
+        a.close_daemon()  # stops the daemon and destroys the pool
+        assert a.tier.wait(10) == 1
+        assert "was destroyed" in a.tier_log.read_text()
+    except BaseException:
+        print(dump_logs(work))
+        raise
