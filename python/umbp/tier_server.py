@@ -157,6 +157,10 @@ files:
   /dev/shm/umbp.POOL.feed   published-key feed (created by the first consumer)
   both are removed by 'umbp pool destroy POOL'.
 
+signals:
+  SIGTERM, SIGINT stop the tier (exit status below); SIGHUP opens --log FILE
+  again (after logrotate renamed it), as umbp daemon does.
+
 exit status:
   0 stopped by SIGTERM or SIGINT (within 5 s; a tier still inside a Mooncake
   call then, held by an unreachable or stopped master, is ended with SIGKILL
@@ -341,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "its blocks use the same")
     o.add_argument("--reconnect-after-s", type=positive, default=30, metavar="S",
                    help="replace a store client that has been unhealthy this long (default 30)")
-    o.add_argument("--log", metavar="FILE", help="append the log here instead of stderr")
+    o.add_argument("--log", metavar="FILE", help="append the log here instead of stderr; SIGHUP opens FILE "
+                   "again (after logrotate renamed it)")
     o.add_argument("-v", "--verbose", action="store_true", help="log every request; keep Mooncake's own log")
     return p
 
@@ -394,14 +399,36 @@ def mooncake_config(a) -> dict:
 class Log:
     def __init__(self, path: str | None, verbose: bool):
         """Raises OSError when PATH cannot be opened for appending."""
+        self.path = path
         self.f = open(path, "a", buffering=1) if path else sys.stderr
         self.verbose = verbose
+        self.lock = threading.Lock()  # the three threads log; reopen() closes the file they write to
+
+    def reopen(self) -> None:
+        """SIGHUP, as umbp daemon does: open --log FILE again, so that a log
+        rotated by renaming it (logrotate) goes on in a new file; on failure
+        the old file stays in use, and says so."""
+        if not self.path:
+            self("SIGHUP: no --log file to open again; logging on to stderr")
+            return
+        try:
+            f = open(self.path, "a", buffering=1)
+        except OSError as e:
+            self(f"error: SIGHUP: cannot open the log file {self.path} again: {e.strerror or e}; logging on to "
+                 "the file opened before")
+            return
+        with self.lock:
+            old, self.f = self.f, f
+            old.close()
+        self(f"SIGHUP: log file {self.path} opened again")
 
     def __call__(self, msg: str, debug: bool = False) -> None:
         if debug and not self.verbose:
             return
-        self.f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + f"umbp tier[{os.getpid()}]: {msg}\n")
-        self.f.flush()
+        line = time.strftime("%Y-%m-%d %H:%M:%S ") + f"umbp tier[{os.getpid()}]: {msg}\n"
+        with self.lock:
+            self.f.write(line)
+            self.f.flush()
 
 
 class Tier:
@@ -451,6 +478,7 @@ class Tier:
         self.keys = (L.Key * a.keys_per_record)()
         self.first_connect = True
         self.signalled = False
+        self.reopen_log = False
         self.exit_code = 0
         self.feed_info = T.FeedInfo()
 
@@ -530,6 +558,9 @@ class Tier:
         last_beat = 0.0
         while not self.signalled:
             self.lib.umbp_tier_wait(self.t, 100)
+            if self.reopen_log:
+                self.reopen_log = False
+                self.log.reopen()
             now = time.monotonic()
             if now - last_beat > 0.5:
                 last_beat = now
@@ -789,8 +820,12 @@ class Tier:
         # signal arriving inside the first one's set() would deadlock on it
         def on_signal(*_):
             self.signalled = True
+
+        def on_hup(*_):
+            self.reopen_log = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
+        signal.signal(signal.SIGHUP, on_hup)
         self.start_watchdog()
         self.log(f"serving pool {self.a.pool} ({self.slot_count} slots of {self.slot_size} B), master "
                  f"{self.mc['master_server_addr']}, write-back {self.a.writeback}")

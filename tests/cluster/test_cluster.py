@@ -383,3 +383,25 @@ def test_pool_destroyed_under_tier(cluster):
     except BaseException:
         print(dump_logs(work))
         raise
+
+
+def test_sighup_reopens_the_log(cluster):
+    """SIGHUP opens --log FILE again (logrotate's rename, then a signal, as
+    for umbp daemon); it neither stops nor kills the tier."""
+    master, host, work = cluster
+    a = host("a")
+    log = work / "tier-a-own.log"
+    a.start_tier(master, "--log", str(log))
+    try:
+        a.wait_state("connected")
+        log.rename(work / "tier-a-own.log.1")
+        a.tier.send_signal(signal.SIGHUP)
+        wait_for(lambda: log.exists() and "opened again" in log.read_text(), 10, "the tier to open its log again")
+        assert a.tier.poll() is None
+        a.wait_state("connected")
+        a.tier.send_signal(signal.SIGTERM)
+        assert a.tier.wait(10) == 0
+        assert log.read_text().rstrip().endswith("stopped")
+    except BaseException:
+        print(dump_logs(work))
+        raise
