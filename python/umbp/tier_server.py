@@ -457,17 +457,22 @@ class Tier:
             raise RuntimeError(err)
         self.t = t
         self.feed = None
+        self.store = None  # before anything that can fail: close() reads it
         if a.writeback != "off":
             fo = T.FeedOpts()
             self.lib.umbp_feed_opts_init(C.byref(fo))
             fo.capacity = a.feed_capacity
             f = C.c_void_p()
-            if self.lib.umbp_feed_open(h, b"tier", C.byref(fo), C.byref(f)):
+            rc = self.lib.umbp_feed_open(h, b"tier", C.byref(fo), C.byref(f))
+            if rc:
                 err = T.last_error()
+                if rc == -errno.EBUSY:
+                    err += (": the feed's consumer 'tier' is this pool's write-back, and that process reads it "
+                            "(an earlier umbp tier, perhaps stopped); end it first, or run this one with "
+                            "--writeback off")
                 self.close()
                 raise RuntimeError(err)
             self.feed = f
-        self.store = None
         self.state = T.CONNECTING
         self.unhealthy_since: float | None = None
         self.stop = threading.Event()

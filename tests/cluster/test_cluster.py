@@ -13,12 +13,13 @@
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import time
 
 import pytest
 
-from cluster_util import Host, Master, Scheduler, dump_logs, free_port, json_status, wait_for
+from cluster_util import TOOL, Host, Master, Scheduler, dump_logs, free_port, json_status, wait_for
 
 NS = "cluster-model-tp2"
 TP = 2
@@ -405,3 +406,30 @@ def test_sighup_reopens_the_log(cluster):
     except BaseException:
         print(dump_logs(work))
         raise
+
+
+def test_feed_name_taken(cluster):
+    """A tier that cannot open the published-key feed (its consumer name
+    'tier' held by another live process) exits 1 with the library's reason
+    and what to do, not a traceback; a tier started once the name is free
+    serves the pool."""
+    import ctypes as C
+    import subprocess
+    import sys
+    from umbp import tier as T
+    master, host, work = cluster
+    a = host("a")
+    s = Scheduler(a)
+    f = C.c_void_p()
+    assert T.lib().umbp_feed_open(s.h, b"tier", None, C.byref(f)) == 0, T.last_error()
+    try:
+        r = subprocess.run([TOOL, "tier", a.pool, "--master", master.addr, "--global-segment-size", "16MiB"],
+                           capture_output=True, text=True, timeout=60, env=dict(os.environ, UMBP_PYTHON=sys.executable))
+        assert r.returncode == 1, r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+        assert f"held by pid {os.getpid()}" in r.stderr and "end it first" in r.stderr, r.stderr
+    finally:
+        T.lib().umbp_feed_close(f)
+        s.close()
+    a.start_tier(master)  # with the name free, a tier serves the pool
+    a.wait_state("connected")
