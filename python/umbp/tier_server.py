@@ -517,12 +517,18 @@ class Tier:
                 self.set_state(T.CONNECTING if self.first_connect else T.DISCONNECTED,
                                f"setting up a Mooncake client of master {self.mc['master_server_addr']}")
                 st = MooncakeDistributedStore()
-                rc = st.setup(self.mc)
+                try:
+                    rc, why = st.setup(self.mc), ""
+                except Exception as e:  # std::bad_alloc (MemoryError) for sizes this host cannot allocate
+                    rc, why = -1, (f": {type(e).__name__}: {e} (--local-buffer-size "
+                                   f"{self.mc['local_buffer_size']} and --global-segment-size "
+                                   f"{self.mc['global_segment_size']} bytes must fit in this host's memory)")
                 if self.stop.is_set():
                     break
                 if rc != 0:
                     self.set_state(T.DISCONNECTED, f"Mooncake setup failed ({rc}) against master "
-                                                   f"{self.mc['master_server_addr']}; retrying in {backoff:.0f} s")
+                                                   f"{self.mc['master_server_addr']}{why}; retrying in "
+                                                   f"{backoff:.0f} s")
                     self.stop.wait(backoff)
                     backoff = min(backoff * 2, 30.0)
                     continue

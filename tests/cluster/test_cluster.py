@@ -433,3 +433,22 @@ def test_feed_name_taken(cluster):
         s.close()
     a.start_tier(master)  # with the name free, a tier serves the pool
     a.wait_state("connected")
+
+
+def test_setup_raises(cluster):
+    """A Mooncake setup that raises (std::bad_alloc for a --local-buffer-size
+    this host cannot allocate) is a failed setup, said in the tier's state and
+    log with the sizes to fix, and tried again; the connection thread does not
+    die leaving the tier 'connecting' for ever."""
+    master, host, work = cluster
+    a = host("a")
+    a.start_tier(master, "--local-buffer-size", "1TiB", "--global-segment-size", "16MiB")
+    try:
+        st = a.wait_state("disconnected", 20)
+        assert "MemoryError" in st["message"] and "--local-buffer-size" in st["message"], st
+        assert "Traceback" not in a.tier_log.read_text()
+        a.tier.send_signal(signal.SIGTERM)
+        assert a.tier.wait(10) == 0
+    except BaseException:
+        print(dump_logs(work))
+        raise
