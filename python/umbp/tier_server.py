@@ -219,6 +219,18 @@ def positive(s: str) -> int:
     return v
 
 
+def at_most(hi: int, why: str):
+    """positive(), bounded by what the library takes (its own refusal would
+    come only after the tier attached the pool and imported Mooncake, as a
+    runtime error)."""
+    def check(s: str) -> int:
+        v = positive(s)
+        if v > hi:
+            raise argparse.ArgumentTypeError(f"'{s}' is out of range: use 1 to {hi} ({why})")
+        return v
+    return check
+
+
 def percent(s: str) -> float:
     """A share of the pool's slots: above 0 (0 would never write) and at most 100."""
     try:
@@ -330,15 +342,19 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--queue", type=positive, default=65536, metavar="N",
                    help="keys waiting for write-back at most; the oldest are dropped (default 65536)")
     w.add_argument("--batch", type=positive, default=32, metavar="N", help="keys per put (default 32)")
-    w.add_argument("--feed-capacity", type=positive, default=65536, metavar="N",
-                   help="entries of the published-key feed, if this tier creates it (default 65536)")
+    w.add_argument("--feed-capacity", type=at_most(1 << 24, "the feed holds at most 2^24 entries"), default=65536,
+                   metavar="N",
+                   help="entries of the published-key feed, if this tier creates it: at most 16777216 "
+                        "(default 65536)")
     r = p.add_argument_group("read-through")
     r.add_argument("--timeout-ms", type=positive, default=2000, metavar="MS",
                    help="deadline of a request that gives none (default 2000)")
-    r.add_argument("--records", type=positive, default=64, metavar="N",
-                   help="request records in the table (default 64)")
-    r.add_argument("--keys-per-record", type=positive, default=1024, metavar="N",
-                   help="keys one request can carry: blocks x ranks (default 1024)")
+    r.add_argument("--records", type=at_most(65535, "the request table's limit"), default=64,
+                   metavar="N",
+                   help="request records in the table, at most 65535 (default 64)")
+    r.add_argument("--keys-per-record", type=at_most(65535, "the request table's limit"), default=1024,
+                   metavar="N",
+                   help="keys one request can carry: blocks x ranks, at most 65535 (default 1024)")
     o = p.add_argument_group("other")
     o.add_argument("--key-prefix", default="umbp", metavar="STR",
                    help="first component of every store key (default umbp); hosts sharing a store and "

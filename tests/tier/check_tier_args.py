@@ -174,6 +174,13 @@ def _():
     usage(["--status"], "missing the pool NAME")
     usage([POOL, "--queue", "x"], "--queue 'x'", "whole number")
     usage([POOL, "--records", "4294967296"], "--records '4294967296'", "4294967295")
+    # the library's own limits, found before the tier attaches the pool or imports Mooncake
+    usage([POOL, "--records", "65536"], "--records '65536'", "1 to 65535")
+    usage([POOL, "--keys-per-record", "4294967295"], "--keys-per-record '4294967295'", "1 to 65535")
+    usage([POOL, "--feed-capacity", "16777217"], "--feed-capacity '16777217'", "1 to 16777216")
+    for opt, top in (("--records", "65535"), ("--keys-per-record", "65535"), ("--feed-capacity", "16777216")):
+        rc, out, err = tier(POOL, opt, top)  # the top of each range is accepted
+        assert rc == IMPORTED, (opt, rc, err)
     usage([POOL, "--timeout-ms", "0"], "--timeout-ms '0'")
     usage([POOL, "--protocol", "udp"], "--protocol 'udp'", "tcp")
     usage([POOL, "--log"], "--log needs a value")
