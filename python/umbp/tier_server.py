@@ -167,9 +167,10 @@ exit status:
   and says so in its log: 137 in a shell, the pool's reaper frees what it
   held); 1 runtime error (no such pool, the pool destroyed under the running
   tier, a tier already serves it, Mooncake not installed, a --log file that
-  cannot be opened, a bad --config file); 2 usage error (a bad option or value, an empty value, a pool
-  name outside [A-Za-z0-9._-]{1,64} or starting with '-', --json without
-  --status).
+  cannot be opened, a bad --config file); 2 usage error (a bad option or
+  value, an empty value, a --master that is neither HOST:PORT nor a URL, a
+  pool name outside [A-Za-z0-9._-]{1,64} or starting with '-', --json
+  without --status).
 
 sizes:
   whole bytes, or a number with B, KiB, MiB, GiB, TiB (K/KB, M/MB, G/GB, T/TB
@@ -241,6 +242,20 @@ def percent(s: str) -> float:
         raise argparse.ArgumentTypeError(f"'{s}' is not a percentage: use a number above 0 and at most 100, "
                                          "e.g. 15")
     return v
+
+
+def master_error(addr: str) -> str | None:
+    """Why ADDR cannot be a master's address, or None. HOST:PORT, port 1 to
+    65535 (a URL, scheme://..., passes to Mooncake as it is): a typo such as
+    a missing port otherwise reached Mooncake, whose setup then tried the
+    address for about 85 s and failed, again and again, saying only its code."""
+    if "://" in addr:
+        return None
+    host, colon, port = addr.strip().rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return (f"'{addr}' is not HOST:PORT with a port from 1 to 65535: give the master's address and its "
+                "--rpc_port, e.g. 10.0.0.5:50051")
+    return None
 
 
 def pool_name_error(name: str) -> str | None:
@@ -385,6 +400,9 @@ def mooncake_config(a) -> dict:
             if key in cfg and not isinstance(cfg[key], str):
                 raise SystemExit(f"umbp tier: Mooncake config {a.config}: {key} {cfg[key]!r} is not a string: "
                                  "write it in double quotes")
+        why = master_error(cfg["master_server_address"]) if cfg.get("master_server_address") else None
+        if why and not a.master:
+            raise SystemExit(f"umbp tier: Mooncake config {a.config}: master_server_address {why}")
     def size(key, default):
         v = cfg.get(key)
         if v is None:
@@ -967,6 +985,9 @@ def check_args(a) -> None:
             ("--log", a.log, "a file name", "stderr")):
         if val is not None and not val.strip():
             raise UsageError(f"{opt} '{val}' is empty: give {what}, or leave {opt} out for {absent}")
+    why = master_error(a.master) if a.master is not None else None
+    if why:
+        raise UsageError(f"--master {why}")
 
 
 def main(argv: list[str] | None = None) -> int:
