@@ -34,6 +34,7 @@ import hashlib
 import json
 import mmap
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -366,6 +367,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Interrupted(Exception):
+    """SIGTERM or SIGHUP, raised in the main thread so that the finally
+    blocks stop the tiers and the master this run started and destroy its
+    pools: with the signals' default action they ran on, and the pools stayed
+    in /dev/shm, after the bench was gone."""
+
+    def __init__(self, sig: int):
+        super().__init__(sig)
+        self.sig = sig
+
+
+def on_signal(sig, _frame):
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the clean-up short
+    raise Interrupted(sig)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
@@ -394,6 +412,19 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="umbp-bench-tier-"))
     out = {"host": os.uname().nodename, "cpus": os.cpu_count(), "transport": "tcp over loopback",
            "transfer": [], "ttft": None}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_signal)
+    try:
+        return run(a, sizes, work, out)
+    except Interrupted as e:
+        print(f"umbp bench tier: stopped by {signal.Signals(e.sig).name}; the master, tiers and pools it had "
+              f"started are gone (logs in {work})", file=sys.stderr)
+        return 128 + e.sig
+
+
+def run(a, sizes: list[int], work: Path, out: dict) -> int:
     master = Master(work)
     try:
         for s in sizes:

@@ -452,3 +452,40 @@ def test_setup_raises(cluster):
     except BaseException:
         print(dump_logs(work))
         raise
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_bench_stopped_by_signal(tmp_path, sig):
+    """`umbp bench tier` stopped by a signal (kill, a closed terminal, Ctrl-C)
+    stops the mooncake_master and the tiers it started and destroys its pools,
+    then exits 128 + the signal with a sentence, not a traceback."""
+    import glob
+    import subprocess
+    import sys
+    bench = subprocess.Popen([TOOL, "bench", "tier", "--sizes", "64KiB", "--prefix", "4", "--reps", "100000000",
+                              "--engine", "off"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, UMBP_PYTHON=sys.executable),
+                             # as from a shell's foreground, whatever ran this test: SIGINT not ignored
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+    def children():
+        try:
+            with open(f"/proc/{bench.pid}/task/{bench.pid}/children") as f:
+                return [int(p) for p in f.read().split()]
+        except OSError:
+            return []
+    try:
+        # the master and both tiers are up, and the repetitions run
+        kids = wait_for(lambda: len(children()) >= 3 and children(), 60, "the bench's master and tiers")
+        time.sleep(2)
+        bench.send_signal(sig)
+        _, err = bench.communicate(timeout=40)
+        assert bench.returncode == 128 + sig, (bench.returncode, err[-2000:])
+        assert f"stopped by {signal.Signals(sig).name}" in err and "Traceback" not in err, err[-2000:]
+        for pid in kids:
+            assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid
+        assert not glob.glob(f"/dev/shm/umbp.bench-tier-*-{bench.pid}-*"), glob.glob("/dev/shm/umbp.bench-tier-*")
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
