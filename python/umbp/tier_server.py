@@ -485,8 +485,12 @@ class Tier:
         self.namer = T.KeyNamer(a.key_prefix, self.names)
         tp = T.TierParams(a.records, a.keys_per_record, a.timeout_ms)
         t = C.c_void_p()
-        if self.lib.umbp_tier_serve(h, C.byref(tp), C.byref(t)):
+        rc = self.lib.umbp_tier_serve(h, C.byref(tp), C.byref(t))
+        if rc:
             err = T.last_error()
+            if rc == -errno.EBUSY:
+                err += (f": one tier serves a pool; see it with 'umbp tier {a.pool} --status', and end it (SIGTERM) "
+                        "before starting another (a stopped one keeps the pool until it is continued or killed)")
             self.lib.umbp_pool_detach(h)
             raise RuntimeError(err)
         self.t = t

@@ -489,3 +489,28 @@ def test_bench_stopped_by_signal(tmp_path, sig):
         if bench.poll() is None:
             bench.kill()
             bench.wait()
+
+
+def test_second_tier_refused(cluster):
+    """A second tier on a served pool, even one whose tier is stopped
+    (SIGSTOP), exits 1 naming the serving pid and what to do; the first
+    tier serves on."""
+    import subprocess
+    import sys
+    master, host, work = cluster
+    a = host("a")
+    a.start_tier(master)
+    a.wait_state("connected")
+    for stop in (False, True):
+        if stop:
+            a.tier.send_signal(signal.SIGSTOP)
+        try:
+            r = subprocess.run([TOOL, "tier", a.pool, "--master", master.addr, "--global-segment-size", "16MiB"],
+                               capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, UMBP_PYTHON=sys.executable))
+        finally:
+            a.tier.send_signal(signal.SIGCONT)
+        assert r.returncode == 1, r.stderr
+        assert f"pid {a.tier.pid}" in r.stderr and "--status" in r.stderr and "SIGTERM" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+    a.wait_state("connected")
