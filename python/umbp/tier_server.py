@@ -167,7 +167,8 @@ exit status:
   and says so in its log: 137 in a shell, the pool's reaper frees what it
   held); 1 runtime error (no such pool, the pool destroyed under the running
   tier, a tier already serves it, Mooncake not installed, a --log file that
-  cannot be opened, a bad --config file); 2 usage error (a bad option or
+  cannot be opened, a bad --config file, a --global-segment-size larger than
+  this host's memory); 2 usage error (a bad option or
   value, an empty value, a --master that is neither HOST:PORT nor a URL, a
   pool name outside [A-Za-z0-9._-]{1,64} or starting with '-', --json
   without --status).
@@ -428,6 +429,23 @@ def mooncake_config(a) -> dict:
         else size("local_buffer_size", 16 << 20),
     }
     return out
+
+
+def memory_error(mc: dict) -> str | None:
+    """Why this host cannot lend the store the segment asked for, or None.
+    Mooncake allocates the segment in its setup; more than the host's memory
+    failed there as 'setup failed (-600)', retried for ever, the cause only in
+    Mooncake's own log. (A --local-buffer-size too large makes the setup
+    raise MemoryError, which the connection thread reports with both sizes.)"""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+    seg = mc["global_segment_size"]
+    if total <= 0 or seg <= total:
+        return None
+    return (f"--global-segment-size {seg} bytes (or the --config key global_segment_size) is more than this host's "
+            f"memory ({total} bytes): lend the store less")
 
 
 class Log:
@@ -1004,6 +1022,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.status:
         return status(a)
     mc = mooncake_config(a)  # a bad config file ends here (exit 1), not after Mooncake's setup
+    why = memory_error(mc)
+    if why:
+        print(f"umbp tier: {why}", file=sys.stderr)
+        return 1
     try:
         log = Log(a.log, a.verbose)
     except OSError as e:

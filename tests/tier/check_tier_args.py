@@ -202,6 +202,12 @@ def _():
 @check("a Mooncake config with a bad size, not an object, or a non-string address: exit 1 naming the file "
        "and the key, before Mooncake")
 def _():
+    # a segment larger than the host's memory, by option or by config key: exit 1 before Mooncake (whose
+    # setup failed with -600 and was retried for ever)
+    p = write("mc.json", '{"global_segment_size": "4000TiB"}')
+    for args in (["--global-segment-size", "4000TiB"], ["--config", p]):
+        rc, out, err = tier(POOL, *args)
+        assert rc == 1 and "more than this host's memory" in err and "stand-in" not in err, (args, rc, err)
     for text, key in (('{"global_segment_size": "1e400G"}', "global_segment_size"),
                       ('{"local_buffer_size": 1e400}', "local_buffer_size"),
                       ('{"local_buffer_size": -5}', "local_buffer_size"),
