@@ -168,10 +168,9 @@ exit status:
   held); 1 runtime error (no such pool, the pool destroyed under the running
   tier, a tier already serves it, Mooncake not installed, a --log file that
   cannot be opened, a bad --config file, a --global-segment-size larger than
-  this host's memory); 2 usage error (a bad option or
-  value, an empty value, a --master that is neither HOST:PORT nor a URL, a
-  pool name outside [A-Za-z0-9._-]{1,64} or starting with '-', --json
-  without --status).
+  this host's memory); 2 usage error (a bad option or value, an empty value,
+  a --master that is neither HOST:PORT nor a URL, a pool name outside
+  [A-Za-z0-9._-]{1,64} or starting with '-', --json without --status).
 
 sizes:
   whole bytes, or a number with B, KiB, MiB, GiB, TiB (K/KB, M/MB, G/GB, T/TB
