@@ -8,7 +8,11 @@
 - the master killed and restarted, a tier killed in the middle of a
   transfer, a store that refuses puts: no worker fails, the pools pass
   `umbp inspect --check`, no block is published half-written, requests are
-  never held past their deadline, the tiers reconnect by themselves.
+  never held past their deadline, the tiers reconnect by themselves;
+- the tier's life as an operator meets it: signals (SIGTERM while a Mooncake
+  call holds the GIL, SIGHUP), its pool destroyed under it, a second tier,
+  a feed name taken, a setup that raises; `umbp bench tier` stopped by a
+  signal.
 """
 from __future__ import annotations
 
