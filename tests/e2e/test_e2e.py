@@ -374,8 +374,10 @@ def test_another_model_at_the_same_path_does_not_load_the_first_ones_blocks(work
     a `current` symlink moved to a new fine-tune) and keeps the daemon's pool
     across the change. The model as vLLM was given it (the path) is the same,
     as are TP, dtype and block size, but the weights are another model's: the
-    second engine must compute its prompt, not load the first model's KV (its
-    tokens and logprobs equal its own reference engine's)."""
+    second engine must compute its prompt, not load the first model's KV.
+    (--hf-overrides and --quantization, which also change what one model at
+    one path computes, are checked at the namespace, with vLLM's real
+    ModelConfig: python/tests/test_scheduler.py.)"""
     path = os.path.join(workdir, "model-at-one-path")
     old, new = model_dir("tiny", os.path.join(workdir, "old")), os.path.join(workdir, "new")
     os.makedirs(new, exist_ok=True)
@@ -386,35 +388,18 @@ def test_another_model_at_the_same_path_does_not_load_the_first_ones_blocks(work
     with open(os.path.join(new, "config.json"), "w") as f:
         json.dump(cfg, f)
     pool = f"e2e-path-{os.getpid()}"
-    with Daemon(pool, log_dir=workdir):
+    with Daemon(pool, log_dir=workdir) as d:
         kv = kv_config(pool, mode="standalone")
         shutil.rmtree(path, ignore_errors=True)
         shutil.copytree(old, path)
         run_engine({"model": path, "kv": kv, "phases": [_phase([P_LONG])]}, workdir, "path-old")
+        stored = sum(n["blocks"] for n in d.inspect()["namespaces"])
+        assert stored > 0, "the first model stored nothing: the check below would prove nothing"
         shutil.rmtree(path)
         shutil.copytree(new, path)
         b = run_engine({"model": path, "kv": kv, "phases": [_phase([P_LONG])]}, workdir, "path-new")
-        want = run_engine({"model": path, "kv": None, "phases": [_phase([P_LONG])]}, workdir, "path-new-ref")
         got = b["phases"][0]["runs"][0]["outputs"][0]
+        # no hit means every token computed by the new model (its outputs against an engine without the
+        # connector: the other tests'; an engine more here costs CI a minute or two)
         assert got["num_cached_tokens"] == 0, "the new model got the old model's blocks as hits"
-        same(got, want["phases"][0]["runs"][0]["outputs"][0], "new model at the old model's path")
 
-
-def test_hf_overrides_do_not_share_blocks_with_the_plain_model(tiny, workdir, ref):
-    """Two engines of one model at one path, one started with `--hf-overrides`
-    that change what it computes (rms_norm_eps, applied before every K and V
-    projection), on one daemon's pool: the second must compute its prompt,
-    not load the plain model's KV; its outputs equal an engine with the same
-    overrides and no connector."""
-    pool = f"e2e-ovr-{os.getpid()}"
-    over = {"hf_overrides": {"rms_norm_eps": 0.1}}
-    with Daemon(pool, log_dir=workdir):
-        kv = kv_config(pool, mode="standalone")
-        a = run_engine({"model": tiny, "kv": kv, "phases": [_phase([P_LONG])]}, workdir, "ovr-plain")
-        same(a["phases"][0]["runs"][0]["outputs"][0], ref.get()["long"], "plain engine")
-        b = run_engine({"model": tiny, "kv": kv, "engine": over, "phases": [_phase([P_LONG])]}, workdir, "ovr-eps")
-        want = run_engine({"model": tiny, "kv": None, "engine": over, "phases": [_phase([P_LONG])]}, workdir,
-                          "ovr-eps-ref")
-        got = b["phases"][0]["runs"][0]["outputs"][0]
-        assert got["num_cached_tokens"] == 0, "the engine with overrides got the plain model's blocks as hits"
-        same(got, want["phases"][0]["runs"][0]["outputs"][0], "engine with hf_overrides")
