@@ -169,7 +169,7 @@ def test_per_key_load_failure_and_out_of_order_completion(pool_name):
         assert res.failed_block_ids == {301} and "not in the pool" in res.error
         assert rig.worker.wait(slow).status == TransferJobStatus.COMPLETED
         rig.worker.publish(slow)
-        assert all(rig.sched.lookup(big))
+        assert list(rig.sched.lookup(big)) == [True] * len(big)
     finally:
         rig.close()
 
@@ -196,12 +196,12 @@ def test_cancel_queued_and_running_jobs(pool_name):
             assert rig.worker.poll(ca) is ca
             if ca.status == TransferJobStatus.COMPLETED:
                 rig.worker.publish(ca)
-                assert all(rig.sched.lookup(a_keys))
+                assert list(rig.sched.lookup(a_keys)) == [True] * len(a_keys)
             if cb.status == TransferJobStatus.COMPLETED:
                 rig.worker.publish(cb)  # B was already copying: cancel() waited for it
                 continue
             assert cb.status == TransferJobStatus.CANCELLED
-            assert not any(rig.sched.lookup(b_keys))
+            assert list(rig.sched.lookup(b_keys)) == [False] * len(b_keys)
             break
         else:
             pytest.fail("in three rounds B was never still queued when cancelled")
@@ -223,7 +223,7 @@ def test_take_evicted_keys(rig):
     assert list(rig.worker.take_evicted_keys()) == [], "only since the last call"
     assert rig.sched.clear()
     assert sorted(rig.worker.take_evicted_keys()) == sorted([keys[0], keys[2]])
-    assert not any(rig.sched.lookup(keys))
+    assert list(rig.sched.lookup(keys)) == [False] * len(keys)
 
 
 def test_bulk_lookup_parses_key_strings_and_refuses_malformed_ones(rig):

@@ -104,6 +104,9 @@ class Master:
         self.proc.wait()
 
 
+POOL_MAX_SLOTS = (1 << 24) - 1  # slot ids take 24 bits of a way (README, "The block index")
+
+
 class Pool:
     def __init__(self, name: str, slot: int, slots: int):
         self.lib = T.lib()
@@ -399,9 +402,21 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("prefix", "reps", "engine_tokens", "engine_reps"):
         if getattr(a, name) < 1:
             bad.append(f"--{name.replace('_', '-')} {getattr(a, name)}: give 1 or more")
+    # the second pool holds 2 x prefix + 8 blocks, and a pool at most 2^24 - 1 slots: refused here,
+    # naming --prefix, rather than by pool creation naming options this bench does not have
+    if 2 * a.prefix + 8 > POOL_MAX_SLOTS:
+        bad.append(f"--prefix {a.prefix}: the bench's second pool holds 2 x prefix + 8 blocks, and a pool at most "
+                   f"{POOL_MAX_SLOTS}: give at most {(POOL_MAX_SLOTS - 8) // 2}")
     if bad:
         print(f"umbp bench tier: {bad[0]}", file=sys.stderr)
         return 2
+    need = max(sizes) * (3 * a.prefix + 16)  # both pools of the largest block size, at once
+    st = os.statvfs("/dev/shm")
+    if need > st.f_bavail * st.f_frsize:
+        print(f"umbp bench tier: --prefix {a.prefix} at {max(sizes)}-byte blocks needs {need} bytes of /dev/shm for "
+              f"its two pools, and {st.f_bavail * st.f_frsize} are free: lower --prefix or the largest of --sizes",
+              file=sys.stderr)
+        return 1
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
     try:
         import mooncake.store  # noqa: F401

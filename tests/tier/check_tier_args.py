@@ -236,9 +236,14 @@ def _():
         return r.returncode, r.stderr
     for args, words in ((("--engine-reps", "0"), "--engine-reps 0"), (("--engine-tokens", "-5"), "--engine-tokens -5"),
                         (("--reps", "0"), "--reps 0"), (("--prefix", "0"), "--prefix 0"),
-                        (("--sizes", "100"), "--sizes '100'")):
+                        (("--sizes", "100"), "--sizes '100'"),
+                        # a prefix past a pool's 2^24 - 1 slots: named, not the library's --capacity/--slot-size
+                        (("--prefix", "100000000"), "--prefix 100000000: the bench's second pool")):
         rc, err = bench(*args)
-        assert rc == 2 and words in err and "stand-in" not in err, (args, rc, err)
+        assert rc == 2 and words in err and "stand-in" not in err and "--capacity" not in err, (args, rc, err)
+    # pools larger than /dev/shm's free space: refused before anything starts, naming what to lower
+    rc, err = bench("--prefix", "8000000", "--sizes", "4MiB")
+    assert rc == 1 and "bytes of /dev/shm for its two pools" in err and "lower --prefix" in err, (rc, err)
     rc, err = bench("--sizes", "4KiB", "--reps", "1", "--engine-reps", "1")
     assert rc == IMPORTED, (rc, err)
 
