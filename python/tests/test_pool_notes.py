@@ -49,3 +49,18 @@ def test_regular_notes_still_read_and_lock():
         assert pool_notes.read(name, "uuid-1").labels == {"7": "llama tp8"}
     finally:
         os.unlink(pool_notes.path(name))
+
+
+def test_layout_records_parse_and_tolerate_garbage():
+    """layout NAMESPACE FINGERPRINT FACTS: the last record of a namespace
+    wins; facts that are not a JSON object read as {} (the fingerprint still
+    counts), a record with fields missing or cut short is skipped."""
+    u = "ab" * 16
+    text = (f"umbp-notes\t1\t{u}\n"
+            "layout\tns-a\tvllm-1\t{\"block size\":16}\n"
+            "layout\tns-b\tvllm-2\tnot json\n"
+            "layout\tns-c\tvllm-3\n"
+            "layout\tns-a\tvllm-4\t{\"block size\":32}\n"
+            "layout\tns-d\tvllm-5\t{}")
+    n = pool_notes.parse(text, u)
+    assert n.layouts == {"ns-a": ("vllm-4", {"block size": 32}), "ns-b": ("vllm-2", {})}

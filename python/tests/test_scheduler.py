@@ -761,3 +761,123 @@ def test_preempted_request_loads_cancelled(tmp_path, pool_name):
         assert v.num_preemptions == 2
     finally:
         e.close()
+
+
+# ---- an explicit key_namespace records what its blocks are ------------------------
+
+def _explicit_worker(tmp_path, pool, engine, kv_dtype=torch.float16, block=BLOCK, **extra):
+    """A worker-role connector of engine `engine` (vLLM's instance id) with
+    key_namespace "shared-ns": a real ModelConfig of the model in tmp_path,
+    the KV cache of `kv_dtype` in blocks of `block` tokens."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    mc = ModelConfig(model=model_dir(tmp_path), skip_tokenizer_init=True, dtype="float16", max_model_len=1024)
+    ktc = KVTransferConfig(kv_connector="UMBPStoreConnector", kv_connector_module_path="umbp.vllm",
+                           kv_role="kv_both", kv_load_failure_policy="recompute",
+                           kv_connector_extra_config={"pool": pool, "capacity_bytes": 64 * 65536,
+                                                      "slot_size": 65536, "no_prefault": True,
+                                                      "key_namespace": "shared-ns", **extra})
+    vc = VllmConfig(model_config=mc, kv_transfer_config=ktc, cache_config=CacheConfig(block_size=block),
+                    parallel_config=ParallelConfig(tensor_parallel_size=1), device_config=DeviceConfig("cpu"))
+    vc.instance_id = engine
+    kvc = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
+                         FullAttentionSpec(block_size=block, num_kv_heads=HEADS, head_size=HEAD, dtype=kv_dtype))])
+    return KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kvc)
+
+
+def _recorded(pool):
+    from umbp import pool_notes
+    return pool_notes.read(pool).layouts
+
+
+def test_explicit_namespace_same_layout_is_shared(tmp_path, pool_name, monkeypatch):
+    """Two engines of one model and KV layout given one explicit key_namespace
+    (why people set it) share it: the first worker records the fingerprint
+    (the namespace it would have derived, its local model named by its files
+    rather than its path), the second matches it, and so does a third whose
+    model has the same files at another path. The check
+    costs once per worker start: nothing after the constructor reads the
+    notes or fingerprints the model again."""
+    import umbp.vllm_config as VC
+    from umbp import pool_notes
+    t0 = time.perf_counter()
+    a = _explicit_worker(tmp_path, pool_name, "engine-a")
+    t_a = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    b = _explicit_worker(tmp_path, pool_name, "engine-b")
+    t_b = time.perf_counter() - t0
+    try:
+        rec = _recorded(pool_name)
+        assert set(rec) == {"shared-ns"}
+        fp, facts = rec["shared-ns"]
+        assert fp.startswith("vllm-") and fp == a.pool.engine.layout[0] == b.pool.engine.layout[0]
+        assert facts["KV dtype"] == ["float16"] and facts["block size"] == BLOCK and facts["TP size"] == 1
+        assert a.namespace == b.namespace == "shared-ns" and a.ns_id == b.ns_id
+        assert facts["derived"] != fp, "a local model is named by its files, not its path"
+        elsewhere = tmp_path / "elsewhere"       # the same files mounted at another path
+        elsewhere.mkdir()
+        _explicit_worker(elsewhere, pool_name, "engine-c").shutdown()
+        with open(pool_notes.path(pool_name)) as f:
+            assert sum(ln.startswith("layout\t") for ln in f) == 1, "recorded once, by the first worker"
+
+        def boom(*_a, **_k):
+            raise AssertionError("the layout check ran after start")
+        monkeypatch.setattr(pool_notes, "parse", boom)
+        monkeypatch.setattr(VC, "derive_namespace", boom)
+        b.register_kv_caches({n: torch.zeros(2, NUM_BLOCKS, BLOCK, HEADS, HEAD, dtype=torch.float16)
+                              for n in ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")})
+        print(f"worker start with the layout check: first {t_a * 1e3:.0f} ms, second {t_b * 1e3:.0f} ms")
+    finally:
+        monkeypatch.undo()
+        b.shutdown()
+        a.shutdown()
+
+
+@pytest.mark.parametrize("what", ["dtype", "block"])
+def test_explicit_namespace_other_layout_is_refused(tmp_path, pool_name, what):
+    """An engine given the same explicit key_namespace as a running one but
+    another KV dtype or block size would load the other's bytes as its own:
+    it is refused at start, naming the namespace, what differs, both
+    fingerprints and the fixes; the first engine and its record stay."""
+    a = _explicit_worker(tmp_path, pool_name, "engine-a")
+    try:
+        kw = {"kv_dtype": torch.bfloat16} if what == "dtype" else {"block": 2 * BLOCK}
+        with pytest.raises(ValueError) as e:
+            _explicit_worker(tmp_path, pool_name, "engine-b", **kw)
+        msg = str(e.value)
+        assert "key namespace 'shared-ns'" in msg and pool_name in msg
+        assert (("KV dtype ['float16'] there, ['bfloat16'] here" in msg) if what == "dtype"
+                else (f"block size {BLOCK} there, {2 * BLOCK} here" in msg))
+        fp = a.pool.engine.layout[0]
+        assert f"recorded {fp}, this engine's vllm-" in msg
+        assert "another kv_connector_extra_config.key_namespace" in msg and "drop key_namespace" in msg
+        assert f"umbp pool destroy {pool_name}" in msg
+        assert _recorded(pool_name)["shared-ns"][0] == fp
+        # the same layout still joins after the refusal
+        _explicit_worker(tmp_path, pool_name, "engine-c").shutdown()
+    finally:
+        a.shutdown()
+
+
+def test_explicit_namespace_checked_on_a_standalone_pool(tmp_path, pool_name):
+    """A pool of `umbp pool create` (no notes yet): the first worker of the
+    namespace starts the notes and records it; another block size is refused,
+    another namespace on the same pool is not."""
+    p = L.PoolParams()
+    L.lib().umbp_pool_params_init(C.byref(p))
+    p.capacity, p.slot_size, p.no_prefault = 64 * 65536, 65536, True
+    h = C.c_void_p()
+    assert L.lib().umbp_pool_create(pool_name.encode(), C.byref(p), C.byref(h)) == 0
+    try:
+        a = _explicit_worker(tmp_path, pool_name, "engine-a", mode="standalone")
+        with pytest.raises(ValueError, match="block size 16 there, 32 here"):
+            _explicit_worker(tmp_path, pool_name, "engine-b", mode="standalone", block=2 * BLOCK)
+        c = _explicit_worker(tmp_path, pool_name, "engine-b", mode="standalone", block=2 * BLOCK,
+                             key_namespace="other-ns")
+        assert set(_recorded(pool_name)) == {"shared-ns", "other-ns"}
+        c.shutdown()
+        a.shutdown()
+    finally:
+        L.lib().umbp_pool_detach(h)

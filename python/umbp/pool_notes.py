@@ -13,6 +13,12 @@ that here, one record a line, fields separated by tabs:
                                                another that joined) attached
   label       NAMESPACE  LABEL                 a person's name for a derived
                                                namespace: model, revision, TP, dtype
+  layout      NAMESPACE  FINGERPRINT  FACTS    what the blocks of an explicit
+                                               key_namespace are: FINGERPRINT is the
+                                               namespace the first worker to use it
+                                               would have derived (vllm-...), FACTS a
+                                               JSON object of what went into it (model,
+                                               dtypes, block size, TP, block bytes, ...)
 
 UUID is the pool's (umbp_pool_info.uuid, 32 hex digits): notes of an earlier
 pool of the same name are stale and read as empty, so a notes file never
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import stat
 import time
@@ -72,6 +79,7 @@ class Notes:
     embedded: Embedded | None = None
     procs: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (instance, namespace)
     labels: dict[str, str] = field(default_factory=dict)              # namespace -> label
+    layouts: dict[str, tuple[str, dict]] = field(default_factory=dict)  # namespace -> (fingerprint, facts)
 
 
 def parse(text: str, uuid: str | None = None) -> Notes:
@@ -93,6 +101,12 @@ def parse(text: str, uuid: str | None = None) -> Notes:
                 n.procs[int(f[2])] = (f[1], f[3])
             elif f[0] == "label" and len(f) >= 3:
                 n.labels[f[1]] = f[2]
+            elif f[0] == "layout" and len(f) >= 4:
+                try:
+                    facts = json.loads(f[3])
+                except ValueError:
+                    facts = {}
+                n.layouts[f[1]] = (f[2], facts if isinstance(facts, dict) else {})
         except ValueError:
             continue
     return n

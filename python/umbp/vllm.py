@@ -69,6 +69,7 @@ from .vllm_config import (  # noqa: F401
     check_vllm_version,
     derive_namespace,
     layout_and_engine,
+    layout_fingerprint,
     logger,
     namespace_label,
     plan_placement,
@@ -140,8 +141,16 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
         # (the VllmConfig is pickled to them), the namespace is what the
         # workers derive in register_kv_caches (the same inputs are known here).
         derived = derive_namespace(vllm_config, kv_cache_config, self.cfg)
+        # An explicit namespace names no model or layout: each worker (the
+        # process that loads bytes into its KV cache) records what its blocks
+        # are in the pool's notes, or is refused when another model or layout
+        # recorded it first. Not the scheduler: it only looks keys up, and its
+        # KVCacheConfig is a copy whose specs vLLM may simplify (a
+        # UniformTypeKVCacheSpecs becomes one of its specs).
+        layout = layout_fingerprint(vllm_config, kv_cache_config, self.cfg) \
+            if self.cfg.key_namespace and not sched else None
         engine = EngineId(getattr(vllm_config, "instance_id", None) or None, derived,
-                          None if self.cfg.key_namespace else namespace_label(vllm_config, kv_cache_config))
+                          None if self.cfg.key_namespace else namespace_label(vllm_config, kv_cache_config), layout)
         self.pool = _Pool(self.cfg, slot, 1 if sched else 2, -1 if sched else self.tp_rank, nodes, engine)
         owner = self.pool.engine_pool() if self.cfg.mode == "standalone" else None
         if owner:

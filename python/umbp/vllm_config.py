@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import _lib as L
@@ -502,10 +502,12 @@ def model_settings(mc) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig) -> str:
+def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig, model_id: str | None = None) -> str:
     """The key namespace (umbp_conn_ns_derive): explicit, or a hash of the
     model (its name or path, what is there: model_fingerprint, and the
-    settings that change its numerics: model_settings) and layout."""
+    settings that change its numerics: model_settings) and layout. model_id,
+    when given, stands for the model part (layout_fingerprint: the files
+    without their path)."""
     mc, pc = vllm_config.model_config, vllm_config.parallel_config
     p = L.NsParams()
     keep = []
@@ -517,9 +519,10 @@ def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig) -> str:
 
     p.key_namespace = s(cfg.key_namespace) if cfg.key_namespace else None
     model = str(getattr(mc, "model", None) or "unknown")
-    fp = None if cfg.key_namespace else model_fingerprint(model)
-    settings = None if cfg.key_namespace else model_settings(mc)
-    p.model = s(model + (f"#{fp}" if fp else "") + (f"+{settings}" if settings else ""))
+    fp = None if cfg.key_namespace or model_id is not None else model_fingerprint(model)
+    settings = None if cfg.key_namespace or model_id is not None else model_settings(mc)
+    p.model = s(model_id if model_id is not None else
+                model + (f"#{fp}" if fp else "") + (f"+{settings}" if settings else ""))
     p.revision = s(getattr(mc, "revision", None)) if getattr(mc, "revision", None) else None
     p.block_size = vllm_config.cache_config.block_size
     try:
@@ -568,3 +571,53 @@ def namespace_label(vllm_config, kv_cache_config) -> str:
     if draft:
         parts.append(f"draft {draft}")
     return " ".join(parts)[:480]
+
+
+def layout_fingerprint(vllm_config, kv_cache_config, cfg: UMBPConfig) -> tuple[str, dict]:
+    """(fingerprint, facts) of what this engine's blocks are, for an explicit
+    key_namespace: the fingerprint is the namespace derive_namespace() would
+    give were key_namespace not set (`vllm-` + 32 hex digits: model and its
+    files, numerics settings, revision, block size, cache layout, dtype per
+    group, TP/PP/PCP/DCP, draft model), except that a model at a local path
+    is named by its files alone: engines of one model mounted at different
+    paths (one reason to set key_namespace) keep sharing it. The facts say
+    the same in words ("derived": the namespace derive_namespace() gives,
+    path included, for the refusal's fix), plus what that hash leaves out but
+    the bytes depend on: the block object's bytes per group and the KV cache
+    layout vLLM resolved (KVCacheConfig.kv_cache_layout). Recorded in the pool's notes by the
+    first worker of the namespace and compared by every later one
+    (umbp.vllm_pool._Pool._check_layout): engines given one explicit
+    namespace but different models or layouts loaded each other's blocks as
+    their own. Costs what deriving a namespace costs, once per worker start
+    (the model's JSON files and two 64 KiB reads per weight file)."""
+    mc, pc = vllm_config.model_config, vllm_config.parallel_config
+    model = str(getattr(mc, "model", None) or "unknown")
+    plain = replace(cfg, key_namespace=None)
+    files = model_fingerprint(model) if os.path.exists(model) else None
+    settings = model_settings(mc)
+    derived = derive_namespace(vllm_config, kv_cache_config, plain)
+    fp = derive_namespace(vllm_config, kv_cache_config, plain,
+                          f"local#{files}" + (f"+{settings}" if settings else "")) if files else derived
+    groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
+    sc = vllm_config.speculative_config
+    facts = {
+        "model": model,
+        "model files": files,
+        "model settings": settings,
+        "revision": getattr(mc, "revision", None),
+        "KV dtype": [_dtype_name(g.kv_cache_spec) for g in groups],
+        "block size": vllm_config.cache_config.block_size,
+        "TP size": pc.tensor_parallel_size,
+        "PP size": pc.pipeline_parallel_size,
+        "PCP size": getattr(pc, "prefill_context_parallel_size", 1) or 1,
+        "DCP size": getattr(pc, "decode_context_parallel_size", 1) or 1,
+        "draft model": (getattr(sc, "model", None) if sc is not None else None),
+        "cache layout": getattr(kv_cache_config, "kv_cache_layout", None),
+        "block bytes": _object_bytes(kv_cache_config) if kv_cache_config is not None else [],
+        "derived": derived,
+    }
+    return fp, {k: (v if v is None or isinstance(v, (int, list)) else str(v)) for k, v in facts.items()}
+
+
+# facts that the fingerprint does not hash but that change the bytes of a block
+LAYOUT_UNHASHED = ("cache layout", "block bytes")

@@ -45,6 +45,7 @@ from __future__ import annotations
 import atexit
 import ctypes as C
 import errno
+import json
 import logging
 import os
 import shutil
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 
 from . import _lib as L
 from . import pool_notes as N
-from .vllm_config import _INDEX_PAGES, UMBPConfig
+from .vllm_config import _INDEX_PAGES, LAYOUT_UNHASHED, UMBPConfig
 
 logger = logging.getLogger("vllm.umbp")
 
@@ -62,11 +63,15 @@ logger = logging.getLogger("vllm.umbp")
 class EngineId:
     """Who attaches: vLLM's instance id (VllmConfig.instance_id, the same in
     one engine's scheduler and workers; None when unknown), the key namespace
-    the engine uses and its human label (derived namespaces only)."""
+    the engine uses and its human label (derived namespaces only), and for an
+    explicit namespace the (fingerprint, facts) of its blocks
+    (vllm_config.layout_fingerprint), which _check_layout holds against the
+    pool's notes."""
 
     instance: str | None = None
     namespace: str | None = None
     label: str | None = None
+    layout: tuple[str, dict] | None = None
 
     @property
     def tag(self) -> str:
@@ -133,6 +138,12 @@ class _Pool:
                                  f"`umbp daemon {self.name} --capacity SIZE` or use mode 'embedded'")
             L.check(rc, f"attach pool {self.name}")
             self.h = h
+            try:
+                self._check_layout()
+            except ValueError:
+                self.h = None
+                self.lib.umbp_pool_detach(h)
+                raise
             self._note_label()
         else:
             self._open_embedded(cfg, slot_size, opts, numa_nodes)
@@ -207,6 +218,7 @@ class _Pool:
                 self._uuid = self._info_uuid()
                 notes.reset(self._uuid)
                 notes.append("embedded", me.tag, me.namespace or "", cfg.capacity, os.getpid())
+                self._check_layout(notes)   # fresh notes: records it
                 break
             if rc != -errno.EEXIST:
                 if not os.path.exists(f"/dev/shm/umbp.{self.name}"):
@@ -220,6 +232,7 @@ class _Pool:
             verdict = self._classify(notes, cfg)
             if verdict == "stale":
                 continue            # removed: create it again
+            self._check_layout(notes)   # before attaching: a refusal leaves nothing behind
             h = C.c_void_p()
             L.check(self.lib.umbp_pool_attach(self.name.encode(), C.byref(opts), C.byref(h)),
                     f"attach pool {self.name}")
@@ -289,6 +302,64 @@ class _Pool:
                        f"; pids {_pids(unknown)} were not started by this connector" if unknown else "",
                        cfg.capacity, info.slot_count * info.slot_size)
         return "join"
+
+    # ---- what an explicit namespace's blocks are ----------------------------------
+    def _check_layout(self, notes: N.Locked | None = None) -> None:
+        """For an explicit key_namespace (engine.layout set): record its
+        fingerprint in the pool's notes when none is, else refuse (ValueError
+        naming the namespace, what differs and the fixes) when the recorded
+        one is another model's or layout's. Read, compare and append happen
+        under the notes' flock, so of two workers starting at once the second
+        sees the first one's record. Runs once per attach; nothing later.
+        A pool whose notes this user cannot write (another user's daemon)
+        is checked against what they hold, and a warning says when nothing
+        could be recorded."""
+        me = self.engine
+        if not (me.namespace and me.layout):
+            return
+        uuid = self._uuid or self._info_uuid()
+        if notes is not None:
+            self._layout_under_lock(notes, uuid)
+            return
+        try:
+            with N.Locked(self.name, timeout_s=30) as n:
+                self._layout_under_lock(n, uuid)
+            return
+        except (OSError, TimeoutError) as e:
+            why = e
+        have = N.read(self.name, uuid).layouts.get(me.namespace)
+        if have is not None:
+            self._compare_layout(have)
+            return
+        logger.warning("UMBP: the layout of key namespace %r could not be recorded in %s (%s): engines of another "
+                       "model or KV layout given the same key_namespace on pool %r would not be refused",
+                       me.namespace, N.path(self.name), why, self.name)
+
+    def _layout_under_lock(self, notes: N.Locked, uuid: str) -> None:
+        me = self.engine
+        have = notes.ensure(uuid).layouts.get(me.namespace)
+        if have is None:
+            fp, facts = me.layout
+            notes.append("layout", me.namespace, fp, json.dumps(facts, sort_keys=True, separators=(",", ":")))
+            return
+        self._compare_layout(have)
+
+    def _compare_layout(self, have: tuple[str, dict]) -> None:
+        me = self.engine
+        fp, facts = me.layout
+        old_fp, old = have
+        diff = [k for k in facts if k in old and old[k] != facts[k] and k != "derived"]
+        if old_fp == fp and not any(k in LAYOUT_UNHASHED for k in diff):
+            return
+        said = "; ".join(f"{k} {old[k]!r} there, {facts[k]!r} here" for k in diff) or \
+            "nothing this umbp can name (another umbp version derived the recorded one?)"
+        raise ValueError(
+            f"key namespace {me.namespace!r} of UMBP pool {self.name!r} holds the blocks of another model or KV "
+            f"layout: recorded {old_fp}, this engine's {fp} (what differs: {said}). Engines that share an explicit "
+            f"key_namespace load each other's blocks as their own, so this engine would compute with wrong KV. "
+            f"Give it another kv_connector_extra_config.key_namespace, or drop key_namespace to use the derived "
+            f"one ({facts.get('derived', fp)}); if the blocks there are garbage, stop the pool's users and "
+            f"`umbp pool destroy {self.name}` (which removes the record with the pool)")
 
     # ---- labels ----------------------------------------------------------------
     def _note_label(self, notes: N.Locked | None = None) -> None:
