@@ -1056,6 +1056,250 @@ static void test_ring_header_scribbled(void **state) {
   census_ok(f->p);
 }
 
+/* ---- umbp_pool_check(): each kind of violation, provoked ----
+ * Each test below makes one corruption in the segment of a real pool, as a
+ * stray write of another process would, asserts that the check names it,
+ * repairs it and asserts that the check is clean again. */
+
+/* The check's report holds a sentence containing `needle`. */
+static void check_reports(umbp_pool *p, const char *needle) {
+  umbp_check_report *r = calloc(1, sizeof *r);
+  assert_non_null(r);
+  assert_int_equal(umbp_pool_check(p, r), 0);
+  bool found = false;
+  for (unsigned i = 0; i < r->n_listed; i++) found |= strstr(r->violation[i], needle) != NULL;
+  if (!found) {
+    fprintf(stderr, "# wanted '%s' among %llu violation(s):\n", needle, (unsigned long long)r->n_violations);
+    for (unsigned i = 0; i < r->n_listed; i++) fprintf(stderr, "# check: %s\n", r->violation[i]);
+  }
+  assert_true(r->n_violations > 0);
+  assert_true(found);
+  free(r);
+}
+
+/* The bucket and way that link slot s. */
+static void linking_way(struct umbp_index *ix, uint32_t s, uint32_t *ret_b, unsigned *ret_w) {
+  for (uint32_t b = 0; b < ix->nb; b++)
+    for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++)
+      if ((uint32_t)umbp_way_get(&ix->buckets[b], w) == s + 1) {
+        *ret_b = b;
+        *ret_w = w;
+        return;
+      }
+  fail_msg("slot %u is linked by no way", s);
+}
+
+/* An empty way of bucket b. */
+static unsigned empty_way(struct umbp_index *ix, uint32_t b) {
+  for (unsigned w = 0; w < UMBP_BUCKET_WAYS; w++)
+    if (!umbp_way_get(&ix->buckets[b], w)) return w;
+  fail_msg("bucket %u is full", b);
+  return 0;
+}
+
+/* A FREE slot (on its ring). */
+static uint32_t a_free_slot(struct umbp_index *ix) {
+  for (uint32_t s = 0; s < ix->slot_count; s++)
+    if (ST_STATE(atomic_load(&ix->meta[s].state)) == UMBP_SLOT_FREE) return s;
+  fail_msg("no free slot");
+  return 0;
+}
+
+/* A registry slot whose state word is neither FREE nor LIVE. */
+static void test_check_registry_state(void **state) {
+  struct fx *f = *state;
+  unsigned i = UMBP_MAX_PROCS - 1;
+  assert_int_not_equal((int)i, f->p->proc_slot);
+  _Atomic uint32_t *st = &f->p->procs[i].state;
+  assert_int_equal(atomic_load(st), UMBP_PROC_FREE);
+  atomic_store(st, 7);
+  check_reports(f->p, "registry slot 63 has state 7, which is neither free nor live");
+  atomic_store(st, UMBP_PROC_FREE);
+  census_ok(f->p);
+}
+
+/* A free ring's header and the event ring's header, each rewritten (the
+ * mask no longer capacity - 1, so the checksum fails too). */
+static void test_check_ring_headers(void **state) {
+  struct fx *f = *state;
+  struct umbp_ring_hdr *fr = umbp_pool_at(f->p, f->p->hdr->partitions[0].ring_offset, 64);
+  struct umbp_ring_hdr *ev = umbp_pool_region(f->p, UMBP_REG_EVENTS);
+  uint32_t m = fr->mask;
+  fr->mask = m ^ 1;
+  check_reports(f->p, "the free-slot ring header of partition 0 is corrupted");
+  fr->mask = m;
+  census_ok(f->p);
+  m = ev->mask;
+  ev->mask = m ^ 1;
+  check_reports(f->p, "the event ring header is corrupted");
+  ev->mask = m;
+  census_ok(f->p);
+}
+
+/* A free ring holding a slot id that is none of its partition's slots. */
+static void test_check_ring_foreign_id(void **state) {
+  struct fx *f = *state;
+  struct umbp_index *ix = f->p->index;
+  assert_int_equal(ix->ring_geo[0].elem_size, sizeof(uint64_t));
+  uint32_t rs; /* a reservation makes room on the (full) ring */
+  assert_int_equal(umbp_reserve(f->p, -1, f->ns, &rs), 0);
+  uint64_t e = ix->slot_count + 5, got[512];
+  assert_int_equal(umbp_ring_enqueue_burst_g(ix->rings[0], &ix->ring_geo[0], &e, 1, f->p->owner_id), 1);
+  char want[160];
+  snprintf(want, sizeof want, "the free ring of partition 0 holds slot id %u (cell ", ix->slot_count + 5);
+  check_reports(f->p, want);
+  /* take it off again: drain the ring, put back all but it */
+  unsigned n = 0, back = 0;
+  while (n < 512 && umbp_ring_dequeue_burst_g(ix->rings[0], &ix->ring_geo[0], &got[n], 1, f->p->owner_id) == 1) n++;
+  for (unsigned i = 0; i < n; i++)
+    if (got[i] != e) back += umbp_ring_enqueue_burst_g(ix->rings[0], &ix->ring_geo[0], &got[i], 1, f->p->owner_id);
+  assert_int_equal(back, n - 1);
+  assert_int_equal(umbp_abort(f->p, rs), 0);
+  census_ok(f->p);
+}
+
+/* A way whose slot id is past the pool's last slot. */
+static void test_check_way_outside(void **state) {
+  struct fx *f = *state;
+  struct umbp_index *ix = f->p->index;
+  unsigned w = empty_way(ix, 3);
+  umbp_way_set(&ix->buckets[3], w, (0x1234ull << 32) | (ix->slot_count + 10 + 1));
+  char want[160];
+  snprintf(want, sizeof want, "bucket 3 way %u holds slot id %u, outside the pool's %u slots", w, ix->slot_count + 10,
+           ix->slot_count);
+  check_reports(f->p, want);
+  umbp_way_set(&ix->buckets[3], w, 0);
+  census_ok(f->p);
+}
+
+/* A published slot's way whose signature differs from its key's: in the
+ * bucket's hint byte, then in the slot word's byte. */
+static void test_check_way_signature(void **state) {
+  struct fx *f = *state;
+  struct umbp_index *ix = f->p->index;
+  umbp_key k = itu_key(f->ns, 5, 0);
+  uint32_t s = put(f->p, &k), b;
+  unsigned w;
+  linking_way(ix, s, &b, &w);
+  uint64_t v = umbp_way_get(&ix->buckets[b], w);
+  uint16_t sig = (uint16_t)(v >> 32);
+  assert_int_equal(sig, umbp_key_sig(umbp_key_hash(&ix->meta[s].key)));
+  uint16_t bad[2] = {(uint16_t)((sig & 0xff00) | ((sig & 0xff) == 0x55 ? 0x56 : 0x55)), (uint16_t)(sig ^ 0x8000)};
+  for (int i = 0; i < 2; i++) {
+    umbp_way_set(&ix->buckets[b], w, (uint64_t)bad[i] << 32 | (uint32_t)v);
+    char want[160];
+    snprintf(want, sizeof want, "bucket %u's way for slot %u has signature 0x%04x, but the slot's key hashes to 0x%04x",
+             b, s, bad[i], sig);
+    check_reports(f->p, want);
+    umbp_way_set(&ix->buckets[b], w, v);
+    census_ok(f->p);
+  }
+}
+
+/* Move slot s's way from its home to d buckets on, with the home's
+ * overflow word updated as an insert would have; returns the old word. */
+static uint32_t displace(struct umbp_index *ix, uint32_t s, unsigned d, uint32_t *ret_home) {
+  uint64_t h = umbp_key_hash(&ix->meta[s].key);
+  uint32_t home = umbp_bucket_home(h, ix->nb), b;
+  unsigned w;
+  linking_way(ix, s, &b, &w);
+  assert_int_equal(b, home);
+  uint32_t to = umbp_bucket_at(home, d, ix->nb);
+  unsigned w2 = empty_way(ix, to);
+  uint64_t v = umbp_way_get(&ix->buckets[b], w);
+  uint32_t old = atomic_load(&ix->buckets[home].ovf);
+  umbp_ovf_add(&ix->buckets[home].ovf, d, umbp_ovf_bit(h));
+  umbp_way_set(&ix->buckets[to], w2, v);
+  umbp_way_set(&ix->buckets[b], w, 0);
+  *ret_home = home;
+  return old;
+}
+
+/* A displaced way farther than the home's overflow reach, and one farther
+ * than any lookup looks (UMBP_MAX_PROBE - 1 buckets). */
+static void test_check_way_distance(void **state) {
+  struct fx *f = *state;
+  struct umbp_index *ix = f->p->index;
+  umbp_key k = itu_key(f->ns, 6, 0);
+  uint32_t s = put(f->p, &k), home;
+  uint32_t ov0 = displace(ix, s, 2, &home);
+  census_ok(f->p); /* a consistent displacement */
+  uint32_t ov = atomic_load(&ix->buckets[home].ovf);
+  assert_int_equal(UMBP_OVF_REACH(ov), 2);
+  atomic_store(&ix->buckets[home].ovf, (ov & 0xffffffu) | 1u << 24); /* reach 1, count and filter kept */
+  char want[200];
+  snprintf(want, sizeof want, "bucket %u's overflow reach is 1 but slot %u's key homed there lives 2 buckets on", home, s);
+  check_reports(f->p, want);
+  atomic_store(&ix->buckets[home].ovf, ov);
+  census_ok(f->p);
+  assert_int_equal(umbp_remove(f->p, &k), 0);
+  atomic_store(&ix->buckets[home].ovf, ov0);
+  census_ok(f->p);
+
+  s = put(f->p, &k);
+  displace(ix, s, UMBP_MAX_PROBE, &home);
+  snprintf(want, sizeof want, "slot %u's key belongs to bucket %u but its way is in bucket %u, %u buckets on", s, home,
+           umbp_bucket_at(home, UMBP_MAX_PROBE, ix->nb), UMBP_MAX_PROBE);
+  check_reports(f->p, want);
+}
+
+/* FREE and PUBLISHED slots that name an owner. */
+static void test_check_owner_of_unowned(void **state) {
+  struct fx *f = *state;
+  struct umbp_index *ix = f->p->index;
+  uint32_t fs = a_free_slot(ix);
+  uint64_t w = atomic_load(&ix->meta[fs].state);
+  atomic_store(&ix->meta[fs].state, ST_NEXT(w, UMBP_SLOT_FREE, 3));
+  char want[160];
+  snprintf(want, sizeof want, "slot %u is FREE but names owner 3", fs);
+  check_reports(f->p, want);
+  atomic_store(&ix->meta[fs].state, w);
+  census_ok(f->p);
+  umbp_key k = itu_key(f->ns, 7, 0);
+  uint32_t s = put(f->p, &k);
+  w = atomic_load(&ix->meta[s].state);
+  atomic_store(&ix->meta[s].state, ST_NEXT(w, UMBP_SLOT_PUBLISHED, 3));
+  snprintf(want, sizeof want, "slot %u is PUBLISHED but names owner 3", s);
+  check_reports(f->p, want);
+  atomic_store(&ix->meta[s].state, w);
+  census_ok(f->p);
+}
+
+/* RESERVED and EVICTING slots whose owner id is no registry slot (0, and
+ * one past UMBP_MAX_PROCS). */
+static void test_check_owner_out_of_range(void **state) {
+  struct fx *f = *state;
+  struct umbp_index *ix = f->p->index;
+  uint32_t fs = a_free_slot(ix);
+  uint64_t w = atomic_load(&ix->meta[fs].state);
+  const struct {
+    unsigned st, own;
+    const char *name;
+  } c[] = {{UMBP_SLOT_RESERVED, 0, "RESERVED"}, {UMBP_SLOT_EVICTING, UMBP_MAX_PROCS + 1, "EVICTING"}};
+  for (int i = 0; i < 2; i++) {
+    atomic_store(&ix->meta[fs].state, ST_NEXT(w, c[i].st, c[i].own));
+    char want[160];
+    snprintf(want, sizeof want, "slot %u is %s by owner id %u, which is no registry slot", fs, c[i].name, c[i].own);
+    check_reports(f->p, want);
+  }
+  atomic_store(&ix->meta[fs].state, w);
+  census_ok(f->p);
+}
+
+/* A published slot under a namespace that is not registered. */
+static void test_check_ns_unregistered(void **state) {
+  struct fx *f = *state;
+  struct umbp_index *ix = f->p->index;
+  umbp_key k = itu_key(f->ns, 8, 0);
+  uint32_t s = put(f->p, &k);
+  atomic_store(&ix->ns[f->ns].state, 0);
+  char want[160];
+  snprintf(want, sizeof want, "slot %u is PUBLISHED under namespace %u, which is not registered", s, f->ns);
+  check_reports(f->p, want);
+  atomic_store(&ix->ns[f->ns].state, 1);
+  census_ok(f->p);
+}
+
 /* The key hash and bucket placement are in the ABI fingerprint (issue 32,
  * smaller defects): a build that hashed a fixed key differently gets another
  * fingerprint, and the pool's recorded fingerprint includes this build's. */
@@ -2166,6 +2410,15 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_slot_cache_off_in_small_pools, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reclaim_tidies, setup, teardown),
       cmocka_unit_test_setup_teardown(test_ring_header_scribbled, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_registry_state, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_ring_headers, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_ring_foreign_id, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_way_outside, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_way_signature, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_way_distance, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_owner_of_unowned, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_owner_out_of_range, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_ns_unregistered, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fingerprint_covers_hash, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_fields_distinct, setup, teardown),
