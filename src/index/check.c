@@ -121,14 +121,20 @@ static void snap_states(const struct umbp_slot_meta *meta, uint32_t n, uint64_t 
 
 static uint8_t sat_inc(uint8_t v) { return v == 255 ? 255 : (uint8_t)(v + 1); }
 
-/* Scan one free ring: count each slot id found in a full cell. */
-static void scan_ring(umbp_pool *p, unsigned part, uint8_t *on_ring, uint8_t *claimed_cell,
+/* Scan one free ring: count each slot id found in a full cell. A ring whose
+ * header is corrupted cannot be scanned: that is its one violation, and its
+ * partition's slots are marked in unread[] so that none of them is judged
+ * "on no free ring" (they may well be on it: processes attached before the
+ * header changed go on using the ring with the geometry they copied). */
+static void scan_ring(umbp_pool *p, unsigned part, uint8_t *on_ring, uint8_t *claimed_cell, uint8_t *unread,
                       umbp_check_report *r) {
   const struct umbp_partition_desc *d = &p->hdr->partitions[part];
   void *ring = umbp_pool_at(p, d->ring_offset, d->ring_bytes);
   struct umbp_ring_geo g;
   if (!ring || umbp_ring_geo_get(ring, d->ring_bytes, &g)) {
     viol(r, "the free-slot ring header of partition %u is corrupted: its free slots cannot be used", part);
+    for (uint64_t s = d->first_slot; s < (uint64_t)d->first_slot + d->slot_count && s < p->hdr->slot_count; s++)
+      unread[s] = 1;
     return;
   }
   struct umbp_ring_hdr *h = ring;
@@ -191,13 +197,15 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   uint64_t *st1 = malloc((size_t)n * sizeof *st1), *st2 = malloc((size_t)n * sizeof *st2);
   uint8_t *inflight = calloc(n, 1), *on_ring = calloc(n, 1), *claimed_cell = calloc(n, 1), *ways_to = calloc(n, 1);
   uint8_t *cflag = calloc(n, 1); /* counted flags, read inside the scan window */
+  uint8_t *ring_unread = calloc(n, 1); /* slots of partitions whose ring could not be scanned */
   uint32_t *need = calloc(nb, sizeof *need), *ovf = malloc((size_t)nb * sizeof *ovf);
   struct reg_snap *ra = malloc(sizeof *ra), *rb = malloc(sizeof *rb);
   size_t went = 0, wcap = 1024;
   struct way_ent *we = malloc(wcap * sizeof *we);
   uint64_t used_a[UMBP_MAX_NAMESPACES], used_b[UMBP_MAX_NAMESPACES], nsc[UMBP_MAX_NAMESPACES];
   int rc = 0;
-  if (!r || !st1 || !st2 || !cflag || !inflight || !on_ring || !claimed_cell || !ways_to || !need || !ovf || !ra || !rb || !we) {
+  if (!r || !st1 || !st2 || !cflag || !ring_unread || !inflight || !on_ring || !claimed_cell || !ways_to || !need ||
+      !ovf || !ra || !rb || !we) {
     rc = umbp_fail(-ENOMEM, "umbp_pool_check: not enough memory to check a pool of %u slots", n);
     goto out;
   }
@@ -234,7 +242,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
       we[went++] = (struct way_ent){.bucket = b, .ns = k.ns, .v = v, .hash = umbp_key_hash(&k)};
     }
   for (uint32_t b = 0; b < nb; b++) ovf[b] = atomic_load_explicit(&bk[b].ovf, memory_order_seq_cst);
-  for (unsigned i = 0; i < h->n_partitions; i++) scan_ring(p, i, on_ring, claimed_cell, r);
+  for (unsigned i = 0; i < h->n_partitions; i++) scan_ring(p, i, on_ring, claimed_cell, ring_unread, r);
   {
     void *ev = umbp_pool_region(p, UMBP_REG_EVENTS);
     if (umbp_ring_check_header(ev, h->regions[UMBP_REG_EVENTS].size))
@@ -321,7 +329,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
     switch (st) {
     case UMBP_SLOT_FREE:
       if (own) viol(r, "slot %u is FREE but names owner %u", s, own);
-      if (inflight[s]) break;
+      if (inflight[s] || ring_unread[s]) break;
       /* off the ring is allowed while the partition's off_ring hint says
        * slots were left off a held-up ring (reserves find them by a scan);
        * on it twice is harmless (the state CAS decides who gets it) */
@@ -414,6 +422,7 @@ out:
   free(st1);
   free(st2);
   free(cflag);
+  free(ring_unread);
   free(inflight);
   free(on_ring);
   free(claimed_cell);
