@@ -1088,6 +1088,56 @@ static void test_check_corrupted(void **st) {
   assert_int_equal(check_cli(name), 0);
   verify_set(p, ns, 30);
 
+  /* 9. a registry slot in no known state */
+  atomic_store(&p->procs[61].state, 7);
+  expect_violation(name, "registry slot 61 has state 7, which is neither free nor live");
+  atomic_store(&p->procs[61].state, UMBP_PROC_FREE);
+  assert_int_equal(check_cli(name), 0);
+
+  /* 10. a published slot's way with another signature than its key's */
+  for (sb = 0; sb < ix->nb; sb++) {
+    for (sw = 0; sw < UMBP_BUCKET_WAYS; sw++)
+      if ((uint32_t)umbp_way_get(&ix->buckets[sb], sw) == s0 + 1) break;
+    if (sw < UMBP_BUCKET_WAYS) break;
+  }
+  assert_true(sb < ix->nb);
+  saved = umbp_way_get(&ix->buckets[sb], sw);
+  umbp_way_set(&ix->buckets[sb], sw, saved ^ (0x8000ull << 32));
+  snprintf(want, sizeof want, "bucket %u's way for slot %u has signature 0x%04x", sb, s0,
+           (unsigned)(uint16_t)((saved >> 32) ^ 0x8000));
+  expect_violation(name, want);
+  umbp_way_set(&ix->buckets[sb], sw, saved);
+
+  /* 11. a way past the pool's last slot; a reservation by owner id 0 */
+  umbp_way_set(&ix->buckets[b], w, (0x1234ull << 32) | (ix->slot_count + 10 + 1));
+  snprintf(want, sizeof want, "bucket %u way %u holds slot id %u, outside the pool's %u slots", b, w,
+           ix->slot_count + 10, ix->slot_count);
+  expect_violation(name, want);
+  umbp_way_set(&ix->buckets[b], w, 0);
+  atomic_store(&ix->meta[free_slot].state, ST_MAKE(UMBP_SLOT_RESERVED, 0, ST_GEN(sv)));
+  snprintf(want, sizeof want, "slot %u is RESERVED by owner id 0, which is no registry slot", free_slot);
+  expect_violation(name, want);
+  atomic_store(&ix->meta[free_slot].state, sv);
+  assert_int_equal(check_cli(name), 0);
+
+  /* 12. a free ring's or the event ring's header rewritten: inspect still
+   * attaches (read-only, without the rings) and --check names the ring,
+   * once: the free slots are not also reported lost */
+  {
+    struct umbp_ring_hdr *rh[2] = {umbp_pool_at(p, p->hdr->partitions[0].ring_offset, 64),
+                                   umbp_pool_region(p, UMBP_REG_EVENTS)};
+    const char *says[2] = {"the free-slot ring header of partition 0 is corrupted", "the event ring header is corrupted"};
+    for (int i = 0; i < 2; i++) {
+      uint32_t m = rh[i]->mask;
+      rh[i]->mask = m ^ 1;
+      expect_violation(name, says[i]);
+      assert_non_null(strstr(out, "check: 1 violation\n"));
+      assert_null(strstr(out, "on no free ring"));
+      rh[i]->mask = m;
+    }
+  }
+  assert_int_equal(check_cli(name), 0);
+
   /* the JSON form lists the violation too */
   atomic_store(&ix->pins[(uint64_t)62 * ix->pin_stride + s0], 2);
   assert_int_equal(DTU_RUN(out, "inspect", name, "--check", "--json"), 1);
