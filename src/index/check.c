@@ -242,7 +242,14 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
       we[went++] = (struct way_ent){.bucket = b, .ns = k.ns, .v = v, .hash = umbp_key_hash(&k)};
     }
   for (uint32_t b = 0; b < nb; b++) ovf[b] = atomic_load_explicit(&bk[b].ovf, memory_order_seq_cst);
-  for (unsigned i = 0; i < h->n_partitions; i++) scan_ring(p, i, on_ring, claimed_cell, ring_unread, r);
+  /* the count is read from the shared header, which a stray write may have
+   * changed since attach (processes use the table they copied then): never
+   * past the table's UMBP_MAX_PARTITIONS entries */
+  uint32_t nparts = h->n_partitions;
+  if (nparts == 0 || nparts > UMBP_MAX_PARTITIONS)
+    viol(r, "the pool header counts %u partitions, not 1..%d: the header is corrupted", nparts, UMBP_MAX_PARTITIONS);
+  if (nparts > UMBP_MAX_PARTITIONS) nparts = UMBP_MAX_PARTITIONS;
+  for (unsigned i = 0; i < nparts; i++) scan_ring(p, i, on_ring, claimed_cell, ring_unread, r);
   {
     void *ev = umbp_pool_region(p, UMBP_REG_EVENTS);
     if (umbp_ring_check_header(ev, h->regions[UMBP_REG_EVENTS].size))

@@ -1305,6 +1305,20 @@ static void test_check_ns_unregistered(void **state) {
   census_ok(f->p);
 }
 
+/* The pool header's partition count rewritten past the partition table
+ * (processes use the table they copied at attach): the check names it and
+ * reads no partition past the table's UMBP_MAX_PARTITIONS entries. */
+static void test_check_partition_count(void **state) {
+  struct fx *f = *state;
+  uint32_t np = f->p->hdr->n_partitions;
+  f->p->hdr->n_partitions = 0xffffffu;
+  char want[160];
+  snprintf(want, sizeof want, "the pool header counts %u partitions, not 1..%d", 0xffffffu, UMBP_MAX_PARTITIONS);
+  check_reports(f->p, want);
+  f->p->hdr->n_partitions = np;
+  census_ok(f->p);
+}
+
 /* The key hash and bucket placement are in the ABI fingerprint (issue 32,
  * smaller defects): a build that hashed a fixed key differently gets another
  * fingerprint, and the pool's recorded fingerprint includes this build's. */
@@ -2424,6 +2438,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_check_owner_of_unowned, setup, teardown),
       cmocka_unit_test_setup_teardown(test_check_owner_out_of_range, setup, teardown),
       cmocka_unit_test_setup_teardown(test_check_ns_unregistered, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_partition_count, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fingerprint_covers_hash, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_fields_distinct, setup, teardown),
