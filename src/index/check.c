@@ -126,14 +126,14 @@ static uint8_t sat_inc(uint8_t v) { return v == 255 ? 255 : (uint8_t)(v + 1); }
  * partition's slots are marked in unread[] so that none of them is judged
  * "on no free ring" (they may well be on it: processes attached before the
  * header changed go on using the ring with the geometry they copied). */
-static void scan_ring(umbp_pool *p, unsigned part, uint8_t *on_ring, uint8_t *claimed_cell, uint8_t *unread,
-                      umbp_check_report *r) {
+static void scan_ring(umbp_pool *p, uint32_t n, unsigned part, uint8_t *on_ring, uint8_t *claimed_cell,
+                      uint8_t *unread, umbp_check_report *r) {
   const struct umbp_partition_desc *d = &p->hdr->partitions[part];
   void *ring = umbp_pool_at(p, d->ring_offset, d->ring_bytes);
   struct umbp_ring_geo g;
   if (!ring || umbp_ring_geo_get(ring, d->ring_bytes, &g)) {
     viol(r, "the free-slot ring header of partition %u is corrupted: its free slots cannot be used", part);
-    for (uint64_t s = d->first_slot; s < (uint64_t)d->first_slot + d->slot_count && s < p->hdr->slot_count; s++)
+    for (uint64_t s = d->first_slot; s < (uint64_t)d->first_slot + d->slot_count && s < n; s++)
       unread[s] = 1;
     return;
   }
@@ -150,7 +150,7 @@ static void scan_ring(umbp_pool *p, unsigned part, uint8_t *on_ring, uint8_t *cl
       atomic_thread_fence(memory_order_acquire);
       if (atomic_load_explicit(&c->word, memory_order_relaxed) != w) continue;
       r->ring_entries++;
-      if (v >= p->hdr->slot_count || (uint32_t)v - d->first_slot >= d->slot_count) {
+      if (v >= n || (uint32_t)v - d->first_slot >= d->slot_count) {
         viol(r, "the free ring of partition %u holds slot id %llu (cell %llu), which is not one of its slots "
                 "%u..%u",
              part, (unsigned long long)v, (unsigned long long)i, d->first_slot, d->first_slot + d->slot_count - 1);
@@ -169,8 +169,7 @@ static void scan_ring(umbp_pool *p, unsigned part, uint8_t *on_ring, uint8_t *cl
  * the states (1), and whose enqueue came after the ring scan passed its
  * cell and cleared its ledger entry before snapshot B is seen that way;
  * its slot is on the ring by now. A slot that is really lost is not. */
-static bool free_slot_settled_since(umbp_pool *p, uint32_t s, uint64_t w) {
-  const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
+static bool free_slot_settled_since(umbp_pool *p, const struct umbp_slot_meta *meta, uint32_t s, uint64_t w) {
   for (unsigned i = 0; i < p->hdr->n_partitions && i < UMBP_MAX_PARTITIONS; i++) {
     const struct umbp_partition_desc *d = &p->hdr->partitions[i];
     if (s - d->first_slot >= d->slot_count) continue;
@@ -184,14 +183,37 @@ static bool free_slot_settled_since(umbp_pool *p, uint32_t s, uint64_t w) {
   return false;
 }
 
+/* Region `reg` of the shared header, read once: NULL unless it lies inside
+ * the mapping and holds at least `need` bytes. The header was validated at
+ * attach, but a stray write may have changed it since (processes keep what
+ * they copied then); the check reads the live one and must not follow it
+ * outside the mapping. */
+static void *region_checked(umbp_pool *p, int reg, uint64_t need) {
+  uint64_t off = p->hdr->regions[reg].offset, size = p->hdr->regions[reg].size;
+  if (size < need) return NULL;
+  return umbp_pool_at(p, off, size);
+}
+
 UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   if (!p || !ret) return umbp_fail(-EINVAL, "umbp_pool_check: pool and ret are required");
   const struct umbp_shm_header *h = p->hdr;
   const uint32_t n = h->slot_count, nb = h->n_buckets;
-  const struct umbp_slot_meta *meta = umbp_pool_region(p, UMBP_REG_SLOTMETA);
-  const struct umbp_bucket *bk = umbp_pool_region(p, UMBP_REG_BUCKETS);
-  const _Atomic uint8_t *pins = umbp_pool_region(p, UMBP_REG_PINS);
-  const struct umbp_ns_shm *nss = umbp_pool_region(p, UMBP_REG_NAMESPACES);
+  const struct umbp_slot_meta *meta = region_checked(p, UMBP_REG_SLOTMETA, (uint64_t)n * sizeof *meta);
+  const struct umbp_bucket *bk = region_checked(p, UMBP_REG_BUCKETS, (uint64_t)nb * sizeof *bk);
+  const _Atomic uint8_t *pins = region_checked(p, UMBP_REG_PINS, umbp_pin_region_bytes(n));
+  const struct umbp_ns_shm *nss = region_checked(p, UMBP_REG_NAMESPACES, UMBP_MAX_NAMESPACES * sizeof *nss);
+  const struct umbp_index_hdr *ixh = region_checked(p, UMBP_REG_INDEXHDR, sizeof *ixh);
+  void *evr = region_checked(p, UMBP_REG_EVENTS, 0);
+  if (!n || !nb || !meta || !bk || !pins || !nss || !ixh || !evr) {
+    umbp_check_report *hr = calloc(1, sizeof *hr);
+    if (!hr) return umbp_fail(-ENOMEM, "umbp_pool_check: out of memory");
+    viol(hr, "the pool header is corrupted: its %u slots and %u buckets do not fit its regions (or a region lies "
+             "outside the segment); nothing else was checked",
+         n, nb);
+    *ret = *hr;
+    free(hr);
+    return 0;
+  }
 
   umbp_check_report *r = calloc(1, sizeof *r);
   uint64_t *st1 = malloc((size_t)n * sizeof *st1), *st2 = malloc((size_t)n * sizeof *st2);
@@ -249,10 +271,9 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   if (nparts == 0 || nparts > UMBP_MAX_PARTITIONS)
     viol(r, "the pool header counts %u partitions, not 1..%d: the header is corrupted", nparts, UMBP_MAX_PARTITIONS);
   if (nparts > UMBP_MAX_PARTITIONS) nparts = UMBP_MAX_PARTITIONS;
-  for (unsigned i = 0; i < nparts; i++) scan_ring(p, i, on_ring, claimed_cell, ring_unread, r);
+  for (unsigned i = 0; i < nparts; i++) scan_ring(p, n, i, on_ring, claimed_cell, ring_unread, r);
   {
-    void *ev = umbp_pool_region(p, UMBP_REG_EVENTS);
-    if (umbp_ring_check_header(ev, h->regions[UMBP_REG_EVENTS].size))
+    if (umbp_ring_check_header(evr, h->regions[UMBP_REG_EVENTS].size))
       viol(r, "the event ring header is corrupted: events cannot be delivered");
   }
   snap_states(meta, n, st2);
@@ -316,7 +337,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
   /* ---- slots ---- */
   bool off_ring_any = false;
   {
-    const struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+    const struct umbp_index_hdr *ih = ixh;
     for (unsigned i = 0; i < h->n_partitions && i < UMBP_MAX_PARTITIONS; i++)
       off_ring_any |= UMBP_OFF_RING_SET(atomic_load_explicit(&ih->off_ring[i], memory_order_relaxed));
   }
@@ -340,7 +361,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
       /* off the ring is allowed while the partition's off_ring hint says
        * slots were left off a held-up ring (reserves find them by a scan);
        * on it twice is harmless (the state CAS decides who gets it) */
-      if (on_ring[s] == 0 && !claimed_cell[s] && !off_ring_any && !free_slot_settled_since(p, s, w))
+      if (on_ring[s] == 0 && !claimed_cell[s] && !off_ring_any && !free_slot_settled_since(p, meta, s, w))
         viol(r, "slot %u is FREE but on no free ring: its capacity is lost", s);
       break;
     case UMBP_SLOT_PUBLISHED:
@@ -379,7 +400,7 @@ UMBP_API int umbp_pool_check(umbp_pool *p, umbp_check_report *ret) {
      * process sets its bit before its first pin and clears it only after
      * zeroing its bytes, so a byte seen set while the bit is clear both before
      * and after the scan is a pin that removers would not see. */
-    struct umbp_index_hdr *ih = umbp_pool_region(p, UMBP_REG_INDEXHDR);
+    const struct umbp_index_hdr *ih = ixh;
     uint64_t pm_a = atomic_load_explicit(&ih->pin_procs, memory_order_seq_cst);
     bool has_pins[UMBP_MAX_PROCS] = {false};
     uint64_t stride = umbp_pin_stride(n);

@@ -1319,6 +1319,22 @@ static void test_check_partition_count(void **state) {
   census_ok(f->p);
 }
 
+/* The pool header's slot count, then its bucket count, rewritten so that
+ * the slot metadata and bucket array they imply run past their regions and
+ * the mapping: the check says the header is corrupted and reads nothing
+ * outside the segment. */
+static void test_check_header_counts(void **state) {
+  struct fx *f = *state;
+  uint32_t *fld[2] = {&f->p->hdr->slot_count, &f->p->hdr->n_buckets};
+  for (int i = 0; i < 2; i++) {
+    uint32_t v = *fld[i];
+    *fld[i] = 0xffffffu;
+    check_reports(f->p, "the pool header is corrupted: its ");
+    *fld[i] = v;
+    census_ok(f->p);
+  }
+}
+
 /* The key hash and bucket placement are in the ABI fingerprint (issue 32,
  * smaller defects): a build that hashed a fixed key differently gets another
  * fingerprint, and the pool's recorded fingerprint includes this build's. */
@@ -2439,6 +2455,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_check_owner_out_of_range, setup, teardown),
       cmocka_unit_test_setup_teardown(test_check_ns_unregistered, setup, teardown),
       cmocka_unit_test_setup_teardown(test_check_partition_count, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_check_header_counts, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fingerprint_covers_hash, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_compare_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_fields_distinct, setup, teardown),
