@@ -29,7 +29,14 @@
  *  - pin bytes belong only to claimed registry slots;
  *  - each namespace's used_slots equals its slots flagged counted (PUBLISHED,
  *    and EVICTING or RESERVED ones inside a removal or publish);
- *  - the free rings' and the event ring's headers are intact.
+ *  - the free rings' and the event ring's headers are intact (a free ring
+ *    that cannot be read is that one violation: its slots are not also
+ *    reported lost);
+ *  - the pool header still describes the segment: a partition count in
+ *    1..UMBP_MAX_PARTITIONS, and regions inside the mapping that hold the
+ *    slots and buckets it counts (processes use the copy they validated at
+ *    attach; if the regions do not fit, that is the one violation reported
+ *    and nothing else is read).
  *
  * A busy pool is never frozen: a slot is judged only when its state word
  * (whose generation bumps on every transition) is the same before and after
