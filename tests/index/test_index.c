@@ -181,6 +181,30 @@ static void test_roundtrip(void **state) {
   census_ok(f->p);
 }
 
+/* k1 and k2 (which differ) are two blocks on every path: single and bulk
+ * lookups, pins, publish (k2 is no duplicate of k1) and remove; both are gone
+ * after. */
+static void two_distinct_keys(umbp_pool *p, const umbp_key *k1, const umbp_key *k2) {
+  uint32_t s1 = put(p, k1), got, sl[2];
+  assert_int_equal(umbp_contains(p, k2), 0);
+  assert_int_equal(umbp_lookup_pin(p, k2, &got), -ENOENT);
+  umbp_key both[2] = {*k2, *k1};
+  uint8_t present[2];
+  assert_int_equal(umbp_contains_bulk(p, 2, both, present), 1);
+  assert_int_equal(present[0], 0);
+  assert_int_equal(present[1], 1);
+  uint32_t s2 = put(p, k2);
+  assert_int_not_equal(s1, s2);
+  assert_int_equal(umbp_lookup_pin_bulk(p, 2, both, sl), 2);
+  assert_int_equal(sl[0], s2);
+  assert_int_equal(sl[1], s1);
+  assert_int_equal(umbp_unpin_bulk(p, 2, sl), 0);
+  assert_int_equal(umbp_remove(p, k2), 0);
+  assert_int_equal(umbp_contains(p, k1), 1);
+  assert_int_equal(umbp_contains(p, k2), 0);
+  assert_int_equal(umbp_remove(p, k1), 0);
+}
+
 /* Keys that share a home bucket and a signature, differing in one 16-byte
  * part of the key only (ranks; the first half of the block hash; its last
  * half), are told apart by the full key compare in every path: single and
@@ -214,24 +238,7 @@ static void test_key_compare_exact(void **state) {
       found = umbp_bucket_home(h2, nb) == umbp_bucket_home(h1, nb) && umbp_key_sig(h2) == umbp_key_sig(h1);
     }
     assert_true(found);
-    uint32_t s1slot = put(f->p, &k1), got, sl[2];
-    assert_int_equal(umbp_contains(f->p, &k2), 0);
-    assert_int_equal(umbp_lookup_pin(f->p, &k2, &got), -ENOENT);
-    umbp_key both[2] = {k2, k1};
-    uint8_t present[2];
-    assert_int_equal(umbp_contains_bulk(f->p, 2, both, present), 1);
-    assert_int_equal(present[0], 0);
-    assert_int_equal(present[1], 1);
-    uint32_t s2slot = put(f->p, &k2); /* not a duplicate of k1 */
-    assert_int_not_equal(s1slot, s2slot);
-    assert_int_equal(umbp_lookup_pin_bulk(f->p, 2, both, sl), 2);
-    assert_int_equal(sl[0], s2slot);
-    assert_int_equal(sl[1], s1slot);
-    assert_int_equal(umbp_unpin_bulk(f->p, 2, sl), 0);
-    assert_int_equal(umbp_remove(f->p, &k2), 0);
-    assert_int_equal(umbp_contains(f->p, &k1), 1);
-    assert_int_equal(umbp_contains(f->p, &k2), 0);
-    assert_int_equal(umbp_remove(f->p, &k1), 0);
+    two_distinct_keys(f->p, &k1, &k2);
   }
   census_ok(f->p);
 }
@@ -254,23 +261,7 @@ static void test_key_fields_distinct(void **state) {
       case 4: k2.group = 0x105; break;
       case 5: k2.hash_len = 31, k2.hash[31] = 0; k1.hash[31] = 0; break; /* same bytes, shorter */
     }
-    uint32_t s1 = put(f->p, &k1), got, sl[2];
-    assert_int_equal(umbp_contains(f->p, &k2), 0);
-    assert_int_equal(umbp_lookup_pin(f->p, &k2, &got), -ENOENT);
-    umbp_key both[2] = {k2, k1};
-    uint8_t present[2];
-    assert_int_equal(umbp_contains_bulk(f->p, 2, both, present), 1);
-    assert_int_equal(present[0], 0);
-    assert_int_equal(present[1], 1);
-    uint32_t s2 = put(f->p, &k2); /* not a duplicate of k1 */
-    assert_int_not_equal(s1, s2);
-    assert_int_equal(umbp_lookup_pin_bulk(f->p, 2, both, sl), 2);
-    assert_int_equal(sl[0], s2);
-    assert_int_equal(sl[1], s1);
-    assert_int_equal(umbp_unpin_bulk(f->p, 2, sl), 0);
-    assert_int_equal(umbp_remove(f->p, &k2), 0);
-    assert_int_equal(umbp_contains(f->p, &k1), 1);
-    assert_int_equal(umbp_remove(f->p, &k1), 0);
+    two_distinct_keys(f->p, &k1, &k2);
   }
   census_ok(f->p);
 }
