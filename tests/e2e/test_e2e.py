@@ -364,7 +364,17 @@ def test_docs_example_runs():
     r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     # its embedded pool goes with it, also when vLLM kills the worker (which made it) at shutdown
-    assert not os.path.exists(f"/dev/shm/umbp.demo-{p.pid}"), "the example's embedded pool outlived it"
+    pool = f"demo-{p.pid}"
+    if os.path.exists(f"/dev/shm/umbp.{pool}"):
+        # Allowed only where vLLM killed the engine core itself (it does when the core overruns its
+        # 5 s shutdown grace, as on a loaded machine): then no process of the engine ran its close, and
+        # the design leaves the pool to `umbp pool gc`, which must remove it. Anything else is a leak.
+        log_text = r.stdout + r.stderr
+        assert "force killing remaining process" in log_text, \
+            "the example's embedded pool outlived it, and vLLM killed none of its processes:\n" + log_text[-3000:]
+        g = subprocess.run([tool(), "pool", "gc", pool], capture_output=True, text=True, timeout=60)
+        assert g.returncode == 0 and not os.path.exists(f"/dev/shm/umbp.{pool}"), (g.returncode, g.stdout, g.stderr)
+        log(f"vLLM killed the example's engine core at shutdown; umbp pool gc removed {pool}")
     assert "from the umbp pool:" in r.stdout and "num_cached_tokens 3968" in r.stdout, r.stdout
     assert "identical tokens and logprobs: True" in r.stdout, r.stdout
 
