@@ -204,3 +204,19 @@ def test_every_field_is_where_the_c_compiler_puts_it(tmp_path):
     wrong = [f"{name}.{m}: {int(c)} in C, {off} in the package's ctypes structure"
              for (name, m, off), c in zip(want, got) if int(c) != off]
     assert not wrong, wrong
+
+
+def test_a_clang_tsan_build_is_never_picked_by_default(tmp_path):
+    """clang's TSan shared library names no runtime (the executable brings
+    it), so the lookup of build*/libumbp.so, newest first, took a freshly
+    built build-tsan/libumbp.so and failed to load it ('undefined symbol:
+    __tsan_atomic64_fetch_sub', reported as missing liburcu/libnuma/hwloc).
+    Its instrumentation's symbols mark it as a sanitizer build."""
+    tsan = tmp_path / "libumbp-tsan.so"
+    tsan.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 64 + b"__tsan_atomic64_fetch_sub\0__tsan_func_entry\0")
+    asan = tmp_path / "libumbp-asan.so"
+    asan.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 64 + b"__asan_report_load8\0")
+    assert L._sanitized(str(tsan)) and L._sanitized(str(asan))
+    lib = os.environ.get("UMBP_LIB")
+    if lib and os.path.isfile(lib):
+        assert not L._sanitized(lib), f"the library under test, {lib}, reads as a sanitizer build"

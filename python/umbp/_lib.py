@@ -74,14 +74,16 @@ class UMBPError(RuntimeError):
 
 
 def _sanitized(path: str) -> bool:
-    """A build linked against ASan or TSan: loading it needs the sanitizer's
-    runtime preloaded, so it is never picked by default."""
+    """A build linked against ASan or TSan, or instrumented for them: loading
+    it needs the sanitizer's runtime preloaded, so it is never picked by
+    default. clang's shared libraries name no runtime (the executable brings
+    it), only the instrumentation's __tsan_/__asan_ symbols."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError:
         return True
-    return b"libasan.so" in data or b"libtsan.so" in data
+    return any(m in data for m in (b"libasan.so", b"libtsan.so", b"__tsan_", b"__asan_"))
 
 
 def _runtime_missing(path: str) -> str | None:
