@@ -45,6 +45,7 @@
 #include <dirent.h>
 #include <linux/magic.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <numa.h>
 #include <numaif.h>
 #include <pthread.h>
@@ -704,9 +705,35 @@ static const char *index_fix_end(bool fallback) {
   return fallback ? ", then re-create the pool" : ", or use --index-pages small";
 }
 
+/* The index file cannot be created in hugetlbfs mount dir by this user
+ * (err: EACCES or EPERM): the message names the mount's owner and mode and
+ * the fix. A daemon run as a system user (contrib/systemd) meets this on a
+ * mount that only root may write, the default of /dev/hugepages. group: the
+ * pool's --group, or (gid_t)-1 for the caller's own. */
+static int index_dir_denied(int err, const char *dir, gid_t group, bool fallback) {
+  struct stat st;
+  char who[96] = "";
+  if (stat(dir, &st) == 0)
+    snprintf(who, sizeof who, " (owner uid %u, group gid %u, mode %04o)", (unsigned)st.st_uid, (unsigned)st.st_gid,
+             (unsigned)(st.st_mode & 07777));
+  gid_t gid = group != (gid_t)-1 ? group : getegid();
+  char gname[64], buf[1024];
+  struct group gr, *g = NULL;
+  if (getgrgid_r(gid, &gr, buf, sizeof buf, &g) == 0 && g && strlen(g->gr_name) < sizeof gname)
+    snprintf(gname, sizeof gname, "%s", g->gr_name);
+  else
+    snprintf(gname, sizeof gname, "%u", (unsigned)gid);
+  return umbp_fail(-err,
+                   "the hugetlbfs mount %s%s does not let uid %u create the index file there: as root, give the "
+                   "pool's users write access (chgrp %s %s && chmod 1775 %s; docs/operations.md, \"Huge pages "
+                   "for a daemon that is not root\"), or run as root%s",
+                   dir, who, (unsigned)geteuid(), gname, dir, dir, index_fix_end(fallback));
+}
+
 /* Can an index of `len` bytes go on huge pages? 0 with *dir set, or a
- * negative errno with a message naming the cause and the fix. */
-static int index_huge_where(uint64_t len, char *dir, size_t n, bool fallback) {
+ * negative errno with a message naming the cause and the fix. group: as
+ * index_dir_denied()'s. */
+static int index_huge_where(uint64_t len, char *dir, size_t n, gid_t group, bool fallback) {
   if (umbp_hugetlbfs_mount(dir, n) < 0)
     return umbp_fail(-ENOENT, "the index on huge pages needs a hugetlbfs mount and none is in /proc/mounts: mount "
                               "one (mount -t hugetlbfs none /dev/hugepages) and reserve pages (sysctl "
@@ -715,6 +742,9 @@ static int index_huge_where(uint64_t len, char *dir, size_t n, bool fallback) {
   if (statvfs(dir, &sv) != 0 || sv.f_bsize != UMBP_PART_ALIGN)
     return umbp_fail(-EOPNOTSUPP, "hugetlbfs mount %s does not have 2 MiB pages: the index needs them; mount one "
                               "with -o pagesize=2M%s", dir, index_fix_end(fallback));
+  /* checked before anything is made, so that "try" falls back at once */
+  if (faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) != 0 && (errno == EACCES || errno == EPERM))
+    return index_dir_denied(errno, dir, group, fallback);
   uint64_t avail = huge_free_bytes(dir);
   if (len > avail)
     return umbp_fail(-ENOSPC, "the index needs %llu huge pages of 2 MiB (%llu MiB: bucket array and slot "
@@ -1090,7 +1120,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   char idir[160], ipath[256] = "";
   if (ihuge) {
     umbp_index_huge_range(&lay, &ioff, &ilen);
-    if ((rc = index_huge_where(ilen, idir, sizeof idir, fallback))) {
+    if ((rc = index_huge_where(ilen, idir, sizeof idir, pp->group_access ? pp->group : (gid_t)-1, fallback))) {
       if (!fallback) return rc;
       index_fallback_note(name);
       umbp_pool_params q = *pp;
@@ -1142,7 +1172,9 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
     (void)unlink(ipath);
     int ifd = open(ipath, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
     if (ifd < 0) {
-      rc = umbp_fail(-errno, "cannot create the index file %s: %s", ipath, strerror(errno));
+      rc = errno == EACCES || errno == EPERM
+               ? index_dir_denied(errno, idir, pp->group_access ? pp->group : (gid_t)-1, fallback)
+               : umbp_fail(-errno, "cannot create the index file %s: %s", ipath, strerror(errno));
       ipath[0] = '\0';
     } else {
       if (fchmod(ifd, mode) != 0) umbp_log(UMBP_LOG_WARN, "fchmod(%o) of %s failed: %s", mode, ipath, strerror(errno));
