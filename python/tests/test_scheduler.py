@@ -349,6 +349,41 @@ def test_hf_overrides_give_another_namespace(tmp_path):
     assert ns(hf_overrides={"rms_norm_eps": 0.1}) == eps
 
 
+def test_kv_cache_layout_gives_another_namespace(tmp_path):
+    """One model, one path, but attention backends that lay a block out
+    differently (vLLM resolves the KV cache layout once per engine and puts it
+    on the KVCacheConfig of the scheduler and of every worker): their blocks'
+    bytes differ, so their derived namespaces must; the scheduler's copy of the
+    config (vLLM's own generate_scheduler_kv_cache_config) derives the
+    workers' namespace, or no lookup would ever hit. An explicit namespace's
+    fingerprint leaves the layout out of its hash (records written before it
+    was hashed still compare) and carries it as a fact."""
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+    path = model_dir(tmp_path)
+    mc = ModelConfig(model=path, skip_tokenizer_init=True, dtype="float16", max_model_len=1024)
+    vc = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=BLOCK),
+                    parallel_config=ParallelConfig(tensor_parallel_size=TP), device_config=DeviceConfig("cpu"))
+    plain = U.UMBPConfig.from_extra({})
+
+    def worker_cfg(layout):
+        kc = make_kv_cache_config()
+        kc.kv_cache_layout = layout
+        return kc
+
+    nhd, hnd = worker_cfg("LBHNC"), worker_cfg("LBNHC")
+    a, b = U.derive_namespace(vc, nhd, plain), U.derive_namespace(vc, hnd, plain)
+    assert a != b, "two KV cache layouts of one model must not share blocks"
+    assert U.derive_namespace(vc, worker_cfg("LBHNC"), plain) == a
+    sched = generate_scheduler_kv_cache_config([nhd, worker_cfg("LBHNC")])
+    assert U.derive_namespace(vc, sched, plain) == a, "the scheduler derives its workers' namespace"
+    explicit = U.UMBPConfig.from_extra({"key_namespace": "shared"})
+    (fa, facts_a), (fb, facts_b) = U.layout_fingerprint(vc, nhd, explicit), U.layout_fingerprint(vc, hnd, explicit)
+    assert fa == fb and (facts_a["cache layout"], facts_b["cache layout"]) == ("LBHNC", "LBNHC")
+    import umbp.vllm_config as VC
+    assert "cache layout" in VC.LAYOUT_UNHASHED, "a layout difference alone must still refuse"
+    assert facts_a["derived"] == a and facts_b["derived"] == b
+
+
 def test_own_cache_hit_stores_nothing_again(tmp_path, pool_name):
     """A request whose prefix is in vLLM's own cache and in the pool stores
     and announces none of those blocks again (the probe found them on every

@@ -502,12 +502,34 @@ def model_settings(mc) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig, model_id: str | None = None) -> str:
+def resolved_cache_layout(vllm_config, kv_cache_config) -> str | None:
+    """The KV cache layout vLLM resolved for this engine (a KVCacheLayout
+    name such as "LBHNC"), or None where it is not known. vLLM's engine core
+    resolves it once, before it sizes the KV cache, and hands it to the
+    scheduler and every worker on their KVCacheConfig (and, by RPC, on each
+    worker's CacheConfig) before either constructs its connector, so both
+    roles derive one namespace. Older vLLM: get_kv_cache_layout()."""
+    for obj in (kv_cache_config, getattr(vllm_config, "cache_config", None)):
+        v = getattr(obj, "kv_cache_layout", None) if obj is not None else None
+        if v:
+            return str(v)
+    try:
+        from vllm.v1.attention.backends.utils import get_kv_cache_layout
+        return str(get_kv_cache_layout())
+    except Exception:
+        return None
+
+
+def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig, model_id: str | None = None,
+                     hash_layout: bool = True) -> str:
     """The key namespace (umbp_conn_ns_derive): explicit, or a hash of the
     model (its name or path, what is there: model_fingerprint, and the
-    settings that change its numerics: model_settings) and layout. model_id,
-    when given, stands for the model part (layout_fingerprint: the files
-    without their path)."""
+    settings that change its numerics: model_settings) and layout (the KV
+    cache layout vLLM resolved among it: engines of one model whose attention
+    backends lay a block out differently must not load each other's bytes).
+    model_id, when given, stands for the model part (layout_fingerprint: the
+    files without their path); hash_layout=False leaves the cache layout out
+    (layout_fingerprint compares it as a fact of its own)."""
     mc, pc = vllm_config.model_config, vllm_config.parallel_config
     p = L.NsParams()
     keep = []
@@ -525,11 +547,7 @@ def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig, model_id: st
                 model + (f"#{fp}" if fp else "") + (f"+{settings}" if settings else ""))
     p.revision = s(getattr(mc, "revision", None)) if getattr(mc, "revision", None) else None
     p.block_size = vllm_config.cache_config.block_size
-    try:
-        from vllm.v1.kv_cache_layout import get_kv_cache_layout
-        p.cache_layout = s(get_kv_cache_layout())
-    except Exception:
-        p.cache_layout = s("")
+    p.cache_layout = s((resolved_cache_layout(vllm_config, kv_cache_config) if hash_layout else None) or "")
     groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
     for i, g in enumerate(groups[: L.MAX_GROUPS]):
         p.dtypes[i] = s(_dtype_name(g.kv_cache_spec))
@@ -577,10 +595,12 @@ def layout_fingerprint(vllm_config, kv_cache_config, cfg: UMBPConfig) -> tuple[s
     """(fingerprint, facts) of what this engine's blocks are, for an explicit
     key_namespace: the fingerprint is the namespace derive_namespace() would
     give were key_namespace not set (`vllm-` + 32 hex digits: model and its
-    files, numerics settings, revision, block size, cache layout, dtype per
-    group, TP/PP/PCP/DCP, draft model), except that a model at a local path
-    is named by its files alone: engines of one model mounted at different
-    paths (one reason to set key_namespace) keep sharing it. The facts say
+    files, numerics settings, revision, block size, dtype per group,
+    TP/PP/PCP/DCP, draft model), except that a model at a local path is named
+    by its files alone (engines of one model mounted at different paths, one
+    reason to set key_namespace, keep sharing it) and that the cache layout
+    is left out of the hash (so that records written before the derived
+    namespace hashed it still compare equal) and compared as a fact. The facts say
     the same in words ("derived": the namespace derive_namespace() gives,
     path included, for the refusal's fix), plus what that hash leaves out but
     the bytes depend on: the block object's bytes per group and the KV cache
@@ -597,7 +617,8 @@ def layout_fingerprint(vllm_config, kv_cache_config, cfg: UMBPConfig) -> tuple[s
     settings = model_settings(mc)
     derived = derive_namespace(vllm_config, kv_cache_config, plain)
     fp = derive_namespace(vllm_config, kv_cache_config, plain,
-                          f"local#{files}" + (f"+{settings}" if settings else "")) if files else derived
+                          f"local#{files}" + (f"+{settings}" if settings else "") if files else None,
+                          hash_layout=False)
     groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
     sc = vllm_config.speculative_config
     facts = {
@@ -612,7 +633,7 @@ def layout_fingerprint(vllm_config, kv_cache_config, cfg: UMBPConfig) -> tuple[s
         "PCP size": getattr(pc, "prefill_context_parallel_size", 1) or 1,
         "DCP size": getattr(pc, "decode_context_parallel_size", 1) or 1,
         "draft model": (getattr(sc, "model", None) if sc is not None else None),
-        "cache layout": getattr(kv_cache_config, "kv_cache_layout", None),
+        "cache layout": resolved_cache_layout(vllm_config, kv_cache_config),
         "block bytes": _object_bytes(kv_cache_config) if kv_cache_config is not None else [],
         "derived": derived,
     }
