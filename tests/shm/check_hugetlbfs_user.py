@@ -66,6 +66,10 @@ if os.environ.get(INSIDE) is None:
         skip_all("no 'nobody' user to run the commands as")
     if free_huge_pages() < 2:
         skip_all(f"needs 2 free 2 MiB huge pages, {free_huge_pages()} are free (sysctl vm.nr_hugepages=N)")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "mount", "-t", "hugetlbfs", "-o", "pagesize=2M",
+                        "none", first_hugetlbfs() or "/mnt"], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        skip_all(f"cannot mount a private hugetlbfs in a mount namespace here: {r.stderr.strip()}")
     env = dict(os.environ, **{INSIDE: "1"})
     os.execvpe("unshare", ["unshare", "-m", "--propagation", "private", sys.executable, os.path.abspath(__file__)],
                env)
