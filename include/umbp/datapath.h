@@ -303,6 +303,13 @@ UMBP_API int umbp_dp_job_publish(umbp_dp_job *job, int *rc, unsigned n);
  * slots go back here while the pool handle is attached, and were given back
  * by umbp_pool_detach() otherwise. Accepts NULL. */
 UMBP_API void umbp_dp_job_release(umbp_dp_job *job);
+/* Job handles of this process not freed yet, over all its engines: a job is
+ * freed once the caller released it and its copies stopped (at its end, or
+ * in umbp_dp_engine_destroy). A caller that released every job it got and
+ * destroyed its engines is back at the count it saw before it started: a
+ * leak check for callers and tests (the Python connectors' shutdown is tested
+ * with it). Relaxed load: a snapshot, ordering nothing. Any thread. */
+UMBP_API uint64_t umbp_dp_job_count(void);
 
 /* ---- CUDA IPC ------------------------------------------------------------- */
 /* Export the CUDA regions of `layout` as rank `rank` (0..65535) of this

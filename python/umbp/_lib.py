@@ -328,6 +328,7 @@ _SIGS = {
     "umbp_dp_job_release": (None, [_P]),
     "umbp_dp_job_publish": (_I, [_P, C.POINTER(_I), _U]),
     "umbp_dp_job_message": (C.c_char_p, [_P, _U]),
+    "umbp_dp_job_count": (C.c_uint64, []),
     "umbp_conn_keys_build": (_I, [C.POINTER(Key), _U, C.c_char_p, C.c_size_t, C.POINTER(Key)]),
     "umbp_conn_ns_derive": (_I, [C.POINTER(NsParams), C.c_char_p, C.c_size_t]),
     "umbp_conn_matched_tokens": (C.c_int64, [C.POINTER(C.c_uint32), _U, C.c_uint32, C.c_uint64,

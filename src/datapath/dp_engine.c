@@ -171,6 +171,13 @@ uint64_t umbp_kv_layout_region_offset(const umbp_kv_layout *layout, unsigned i) 
 
 /* ---- jobs ------------------------------------------------------------------ */
 
+/* Job handles of this process not freed yet (umbp_dp_job_count): counted up
+ * in job_new, down in job_free. Relaxed: a count for leak checks, ordering
+ * nothing else. */
+static _Atomic uint64_t dp_jobs_unfreed;
+
+uint64_t umbp_dp_job_count(void) { return atomic_load_explicit(&dp_jobs_unfreed, memory_order_relaxed); }
+
 static void job_free(struct umbp_dp_job *job) {
   /* A deferred store never published: its copied slots go back. Once the
    * pool handle is detached, the detach gave them back already and the
@@ -190,6 +197,7 @@ static void job_free(struct umbp_dp_job *job) {
   free(job->rc);
   free(job->tasks);
   free(job);
+  atomic_fetch_sub_explicit(&dp_jobs_unfreed, 1, memory_order_relaxed);
 }
 
 static void job_unref(struct umbp_dp_job *job) {
@@ -598,6 +606,7 @@ static int job_new(umbp_dp_engine *eng, const umbp_kv_layout *lay, uint16_t grou
   }
   struct umbp_dp_job *job = calloc(1, sizeof *job);
   if (!job) return umbp_fail(-ENOMEM, "dp: out of memory");
+  atomic_fetch_add_explicit(&dp_jobs_unfreed, 1, memory_order_relaxed); /* job_free counts it down */
   job->eng = eng;
   job->lay = lay;
   job->grp = g;

@@ -597,12 +597,16 @@ static void test_timeout(void **st) {
   assert_int_equal(umbp_kv_layout_create(f.pool, c.reg, 3, &lay), 0);
   umbp_dp_engine *e = engine(f.pool, 2);
   umbp_dp__test_set_delay(e, 80000);
+  /* umbp_dp_job_count: a job counts from its submission until it is both
+   * released and done, whoever (release, the last copy, destroy) frees it. */
+  uint64_t jobs0 = umbp_dp_job_count();
   uint32_t ids[4] = {0, 1, 2, 3};
   umbp_key k[4];
   for (unsigned i = 0; i < 4; i++) k[i] = dp_key(f.ns, 8, i), kvc_fill(&c, i, 8, i);
   umbp_dp_job *j;
   assert_int_equal(umbp_dp_store(e, lay, 0, -1, 4, ids, k, 0, &j), 0);
   assert_int_equal(umbp_dp_job_wait(j, 5), -ETIMEDOUT);
+  assert_int_equal(umbp_dp_job_count(), jobs0 + 1);
   assert_int_equal(umbp_dp_job_poll(j), -EINPROGRESS);
   assert_int_equal(umbp_dp_job_status(j), -EINPROGRESS);
   umbp_slot_census cs;
@@ -610,7 +614,9 @@ static void test_timeout(void **st) {
   assert_int_equal(cs.reserved, 4); /* still the job's: not released by the timeout */
   assert_int_equal(umbp_dp_job_wait(j, 10000), 0);
   assert_int_equal(umbp_dp_job_status(j), 0);
+  assert_int_equal(umbp_dp_job_count(), jobs0 + 1); /* done, not released */
   umbp_dp_job_release(j);
+  assert_int_equal(umbp_dp_job_count(), jobs0);
   /* Load with a timeout, release the handle while copies run. */
   kvc_zero(&c);
   uint32_t dst[4] = {4, 5, 6, 7};
@@ -618,10 +624,12 @@ static void test_timeout(void **st) {
   assert_int_equal(umbp_dp_job_wait(j, 1), -ETIMEDOUT);
   umbp_dp_job_release(j); /* the engine still owns it */
   assert_int_equal(umbp_dp__test_live_jobs(e), 1);
+  assert_int_equal(umbp_dp_job_count(), jobs0 + 1); /* released, still copying: the engine's */
   assert_int_equal(umbp_census(f.pool, &cs), 0);
   assert_int_equal(cs.pinned, 4);
   for (int i = 0; i < 2000 && umbp_dp__test_live_jobs(e); i++) usleep(1000);
   assert_int_equal(umbp_dp__test_live_jobs(e), 0);
+  assert_int_equal(umbp_dp_job_count(), jobs0); /* freed by its last copy */
   for (unsigned i = 0; i < 4; i++) assert_true(kvc_check(&c, dst[i], 8, i));
   assert_int_equal(umbp_census(f.pool, &cs), 0);
   assert_int_equal(cs.pinned, 0);
@@ -632,7 +640,9 @@ static void test_timeout(void **st) {
   umbp_dp_engine_destroy(e);
   assert_int_equal(umbp_dp_job_poll(j), 0);
   assert_int_equal(umbp_dp_job_status(j), 0);
+  assert_int_equal(umbp_dp_job_count(), jobs0 + 1); /* outlives its engine until released */
   umbp_dp_job_release(j);
+  assert_int_equal(umbp_dp_job_count(), jobs0);
   umbp_kv_layout_free(lay);
   kvc_free(&c);
   fx_close(&f);
