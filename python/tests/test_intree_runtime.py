@@ -13,6 +13,7 @@ first."""
 from __future__ import annotations
 
 import ctypes as C
+import re
 
 import pytest
 import torch
@@ -46,10 +47,10 @@ DONE = (TransferJobStatus.COMPLETED, TransferJobStatus.FAILED, TransferJobStatus
 class Rig:
     """One rank: runtime, worker handle over CPU KV caches, scheduler handle."""
 
-    def __init__(self, pool, num_blocks=32, head=8, copy_threads=2, capacity=4 << 20):
+    def __init__(self, pool, num_blocks=32, head=8, copy_threads=2, capacity=4 << 20, **extra):
         register_plugin()
         opts = {"backend": "umbp", "pool": pool, "capacity_bytes": capacity, "no_prefault": True,
-                "copy_threads": copy_threads, "key_namespace": NS}
+                "copy_threads": copy_threads, "key_namespace": NS, **extra}
         self.runtime = UMBPRuntimeFactory.build(UMBPRuntimeConfig(mode="embedded", options=opts))
         self.topo = RankTopology(tp_rank=0, tp_size=1)
         self.planner = KVLayoutPlanner.from_kv_cache_config(make_kv_cache_config(num_blocks, head))
@@ -208,6 +209,75 @@ def test_cancel_queued_and_running_jobs(pool_name):
         c = L.SlotCensus()
         L.check(L.lib().umbp_census(rig.worker.pool.h, C.byref(c)), "census")
         assert c.reserved == 0
+    finally:
+        rig.close()
+
+
+def test_wait_cancels_what_never_started_at_load_timeout_ms(pool_name):
+    """One copy thread busy with a large store A; a load B and a store C
+    queued behind it. wait(B) and wait(C) past load_timeout_ms raised
+    TimeoutError saying the KV buffers were still in use, although no copy
+    of B or C had started. Now the queued C jobs are cancelled at the
+    deadline and the states come back failed, naming the timeout: B's
+    blocks are untouched (vLLM recomputes them), C is never published, no
+    slot stays pinned or reserved by them. wait(A), whose copy did start,
+    still raises, saying so. A round in which A finished before B's deadline
+    (B then simply completed) is repeated, up to three rounds."""
+    rig = Rig(pool_name, num_blocks=64, head=512, copy_threads=1, capacity=192 << 20, load_timeout_ms=2)
+    try:
+        present = rig.keys(40, 4)
+        for rnd in range(3):
+            st = rig.worker.store_blocks(rig.store_batch(present, [0, 1, 2, 3]))
+            while rig.worker.poll(st) is None:   # poll: wait() would time out at 2 ms
+                pass
+            rig.worker.publish(st)
+            # 1280 blocks of 128 KiB (160 MiB), read from the 32 low blocks over and over
+            a_keys = rig.keys(41 + rnd, 256) + rig.keys(44 + rnd, 256) + rig.keys(47 + rnd, 256) + \
+                rig.keys(50 + rnd, 256) + rig.keys(53 + rnd, 256)
+            a_batch = rig.store_batch(a_keys, [i % 32 for i in range(len(a_keys))])
+            b_batch = rig.load_batch(present, [40, 41, 42, 43])
+            c_keys = rig.keys(56 + rnd, 2)
+            c_batch = rig.store_batch(c_keys, [4, 5])
+            before = [rig.block(b) for b in (40, 41, 42, 43)]
+            a = rig.worker.store_blocks(a_batch)
+            b = rig.worker.load_blocks(b_batch)
+            c = rig.worker.store_blocks(c_batch)
+            rb = rig.worker.wait(b)   # raised TimeoutError before
+            rc = rig.worker.wait(c)
+            a_running = rig.worker.poll(a) is None
+            if a_running:
+                try:
+                    ra = rig.worker.wait(a)
+                except TimeoutError as e:   # A's copy started (the usual case): that is said
+                    assert re.search(r"load_timeout_ms=2: 1 of its 1 copy job\(s\) started copying and still "
+                                     r"run, so its KV buffers are still in use", str(e)), e
+                else:   # the copy thread had not even taken A yet: A is cancelled like B and C
+                    assert ra.status == TransferJobStatus.FAILED and "not started within" in ra.error, ra.error
+            while (fa := rig.worker.poll(a)) is None:
+                pass
+            if not a_running:   # A ended before B's deadline: give its slots back for the next round
+                if fa.status == TransferJobStatus.COMPLETED:
+                    rig.worker.publish(fa)
+                assert rig.sched.clear()
+                continue
+            # A copied all along on the only thread: B and C never started
+            for r, ks in ((rb, present), (rc, c_keys)):
+                assert r.status == TransferJobStatus.FAILED and r.failed_keys == set(ks), (r.status, r.error)
+                assert "not started within load_timeout_ms=2" in r.error and "was cancelled" in r.error, r.error
+                assert "raise load_timeout_ms or copy_threads" in r.error, r.error
+                assert rig.worker.poll(r) is r
+            assert rb.failed_block_ids == {40, 41, 42, 43}
+            for i, b in enumerate((40, 41, 42, 43)):
+                for n in LAYERS:
+                    assert torch.equal(rig.caches[n][b], before[i][n]), "a cancelled load wrote its blocks"
+            assert list(rig.sched.lookup(c_keys)) == [False, False]
+            c = L.SlotCensus()
+            L.check(L.lib().umbp_census(rig.worker.pool.h, C.byref(c)), "census")
+            held = len(a_keys) if fa.status == TransferJobStatus.COMPLETED else 0
+            assert c.pinned == 0 and c.reserved == held, "only A's copied, unpublished slots are held"
+            break
+        else:
+            pytest.fail("in three rounds the 160 MiB store A never outlasted a 2 ms wait")
     finally:
         rig.close()
 

@@ -26,8 +26,11 @@ How the contract maps onto libumbp
   * load / load_blocks: umbp_dp_load; a key not in the pool (or a copy error)
     is a per-key failure, reported with TransferJobState.fail(keys, error).
   * wait: blocks until every C job of the state is done (the copies have
-    stopped, so the KV buffers may be reused), up to load_timeout_ms; past it,
-    raises TimeoutError (the buffers are still in use), as the contract asks.
+    stopped, so the KV buffers may be reused), up to load_timeout_ms. Past it,
+    the C jobs still queued (no copy started) are cancelled and their keys
+    fail naming the timeout, and the state is returned: nothing writes the
+    buffers any more. Only a C job whose copies started and still run makes
+    it raise TimeoutError (the buffers are in use), as the contract asks.
     cancel: umbp_dp_job_cancel; a job whose copies started is waited for.
   * take_evicted_keys: the pool's event ring (umbp_events_drain, removed
     events). The ring has competing consumers: each event goes to exactly one
@@ -291,12 +294,13 @@ class UMBPSchedulerHandle:
 class _Job:
     """The C jobs behind one TransferJobState: [(c job, key indices, group)]."""
 
-    __slots__ = ("store", "parts", "held")
+    __slots__ = ("store", "parts", "held", "timed_out")
 
     def __init__(self, store: bool):
         self.store = store
         self.parts: list[tuple[C.c_void_p, list[int], int]] = []
         self.held = False   # store done and unpublished: its C jobs keep the slots
+        self.timed_out: set[int] = set()   # C jobs wait() cancelled, never started, at load_timeout_ms
 
 
 class UMBPWorkerHandle:
@@ -460,12 +464,18 @@ class UMBPWorkerHandle:
         keys = job.keys
         ok: list[str] = []
         errors: dict[str, list[str]] = {}
+        op = "store" if rec.store else "load"
         for cj, idx, g in rec.parts:
             rc = (C.c_int * len(idx))()
             self.lib.umbp_dp_job_results(cj, rc, len(idx))
             for j, i in enumerate(idx):
                 if rc[j] == 0:
                     ok.append(keys[i])
+                elif rc[j] == -errno.ECANCELED and cj.value in rec.timed_out:
+                    why = (f"not started within load_timeout_ms={self.cfg.load_timeout_ms} (this rank's copy "
+                           f"threads were busy with earlier transfers), so it was cancelled and none of its KV "
+                           f"buffers was touched; raise load_timeout_ms or copy_threads if this recurs")
+                    errors.setdefault(f"UMBP {op} failed: {why}", []).append(keys[i])
                 else:
                     msg = (self.lib.umbp_dp_job_message(cj, j) or b"").decode(errors="replace")
                     why = "not in the pool" if rc[j] == -errno.ENOENT else msg or os.strerror(-rc[j])
@@ -501,15 +511,44 @@ class UMBPWorkerHandle:
         return self._finalize(job, rec)
 
     def wait(self, job: TransferJobState) -> TransferJobState:
+        """The job's final state once none of its copies can touch its KV
+        buffers any more, within load_timeout_ms.
+
+        A C job is queued (no copy started: umbp_dp_job_cancel can still stop
+        it), running (some copy started; it runs to its end) or done. At the
+        deadline, the C jobs still queued are cancelled: their keys fail
+        (vLLM recomputes a failed load; a failed store is not published) and
+        the job is returned, since nothing of it writes the buffers any more.
+        Only a copy that started and still runs makes wait raise TimeoutError
+        (the contract's "otherwise raise"): the buffers are then truly in use,
+        and a later wait, cancel or close waits for it."""
         rec = self._rec(job)
         if rec is None or rec.held:
             if job.status == TransferJobStatus.RUNNING:
                 raise RuntimeError("UMBP runtime: wait on a job this handle does not own")
             return job
+        timeout = self.cfg.load_timeout_ms
+        deadline = time.monotonic() + timeout / 1000.0   # one bound for the whole job, not per C job
+        late = []
         for cj, _, _ in rec.parts:
-            if self.lib.umbp_dp_job_wait(cj, self.cfg.load_timeout_ms) != 0:
-                raise TimeoutError(f"UMBP transfer not done after load_timeout_ms={self.cfg.load_timeout_ms}: "
-                                   "its KV buffers are still in use")
+            left = max(0, int((deadline - time.monotonic()) * 1000))
+            if self.lib.umbp_dp_job_wait(cj, left) != 0:
+                late.append(cj)
+        running = cancelled = 0
+        for cj in late:
+            rc = self.lib.umbp_dp_job_cancel(cj)
+            if rc == 0:
+                rec.timed_out.add(cj.value)
+                cancelled += 1
+            elif rc != -errno.EALREADY:    # -EBUSY: copies started (-ECHILD: an engine inherited by fork())
+                running += 1
+        if running:
+            also = f" ({cancelled} not started were cancelled)" if cancelled else ""
+            raise TimeoutError(
+                f"UMBP {'store' if rec.store else 'load'} not done after load_timeout_ms={timeout}: {running} of "
+                f"its {len(rec.parts)} copy job(s) started copying and still run, so its KV buffers are still in "
+                f"use{also}; wait again or cancel() to wait for them, and raise load_timeout_ms or copy_threads "
+                f"if copies take this long")
         return self._finalize(job, rec)
 
     def publish(self, job: TransferJobState) -> None:
