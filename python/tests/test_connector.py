@@ -27,7 +27,10 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput
 
+import ctypes as C
+
 import umbp.vllm as U
+from umbp import _lib as L
 from umbp.vllm import UMBPKVConnectorStats, UMBPStoreKVEvents
 
 
@@ -335,7 +338,6 @@ def test_end_to_end_tp2(pool_name):
                 assert torch.equal(got[name].view(torch.int16), a_bytes[r][name].view(torch.int16))
         assert replies[1]["stats"].reduce()["load_completed"] == 4
         # remove block 2 on rank 1 only: the hit stops before it
-        from umbp import _lib as L
         k = U._keys(s._tmpl(1, 0), [a.block_hashes[2]])
         assert L.lib().umbp_remove(s.pool.h, k) == 0
         c = make_request("C", tokens)
@@ -354,6 +356,42 @@ def test_end_to_end_tp2(pool_name):
     finally:
         for w in dst:
             w.close()
+        s.shutdown()
+
+
+def test_shutdown_ends_every_job_it_holds(pool_name):
+    """A worker shut down between start_load_kv and wait_for_layer_load (its
+    forward pass raised) held synchronous load jobs that shutdown never
+    released (it released only the asynchronous ones): their C jobs and
+    arrays stayed allocated for the life of the process. Counted by
+    umbp_dp_job_count in the worker's process, every job it held is freed
+    by shutdown, which returns within load_timeout_ms, and the pool holds
+    no pin or reservation of it afterwards."""
+    import time
+    from umbp.vllm_meta import LoadSpec, StorePlan, UMBPConnectorMetadata
+    s = sched(pool_name)   # keeps the embedded pool after the worker leaves
+    w = Worker(pool_name, 1, 0, seed=1, load_timeout_ms=5000)
+    try:
+        before = w.call("job_count")
+        hashes = [bytes([60, i]) * 16 for i in range(4)]
+        w.call("step", (UMBPConnectorMetadata(stores=[StorePlan(1, "A", 0, 0, [0, 1, 2, 3], hashes)]), []))
+        assert w.call("job_count") == before, "a finished step holds no job"
+        missing = [bytes([61, i]) * 16 for i in range(2)]
+        w.call("start_load", UMBPConnectorMetadata(loads=[
+            LoadSpec("B", 0, [8, 9, 10, 11], hashes),                    # present: pins its slots
+            LoadSpec("C", 0, [12, 13], missing),                          # fails at submission
+            LoadSpec("D", 0, [14, 15], hashes[:2], asynchronous=True)]))
+        assert w.call("job_count") == before + 3
+        t0 = time.monotonic()
+    finally:
+        w.close()
+    assert time.monotonic() - t0 < 5.0, "shutdown waited past load_timeout_ms"
+    assert w.call("job_count") == before, "shutdown left jobs of the worker unfreed"
+    try:
+        c = L.SlotCensus()
+        L.check(L.lib().umbp_census(s.pool.h, C.byref(c)), "census")
+        assert c.pinned == 0 and c.reserved == 0 and c.published == 4, (c.pinned, c.reserved, c.published)
+    finally:
         s.shutdown()
 
 

@@ -101,6 +101,16 @@ def main():
                      "events": conn.get_kv_connector_kv_cache_events(),
                      "worker_meta": conn.build_connector_worker_meta()}
             conn.clear_connector_metadata()
+        elif cmd == "start_load":
+            # a step that ends after start_load_kv, before wait_for_layer_load
+            # (its forward pass raised): the loads stay pending
+            conn.bind_connector_metadata(args)
+            with set_forward_context(None, cfg):
+                conn.start_load_kv(None)
+            reply = "ok"
+        elif cmd == "job_count":
+            from umbp import _lib as L
+            reply = L.lib().umbp_dp_job_count()
         elif cmd == "dump":
             reply = {n: caches[n].index_select(block_dim, torch.tensor(list(args), dtype=torch.long)).clone() for n in LAYERS}
         elif cmd == "zero":

@@ -278,14 +278,8 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
 
     def shutdown(self):
         if self._engine is not None:
-            self._poll_stores(wait=True)
-            for jobs in self._async_loads.values():
-                for job, _, _ in jobs:
-                    self.lib.umbp_dp_job_cancel(job)
-                    self.lib.umbp_dp_job_wait(job, 0xFFFFFFFF)
-                    self.lib.umbp_dp_job_release(job)
-            self._async_loads.clear()
-            self.lib.umbp_dp_engine_destroy(self._engine)
+            self._end_jobs()
+            self.lib.umbp_dp_engine_destroy(self._engine)   # waits for copies that started
             self._engine = None
         if self._layout is not None:
             self.lib.umbp_kv_layout_free(self._layout)

@@ -164,6 +164,34 @@ class WorkerSide:
             done.add(rid)
         return done
 
+    def _end_jobs(self) -> None:
+        """At shutdown: end and release every job this worker holds, within
+        load_timeout_ms plus the copies already started.
+
+        Stores in flight get until load_timeout_ms to finish (what they copied
+        is published and counted). Then every job left — stores, synchronous
+        loads (a step that ended between start_load_kv and wait_for_layer_load:
+        its forward pass raised) and asynchronous loads — is cancelled, which
+        stops it if no copy started (nothing of it touched the KV cache), and
+        released: the engine frees a job whose copies started once they stop,
+        and umbp_dp_engine_destroy, called next, waits for those copies, so
+        vLLM never frees a KV tensor under one. A started copy runs to its
+        end and is not waited for here without a bound (it was 0xFFFFFFFF)."""
+        deadline = time.monotonic() + self.cfg.load_timeout_ms / 1000.0
+        for job, _, _ in self._store_jobs:
+            self.lib.umbp_dp_job_wait(job, max(0, int((deadline - time.monotonic()) * 1000)))
+        self._poll_stores(wait=False)   # accounts and releases the stores that are done
+        jobs = [j for j, _, _ in self._store_jobs] + [j for j, _, _, _ in self._load_jobs]
+        jobs += [j for js in self._async_loads.values() for j, _, _ in js]
+        for job in jobs:
+            self.lib.umbp_dp_job_cancel(job)
+            self.lib.umbp_dp_job_release(job)
+        self._store_jobs, self._load_jobs = [], []
+        self._async_loads.clear()
+        self._async_started.clear()
+        self._async_cancelled.clear()
+        self._job_start.clear()
+
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
         return  # stores happen once per step in wait_for_save
 
