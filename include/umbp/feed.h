@@ -71,6 +71,12 @@ typedef struct umbp_feed_entry {
 /* Fill defaults: capacity 0 (65536), start UMBP_FEED_RESUME. Accepts NULL. */
 UMBP_API void umbp_feed_opts_init(umbp_feed_opts *opts);
 
+/* Bytes of /dev/shm that a feed created with this capacity takes (0: the
+ * default; rounded up to a power of two, as umbp_feed_open() does), or 0
+ * when umbp_feed_open() would refuse it (above 2^24 entries: 1 GiB). Any
+ * thread, any process; no side effect. */
+UMBP_API uint64_t umbp_feed_file_bytes(uint32_t capacity);
+
 /* Open the pool's feed as consumer `name` (opts NULL: defaults), creating
  * the feed if the pool has none (or only a stale one, from an earlier pool
  * of the same name). A name is one cursor: the consumer's committed position

@@ -133,11 +133,19 @@ typedef struct umbp_tier_params {
 /* Fill defaults (all 0). Accepts NULL. */
 UMBP_API void umbp_tier_params_init(umbp_tier_params *p);
 
+/* Bytes of /dev/shm that a new request table of params' geometry takes
+ * (NULL or 0 fields: the defaults), or 0 when umbp_tier_serve() would refuse
+ * the geometry (-EINVAL). Any thread, any process; no side effect. A tool
+ * checks it against the room in /dev/shm before it creates anything: the
+ * largest geometry is about 200 GB. */
+UMBP_API uint64_t umbp_tier_table_bytes(const umbp_tier_params *params);
+
 /* Serve the pool's table: create it (or adopt the one a previous tier left,
  * when its geometry matches params; requests that tier had taken are made
  * ready again) and hold its lock byte. 0 and *ret_tier; -EBUSY (a live tier
  * serves the pool: the message names its pid); -EINVAL; -EROFS; -ECHILD;
- * -ENOSPC, -EACCES, -EIO (creating the file). fork(): the file is
+ * -ENOSPC, -EACCES, -EIO (creating the file, which is then removed
+ * again: umbp_tier_table_bytes() is the room it needs). fork(): the file is
  * close-on-exec; a child that does not exec shares the lock byte, so the
  * tier counts as alive while that child lives. */
 UMBP_API int umbp_tier_serve(umbp_pool *pool, const umbp_tier_params *params, umbp_tier **ret_tier);

@@ -80,6 +80,30 @@ class TierInfo(C.Structure):
                 ("stats", C.c_uint64 * STAT_COUNT)]
 
 
+# Sizes of the two files in /dev/shm beside a pool, as the library makes them
+# (src/tier/tierq.c tq_bytes, src/index/events.c feed_bytes), so that `umbp
+# tier` can refuse a geometry that does not fit before it loads the library or
+# creates anything. lib() checks them against umbp_tier_table_bytes() and
+# umbp_feed_file_bytes().
+TABLE_HDR_BYTES, RECORD_CTRL_BYTES, TABLE_MAX = 4096, 64, 65535
+FEED_HDR_BYTES, FEED_CELL_BYTES, FEED_MIN_CAPACITY, FEED_MAX_CAPACITY = 4096, 64, 64, 1 << 24
+
+
+def table_bytes(records: int, keys_per_record: int) -> int:
+    """Bytes of a request table of this geometry (1 to 65535 each)."""
+    record = (RECORD_CTRL_BYTES + keys_per_record * C.sizeof(L.Key) + 63) & ~63
+    return TABLE_HDR_BYTES + records * record
+
+
+def feed_bytes(capacity: int) -> int:
+    """Bytes of a feed created for this capacity (1 to 2^24; rounded up to a
+    power of two, at least 64 entries)."""
+    cap = FEED_MIN_CAPACITY
+    while cap < capacity:
+        cap <<= 1
+    return FEED_HDR_BYTES + cap * FEED_CELL_BYTES
+
+
 # umbp_pool_info: one ctypes class for the whole package (umbp._lib, size-checked
 # at load), since argtypes are set on the one shared library handle.
 PartitionInfo = L.PartitionInfo
@@ -103,6 +127,8 @@ _SIGS = {
     "umbp_tier_max_blocks": (_U, [_P, _U]),
     "umbp_tier_close": (None, [_P]),
     "umbp_tier_params_init": (None, [C.POINTER(TierParams)]),
+    "umbp_tier_table_bytes": (C.c_uint64, [C.POINTER(TierParams)]),
+    "umbp_feed_file_bytes": (C.c_uint64, [C.c_uint32]),
     "umbp_tier_serve": (_I, [_P, C.POINTER(TierParams), C.POINTER(_P)]),
     "umbp_tier_take": (_I, [_P, C.POINTER(TierJob), C.POINTER(L.Key), _U]),
     "umbp_tier_complete": (_I, [_P, C.c_uint64, _I, C.c_char_p]),
@@ -141,6 +167,15 @@ def lib():
                                   f"{C.sizeof(cls)} in {__file__}: the library and the Python package are of "
                                   "different versions; rebuild or reinstall both from one version")
         L.declare(h, _SIGS)
+        for r, k in ((1, 1), (64, 1024), (TABLE_MAX, TABLE_MAX), (3, 1000)):
+            c = h.umbp_tier_table_bytes(C.byref(TierParams(r, k, 0)))
+            if c != table_bytes(r, k):
+                raise ImportError(f"a request table of {r} x {k} keys is {c} bytes in {h._name} but "
+                                  f"{table_bytes(r, k)} in {__file__}: rebuild or reinstall both from one version")
+        for cap in (1, 64, 65, 65536, FEED_MAX_CAPACITY):
+            if h.umbp_feed_file_bytes(cap) != feed_bytes(cap):
+                raise ImportError(f"a feed of {cap} entries is {h.umbp_feed_file_bytes(cap)} bytes in {h._name} "
+                                  f"but {feed_bytes(cap)} in {__file__}: rebuild or reinstall both from one version")
         _ready = True
     return h
 

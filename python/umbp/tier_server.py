@@ -170,7 +170,9 @@ exit status:
   cannot be opened, a bad --config file, a --global-segment-size larger than
   this host's memory); 2 usage error (a bad option or value, an empty value,
   a --master that is neither HOST:PORT nor a URL, a pool name outside
-  [A-Za-z0-9._-]{1,64} or starting with '-', --json without --status).
+  [A-Za-z0-9._-]{1,64} or starting with '-', --json without --status, a
+  request table, --records x --keys-per-record keys of 48 bytes, and a feed,
+  --feed-capacity entries of 64, that /dev/shm has no room for).
 
 sizes:
   whole bytes, or a number with B, KiB, MiB, GiB, TiB (K/KB, M/MB, G/GB, T/TB
@@ -445,6 +447,66 @@ def memory_error(mc: dict) -> str | None:
         return None
     return (f"--global-segment-size {seg} bytes (or the --config key global_segment_size) is more than this host's "
             f"memory ({total} bytes): lend the store less")
+
+
+SHM_DIR = "/dev/shm"
+
+
+def _human(n: int) -> str:
+    for unit, v in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= v:
+            return f"{n / v:.1f} {unit}"
+    return f"{n} B"
+
+
+def shm_room_error(a) -> str | None:
+    """Why the files this tier would create in /dev/shm do not fit there, or
+    None. The request table takes --records x --keys-per-record keys of 48
+    bytes (at most about 192 GiB) and the feed --feed-capacity entries of 64
+    (at most 1 GiB), and both go to the tmpfs, whose size is half the memory
+    by default. Too large a geometry failed only after the tier had attached
+    the pool and imported Mooncake, as a runtime error naming neither option
+    (and left a table file of the size asked behind); this is the usage error
+    instead, found before anything is created. A table of the same size that
+    a previous tier left is adopted (no new room), one of another size is
+    replaced (its room comes back first); an existing feed is used whatever
+    its capacity."""
+    def blocks(path: str) -> tuple[int, int] | None:
+        """(apparent size, bytes allocated) of a file, or None."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_size, st.st_blocks * 512
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None  # no /dev/shm to measure: the library says what fails
+    room = st.f_bavail * st.f_frsize
+    table = T.table_bytes(a.records, a.keys_per_record)
+    old = blocks(f"{SHM_DIR}/umbp.{a.pool}.tier")
+    if old is not None and old[0] == table:
+        table = 0  # adopted
+    elif old is not None:
+        room += old[1]  # unlinked before the new one is made
+    feed = 0
+    if a.writeback != "off" and not os.path.exists(f"{SHM_DIR}/umbp.{a.pool}.feed"):
+        feed = T.feed_bytes(a.feed_capacity)
+    if table + feed <= room:
+        return None
+    have = f"and {SHM_DIR} has {room} bytes ({_human(room)}) free"
+    geo = f"--records {a.records} x --keys-per-record {a.keys_per_record}"
+    dflt = f"the defaults, 64 x 1024, take {_human(T.table_bytes(64, 1024))}"
+    if feed > room:
+        return (f"--feed-capacity {a.feed_capacity}: the published-key feed takes {feed} bytes ({_human(feed)}) of "
+                f"{SHM_DIR}, {have}: lower --feed-capacity (the default, 65536, takes {_human(T.feed_bytes(65536))}),"
+                f" or free room in {SHM_DIR} (umbp pool ls)")
+    if table > room:
+        return (f"{geo}: the request table takes {table} bytes ({_human(table)}) of {SHM_DIR}, {have}: lower "
+                f"--records or --keys-per-record ({dflt}), or free room in {SHM_DIR} (umbp pool ls)")
+    return (f"{geo} (a request table of {table} bytes) and --feed-capacity {a.feed_capacity} (a feed of {feed} "
+            f"bytes) take {table + feed} bytes ({_human(table + feed)}) of {SHM_DIR}, {have}: lower "
+            f"--feed-capacity, --records or --keys-per-record, or free room in {SHM_DIR} (umbp pool ls)")
 
 
 class Log:
@@ -1020,6 +1082,9 @@ def main(argv: list[str] | None = None) -> int:
         return usage_error(p.prog, str(e))
     if a.status:
         return status(a)
+    why = shm_room_error(a)
+    if why:
+        return usage_error(p.prog, why)
     mc = mooncake_config(a)  # a bad config file ends here (exit 1), not after Mooncake's setup
     why = memory_error(mc)
     if why:

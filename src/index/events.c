@@ -555,6 +555,20 @@ static int feed_pool_destroyed(umbp_pool *p) {
                            "has no feed; detach it, and attach the pool again if it was recreated", p->name);
 }
 
+/* The entries of a feed created for a wanted capacity (0: the default), at
+ * most FEED_MAX_CAPACITY: a power of two, at least FEED_MIN_CAPACITY. */
+static uint32_t feed_capacity(uint32_t want) {
+  uint32_t cap = FEED_MIN_CAPACITY;
+  if (!want) want = FEED_DEFAULT_CAPACITY;
+  while (cap < want) cap <<= 1;
+  return cap;
+}
+
+UMBP_API uint64_t umbp_feed_file_bytes(uint32_t capacity) {
+  if (capacity > FEED_MAX_CAPACITY) return 0; /* umbp_feed_open()'s -EINVAL */
+  return feed_bytes(feed_capacity(capacity));
+}
+
 UMBP_API int umbp_feed_open(umbp_pool *p, const char *name, const umbp_feed_opts *opts, umbp_feed **ret) {
   if (!p || !ret) return umbp_fail(-EINVAL, "umbp_feed_open: pool and ret_feed are required");
   int rc = feed_name_valid(name);
@@ -566,8 +580,7 @@ UMBP_API int umbp_feed_open(umbp_pool *p, const char *name, const umbp_feed_opts
     return umbp_fail(-EINVAL, "umbp_feed_open: start %d is not an umbp_feed_start", o.start);
   if (o.capacity > FEED_MAX_CAPACITY)
     return umbp_fail(-EINVAL, "umbp_feed_open: capacity %u is above %u entries", o.capacity, FEED_MAX_CAPACITY);
-  uint32_t cap = FEED_MIN_CAPACITY, want = o.capacity ? o.capacity : FEED_DEFAULT_CAPACITY;
-  while (cap < want) cap <<= 1;
+  uint32_t cap = feed_capacity(o.capacity);
   if (p->forked) return umbp_pool_forked_fail(p);
   if (p->read_only || !p->index) return umbp_fail(-EROFS, "opening the feed needs a read-write attachment");
 

@@ -418,6 +418,13 @@ UMBP_API void umbp_tier_params_init(umbp_tier_params *p) {
   if (p) memset(p, 0, sizeof *p);
 }
 
+UMBP_API uint64_t umbp_tier_table_bytes(const umbp_tier_params *params) {
+  uint32_t records = params && params->records ? params->records : 64;
+  uint32_t kpr = params && params->keys_per_record ? params->keys_per_record : 1024;
+  if (records > 65535 || kpr > 65535) return 0; /* umbp_tier_serve()'s -EINVAL */
+  return tq_bytes(records, kpr);
+}
+
 UMBP_API int umbp_tier_serve(umbp_pool *p, const umbp_tier_params *params, umbp_tier **ret) {
   if (!p || !ret) return umbp_fail(-EINVAL, "umbp_tier_serve: pool and ret_tier are required");
   if (p->forked) return umbp_pool_forked_fail(p);
@@ -476,6 +483,11 @@ UMBP_API int umbp_tier_serve(umbp_pool *p, const umbp_tier_params *params, umbp_
     void *base = rc ? MAP_FAILED : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, t->fd, 0);
     if (!rc && base == MAP_FAILED) rc = -errno;
     if (rc) {
+      /* A file this call made and could not size (/dev/shm full) is removed:
+       * left there it kept its name with the apparent size asked (200 GB at
+       * the largest geometry), and no tier ever used it. One that another
+       * tier locked first (-EBUSY) is that tier's. */
+      if (t->fd >= 0 && rc != -EBUSY) shm_unlink(name);
       tq_free(t);
       if (rc == -EBUSY) return umbp_fail(rc, "pool '%s' is already served by a umbp tier", p->name);
       return umbp_fail(rc, "pool '%s': cannot create its tier table /dev/shm%s (%zu bytes): %s", p->name, name, len,

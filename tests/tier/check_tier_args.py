@@ -199,6 +199,36 @@ def _():
     usage([POOL, "--status=1"], "--status takes no value")
 
 
+@check("a request table or feed larger than /dev/shm's free room: a usage error naming the options, the size "
+       "and the room, before anything is created or Mooncake imported")
+def _():
+    from umbp import tier as T
+    st = os.statvfs("/dev/shm")
+    room = st.f_bavail * st.f_frsize
+    table = f"/dev/shm/umbp.{POOL}.tier"
+    if T.table_bytes(65535, 65535) <= room:
+        print(f"# /dev/shm has {room} bytes free, more than the largest request table: not tried")
+        return
+    # Before: the tier imported Mooncake (the stand-in's 7), attached the pool and failed there, exit 1
+    # naming neither option, and left the table file of the size asked in /dev/shm
+    usage([POOL, "--records", "65535", "--keys-per-record", "65535"], "--records 65535 x --keys-per-record 65535",
+          f"takes {T.table_bytes(65535, 65535)} bytes", "/dev/shm has ", " free", "lower --records or --keys-per-record")
+    assert not os.path.exists(table), table
+    # a table that fits, with a 1 GiB feed that then does not: the feed's option is named
+    # (512 MiB either side, for what other processes do in /dev/shm meanwhile)
+    record = T.table_bytes(1, 65535) - T.table_bytes(0, 65535)
+    records = (room - (512 << 20) - T.table_bytes(0, 65535)) // record
+    if not 1 <= records <= 65535 or T.feed_bytes(1 << 24) <= 1 << 30:
+        print(f"# /dev/shm has {room} bytes free: the feed's share is not tried")
+        return
+    args = [POOL, "--records", str(records), "--keys-per-record", "65535", "--feed-capacity", str(1 << 24)]
+    usage(args, "--feed-capacity 16777216", f"--records {records} x --keys-per-record 65535", "/dev/shm has ",
+          "lower --feed-capacity")
+    # with write-back off there is no feed: the table alone fits, and the tier goes on
+    rc, out, err = tier(*args, "--writeback", "off")
+    assert rc == IMPORTED, (rc, err)
+
+
 @check("a Mooncake config with a bad size, not an object, or a non-string address: exit 1 naming the file "
        "and the key, before Mooncake")
 def _():
