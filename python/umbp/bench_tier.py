@@ -43,9 +43,38 @@ import time
 from pathlib import Path
 
 from . import _lib as L
+from . import pool_notes as N
 from . import tier as T
 
 DEFAULT_SIZES = "64KiB,256KiB,1MiB,4MiB"
+
+# What a SIGKILLed bench leaves: nothing of its own code runs then, so its
+# children are told by the kernel. Each child asks for SIGKILL when the bench
+# dies (prctl PR_SET_PDEATHSIG, set in the child between fork and exec; kept
+# across the exec), so the mooncake_master and the tiers it started end with
+# it (a tier's stop watchdog ends when its tier does); before, they ran on,
+# the master holding its port and the tiers their pools' memory. The pools,
+# made in the bench's own process, stay; their notes mark them as a bench's,
+# so that `umbp pool gc` removes them once every process of theirs is gone.
+# prctl is looked up here, not in the child: after a fork in a process with
+# threads (Mooncake's client has some) the child should run as little as it can.
+_PR_SET_PDEATHSIG = 1
+_prctl = C.CDLL(None, use_errno=True).prctl
+_prctl.argtypes = [C.c_int, C.c_ulong, C.c_ulong, C.c_ulong, C.c_ulong]
+_prctl.restype = C.c_int
+NOTES_INSTANCE = "umbp-bench-tier"  # the notes' instance field: whose pool it is
+
+
+def die_with_bench():
+    """preexec_fn: SIGKILL this child when the bench dies (its parent
+    thread, the main one, exits: only with the process)."""
+    bench = os.getpid()
+
+    def preexec():
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != bench:  # the bench died before the prctl
+            os.kill(os.getpid(), signal.SIGKILL)
+    return preexec
 
 
 def parse_size(s: str) -> int:
@@ -87,7 +116,8 @@ class Master:
         self.proc = subprocess.Popen([str(binary), f"--rpc_port={self.port}", "--rpc_address=127.0.0.1",
                                       f"--metrics_port={port()}", "--enable_http_metadata_server=false",
                                       "--allocation_strategy=local_first"],
-                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
+                                     preexec_fn=die_with_bench())
         end = time.monotonic() + 20
         while True:
             try:
@@ -116,7 +146,18 @@ class Pool:
         self.lib.umbp_pool_params_init(C.byref(p))
         p.capacity, p.slot_size = slot * slots, slot
         h = C.c_void_p()
-        L.check(self.lib.umbp_pool_create(name.encode(), C.byref(p), C.byref(h)), f"create pool {name}")
+        # created under its notes' lock, and the notes say it is this bench's
+        # (an "embedded" pool of this pid): `umbp pool gc` removes it once this
+        # process and its tiers are gone, as after a SIGKILL
+        with N.Locked(name) as notes:
+            rc = self.lib.umbp_pool_create(name.encode(), C.byref(p), C.byref(h))
+            if rc:
+                notes.remove()  # made by this lock: no pool to describe
+            L.check(rc, f"create pool {name}")
+            info = L.PoolInfo()
+            self.lib.umbp_pool_get_info(h, C.byref(info))
+            notes.reset(bytes(info.uuid).hex())
+            notes.append("embedded", NOTES_INSTANCE, "bench-tier", slot * slots, os.getpid())
         self.h, self.slot = h, slot
         ns = C.c_uint32()
         L.check(self.lib.umbp_ns_register(h, b"bench-tier", C.byref(ns)), "namespace")
@@ -145,7 +186,9 @@ class Pool:
 
     def close(self):
         self.lib.umbp_pool_detach(self.h)
-        self.lib.umbp_pool_destroy(self.name.encode())
+        with N.Locked(self.name) as notes:
+            self.lib.umbp_pool_destroy(self.name.encode())
+            notes.remove()
 
 
 def start_tier(pool: str, master: str, work: Path, segment: int) -> subprocess.Popen:
@@ -155,7 +198,7 @@ def start_tier(pool: str, master: str, work: Path, segment: int) -> subprocess.P
     return subprocess.Popen([sys.executable, "-c", boot, pool, "--master", master, "--local-hostname",
                              "127.0.0.1", "--global-segment-size", str(segment), "--timeout-ms", "60000",
                              "--batch", "64", "--log", str(log)],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "a"))
+                            stdout=subprocess.DEVNULL, stderr=open(log, "a"), preexec_fn=die_with_bench())
 
 
 def tier_stats(pool_h) -> dict:
@@ -310,14 +353,15 @@ def bench_ttft(master: Master, work: Path, model_name: str, length: int, reps: i
         fresh = [prompt(2000 + i, length, vocab) for i in range(reps + 1)]
         a_done, b_go = work / "ttft-a-done", work / "ttft-b-go"
         ea = Engine({"model": model, "kv": kv_config(a.name, mode="standalone"),
-                     "phases": [{"prompts": hits, "max_tokens": 1, "touch": str(a_done)}]}, work, "ttft-engine-a")
+                     "phases": [{"prompts": hits, "max_tokens": 1, "touch": str(a_done)}]}, work, "ttft-engine-a",
+                    preexec_fn=die_with_bench())
         phases = [{"prompts": [fresh[0]], "max_tokens": 1, "wait_for": str(b_go)},
                   {"prompts": [hits[0]], "max_tokens": 1}]
         for i in range(1, reps + 1):  # alternate: recompute, remote hit
             phases += [{"prompts": [fresh[i]], "max_tokens": 1}, {"prompts": [hits[i]], "max_tokens": 1}]
         eb = Engine({"model": model, "kv": kv_config(b.name, mode="standalone", tier=True,
                                                       tier_timeout_ms=60000),
-                     "phases": phases}, work, "ttft-engine-b")
+                     "phases": phases}, work, "ttft-engine-b", preexec_fn=die_with_bench())
         engines += [ea, eb]
         wait(a_done.exists, 600, "engine A to serve the prompts")
         want = (length - 1) // BLOCK * len(hits)

@@ -12,7 +12,8 @@
 - the tier's life as an operator meets it: signals (SIGTERM while a Mooncake
   call holds the GIL, SIGHUP), its pool destroyed under it, a second tier,
   a feed name taken, a setup that raises; `umbp bench tier` stopped by a
-  signal.
+  signal, and killed (SIGKILL): its master and tiers die with it and `umbp
+  pool gc` removes its pools.
 """
 from __future__ import annotations
 
@@ -493,6 +494,73 @@ def test_bench_stopped_by_signal(tmp_path, sig):
         if bench.poll() is None:
             bench.kill()
             bench.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """pid's children, theirs, and so on (from /proc), at this moment."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except OSError:
+            kids = []
+        out += kids
+        todo += kids
+    return out
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_bench_killed(tmp_path):
+    """`umbp bench tier` killed with SIGKILL (the OOM killer, a CI timeout):
+    the mooncake_master and the tiers it started die with it, within seconds
+    (they ran on before, the master holding its port and the tiers their
+    pools), and `umbp pool gc` removes the pools it had made."""
+    import glob
+    import subprocess
+    import sys
+    bench = subprocess.Popen([TOOL, "bench", "tier", "--sizes", "64KiB", "--prefix", "4", "--reps", "100000000",
+                              "--engine", "off"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=dict(os.environ, UMBP_PYTHON=sys.executable))
+    def pools() -> list[str]:  # the pools' names, without their .feed and .tier files
+        return sorted(p.split("/umbp.", 1)[1] for p in glob.glob(f"/dev/shm/umbp.bench-tier-*-{bench.pid}-*")
+                      if not p.endswith((".feed", ".tier")))
+    kids: list[int] = []
+    try:
+        # the master and both tiers are up (with their watchdogs), and the repetitions run
+        wait_for(lambda: len(descendants(bench.pid)) >= 5 and len(pools()) == 2, 60,
+                 "the bench's master, tiers and pools")
+        time.sleep(1)
+        kids = descendants(bench.pid)
+        names = pools()
+        bench.kill()
+        bench.wait()
+        wait_for(lambda: all(gone(p) for p in kids), 10, "the bench's master and tiers to die with it")
+        r = subprocess.run([TOOL, "pool", "gc", *names], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        for n in names:
+            assert f"removed embedded pool {n}" in r.stdout, r.stdout
+            assert not os.path.exists(f"/dev/shm/umbp.{n}") and not os.path.exists(f"/dev/shm/umbp-notes.{n}"), n
+        assert not pools(), pools()
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        for p in kids:  # what the old code left running: only the processes this bench started
+            if not gone(p):
+                os.kill(p, signal.SIGKILL)
+        for n in pools():
+            subprocess.run([TOOL, "pool", "destroy", n, "--force"], capture_output=True)
+            if os.path.exists(f"/dev/shm/umbp-notes.{n}"):
+                os.unlink(f"/dev/shm/umbp-notes.{n}")
 
 
 def test_second_tier_refused(cluster):

@@ -83,7 +83,7 @@ class Engine:
     """One engine process running a plan (engine.py); its own session, so a
     kill reaches its engine core and workers too."""
 
-    def __init__(self, plan: dict, workdir: str | os.PathLike, name: str):
+    def __init__(self, plan: dict, workdir: str | os.PathLike, name: str, preexec_fn=None):
         self.dir = Path(workdir)
         self.name = name
         self.plan_path = self.dir / f"{name}.plan.json"
@@ -93,7 +93,7 @@ class Engine:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([venv_python(), str(HERE / "engine.py"), str(self.plan_path),
                                       str(self.out_path)], stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=engine_env(), start_new_session=True)
+                                     env=engine_env(), start_new_session=True, preexec_fn=preexec_fn)
 
     def log_tail(self, n: int = 40) -> str:
         self.log.flush()
