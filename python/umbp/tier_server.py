@@ -24,8 +24,10 @@ One process per host, beside the pool's daemon. Three threads:
   so a restarted tier re-reads what it had not written yet.
 - the **connection thread** sets the store client up (Mooncake's setup
   retries for about 85 s against an unreachable master, so it runs here),
-  probes it every second while it is unhealthy, and publishes the tier's
-  state in the table. Schedulers only send requests while the state is
+  probes it every second while it is unhealthy, checks every second while it
+  is healthy that the master's port still takes a TCP connection (a master
+  that died is reported even while no store call would notice), and
+  publishes the tier's state in the table. Schedulers only send requests while the state is
   ``connected``; a request that fails with an RPC error marks the tier
   ``disconnected`` at once, and the probe marks it ``connected`` again when
   the master answers (a restarted master re-learns this client's segment by
@@ -47,6 +49,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -139,7 +142,9 @@ size. Run one tier per pool, beside its daemon (umbp daemon POOL)."""
 EPILOG = """\
 faults:
   master unreachable, restarted or slow
-                   state 'disconnected' within one failed call; schedulers stop
+                   state 'disconnected' within one failed call, or within
+                   about a second of a master whose port refuses connections
+                   (it died; an idle tier notices too); schedulers stop
                    asking (their probes answer from the local pool alone);
                    write-back keeps queueing (bounded) and resumes when a probe
                    succeeds. Objects a restarted master forgot are simply misses.
@@ -616,13 +621,40 @@ class Tier:
         if n:
             self.lib.umbp_tier_stat_add(self.t, T.ST[name], n)
 
-    def rpc_failed(self, code: int) -> None:
-        """A call said the master is unreachable: stop taking requests now."""
+    def rpc_failed(self, code: int, why: str | None = None) -> None:
+        """A call said the master is unreachable (or master_gone() did): stop
+        taking requests now."""
         if self.unhealthy_since is None:
             self.unhealthy_since = time.monotonic()
         if self.state == T.CONNECTED:
-            self.set_state(T.DISCONNECTED, f"master {self.mc['master_server_addr']} unreachable "
-                                           f"(Mooncake {code}); probing every second")
+            self.set_state(T.DISCONNECTED, f"master {self.mc['master_server_addr']} "
+                                           f"{why or f'unreachable (Mooncake {code})'}; probing every second")
+
+    def master_gone(self) -> str | None:
+        """Why the master is certainly gone, or None: its port refuses a TCP
+        connection (the process died, or its port closed) or its host is
+        unreachable. Without it a tier whose master died showed 'connected'
+        until its next store call failed, which an idle tier, or one between
+        the transfer and the publish of a request, does not make; schedulers
+        kept sending requests meanwhile. The connect runs outside any
+        Mooncake call and lets go of the GIL; a master that accepts and does
+        not answer (stopped, overloaded) passes, and is bounded by the
+        requests' deadlines instead. Only a HOST:PORT master is checked, not
+        a URL (an HA master behind etcd)."""
+        addr = self.mc["master_server_addr"]
+        if "://" in addr:
+            return None
+        host, _, port = addr.strip().rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=0.5).close()
+        except ConnectionRefusedError:
+            return "refuses connections (its process is gone, or its port closed)"
+        except OSError as e:
+            if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                return f"is unreachable ({e.strerror})"
+        except ValueError:
+            pass
+        return None
 
     # ---- connection thread ----
     def connect_loop(self) -> None:
@@ -669,6 +701,9 @@ class Tier:
             if self.stop.is_set():
                 break
             if self.state == T.CONNECTED and self.unhealthy_since is None:
+                why = self.master_gone()  # about 0.1 ms on loopback, once a second
+                if why:
+                    self.rpc_failed(MC_RPC_FAIL, why)
                 continue
             r = st.batch_is_exist([f"{self.a.key_prefix}/.probe"])
             if r and r[0] >= 0:

@@ -5,7 +5,8 @@
 - blocks stored by host A's TP-2 workers are loaded byte-identically by host
   B's TP-2 workers after B's probe missed and its tier brought them in;
 - a prefix that is nowhere is answered after one existence check;
-- the master killed and restarted, a tier killed in the middle of a
+- the master killed and restarted (also while no call of the tier would
+  notice: it is reported within seconds), a tier killed in the middle of a
   transfer, a store that refuses puts: no worker fails, the pools pass
   `umbp inspect --check`, no block is published half-written, requests are
   never held past their deadline, the tiers reconnect by themselves;
@@ -238,6 +239,45 @@ def test_tier_killed_mid_transfer(cluster):
         raise
     finally:
         s.close()
+
+
+def test_master_killed_mid_transfer_reported(cluster):
+    """A master that dies while the tier makes no store call (here: between
+    a request's transfer and its publish; an idle tier is the same) turns the
+    tier 'disconnected' within seconds, saying why, so that schedulers stop
+    asking; it showed 'connected' until its next call failed. A restarted
+    master makes it 'connected' again."""
+    master, host, work = cluster
+    a, b = host("a"), host("b")
+    a.start_tier(master)
+    a.wait_state("connected")
+    store_on(a, NS, 0, 4)
+    wait_for(lambda: written(a) >= 4 * TP, 30, "write-back")
+    pause = work / "paused"
+    b.start_tier(master, env={"UMBP_TIER_TEST_PAUSE_BEFORE_PUBLISH": str(pause)})
+    b.wait_state("connected")
+    s = Scheduler(b)
+    try:
+        r = s.client.request(s.keys(NS, TP, 0, 4), 4, TP)
+        assert r is not None, s.client.last
+        wait_for(pause.exists, 30, "B's tier to hold the fetched shards unpublished")
+        master.kill()
+        t0 = time.monotonic()
+        for h in (a, b):  # A idle, B inside its request
+            st = h.wait_state("disconnected", 5)
+            assert "refuses connections" in st["message"], st
+        assert time.monotonic() - t0 < 5
+        assert json_status(b)["tier"]["state"] == "disconnected"  # what `umbp tier --status` says
+        with pytest.raises(RuntimeError, match="disconnected|not connected"):
+            s.fetch(NS, TP, 100, 4)  # refused at once, not sent to a tier without a master
+        master.start()
+        a.wait_state("connected", 60)
+    except BaseException:
+        print(dump_logs(work))
+        raise
+    finally:
+        s.close()
+        b.kill_tier()  # paused for ever by the test hook
 
 
 def test_store_refuses_puts(cluster):
