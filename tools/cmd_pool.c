@@ -494,6 +494,17 @@ struct pool_users {
 /* The notes are ~200 KiB: one static copy for the subcommand that runs. */
 static struct pool_notes g_notes;
 
+/* Who made an embedded pool, in words: a vLLM engine by its instance id, or
+ * `umbp bench tier`, whose pools carry notes of their own kind
+ * (python/umbp/bench_tier.py, NOTES_INSTANCE) so that gc removes them after
+ * a SIGKILL. */
+static const char *notes_maker(const struct pool_notes *n) {
+  static char buf[96];
+  if (!strcmp(n->instance, "umbp-bench-tier")) return "a umbp bench tier run";
+  snprintf(buf, sizeof buf, "vLLM engine %s", n->instance);
+  return buf;
+}
+
 /* Fill *u (and g_notes) for pool `name` through a read-only attach: 0 or the attach's -errno. */
 static int pool_users(const char *name, struct pool_users *u) {
   umbp_attach_opts o;
@@ -667,7 +678,7 @@ static int pool_info(int argc, char **argv) {
     if (daemon_i >= 0)
       printf("  owner         daemon, pid %d (%s)\n", pi[daemon_i].pid, pi[daemon_i].alive ? "alive" : "DEAD");
     else if (nt->embedded)
-      printf("  owner         embedded in vLLM engine %s (namespace %s, created by pid %d); %s\n", nt->instance,
+      printf("  owner         embedded in %s (namespace %s, created by pid %d); %s\n", notes_maker(nt),
              nt->ns[0] ? nt->ns : "-", nt->creator_pid,
              alive ? "the last process to leave removes it"
                    : "its processes are gone: 'umbp pool gc' removes it");
@@ -897,8 +908,8 @@ static int gc_one(const char *name, bool named, bool dry_run, unsigned *removed)
     return 0;
   }
   if (dry_run) {
-    printf("would remove embedded pool %s (vLLM engine %s, created by pid %d; processes %s are dead)\n", name,
-           g_notes.instance, g_notes.creator_pid, fmt_pids(&u, false, pids, sizeof pids));
+    printf("would remove embedded pool %s (%s, created by pid %d; processes %s are dead)\n", name,
+           notes_maker(&g_notes), g_notes.creator_pid, fmt_pids(&u, false, pids, sizeof pids));
     (*removed)++;
     return 0;
   }
@@ -919,8 +930,8 @@ static int gc_one(const char *name, bool named, bool dry_run, unsigned *removed)
     rc = umbp_pool_destroy(name);
     if (rc == 0 || rc == -ENOENT) {
       notes_remove(name);
-      printf("removed embedded pool %s (vLLM engine %s, created by pid %d; processes %s are dead)\n", name,
-             g_notes.instance, g_notes.creator_pid, fmt_pids(&u, false, pids, sizeof pids));
+      printf("removed embedded pool %s (%s, created by pid %d; processes %s are dead)\n", name,
+             notes_maker(&g_notes), g_notes.creator_pid, fmt_pids(&u, false, pids, sizeof pids));
       (*removed)++;
     } else {
       cli_error("cannot remove pool %s: %s", name, umbp_last_error());

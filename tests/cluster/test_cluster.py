@@ -587,7 +587,8 @@ def test_bench_killed(tmp_path):
         r = subprocess.run([TOOL, "pool", "gc", *names], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         for n in names:
-            assert f"removed embedded pool {n}" in r.stdout, r.stdout
+            assert f"removed embedded pool {n} (a umbp bench tier run, created by pid {bench.pid};" in r.stdout, \
+                r.stdout
             assert not os.path.exists(f"/dev/shm/umbp.{n}") and not os.path.exists(f"/dev/shm/umbp-notes.{n}"), n
         assert not pools(), pools()
     finally:
