@@ -93,11 +93,34 @@ int metrics_listen(const struct sockaddr_storage *ss, socklen_t len) {
 #if UMBP_HAVE_MICROHTTPD
 #include <microhttpd.h>
 
+/* Connections at once. A client that trickles its request a byte at a time
+ * is never idle, so MHD's inactivity timeout does not end it: 64 such
+ * connections from 8 addresses (8 each, MHD's per-address limit) held every
+ * slot for as long as they trickled, and every scraper was reset at connect,
+ * without bound. MHD checks its own limit before asking on_accept(), so its
+ * limit is set above this one (MHD_HEADROOM): a connection that comes when
+ * METRICS_MAX_CONN are open is let in and the oldest one is shut down to make
+ * room. A scrape is answered within milliseconds of its connect, so the
+ * oldest connection is one that sends nothing or trickles; a scraper always
+ * gets in. */
+enum { METRICS_MAX_CONN = 64, MHD_HEADROOM = 16 };
+
+/* One open connection, oldest first. Only the MHD thread touches the list
+ * (on_accept, on_connection and on_request all run on it; MHD_stop_daemon
+ * joins it before metrics_stop frees what is left). */
+struct mconn {
+  struct mconn *prev, *next;
+  int fd;       /* MHD's socket: shut down (never closed) here to evict */
+  bool evicted; /* shut down, waiting for MHD to close it */
+};
+
 struct metrics_server {
   struct MHD_Daemon *mhd;
   umbp_pool *pool;
   struct snap *snap;
   uint64_t drained_served; /* the highest umbp_events_drained_total served (scrapes are one at a time) */
+  struct mconn *head, *tail;
+  unsigned live; /* connections on the list not yet evicted */
 };
 
 bool metrics_http_available(void) { return true; }
@@ -153,6 +176,49 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   return reply(c, MHD_HTTP_OK, buf, len, "text/plain; version=0.0.4; charset=utf-8");
 }
 
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t len) {
+  (void)addr;
+  (void)len;
+  struct metrics_server *srv = cls;
+  if (srv->live < METRICS_MAX_CONN) return MHD_YES;
+  for (struct mconn *m = srv->head; m; m = m->next) {
+    if (m->evicted) continue;
+    /* MHD sees the end of the stream at its next poll and closes the
+     * connection itself (on_connection's CLOSED then frees m) */
+    shutdown(m->fd, SHUT_RDWR);
+    m->evicted = true;
+    srv->live--;
+    break;
+  }
+  return MHD_YES;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+  struct metrics_server *srv = cls;
+  struct mconn *m = *socket_context;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    m = ci ? calloc(1, sizeof *m) : NULL;
+    if (!m) return; /* untracked: it cannot be evicted, and MHD's limit still bounds it */
+    m->fd = ci->connect_fd;
+    m->prev = srv->tail;
+    if (srv->tail) srv->tail->next = m;
+    else srv->head = m;
+    srv->tail = m;
+    srv->live++;
+    *socket_context = m;
+  } else if (m) { /* MHD_CONNECTION_NOTIFY_CLOSED, before MHD closes the socket */
+    if (m->prev) m->prev->next = m->next;
+    else srv->head = m->next;
+    if (m->next) m->next->prev = m->prev;
+    else srv->tail = m->prev;
+    if (!m->evicted) srv->live--;
+    free(m);
+    *socket_context = NULL;
+  }
+}
+
 int metrics_serve(int fd, const char *pool, struct metrics_server **ret, char *why, size_t n) {
   struct metrics_server *srv = calloc(1, sizeof *srv);
   if (srv) srv->snap = malloc(sizeof *srv->snap);
@@ -183,13 +249,15 @@ int metrics_serve(int fd, const char *pool, struct metrics_server **ret, char *w
   char who[48];
   snprintf(who, sizeof who, "umbp-daemon[%d]: error", (int)getpid());
   cli_fault_watch(srv->pool, who, true);
-  srv->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, on_request, srv,
+  srv->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, on_accept, srv, on_request, srv,
                               MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-                              MHD_OPTION_CONNECTION_LIMIT, 64u,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)(METRICS_MAX_CONN + MHD_HEADROOM),
+                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
                               /* The timeout is one of inactivity: a client that trickles a
                                * header line every few seconds keeps its connection. 64 such
                                * connections from one host locked every scraper out; now one
-                               * address holds at most 8, and a scraper from another one gets in. */
+                               * address holds at most 8 (and from 8 addresses or more, the
+                               * oldest connection makes room for a new one: on_accept). */
                               MHD_OPTION_PER_IP_CONNECTION_LIMIT, 8u, MHD_OPTION_END);
   if (!srv->mhd) {
     snprintf(why, n, "libmicrohttpd could not start serving the metrics socket");
@@ -205,7 +273,12 @@ int metrics_serve(int fd, const char *pool, struct metrics_server **ret, char *w
 
 void metrics_stop(struct metrics_server *srv) {
   if (!srv) return;
-  MHD_stop_daemon(srv->mhd); /* closes the listening socket too */
+  MHD_stop_daemon(srv->mhd); /* closes the listening socket too; its thread is joined */
+  while (srv->head) { /* MHD notifies each close; this frees what a version that does not left */
+    struct mconn *m = srv->head;
+    srv->head = m->next;
+    free(m);
+  }
   cli_pool_detach(srv->pool); /* ends the watch; a short file is let go of without touching it */
   free(srv->snap);
   free(srv);

@@ -387,6 +387,62 @@ def t_slowloris():
     d.stop()
 
 
+@check("slow clients from many addresses (slowloris past the per-address limit) do not lock out a scraper")
+def t_slowloris_many():
+    import http.client
+    d = Daemon()
+    slow = []
+    try:
+        # 8 trickling connections from each of 10 addresses: past the 64-connection limit, and
+        # each one active, so the inactivity timeout never ends it. Every scraper was reset at
+        # connect for as long as they trickled; now the oldest connection makes room for a new one.
+        for a in range(10):
+            for _ in range(8):
+                try:
+                    c = socket.socket()
+                    c.bind((f"127.0.0.{10 + a}", 0))
+                    c.settimeout(5)
+                    c.connect(("127.0.0.1", d.port))
+                    c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                    slow.append(c)
+                except OSError:
+                    c.close()
+        rss0 = d.rss_threads()
+        for rnd in range(3):
+            time.sleep(0.3)
+            for c in slow:
+                try:
+                    c.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+            h = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10, source_address=("127.0.0.200", 0))
+            try:
+                h.request("GET", "/metrics")
+                r = h.getresponse()
+                assert r.status == 200 and b"umbp_pool_info" in r.read(), r.status
+            except (OSError, http.client.HTTPException) as e:
+                raise AssertionError(f"round {rnd}: a scraper from a fresh address was refused while "
+                                     f"{len(slow)} slow connections trickled: {e!r}")
+            finally:
+                h.close()
+        # the newest slow connections are still served: eviction takes the oldest, not the latest
+        open_now = 0
+        for c in slow[-8:]:
+            c.setblocking(False)
+            try:
+                open_now += c.recv(1) != b""
+            except BlockingIOError:
+                open_now += 1
+            except OSError:
+                pass
+        assert open_now == 8, f"{8 - open_now} of the 8 newest slow connections were closed"
+        assert d.rss_threads()[1] == rss0[1], "the daemon's thread count changed"
+    finally:
+        for c in slow:
+            c.close()
+    d.stop()
+
+
 @check("other methods get 405 with the Allow header HTTP requires; HEAD gets the headers only")
 def t_methods():
     import http.client
