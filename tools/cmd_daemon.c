@@ -1130,11 +1130,15 @@ int cmd_daemon(int argc, char **argv) {
     }
     if (mfd < 0) {
       free(fileq);
+      bool v6 = o.maddr.ss_family == AF_INET6; /* the fix names an address of the same family */
       return fatal("--metrics %s: cannot listen: %s%s", o.metrics, strerror(-mfd),
-                   mfd == -EADDRINUSE      ? " (another process has this port: pick another one)"
-                   : mfd == -EADDRNOTAVAIL ? " (no interface of this host has that address: use 127.0.0.1 or 0.0.0.0)"
-                   : mfd == -EACCES        ? " (ports below 1024 need root or CAP_NET_BIND_SERVICE: use a higher one)"
-                                           : "");
+                   mfd == -EADDRINUSE ? " (another process has this port: pick another one)"
+                   : mfd == -EADDRNOTAVAIL
+                       ? (v6 ? " (no interface of this host has that address: use [::1] or [::])"
+                             : " (no interface of this host has that address: use 127.0.0.1 or 0.0.0.0)")
+                   : mfd == -EAFNOSUPPORT ? " (IPv6 is disabled on this host: use 127.0.0.1 or 0.0.0.0)"
+                   : mfd == -EACCES       ? " (ports below 1024 need root or CAP_NET_BIND_SERVICE: use a higher one)"
+                                          : "");
     }
   }
 

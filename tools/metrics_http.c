@@ -61,6 +61,15 @@ int metrics_parse_addr(const char *arg, struct sockaddr_storage *ss, socklen_t *
                        "not resolved", host);
       return -EINVAL;
     }
+    /* bind() and listen() take these, and the daemon then served nothing,
+     * with no message: no TCP connection can reach a group or broadcast address */
+    uint32_t h = ntohl(a->sin_addr.s_addr);
+    if ((h >> 28) == 0xe || h == 0xffffffffu) {
+      snprintf(why, n, "'%s' is a %s address, which no TCP connection can reach: use 127.0.0.1 (this host only), "
+                       "0.0.0.0 (every interface) or an address of one of this host's interfaces",
+               host, h == 0xffffffffu ? "broadcast" : "multicast");
+      return -EINVAL;
+    }
     a->sin_family = AF_INET;
     a->sin_port = htons((uint16_t)port);
     *len = sizeof *a;
@@ -68,6 +77,18 @@ int metrics_parse_addr(const char *arg, struct sockaddr_storage *ss, socklen_t *
     struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
     if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1) {
       snprintf(why, n, "'[%s]' is not a numeric IPv6 address", host);
+      return -EINVAL;
+    }
+    if (IN6_IS_ADDR_MULTICAST(&a->sin6_addr)) { /* served nothing, as above */
+      snprintf(why, n, "'[%s]' is a multicast address, which no TCP connection can reach: use [::1] (this host "
+                       "only), [::] (every interface) or an address of one of this host's interfaces", host);
+      return -EINVAL;
+    }
+    /* bind() needs the interface of a link-local address (fe80::1%eth0),
+     * and failed with a bare "Invalid argument" */
+    if (IN6_IS_ADDR_LINKLOCAL(&a->sin6_addr)) {
+      snprintf(why, n, "'[%s]' is link-local, which needs an interface that --metrics does not take: use [::1] "
+                       "(this host only), [::] (every interface) or a global address of this host", host);
       return -EINVAL;
     }
     a->sin6_family = AF_INET6;
