@@ -95,7 +95,8 @@ class Daemon:
         self.p = subprocess.Popen([TOOL, "daemon", POOL, "--capacity", "16MiB", "--slot-size", "64KiB",
                                    "--no-prefault", "--foreground", "--unlink-on-exit",
                                    "--metrics", f"127.0.0.1:{self.port}", *extra],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  preexec_fn=taplib.foreground)  # checks send it SIGHUP (ignored under nohup)
         deadline = time.time() + 20
         while True:
             try:
@@ -452,6 +453,88 @@ def t_slowloris_many():
         for c in slow:
             c.close()
     d.stop()
+
+
+@check("under slow, silent, garbage and flooding clients the daemon reaps on its period, takes SIGHUP, and "
+       "stops on SIGTERM within 5 s")
+def t_abuse_signals():
+    d = Daemon("--reap-interval", "200")
+    socks, stop, threads = [], threading.Event(), []
+
+    def conn(src, first=b""):
+        c = socket.socket()
+        c.bind((src, 0))
+        c.settimeout(5)
+        c.connect(("127.0.0.1", d.port))
+        if first:
+            c.sendall(first)
+        return c
+
+    def flood(src):  # scrapes back to back, reading each
+        while not stop.is_set():
+            try:
+                with conn(src, b"GET /metrics HTTP/1.0\r\n\r\n") as c:
+                    while c.recv(1 << 16):
+                        pass
+            except OSError:
+                pass
+
+    def dead():
+        with conn("127.0.0.250", b"GET /metrics HTTP/1.0\r\n\r\n") as c:
+            body = b""
+            while True:
+                x = c.recv(1 << 16)
+                if not x:
+                    break
+                body += x
+        m = re.search(rb'^umbp_processes\{state="dead"\} (\d+)', body, re.M)
+        assert m, body[:200]
+        return int(m.group(1))
+
+    h = None
+    try:
+        for a in range(9):  # slow ones past the per-address and total limits
+            for _ in range(8):
+                try:
+                    socks.append(conn(f"127.0.0.{10 + a}", b"GET /metrics HTTP/1.1\r\nHost: x\r\n"))
+                except OSError:
+                    pass
+        for i in range(4):  # a request sent, the answer never read; garbage; nothing at all
+            for first in (b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"\x00\xff\xfe junk\r\n", b""):
+                try:
+                    socks.append(conn(f"127.0.1.{i}", first))
+                except OSError:
+                    pass
+        for i in range(4):
+            threads.append(threading.Thread(target=flood, args=(f"127.0.2.{i}",), daemon=True))
+            threads[-1].start()
+        h = subprocess.Popen([HELPER, "hold", POOL], stdout=subprocess.PIPE, text=True)
+        assert h.stdout.readline().strip() == "attached"
+        h.send_signal(signal.SIGKILL)
+        h.wait()
+        t0 = time.time()
+        while dead() != 0:  # the main loop reaps every 200 ms whatever the HTTP thread does
+            assert time.time() - t0 < 5, "a SIGKILLed process was not reaped within 5 s (25 periods)"
+            time.sleep(0.05)
+        d.p.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert d.p.poll() is None, f"the daemon exited on SIGHUP: {d.p.returncode}"
+        t0 = time.time()
+        d.p.send_signal(signal.SIGTERM)
+        try:
+            d.p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the daemon did not stop within 5 s of SIGTERM with clients connected")
+    finally:
+        stop.set()
+        for c in socks:
+            c.close()
+        for t in threads:
+            t.join(timeout=10)
+        if h:
+            h.stdout.close()
+    err = d.stop()
+    assert "SIGHUP: no --quota-file to re-read" in err and "stopping on SIGTERM" in err, err
 
 
 @check("other methods get 405 with the Allow header HTTP requires; HEAD gets the headers only")
