@@ -30,6 +30,12 @@ int metrics_parse_addr(const char *arg, struct sockaddr_storage *ss, socklen_t *
   errno = 0;
   unsigned long port = strtoul(colon + 1, &end, 10);
   /* digits only: strtoul() also takes leading blanks and a sign */
+  if (colon[1] >= '0' && colon[1] <= '9' && !*end && !errno && port == 0) {
+    /* bind() would pick a free port, which nobody could find to scrape */
+    snprintf(why, n, "port 0 (any free port) would leave Prometheus nothing to scrape: give a fixed port, 1 to "
+                     "65535, e.g. 127.0.0.1:9478");
+    return -EINVAL;
+  }
   if (colon[1] < '0' || colon[1] > '9' || *end || errno || port < 1 || port > 65535) {
     snprintf(why, n, "'%s' is not a port: use 1 to 65535, e.g. 127.0.0.1:9478", colon + 1);
     return -EINVAL;

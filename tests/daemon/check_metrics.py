@@ -135,7 +135,7 @@ class Daemon:
 
 @check("bad --metrics values are usage errors naming the option (exit 2)")
 def t_bad_values():
-    for bad, why in (("9100", "no port"), ("127.0.0.1:", "not a port"), ("127.0.0.1:0", "not a port"),
+    for bad, why in (("9100", "no port"), ("127.0.0.1:", "not a port"), ("127.0.0.1:0", "port 0 (any free port)"), ("[::1]:00", "give a fixed port"),
                      ("127.0.0.1:70000", "not a port"), ("localhost:9100", "numeric"), (":9100", "no address"),
                      ("[::1:9100", "numeric"), ("300.1.1.1:9100", "numeric"),
                      # strtoul() took blanks before the port, and the colons inside [::1] for the port's
