@@ -7,6 +7,11 @@
  * registry slot), so a scrape only loads from the segment: it never takes a
  * lock, a pin or a reader slot, and cannot perturb the pool however often it
  * comes. Scrapes are served one at a time (MHD's single internal thread).
+ *
+ * Every connection is bounded: at most 8 from one address, closed after 10 s
+ * without a byte, and when a 65th comes the oldest open one is shut down to
+ * make room, so clients that trickle their requests (never idle) cannot hold
+ * every slot and lock a scraper out (metrics_http.c, on_accept).
  */
 #ifndef UMBP_TOOLS_METRICS_HTTP_H
 #define UMBP_TOOLS_METRICS_HTTP_H
