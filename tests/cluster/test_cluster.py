@@ -144,8 +144,11 @@ def test_nowhere_costs_one_existence_check(cluster):
             assert blocks == 0
             times.append(secs)
         times.sort()
-        # one batch_is_exist on loopback: well under the request deadline
-        assert times[len(times) // 2] < 0.1, times
+        # each answer is the tier's (0 blocks), not its request's deadline
+        # (-ETIMEDOUT), and each missing block counts as a remote miss; how
+        # fast it comes is the benchmarks' business (a median bound of 0.1 s
+        # was a speed check, flaky on a loaded machine)
+        print(f"nowhere: answered in {times[0] * 1e3:.1f}-{times[-1] * 1e3:.1f} ms")
         assert b.status()["stats"]["remote_misses"] == 5 * 32
     except BaseException:
         print(dump_logs(work))
@@ -173,10 +176,15 @@ def test_master_killed_and_restarted(cluster):
         except RuntimeError:
             pass  # refused at once: already disconnected
         b.wait_state("disconnected", 30)
+        # refused at once: the request itself is refused (RuntimeError), not
+        # answered later; and the call that refuses it does not wait out the
+        # request's deadline (2 s by default): the bound is half of it, a
+        # margin a loaded machine keeps (it was 0.05 s, a speed check)
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="disconnected|not connected"):
             s.fetch(NS, TP, keys_first, 4)
-        assert time.monotonic() - t0 < 0.05  # refused at once, no wait
+        took = time.monotonic() - t0
+        assert took < 1.0, f"refusing took {took:.2f} s: expected at once, not a wait for the 2 s deadline"
         # engines keep working at local speed, on both hosts
         store_on(b, NS, 600, 8)
         load_on(b, NS, 600, 8)
@@ -219,10 +227,11 @@ def test_tier_killed_mid_transfer(cluster):
         ticket = r[0]
         wait_for(pause.exists, 30, "B's tier to hold the fetched shards unpublished")
         assert s.client.poll(ticket) is None  # in progress
-        b.kill_tier()
-        t0 = time.monotonic()
+        b.kill_tier()  # returns once the tier has exited: its table lock is gone
+        # the first poll after the tier's death says so (its lock is gone), not
+        # "in progress" (None) until the deadline: the answer, not its speed
         rc = s.client.poll(ticket)
-        assert rc == -errno.ENOTCONN and time.monotonic() - t0 < 0.05
+        assert rc == -errno.ENOTCONN, f"first poll after the tier died: {rc!r}, expected -ENOTCONN"
         # nothing half-fetched is in the pool, and the reaper frees the slots
         assert probe(b, NS, 0, 8) == 0
         wait_for(lambda: b.check().returncode == 0, 20, "B's pool to pass its check after the reap")
@@ -334,7 +343,10 @@ def test_master_stopped_requests_bounded(cluster):
         except RuntimeError:
             blocks, secs = -errno.ENOTCONN, time.monotonic() - t0
         assert blocks in (-errno.ETIMEDOUT, -errno.ENOTCONN), blocks
-        assert secs < 0.8 + 0.2, secs  # the deadline, not the master, bounds the wait
+        # the deadline (0.8 s), not the master (stopped until SIGCONT below),
+        # bounds the wait: a liveness bound, with a margin a loaded 2-core
+        # machine keeps (it was 0.2 s), far below the 10 s the fetch allows
+        assert secs < 0.8 + 2.2, f"the request ended after {secs:.2f} s: expected its 0.8 s deadline to end it"
         store_on(b, NS, 50, 4)  # the local pool works meanwhile
         load_on(b, NS, 50, 4)
         master.proc.send_signal(signal.SIGCONT)
@@ -398,16 +410,21 @@ def test_stop_bounded_while_mooncake_holds_the_tier(cluster):
         a.tier.send_signal(signal.SIGTERM)
         rc = a.tier.wait(30)
         secs = time.monotonic() - t0
-        assert secs < 5 + 3, secs
+        # the grace (5 s) then SIGKILL bounds the stop: a liveness bound, with
+        # a margin a loaded 2-core machine keeps (it was 3 s), far below the
+        # ~85 s Mooncake's setup would hold an unbounded stop
+        assert secs < 5 + 5, f"the tier stopped {secs:.1f} s after SIGTERM: expected its 5 s grace, then SIGKILL"
         assert rc == -signal.SIGKILL, rc
         assert "ending it with SIGKILL" in a.tier_log.read_text()
         wait_for(lambda: a.check().returncode == 0, 20, "A's pool to pass its check after the reap")
         a.start_tier(master)
         a.wait_state("connected")
-        t0 = time.monotonic()
+        # a healthy tier stops by itself within its grace: exit 0, where one
+        # still running after the 5 s grace is ended with SIGKILL (-9); the
+        # exit status is the event (a "< 5 s" bound said the same, by clock)
         a.tier.send_signal(signal.SIGINT)
-        assert a.tier.wait(30) == 0
-        assert time.monotonic() - t0 < 5
+        rc = a.tier.wait(30)
+        assert rc == 0, f"SIGINT: exit {rc}, expected 0 (stopped cleanly within its 5 s grace)"
         assert a.tier_log.read_text().rstrip().endswith("stopped")
     except BaseException:
         print(dump_logs(work))
