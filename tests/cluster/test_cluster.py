@@ -4,7 +4,8 @@
 
 - blocks stored by host A's TP-2 workers are loaded byte-identically by host
   B's TP-2 workers after B's probe missed and its tier brought them in;
-- a prefix that is nowhere is answered after one existence check;
+- a prefix that is nowhere is answered by the tier (0 blocks, remote misses
+  counted), not by its deadline;
 - the master killed and restarted (also while no call of the tier would
   notice: it is reported within seconds), a tier killed in the middle of a
   transfer, a store that refuses puts: no worker fails, the pools pass
@@ -131,7 +132,10 @@ def test_two_hosts_tp2(cluster):
         raise
 
 
-def test_nowhere_costs_one_existence_check(cluster):
+def test_nowhere_is_answered_by_the_tier(cluster):
+    """Blocks on no host: the tier answers 0 blocks (not the request's
+    deadline, -ETIMEDOUT) and counts each as a remote miss. How fast the
+    answer comes is `umbp bench tier`'s to say."""
     master, host, work = cluster
     b = host("b")
     b.start_tier(master)
