@@ -211,18 +211,25 @@ def test_master_killed_and_restarted(cluster):
         s.close()
 
 
-def test_tier_killed_mid_transfer(cluster):
-    master, host, work = cluster
+def written_on_a_paused_b(master, host, work, n):
+    """Hosts a and b with tiers connected: n blocks stored on a and written
+    back to the store, and b's tier started with the test hook that stops it
+    after a transfer into its reserved slots, before it publishes them (while
+    the returned path exists)."""
     a, b = host("a"), host("b")
     a.start_tier(master)
     a.wait_state("connected")
-    store_on(a, NS, 0, 8)
-    wait_for(lambda: written(a) >= 8 * TP, 30, "write-back")
+    store_on(a, NS, 0, n)
+    wait_for(lambda: written(a) >= n * TP, 30, "write-back")
     pause = work / "paused"
-    # the test hook stops B's tier after the transfer into its reserved slots,
-    # before it publishes them
     b.start_tier(master, env={"UMBP_TIER_TEST_PAUSE_BEFORE_PUBLISH": str(pause)})
     b.wait_state("connected")
+    return a, b, pause
+
+
+def test_tier_killed_mid_transfer(cluster):
+    master, host, work = cluster
+    a, b, pause = written_on_a_paused_b(master, host, work, 8)
     s = Scheduler(b)
     try:
         keys = s.keys(NS, TP, 0, 8)
@@ -261,14 +268,7 @@ def test_master_killed_mid_transfer_reported(cluster):
     asking; it showed 'connected' until its next call failed. A restarted
     master makes it 'connected' again."""
     master, host, work = cluster
-    a, b = host("a"), host("b")
-    a.start_tier(master)
-    a.wait_state("connected")
-    store_on(a, NS, 0, 4)
-    wait_for(lambda: written(a) >= 4 * TP, 30, "write-back")
-    pause = work / "paused"
-    b.start_tier(master, env={"UMBP_TIER_TEST_PAUSE_BEFORE_PUBLISH": str(pause)})
-    b.wait_state("connected")
+    a, b, pause = written_on_a_paused_b(master, host, work, 4)
     s = Scheduler(b)
     try:
         r = s.client.request(s.keys(NS, TP, 0, 4), 4, TP)

@@ -363,6 +363,36 @@ def t_term_safe():
         d.stop()
 
 
+SLOW_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"  # half a request: the headers never end
+
+
+def connect_from(port, src, first=b""):
+    """A TCP connection to the daemon's port from local address src (each
+    127.x.y.z is an address of its own to MHD's per-address limit), having
+    sent first."""
+    c = socket.socket()
+    try:
+        c.bind((src, 0))
+        c.settimeout(5)
+        c.connect(("127.0.0.1", port))
+        if first:
+            c.sendall(first)
+    except OSError:
+        c.close()
+        raise
+    return c
+
+
+def trickle(conns):
+    """One more header line on each slow connection: active, so MHD's
+    inactivity timeout never ends it."""
+    for c in conns:
+        try:
+            c.sendall(b"X-Slow: 1\r\n")
+        except OSError:
+            pass
+
+
 @check("slow clients (slowloris) from one address do not lock out a scraper from another")
 def t_slowloris():
     import http.client
@@ -373,17 +403,11 @@ def t_slowloris():
         # active, so the 10 s inactivity timeout never ends it; at 64 connections nobody got in
         for _ in range(70):
             try:
-                c = socket.create_connection(("127.0.0.1", d.port), timeout=5)
-                c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-                slow.append(c)
+                slow.append(connect_from(d.port, "127.0.0.1", SLOW_REQUEST))
             except OSError:
                 break
         time.sleep(0.5)
-        for c in slow:
-            try:
-                c.sendall(b"X-Slow: 1\r\n")
-            except OSError:
-                pass
+        trickle(slow)
         h = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10, source_address=("127.0.0.2", 0))
         h.request("GET", "/metrics")
         r = h.getresponse()
@@ -411,22 +435,13 @@ def t_slowloris_many():
         for a in range(10):
             for _ in range(8):
                 try:
-                    c = socket.socket()
-                    c.bind((f"127.0.0.{10 + a}", 0))
-                    c.settimeout(5)
-                    c.connect(("127.0.0.1", d.port))
-                    c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-                    slow.append(c)
+                    slow.append(connect_from(d.port, f"127.0.0.{10 + a}", SLOW_REQUEST))
                 except OSError:
-                    c.close()
+                    pass
         rss0 = d.rss_threads()
         for rnd in range(3):
             time.sleep(0.3)
-            for c in slow:
-                try:
-                    c.sendall(b"X-Slow: 1\r\n")
-                except OSError:
-                    pass
+            trickle(slow)
             h = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10, source_address=("127.0.0.200", 0))
             try:
                 h.request("GET", "/metrics")
@@ -462,13 +477,7 @@ def t_abuse_signals():
     socks, stop, threads = [], threading.Event(), []
 
     def conn(src, first=b""):
-        c = socket.socket()
-        c.bind((src, 0))
-        c.settimeout(5)
-        c.connect(("127.0.0.1", d.port))
-        if first:
-            c.sendall(first)
-        return c
+        return connect_from(d.port, src, first)
 
     def flood(src):  # scrapes back to back, reading each
         while not stop.is_set():
@@ -496,7 +505,7 @@ def t_abuse_signals():
         for a in range(9):  # slow ones past the per-address and total limits
             for _ in range(8):
                 try:
-                    socks.append(conn(f"127.0.0.{10 + a}", b"GET /metrics HTTP/1.1\r\nHost: x\r\n"))
+                    socks.append(conn(f"127.0.0.{10 + a}", SLOW_REQUEST))
                 except OSError:
                     pass
         for i in range(4):  # a request sent, the answer never read; garbage; nothing at all
