@@ -438,6 +438,31 @@ def test_standalone_pool_and_slot_size(pool_name):
     assert subprocess.run([cli, "pool", "info", pool_name], capture_output=True).returncode == 0
 
 
+def test_slot_size_is_not_required_of_a_pool_that_is_there(pool_name):
+    """slot_size makes an embedded pool, as capacity_bytes does; a pool that
+    is there already (made by `umbp pool create`, or by another engine of the
+    same model that this one joins) must hold the block object only. An
+    engine whose config gave a larger slot_size was refused with "this
+    model's block object needs" that slot_size, which it does not."""
+    cli = _umbp_cli()
+    subprocess.run([cli, "pool", "create", pool_name, "--capacity", "1MiB", "--slot-size", "4KiB",
+                    "--no-prefault"], check=True, capture_output=True)
+    c = sched(pool_name, slot_size="8KiB")   # the block object is 4 KiB
+    assert c.pool.owner is False and L.lib().umbp_slot_size(c.pool.h) == 4096
+    c.shutdown()
+    subprocess.run([cli, "pool", "destroy", pool_name], check=True, capture_output=True)
+    s = sched(pool_name)    # engine 1 makes its embedded pool with 4 KiB slots
+    try:
+        assert s.pool.owner is True
+        w = Worker(pool_name, 1, 0, seed=1, slot_size="8KiB", test_engine="engine-2")   # joins it
+        try:
+            assert any("joins it" in x for x in w.call("logs"))
+        finally:
+            w.close()
+    finally:
+        s.shutdown()
+
+
 def test_a_pool_with_slots_far_larger_than_the_block_is_said(pool_name):
     """A daemon's pool whose slots are 4x this model's block object (made for
     a larger model, or --slot-size 256KiB for a small one) served the engine

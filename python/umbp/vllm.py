@@ -151,7 +151,8 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
             if self.cfg.key_namespace and not sched else None
         engine = EngineId(getattr(vllm_config, "instance_id", None) or None, derived,
                           None if self.cfg.key_namespace else namespace_label(vllm_config, kv_cache_config), layout)
-        self.pool = _Pool(self.cfg, slot, 1 if sched else 2, -1 if sched else self.tp_rank, nodes, engine)
+        need = _slot_size(replace(self.cfg, mode="standalone"), kv_cache_config)   # the block object, to 4 KiB
+        self.pool = _Pool(self.cfg, slot, 1 if sched else 2, -1 if sched else self.tp_rank, nodes, engine, need)
         owner = self.pool.engine_pool() if self.cfg.mode == "standalone" else None
         if owner:
             self.pool.close()
@@ -176,7 +177,6 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
                            "embedded pool, are not applied (the pool has %d slots of %d bytes, set by `umbp "
                            "daemon --capacity --slot-size`); drop them from kv_connector_extra_config",
                            self.cfg.pool, ", ".join(making), info.slot_count, info.slot_size)
-        need = _slot_size(replace(self.cfg, mode="standalone"), kv_cache_config)   # the block object, to 4 KiB
         have = L.lib().umbp_slot_size(self.pool.h)
         if sched and have >= 2 * need and not (self.cfg.mode == "embedded" and self.cfg.slot_size):
             # A slot holds one block object whatever its size: a daemon's pool

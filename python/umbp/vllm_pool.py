@@ -116,7 +116,12 @@ class _Pool:
     pool that this handle may remove when it leaves (see close())."""
 
     def __init__(self, cfg: UMBPConfig, slot_size: int, role: int, rank: int,
-                 numa_nodes: list[int] | None = None, engine: EngineId | None = None):
+                 numa_nodes: list[int] | None = None, engine: EngineId | None = None,
+                 need: int | None = None):
+        """slot_size: the slots of an embedded pool this handle creates;
+        need (default slot_size): what a slot of a pool that is there already
+        must hold, the block object rounded up to 4 KiB (a configured
+        slot_size applies to creation only, as capacity_bytes does)."""
         self.lib = L.lib()
         self.name = cfg.pool
         self.owner = False
@@ -150,10 +155,12 @@ class _Pool:
         self._file = self._identity()
         self._lost_checked, self._lost_said = 0.0, False
         have = self.lib.umbp_slot_size(self.h)
+        if not self.owner and need is not None:
+            slot_size = need
         if have < slot_size:
             self.close()
-            if self.embedded:   # made by another engine of this model, with a smaller slot_size
-                fix = (f"give this engine the slot_size of the engine that made it, or a pool of its own "
+            if self.embedded:   # made by another engine, whose blocks are smaller
+                fix = (f"give this engine a pool of its own "
                        f"(kv_connector_extra_config.pool, e.g. \"{self.name}-2\")")
             else:               # a daemon's pool, or one of `umbp pool create`: slot_size here does nothing
                 size = f"{-(-slot_size // 1024)}KiB"

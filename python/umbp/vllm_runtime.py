@@ -318,12 +318,13 @@ class UMBPWorkerHandle:
             self.obj_bytes[r.group_id] = self.obj_bytes.get(r.group_id, 0) + r.block_bytes
         need = max(self.obj_bytes.values(), default=4096)
         # slot_size makes an embedded pool; a daemon's pool is checked against the block object
-        slot = max(4096, (need + 4095) // 4096 * 4096, (cfg.slot_size or 0) if cfg.mode == "embedded" else 0)
+        block = max(4096, (need + 4095) // 4096 * 4096)
+        slot = max(block, (cfg.slot_size or 0) if cfg.mode == "embedded" else 0)
         nodes = None
         if cfg.mode == "embedded" and cfg.numa_nodes is None:
             nodes = plan_placement(cfg, topology.tp_size, topology.tp_rank, log_level=logging.DEBUG).numa_nodes
         # the in-tree connector gives no vLLM instance id: see umbp.vllm_pool's limits
-        self.pool = _Pool(cfg, slot, 2, topology.tp_rank, nodes, EngineId(None, namespace))
+        self.pool = _Pool(cfg, slot, 2, topology.tp_rank, nodes, EngineId(None, namespace), block)
         self.ns_id = self.pool.ns(namespace)
         # take_evicted_keys() drains the event ring: a first drain turns
         # recording on, so that every removal from here on is recorded
