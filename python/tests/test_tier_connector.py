@@ -169,3 +169,51 @@ def test_intree_runtime_read_through(pool_name):
         lib.umbp_tier_close(tier)
         sch.close()
         worker.close()
+
+
+def test_intree_runtime_tier_timeout_0_is_the_tiers_own(pool_name):
+    """tier_timeout_ms 0 means the running tier's own --timeout-ms (the
+    table's default), as documented: the in-tree runtime's lookup gave up
+    after 50 ms instead and answered misses for blocks the tier was still
+    bringing (here it answers after 300 ms, within its 5 s default)."""
+    import threading
+
+    from intree_util import register_plugin
+    from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
+        BlockIdentityCodec, KVLayoutDescriptor, RankTopology, UMBPNamespace)
+    from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import (
+        UMBPRuntimeConfig, UMBPRuntimeFactory)
+    register_plugin()
+    opts = {"backend": "umbp", "pool": pool_name, "capacity_bytes": 4 << 20, "no_prefault": True,
+            "key_namespace": "rt-ns", "tier": True, "tier_timeout_ms": 0}
+    rt = UMBPRuntimeFactory.build(UMBPRuntimeConfig(mode="embedded", options=opts))
+    topo = RankTopology(tp_rank=0, tp_size=1)
+    worker = rt.create_worker_handle("rt-ns", topo, KVLayoutDescriptor((), topo))
+    sch = rt.create_scheduler_handle("rt-ns", topo, KVLayoutDescriptor((), topo))
+    codec = BlockIdentityCodec(UMBPNamespace("rt-ns"))
+    lib = T.lib()
+    tier = C.c_void_p()
+    params = T.TierParams(0, 0, 5000)
+    L.check(lib.umbp_tier_serve(sch.pool.h, C.byref(params), C.byref(tier)), "serve")
+
+    def serve():
+        job, keys = T.TierJob(), (L.Key * 1024)()
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            if lib.umbp_tier_take(tier, C.byref(job), keys, 1024) == 1:
+                time.sleep(0.3)
+                _publish(sch.pool.h, keys, 2)
+                lib.umbp_tier_complete(tier, job.ticket, 2, None)
+                return
+            lib.umbp_tier_wait(tier, 10)
+    try:
+        L.check(lib.umbp_tier_set_state(tier, T.CONNECTED, b"test"), "state")
+        th = threading.Thread(target=serve)
+        th.start()
+        hits = list(sch.lookup([codec.key(bytes([9, i]) * 16, 0) for i in range(2)]))
+        th.join()
+        assert hits == [True, True]
+    finally:
+        lib.umbp_tier_close(tier)
+        sch.close()
+        worker.close()

@@ -264,7 +264,11 @@ class UMBPSchedulerHandle:
         asked = self._tier.request(sub, count, r)
         if asked is None:
             return False
-        end = time.monotonic() + self.cfg.tier_timeout_ms / 1000.0 + 0.05
+        # tier_timeout_ms 0 is the running tier's own --timeout-ms (the request
+        # table's default), not "give up at once": the backstop waits for that
+        from .tier import tier_info
+        ms = self.cfg.tier_timeout_ms or (tier_info(self.pool.h) or {}).get("default_timeout_ms") or 2000
+        end = time.monotonic() + ms / 1000.0 + 0.05
         while True:
             v = self._tier.poll(asked[0])
             if v is not None:
