@@ -494,6 +494,29 @@ def test_a_pool_with_slots_far_larger_than_the_block_is_said(pool_name):
         lg.removeHandler(h)
 
 
+def test_context_parallelism_and_other_hash_blocks_are_refused(pool_name):
+    """Keys carry the TP rank only and pair prompt block hash i with KV block
+    i: PCP ranks of one TP rank stored different token shards under one key,
+    and with DCP vLLM hashes virtual blocks of block_size x DCP tokens, so
+    loads put other tokens' KV into the blocks, silently. Refused at
+    construction, in both roles, before any pool is made."""
+    import os
+    from umbp import pool_notes
+    for attr in ("prefill_context_parallel_size", "decode_context_parallel_size"):
+        for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+            cfg = make_vllm_config(pool_name, tp=2)
+            setattr(cfg.parallel_config, attr, 2)
+            with pytest.raises(NotImplementedError, match=f"{attr}=2"):
+                KVConnectorFactory.create_connector(cfg, role, make_kv_cache_config())
+    kcc = make_kv_cache_config()
+    kcc.hash_block_size = 2 * BLOCK   # what vLLM 0.34 resolves for DCP 2
+    with pytest.raises(NotImplementedError, match=f"blocks of {2 * BLOCK} tokens but its KV cache blocks hold {BLOCK}"):
+        KVConnectorFactory.create_connector(make_vllm_config(pool_name), KVConnectorRole.SCHEDULER, kcc)
+    kcc.hash_block_size = BLOCK       # what it resolves for one group of BLOCK tokens
+    KVConnectorFactory.create_connector(make_vllm_config(pool_name), KVConnectorRole.SCHEDULER, kcc).shutdown()
+    assert not os.path.exists(f"/dev/shm/umbp.{pool_name}") and not os.path.exists(pool_notes.path(pool_name))
+
+
 def test_eagle_group_not_prefix_cacheable(pool_name):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16)

@@ -116,6 +116,22 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
                                       "tensor parallelism only")
         if kv_cache_config is None:
             raise ValueError("UMBPStoreConnector needs kv_cache_config (vLLM >= 0.11 passes it)")
+        # Keys carry the TP rank alone and pair request.block_hashes[i] with
+        # block i of every KV group: context parallelism (PCP ranks of one TP
+        # rank would store different token shards under one key) and a hash
+        # block other than the KV block (DCP's virtual blocks of block_size x
+        # DCP tokens) would load other tokens' KV as a hit, without an error.
+        cp = {k: getattr(pc, f"{k}_context_parallel_size", 1) or 1 for k in ("prefill", "decode")}
+        if any(v > 1 for v in cp.values()):
+            raise NotImplementedError("UMBPStoreConnector does not support context parallelism "
+                                      f"(prefill_context_parallel_size={cp['prefill']}, "
+                                      f"decode_context_parallel_size={cp['decode']}): use tensor parallelism only")
+        hb = getattr(kv_cache_config, "hash_block_size", None)
+        if hb and hb != vllm_config.cache_config.block_size:
+            raise NotImplementedError(f"vLLM hashes this engine's prompts in blocks of {hb} tokens but its KV cache "
+                                      f"blocks hold {vllm_config.cache_config.block_size}: UMBPStoreConnector keys a "
+                                      "KV block by its prompt block's hash, so it needs the two equal (KV cache "
+                                      "groups of one block size, no prefix_match_unit, no context parallelism)")
         ids = getattr(kv_cache_config, "prefix_cacheable_group_ids", None)
         cacheable = set(range(len(kv_cache_config.kv_cache_groups)) if ids is None else ids)
         drafts = [i for i, g in enumerate(kv_cache_config.kv_cache_groups)
