@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import ctypes as C
 import json
+import os
 import queue
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -330,6 +332,54 @@ def test_another_model_at_the_same_path_gets_another_namespace(tmp_path):
     data[len(data) // 2] ^= 1
     weights.write_bytes(bytes(data))
     assert ns() == wider, "the files, not their inode or mtime, name the model"
+
+
+HUB_NS = """
+import sys
+from conftest import BLOCK, make_kv_cache_config
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
+import umbp.vllm as U
+mc = ModelConfig(model="umbp-test/tiny", skip_tokenizer_init=True, dtype="float16", max_model_len=1024)
+vc = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=BLOCK),
+                parallel_config=ParallelConfig(tensor_parallel_size=2), device_config=DeviceConfig("cpu"))
+print(U.derive_namespace(vc, make_kv_cache_config(), U.UMBPConfig.from_extra({})))
+"""
+
+
+def test_a_hub_model_updated_on_the_hub_gets_another_namespace(tmp_path):
+    """A model given by hub id, its default revision "main" moved to new
+    weights (an upload, then an engine restart on a daemon's pool): the
+    derived namespace follows the snapshot vLLM fetched into the Hugging Face
+    cache, so the new weights never load the old ones' KV; the same snapshot
+    gives the same namespace. A real ModelConfig resolves the id offline from
+    a cache laid out as huggingface_hub lays it out (refs/main naming the
+    commit whose snapshot directory holds the files)."""
+    repo = tmp_path / "hub" / "models--umbp-test--tiny"
+    (tmp_path / "src").mkdir()
+    src = Path(model_dir(tmp_path / "src"))
+
+    def commit(name, weights):
+        snap = repo / "snapshots" / name
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_bytes((src / "config.json").read_bytes())
+        (snap / "model.safetensors").write_bytes(weights)
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(name)
+
+    def ns():
+        env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1",
+               "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+        r = subprocess.run([sys.executable, "-c", HUB_NS], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r.stdout.split()[-1]
+
+    commit("a" * 40, bytes(range(256)) * 4096)
+    first = ns()
+    assert first.startswith("vllm-") and ns() == first, "one snapshot: one namespace"
+    commit("b" * 40, bytes(range(255, -1, -1)) * 4096)   # "main" moved to other weights
+    assert ns() != first
+    (repo / "refs" / "main").write_text("a" * 40)        # back to the first snapshot
+    assert ns() == first
 
 
 def test_hf_overrides_give_another_namespace(tmp_path):

@@ -437,10 +437,25 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz")
 _SAMPLE = 64 << 10
 
 
-def model_fingerprint(model: str) -> str | None:
-    """What the model at a local path is, not where it is: None for a name
-    that is not a local file or directory (a hub id: its revision names it),
-    else 16 hex digits over the contents of its small JSON files (config,
+def hub_snapshot(model: str, revision: str | None = None, cache_dir: str | None = None) -> str | None:
+    """The directory of hub model `model` at `revision` (default "main") in
+    the local Hugging Face cache (`cache_dir`: vLLM's --download-dir, else
+    HF_HUB_CACHE), where vLLM downloaded it before its KV cache was made;
+    None when the cache has no such snapshot or huggingface_hub is missing.
+    Reads the cache only (local_files_only): no network."""
+    try:
+        from huggingface_hub import snapshot_download
+        path = snapshot_download(model, revision=revision, cache_dir=cache_dir, local_files_only=True)
+    except Exception:
+        return None
+    return path if path and os.path.isdir(path) else None
+
+
+def model_fingerprint(model: str, revision: str | None = None, cache_dir: str | None = None) -> str | None:
+    """What the model is, not where it is or what it is called: 16 hex digits
+    over the files at its local path or, for a hub id, in its snapshot in the
+    local Hugging Face cache (hub_snapshot()); None for a hub id the cache does
+    not hold. The digest covers the contents of its small JSON files (config,
     generation config, the weights' index) and, per weight file, its name,
     size and two 64 KiB samples of its data (the middle and the end; a
     safetensors file's head is its tensor table, the same for every
@@ -452,8 +467,13 @@ def model_fingerprint(model: str) -> str | None:
     several models are served from one path (a container's /model mount, a
     `current` symlink moved to a new fine-tune) while a daemon's pool keeps
     the earlier model's blocks: with the path alone in the namespace, the new
-    model loaded the old one's KV as hits and computed with it."""
+    model loaded the old one's KV as hits and computed with it. A hub id is
+    the same case: its default revision "main" follows the hub, so one id
+    names other weights after an upload, and a pool outlives the engine that
+    served the earlier ones."""
     try:
+        if not os.path.exists(model):
+            model = hub_snapshot(model, revision, cache_dir) or model
         if os.path.isfile(model):
             files = [(os.path.basename(model), model)]
         elif os.path.isdir(model):
@@ -502,6 +522,13 @@ def model_settings(mc) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _hub_args(vllm_config) -> tuple[str | None, str | None]:
+    """The revision and download directory vLLM fetched the model with."""
+    rev = getattr(vllm_config.model_config, "revision", None)
+    return (str(rev) if rev else None,
+            getattr(getattr(vllm_config, "load_config", None), "download_dir", None) or None)
+
+
 def resolved_cache_layout(vllm_config, kv_cache_config) -> str | None:
     """The KV cache layout vLLM resolved for this engine (a KVCacheLayout
     name such as "LBHNC"), or None where it is not known. vLLM's engine core
@@ -541,7 +568,7 @@ def derive_namespace(vllm_config, kv_cache_config, cfg: UMBPConfig, model_id: st
 
     p.key_namespace = s(cfg.key_namespace) if cfg.key_namespace else None
     model = str(getattr(mc, "model", None) or "unknown")
-    fp = None if cfg.key_namespace or model_id is not None else model_fingerprint(model)
+    fp = None if cfg.key_namespace or model_id is not None else model_fingerprint(model, *_hub_args(vllm_config))
     settings = None if cfg.key_namespace or model_id is not None else model_settings(mc)
     p.model = s(model_id if model_id is not None else
                 model + (f"#{fp}" if fp else "") + (f"+{settings}" if settings else ""))
@@ -613,7 +640,7 @@ def layout_fingerprint(vllm_config, kv_cache_config, cfg: UMBPConfig) -> tuple[s
     mc, pc = vllm_config.model_config, vllm_config.parallel_config
     model = str(getattr(mc, "model", None) or "unknown")
     plain = replace(cfg, key_namespace=None)
-    files = model_fingerprint(model) if os.path.exists(model) else None
+    files = model_fingerprint(model, *_hub_args(vllm_config))
     settings = model_settings(mc)
     derived = derive_namespace(vllm_config, kv_cache_config, plain)
     fp = derive_namespace(vllm_config, kv_cache_config, plain,
