@@ -266,6 +266,25 @@ def test_other_backends_fall_through_to_the_previous_builder(monkeypatch):
     assert UMBPRuntimeFactory.build(cfg2) == "mori-runtime" and calls[-1] is cfg2
 
 
+def test_a_factory_of_another_shape_does_not_stop_vllm(monkeypatch, caplog):
+    """vLLM calls every general plugin at every start and does not catch what
+    one raises: a vLLM whose UMBPRuntimeFactory keeps its builders elsewhere
+    (or not in a dict) must still start, told why backend 'umbp' is missing."""
+    import logging
+
+    import umbp.vllm_plugin as P
+    from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import UMBPRuntimeFactory
+    monkeypatch.delattr(UMBPRuntimeFactory, "_builders")
+    with caplog.at_level(logging.WARNING, logger="vllm.umbp.plugin"):
+        P.register()
+    assert "backend 'umbp' is not available" in caplog.text and "AttributeError" in caplog.text, caplog.text
+    monkeypatch.setattr(UMBPRuntimeFactory, "_builders", ("embedded", "standalone"), raising=False)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vllm.umbp.plugin"):
+        P.register()
+    assert "backend 'umbp' is not available" in caplog.text, caplog.text
+
+
 def test_a_misspelt_umbp_backend_is_named(monkeypatch):
     """backend "UMBP" or "umbp " went to MORI's builder, whose error asks for
     MORI built with BUILD_UMBP=ON; it is refused naming the spelling."""

@@ -51,7 +51,20 @@ def _wrap(mode: str, previous):
 
 def register() -> None:
     """Put umbp behind backend 'umbp' for both modes. Idempotent; a vLLM
-    without the in-tree UMBP connector is left alone."""
+    without the in-tree UMBP connector is left alone. Never raises: vLLM
+    calls every general plugin at every start without catching, so a vLLM
+    whose factory changed shape must still start (with a warning, and without
+    backend 'umbp'; umbp's own connector, umbp.vllm, does not need this)."""
+    try:
+        _register()
+    except Exception as e:
+        logger.warning("umbp plugin: cannot put umbp behind vLLM's in-tree UMBPStoreConnector (%s: %s), so its "
+                       "kv_connector_extra_config backend 'umbp' is not available in this vLLM; umbp's own "
+                       "connector (\"kv_connector_module_path\": \"umbp.vllm\") is not affected. Report it "
+                       "with your vLLM version.", type(e).__name__, e)
+
+
+def _register() -> None:
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime import UMBPRuntimeFactory
     except ImportError as e:   # vLLM older than the in-tree connector
