@@ -138,8 +138,17 @@ class WorkerSide:
         self.lib.umbp_dp_job_release(job)
 
     def _finish_loads(self) -> None:
+        """Wait for this step's synchronous loads, each until load_timeout_ms
+        after it started (the step's loads start together in start_load_kv,
+        so the step waits load_timeout_ms in all, not that much a job). A load
+        past it is cancelled (its blocks not yet copied fail and are
+        recomputed) and waited for: a copy already started is this process's
+        own and ends on its own, and none may write the KV cache once the
+        forward pass reads it."""
         for job, n, _, g in self._load_jobs:
-            if self.lib.umbp_dp_job_wait(job, self.cfg.load_timeout_ms) < 0:
+            t0 = self._job_start.get(job.value, time.monotonic())
+            left = max(0, round((t0 - time.monotonic()) * 1000) + self.cfg.load_timeout_ms)
+            if self.lib.umbp_dp_job_wait(job, left) < 0:
                 self.lib.umbp_dp_job_cancel(job)
                 self.lib.umbp_dp_job_wait(job, 0xFFFFFFFF)
             self._end_load(job, n, g)
