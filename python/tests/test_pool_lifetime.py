@@ -232,6 +232,21 @@ def test_a_pool_not_made_by_an_engine_is_attached_as_is(pool_name):
     assert exists(pool_name)
 
 
+def test_a_file_that_is_not_a_pool_is_refused_and_leaves_no_notes(pool_name):
+    """A file of the pool's name that is not a umbp pool (garbage, another
+    program's) is refused naming `umbp pool destroy`, and the refusal leaves
+    no notes file of its own beside it: the file is not touched."""
+    with open(f"/dev/shm/umbp.{pool_name}", "wb") as f:
+        f.write(os.urandom(4096))
+    try:
+        with pytest.raises(Exception, match=rf"umbp pool destroy {pool_name}"):
+            sched(pool_name, "eng-a")
+        assert not notes_exist(pool_name)
+        assert os.path.getsize(f"/dev/shm/umbp.{pool_name}") == 4096
+    finally:
+        os.unlink(f"/dev/shm/umbp.{pool_name}")
+
+
 def test_derived_namespaces_have_a_label_in_inspect_and_pool_info(pool_name):
     """A worker that derives its namespace (vllm- + 32 hex digits) writes its
     label beside it; `umbp inspect` and `umbp pool info` show it. An explicit

@@ -210,6 +210,8 @@ class _Pool:
         try:
             self._create_or_attach(notes, cfg, p, opts)
         finally:
+            if self.h is None and os.fstat(notes.fd).st_size == 0:
+                notes.remove()   # made by this call's lock, and no pool came of it (a refused file there)
             notes.__exit__(None, None, None)
 
     def _create_or_attach(self, notes: N.Locked, cfg, p: L.PoolParams, opts: L.AttachOpts) -> None:
