@@ -133,6 +133,11 @@ const char *cli_safe(const char *s);
 /* True when stderr is a terminal (progress lines are drawn only then). */
 bool cli_stderr_tty(void);
 
+/* The advice to stop daemon pid, for a message that names it: "kill -TERM
+ * PID", or, when it is stopped (SIGSTOP, a debugger), which acts on SIGTERM
+ * only once resumed, "kill -TERM PID; kill -CONT PID" with the reason. */
+const char *cli_stop_advice(int pid, char *buf, size_t n);
+
 /* SIGINT, SIGTERM and SIGHUP ending a command whose cleanup needs more than
  * async-signal-safe calls (umbp_pool_destroy() reads /proc/mounts with stdio,
  * which a handler that interrupted malloc could deadlock in). The handler only

@@ -249,6 +249,27 @@ int cli_usage_error(const char *sub, const char *fmt, ...) {
 
 bool cli_stderr_tty(void) { return isatty(2); }
 
+const char *cli_stop_advice(int pid, char *buf, size_t n) {
+  char path[64], line[512];
+  bool stopped = false;
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = pid > 0 ? fopen(path, "re") : NULL;
+  if (f) {
+    if (fgets(line, sizeof line, f)) {
+      const char *rp = strrchr(line, ')'); /* comm may hold ')' */
+      stopped = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+    }
+    fclose(f);
+  }
+  if (stopped)
+    snprintf(buf, n, "it is stopped (SIGSTOP or a debugger) and acts on SIGTERM only once resumed: stop it first "
+                     "(kill -TERM %d; kill -CONT %d), or resume it (kill -CONT %d) and leave it running",
+             pid, pid, pid);
+  else
+    snprintf(buf, n, "stop it first (kill -TERM %d), or leave it running", pid);
+  return buf;
+}
+
 /* --- JSON (see cli.h) ----------------------------------------------------- */
 void jb_begin(struct jb *j, FILE *f) { memset(j, 0, sizeof *j); j->f = f; }
 

@@ -727,9 +727,9 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
   int pid = -1;
   if (umbp_admin_daemon_query(ro, &pid, NULL) == 1) {
     cli_pool_detach(ro);
+    char adv[256];
     if (pid > 0)
-      return fatal("pool '%s' already has a daemon (pid %d): stop it first (kill -TERM %d), or leave it running",
-                   o->pool, pid, pid);
+      return fatal("pool '%s' already has a daemon (pid %d): %s", o->pool, pid, cli_stop_advice(pid, adv, sizeof adv));
     return fatal("pool '%s' already has a daemon (pid unknown): stop it first", o->pool);
   }
   cli_pool_detach(ro);
@@ -1121,10 +1121,11 @@ int cmd_daemon(int argc, char **argv) {
     int dpid = -1;
     if (mfd == -EADDRINUSE && pool_has_daemon(o.pool, &dpid)) {
       free(fileq);
+      char adv[256];
       if (dpid > 0)
         return fatal("--metrics %s: cannot listen: %s: pool '%s' already has a daemon (pid %d), which may be the one "
-                     "on this port: stop it first (kill -TERM %d), or leave it running",
-                     o.metrics, strerror(EADDRINUSE), o.pool, dpid, dpid);
+                     "on this port: %s",
+                     o.metrics, strerror(EADDRINUSE), o.pool, dpid, cli_stop_advice(dpid, adv, sizeof adv));
       return fatal("--metrics %s: cannot listen: %s: pool '%s' already has a daemon (pid unknown): stop it first",
                    o.metrics, strerror(EADDRINUSE), o.pool);
     }

@@ -104,6 +104,21 @@ uint64_t umbp_proc_start_time(int pid) {
   return p ? strtoull(p, NULL, 10) : 0;
 }
 
+bool umbp_proc_stopped(int pid) {
+  char path[64], line[512];
+  if (pid <= 0) return false;
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return false;
+  bool st = false;
+  if (fgets(line, sizeof line, f)) {
+    const char *rp = strrchr(line, ')'); /* comm may hold ')' */
+    st = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+  }
+  fclose(f);
+  return st;
+}
+
 uint64_t umbp_fnv1a(const void *p, size_t n, uint64_t seed) {
   const unsigned char *s = p;
   uint64_t h = 0xcbf29ce484222325ull ^ seed;

@@ -25,6 +25,10 @@ uint64_t umbp_now_ns(void);      /* CLOCK_MONOTONIC */
 uint64_t umbp_realtime_ns(void); /* CLOCK_REALTIME */
 /* Process start time in clock ticks since boot (field 22 of /proc/PID/stat), 0 if unknown. */
 uint64_t umbp_proc_start_time(int pid);
+/* true when process pid is stopped (state T or t in /proc/PID/stat: SIGSTOP,
+ * a debugger); false when it runs, is gone or cannot be seen. For messages:
+ * a stopped process acts on no signal but SIGCONT and SIGKILL. */
+bool umbp_proc_stopped(int pid);
 
 /* 64-bit FNV-1a, used for header checksums and fingerprints (not for keys). */
 uint64_t umbp_fnv1a(const void *p, size_t n, uint64_t seed);

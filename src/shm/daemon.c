@@ -41,6 +41,13 @@ UMBP_API int umbp_admin_daemon_lock(umbp_pool *p, uint64_t *ret_run_generation) 
     int e = errno;
     if (e == EAGAIN || e == EACCES) {
       int pid = owner_pid(p);
+      /* a stopped daemon acts on SIGTERM only once resumed: 'kill -TERM'
+       * alone left it holding the pool, and the operator waiting */
+      if (pid > 0 && umbp_proc_stopped(pid))
+        return umbp_fail(-EBUSY, "pool '%s' already has a daemon (pid %d), which is stopped (SIGSTOP or a "
+                                 "debugger): stop it first (kill -TERM %d; kill -CONT %d), or resume it "
+                                 "(kill -CONT %d) and leave it running",
+                         p->name, pid, pid, pid, pid);
       if (pid > 0)
         return umbp_fail(-EBUSY, "pool '%s' already has a daemon (pid %d): stop it first (kill -TERM %d), or "
                                  "leave it running",

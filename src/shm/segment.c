@@ -1397,7 +1397,16 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
         goto fail;
       }
       if (umbp_now_ns() > deadline) {
-        /* its creator holds the creation lock: alive (half_made() said no) */
+        /* its creator holds the creation lock: alive (half_made() said no).
+         * A stopped one never finishes, however long one waits: say so. */
+        if (umbp_proc_stopped(creator)) {
+          rc = umbp_fail(-ETIMEDOUT,
+                         "pool '%s' is still not initialised after %u ms: its creator (pid %d) is stopped (SIGSTOP "
+                         "or a debugger) and will not finish it until resumed: resume it (kill -CONT %d), or end it "
+                         "(kill -KILL %d) and remove what it left with 'umbp pool destroy %s'",
+                         name, timeout, creator, creator, creator, name);
+          goto fail;
+        }
         rc = umbp_fail(-ETIMEDOUT,
                        "pool '%s' is still not initialised after %u ms: its creator (pid %d) is alive and may still "
                        "be pre-faulting a large pool; retry with a longer timeout",

@@ -171,6 +171,58 @@ static void test_second_daemon_refused(void **st) {
   unlink(log);
 }
 
+/* A stopped process (SIGSTOP, a debugger) acts on no signal but SIGCONT and
+ * SIGKILL: the refusals that name one must say so. "stop it first (kill -TERM
+ * PID)" of a stopped daemon ended nothing, and "retry with a longer timeout"
+ * of a stopped creator waited for what never comes. */
+static void test_stopped_holder_named(void **st) {
+  (void)st;
+  const char *name = tu_name("dstop");
+  const char *log = log_path(name);
+  unlink(log);
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", NULL};
+  pid_t d = dtu_daemon_start(name, log, args);
+  assert_true(d > 0);
+  assert_int_equal(kill(d, SIGSTOP), 0);
+  char want[96];
+  snprintf(want, sizeof want, "kill -CONT %d", (int)d);
+  int rc = DTU_RUN(out, "daemon", name, "--foreground");
+  if (!strstr(out, want)) fprintf(stderr, "# got: %s", out);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, "is stopped"));
+  assert_non_null(strstr(out, want));
+  rc = DTU_RUN(out, "daemon", name); /* the first parent reports the daemon's verdict */
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, want));
+  /* the advice works: TERM, then CONT, and the daemon stops cleanly */
+  kill(d, SIGTERM);
+  kill(d, SIGCONT);
+  assert_int_equal(tu_wait(d), 0);
+  umbp_pool_destroy(name);
+
+  /* a creator stopped while pre-faulting */
+  char *argv[] = {(char *)tu_helper("pool_helper"), "create-stall", (char *)name, NULL};
+  int fd;
+  pid_t c = tu_spawn(argv, &fd);
+  char line[256];
+  if (tu_readline(fd, line, sizeof line) < 0) line[0] = 0;
+  close(fd);
+  assert_string_equal(line, "prefault");
+  assert_int_equal(kill(c, SIGSTOP), 0);
+  rc = DTU_RUN(out, "pool", "info", name);
+  snprintf(want, sizeof want, "creator (pid %d) is stopped", (int)c);
+  if (!strstr(out, want)) fprintf(stderr, "# got: %s", out);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, want));
+  snprintf(want, sizeof want, "kill -CONT %d", (int)c);
+  assert_non_null(strstr(out, want));
+  kill(c, SIGKILL);
+  tu_wait(c);
+  /* and what it names next works */
+  assert_int_equal(DTU_RUN(out, "pool", "destroy", name), 0);
+  unlink(log);
+}
+
 /* background mode: double fork, the first parent returns the daemon's pid */
 static void test_daemonise(void **st) {
   (void)st;
@@ -1347,6 +1399,7 @@ static void test_inspect_read_only_user(void **st) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_daemon_kill9_keeps_blocks, dtu_kill_daemons), cmocka_unit_test_teardown(test_second_daemon_refused, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_stopped_holder_named, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemonise, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_sighup_quotas, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_inspect_text_json, dtu_kill_daemons),         cmocka_unit_test_teardown(test_check_corrupted, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_bad_input, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_other_uid_refused, dtu_kill_daemons),
