@@ -707,6 +707,26 @@ static int adopt(struct dopts *o, umbp_pool **ret) {
     return fatal("cannot adopt pool '%s': %s (if it is corrupted: 'umbp pool destroy %s', then start the daemon "
                  "again)",
                  o->pool, umbp_last_error(), o->pool);
+  if (rc == -EACCES) {
+    /* Another user's pool that this uid may not even read: the attach's
+     * advice ("ask its owner to create it with group access") would not let
+     * this daemon adopt it either, as the uid check below refuses it then.
+     * Say what does (as for a readable pool of another uid). */
+    char path[600], hdir[256], a[64], b[64];
+    struct stat fst;
+    snprintf(path, sizeof path, "/dev/shm/umbp.%s", o->pool);
+    bool found = stat(path, &fst) == 0;
+    if (!found && umbp_admin_hugetlbfs_mount(hdir, sizeof hdir) == 0) {
+      snprintf(path, sizeof path, "%s/umbp.%s", hdir, o->pool);
+      found = stat(path, &fst) == 0;
+    }
+    if (found && fst.st_uid != geteuid())
+      return fatal("refusing to adopt pool '%s': its file %s belongs to uid %u (%s), not to this daemon's uid %u "
+                   "(%s); run the daemon as that user, or destroy the pool (as that user) and let this daemon "
+                   "create it",
+                   o->pool, path, (unsigned)fst.st_uid, uid_name(fst.st_uid, a, sizeof a), (unsigned)geteuid(),
+                   uid_name(geteuid(), b, sizeof b));
+  }
   if (rc) return fatal("cannot adopt pool '%s': %s", o->pool, umbp_last_error());
   struct stat st;
   if (umbp_admin_pool_stat(ro, &st) != 0) {
