@@ -398,6 +398,12 @@ static int pool_create(int argc, char **argv) {
   if (pp.hugetlbfs_dir && !pp.hugepages)
     return cli_usage_error("pool create", "--hugetlbfs only makes sense with --hugepages (it names the mount the "
                                           "pool's 2 MiB pages come from)");
+  /* the synopsis's alternatives: with --no-prefault nothing is pre-faulted,
+   * so the threads were silently unused */
+  if (pp.prefault_threads && pp.no_prefault)
+    return cli_usage_error("pool create", "--prefault-threads %u and --no-prefault: nothing is pre-faulted with "
+                                          "--no-prefault; give one of them",
+                           pp.prefault_threads);
   if (pp.no_reserve && !pp.no_prefault)
     return cli_usage_error("pool create", "--no-reserve only makes sense with --no-prefault (pre-faulting allocates "
                                           "every block)");

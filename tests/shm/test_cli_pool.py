@@ -260,6 +260,11 @@ try:
     umbp("pool", "destroy", name)
     rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--no-reserve")
     check("--no-reserve without --no-prefault is a usage error", rc == 2 and "--no-reserve" in err, err)
+    # the synopsis's '--prefault-threads N | --no-prefault': together, the threads did nothing, without a word
+    rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--no-prefault", "--prefault-threads", "4")
+    check("--prefault-threads with --no-prefault is a usage error naming both", rc == 2 and "--prefault-threads" in err
+          and "--no-prefault" in err and "Try 'umbp pool create --help'" in err
+          and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
     # a creator killed while pre-faulting (issue 32, item 7): info fails at once naming the cause, create replaces it
     stall = subprocess.Popen([HELPER, "create-stall", name], stdout=subprocess.PIPE, text=True)
     line = stall.stdout.readline()
