@@ -540,6 +540,7 @@ int cmd_inspect(int argc, char **argv) {
   bool json = false, check = false, prom = false;
   double watch = 0, stat = 0;
   unsigned nevents = 10;
+  bool events_given = false; /* --events has nothing to show under --stat and --prometheus */
   optind = 1;
   opterr = 0;
   int c;
@@ -572,6 +573,7 @@ int cmd_inspect(int argc, char **argv) {
       long v = strtol(optarg, &end, 10);
       if (*end || end == optarg || v < 0 || v > 64) return cli_usage_error("inspect", "--events '%s': use 0 to 64", optarg);
       nevents = (unsigned)v;
+      events_given = true;
       break;
     }
     case ':': return cli_usage_error("inspect", "option '%s' needs a value", argv[optind - 1]);
@@ -585,10 +587,13 @@ int cmd_inspect(int argc, char **argv) {
   const char *name = argv[optind];
   if (umbp_pool_name_valid(name)) return cli_usage_error("inspect", "%s", umbp_last_error());
   if (watch > 0 && check) return cli_usage_error("inspect", "--check gives one verdict: use it without --watch");
-  if (stat > 0 && (json || watch > 0 || check || prom))
-    return cli_usage_error("inspect", "--stat prints its own lines: use it without --json, --watch, --check and --prometheus");
-  if (prom && (json || watch > 0 || check))
-    return cli_usage_error("inspect", "--prometheus prints the metrics once: use it without --json, --watch and --check");
+  /* --events was taken and silently ignored by these two, unlike every other option they cannot use */
+  if (stat > 0 && (json || watch > 0 || check || prom || events_given))
+    return cli_usage_error("inspect", "--stat prints its own lines: use it without --json, --watch, --check, "
+                                      "--prometheus and --events");
+  if (prom && (json || watch > 0 || check || events_given))
+    return cli_usage_error("inspect", "--prometheus prints the metrics once: use it without --json, --watch, --check "
+                                      "and --events");
 
   umbp_attach_opts ao;
   umbp_attach_opts_init(&ao);

@@ -89,6 +89,11 @@ try:
         rc, _, err = umbp("inspect", name, "--stat", v)
         check(f"inspect --stat {v}: usage error naming the value and the range",
               rc == 2 and f"--stat '{v}'" in err and "0.1 to 86400" in err, (rc, err))
+    # --events shows nothing under --stat and --prometheus: refused as their other conflicts are, not ignored
+    for args in (["--stat", "--events", "3"], ["--events", "0", "--stat", "1"], ["--prometheus", "--events", "5"]):
+        rc, out, err = umbp("inspect", name, *args)
+        check(f"inspect {' '.join(args)}: usage error naming --events", rc == 2 and "--events" in err and not out
+              and "Try 'umbp inspect --help'" in err, (rc, out, err))
     rc, _, err = umbp("pool", "create", name, "extra", "--capacity", "16MiB")
     check("too many arguments names the extra one", rc == 2 and "'extra' after pool NAME" in err, err)
     for sub in (["info", name, "x"], ["destroy", name, "x"], ["reap", name, "x"]):
