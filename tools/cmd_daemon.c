@@ -235,7 +235,9 @@ static int parse_quota_key(const char *key, size_t len, struct quota *q) {
   while (len && (*key == ' ' || *key == '\t')) key++, len--;
   while (len && (key[len - 1] == ' ' || key[len - 1] == '\t')) len--;
   size_t pl = strlen(LABEL_PREFIX);
-  if (len > pl && !strncmp(key, LABEL_PREFIX, pl)) {
+  /* ">=": a bare "label:" (no pattern) was taken for a namespace of that
+   * name, registered in the pool, instead of being refused */
+  if (len >= pl && !strncmp(key, LABEL_PREFIX, pl)) {
     key += pl, len -= pl;
     while (len && (*key == ' ' || *key == '\t')) key++, len--;
     if (!len || len >= sizeof q->ns) return -1;
@@ -273,7 +275,7 @@ static const char *quota_why(const char *key, size_t klen, const char *size, cha
     snprintf(buf, n, "'%.40s' is not a size: a whole number of bytes with an optional unit B, KiB, MiB, GiB, TiB or "
                      "PiB (K, M, G ... are the same, 1024-based), below 16 EiB",
              size);
-  else if (klen > strlen(LABEL_PREFIX) && !strncmp(key, LABEL_PREFIX, strlen(LABEL_PREFIX)))
+  else if (klen >= strlen(LABEL_PREFIX) && !strncmp(key, LABEL_PREFIX, strlen(LABEL_PREFIX)))
     snprintf(buf, n, "a label pattern is 1 to %zu bytes", sizeof((struct quota *)0)->ns - 1);
   else if (memchr(key, ' ', klen) || memchr(key, '\t', klen))
     snprintf(buf, n, "a namespace name has no spaces (only a 'label:PATTERN' may)");

@@ -709,7 +709,11 @@ static void test_quota_file_text(void **st) {
       {"chat\n", "got 'chat': no SIZE after the namespace"},
       {"8GiB\n", "got '8GiB': no NAMESPACE before the size"},
       {"chat bot 1GiB\n", "a namespace name has no spaces (only a 'label:PATTERN' may)"},
+      /* 'label:' without a pattern was a namespace named "label:" (and the daemon started) */
+      {"label: 1GiB\n", "got 'label: 1GiB': a label pattern is 1 to"},
+      {"label:\t 1GiB\n", "a label pattern is 1 to"},
   };
+  dtu_run_alarm_s = 20; /* a line taken as valid starts the daemon, which would not return */
   for (unsigned i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     write_file(qf, bad[i].line);
     assert_int_equal(DTU_RUN(out, "daemon", name, "--foreground", "--quota-file", qf), 1);
@@ -718,6 +722,12 @@ static void test_quota_file_text(void **st) {
   }
   assert_int_equal(DTU_RUN(out, "daemon", name, "--quota", "chat=lots"), 2);
   assert_non_null(strstr(out, "'lots' is not a size"));
+  assert_int_equal(DTU_RUN(out, "daemon", name, "--foreground", "--quota", "label:=1GiB"), 2);
+  if (!strstr(out, "a label pattern is 1 to")) fprintf(stderr, "# %s", out);
+  assert_non_null(strstr(out, "a label pattern is 1 to"));
+  dtu_run_alarm_s = 0;
+  assert_int_equal(DTU_RUN(out, "inspect", name), 0);
+  assert_null(strstr(out, "label:")); /* no namespace of that name was registered */
   /* a bad line after a long one is named by its own number */
   snprintf(text, sizeof text, "# %s\nchat lots\n", pad);
   write_file(qf, text);
