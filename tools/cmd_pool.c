@@ -73,7 +73,8 @@ static const char *create_usage =
     "                       topo'; --ranks N plans N ranks, default one per GPU).\n"
     "  --ranks N            with --numa-nodes auto: plan for N tensor-parallel ranks.\n"
     "  --mempolicy POLICY   bind (default): each partition on its node; preferred;\n"
-    "                       interleave: pages spread over the nodes; none.\n"
+    "                       interleave: pages spread over the nodes; none (or\n"
+    "                       default, the word of umbp topo): the kernel's own.\n"
     "  --group GROUP        let GROUP (name or gid) read and write the pool (mode\n"
     "                       0660); by default only the creating user can (0600).\n"
     "  --hugepages          back the pool with 2 MiB pages from a hugetlbfs mount.\n"
@@ -335,8 +336,10 @@ static int pool_create(int argc, char **argv) {
       if (!strcmp(optarg, "bind")) pp.mempolicy = UMBP_MPOL_BIND;
       else if (!strcmp(optarg, "preferred")) pp.mempolicy = UMBP_MPOL_PREFERRED;
       else if (!strcmp(optarg, "interleave")) pp.mempolicy = UMBP_MPOL_INTERLEAVE;
-      else if (!strcmp(optarg, "none")) pp.mempolicy = UMBP_MPOL_NONE;
-      else return cli_usage_error("pool create", "--mempolicy '%s': use bind, preferred, interleave or none", optarg);
+      /* "default": what 'umbp topo' (and its plan) calls the kernel's own policy */
+      else if (!strcmp(optarg, "none") || !strcmp(optarg, "default")) pp.mempolicy = UMBP_MPOL_NONE;
+      else return cli_usage_error("pool create", "--mempolicy '%s': use bind, preferred, interleave or none (also "
+                                                 "called default)", optarg);
       break;
     case O_GROUP:
       if (parse_group(optarg, &pp) != CLI_OK) return CLI_USAGE;

@@ -1046,8 +1046,12 @@ UMBP_API int umbp_topo_mempolicy_parse(const char *name, int *ret_policy) {
       *ret_policy = p;
       return 0;
     }
+  if (!strcmp(name, "none")) { /* the word of umbp pool create --mempolicy for the kernel's own policy */
+    *ret_policy = UMBP_TOPO_MEM_DEFAULT;
+    return 0;
+  }
   return umbp_fail(-EINVAL,
-                   "unknown memory policy '%s': use auto, bind, preferred, interleave or default",
+                   "unknown memory policy '%s': use auto, bind, preferred, interleave or default (also called none)",
                    name);
 }
 

@@ -265,6 +265,14 @@ try:
     umbp("pool", "destroy", name)
     rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--no-reserve")
     check("--no-reserve without --no-prefault is a usage error", rc == 2 and "--no-reserve" in err, err)
+    # the kernel's own memory policy is 'default' to umbp topo and 'none' to pool create: each takes both
+    rc, _, err = umbp("pool", "create", name, "--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault",
+                      "--index-pages", "small", "--mempolicy", "default", "--quiet")
+    check("pool create --mempolicy default (umbp topo's word) is none", rc == 0, err)
+    umbp("pool", "destroy", name)
+    rc, out, err = umbp("topo", "--mempolicy", "none", "--json")
+    check("topo --mempolicy none (pool create's word) is default", rc == 0 and '"mempolicy":"default"' in
+          out.replace(" ", ""), (rc, err))
     # the synopsis's '--prefault-threads N | --no-prefault': together, the threads did nothing, without a word
     rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--no-prefault", "--prefault-threads", "4")
     check("--prefault-threads with --no-prefault is a usage error naming both", rc == 2 and "--prefault-threads" in err
