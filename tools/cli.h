@@ -133,6 +133,10 @@ const char *cli_safe(const char *s);
 /* True when stderr is a terminal (progress lines are drawn only then). */
 bool cli_stderr_tty(void);
 
+/* True when process pid is stopped (state T or t in /proc/PID/stat: SIGSTOP,
+ * a debugger); false when it runs, is gone or cannot be seen. */
+bool cli_pid_stopped(int pid);
+
 /* The advice to stop daemon pid, for a message that names it: "kill -TERM
  * PID", or, when it is stopped (SIGSTOP, a debugger), which acts on SIGTERM
  * only once resumed, "kill -TERM PID; kill -CONT PID" with the reason. */

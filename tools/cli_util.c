@@ -249,7 +249,7 @@ int cli_usage_error(const char *sub, const char *fmt, ...) {
 
 bool cli_stderr_tty(void) { return isatty(2); }
 
-const char *cli_stop_advice(int pid, char *buf, size_t n) {
+bool cli_pid_stopped(int pid) {
   char path[64], line[512];
   bool stopped = false;
   snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -261,7 +261,11 @@ const char *cli_stop_advice(int pid, char *buf, size_t n) {
     }
     fclose(f);
   }
-  if (stopped)
+  return stopped;
+}
+
+const char *cli_stop_advice(int pid, char *buf, size_t n) {
+  if (cli_pid_stopped(pid))
     snprintf(buf, n, "it is stopped (SIGSTOP or a debugger) and acts on SIGTERM only once resumed: stop it first "
                      "(kill -TERM %d; kill -CONT %d), or resume it (kill -CONT %d) and leave it running",
              pid, pid, pid);

@@ -19,6 +19,7 @@
 #include <fnmatch.h>
 #include <getopt.h>
 #include <grp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
@@ -967,10 +968,41 @@ static void daemonise(const char *pool, int log_fd) {
     close(pfd[1]);
     int st;
     waitpid(pid, &st, 0); /* the intermediate child exits at once */
+    /* The daemon writes "pid N\n" at once, then its verdict, which may take
+     * minutes (pre-faulting a large pool). A daemon stopped before it (SIGSTOP,
+     * a debugger) never gives one, and this command waited for it without
+     * bound: while it waits it looks every second whether the daemon is
+     * stopped, and then says so and gives up. */
     char msg[1100];
     size_t n = 0;
-    ssize_t r;
-    while (n + 1 < sizeof msg && (r = read(pfd[0], msg + n, sizeof msg - 1 - n)) > 0) n += (size_t)r;
+    int dpid = -1;
+    for (;;) {
+      struct pollfd pf = {.fd = pfd[0], .events = POLLIN};
+      int pr = poll(&pf, 1, 1000);
+      if (pr < 0 && errno == EINTR) continue;
+      if (pr == 0) {
+        if (dpid > 0 && cli_pid_stopped(dpid)) {
+          cli_error("daemon for pool '%s' did not start: its process (pid %d) is stopped (SIGSTOP or a debugger) "
+                    "before it was ready; resume it (kill -CONT %d) and it goes on, 'umbp inspect %s' then names "
+                    "it, or end it (kill -KILL %d)",
+                    pool, dpid, dpid, pool, dpid);
+          exit(CLI_RUNTIME);
+        }
+        continue;
+      }
+      ssize_t r = pr < 0 ? -1 : read(pfd[0], msg + n, sizeof msg - 1 - n);
+      if (r <= 0) break;
+      n += (size_t)r;
+      msg[n] = 0;
+      char *nl = dpid < 0 && !strncmp(msg, "pid ", 4) ? strchr(msg, '\n') : NULL;
+      if (nl) { /* the daemon's pid: kept, and taken off the message */
+        dpid = atoi(msg + 4);
+        size_t h = (size_t)(nl + 1 - msg);
+        memmove(msg, nl + 1, n - h);
+        n -= h;
+      }
+      if (n + 1 >= sizeof msg) break;
+    }
     msg[n] = 0;
     if (!strncmp(msg, "ok ", 3)) {
       printf("umbp daemon: pool '%s' is served by pid %s\n", pool, msg + 3);
@@ -984,6 +1016,13 @@ static void daemonise(const char *pool, int log_fd) {
   pid = fork();
   if (pid < 0) _exit(CLI_RUNTIME);
   if (pid > 0) _exit(0);
+  /* our pid first, for the waiting parent (see above); a parent gone (its
+   * user pressed Ctrl-C) is no reason to die of SIGPIPE */
+  signal(SIGPIPE, SIG_IGN);
+  char hello[32];
+  int hl = snprintf(hello, sizeof hello, "pid %d\n", (int)getpid());
+  if (write(pfd[1], hello, (size_t)hl) < 0) { /* the verdict's write fails the same way, harmlessly */
+  }
   if (chdir("/") != 0) { /* nothing depends on the cwd */
   }
   int nul = open("/dev/null", O_RDWR);

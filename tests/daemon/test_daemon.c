@@ -3,6 +3,7 @@
  * after kill -9 with every block kept, a second daemon refused, quotas on
  * SIGHUP, inspect text/JSON/--check (clean and with deliberately corrupted
  * state), bad input, another uid's pool and a read-only user. */
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "dtu.h"
@@ -221,6 +222,101 @@ static void test_stopped_holder_named(void **st) {
   /* and what it names next works */
   assert_int_equal(DTU_RUN(out, "pool", "destroy", name), 0);
   unlink(log);
+}
+
+/* The pid of a process other than `not` whose argv is "... daemon NAME ...", or -1. */
+static pid_t find_daemon_proc(const char *name, pid_t not) {
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  pid_t found = -1;
+  while (d && found < 0 && (e = readdir(d))) {
+    pid_t pid = (pid_t)atoi(e->d_name);
+    if (pid <= 0 || pid == not) continue;
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) continue;
+    buf[n] = 0;
+    for (char *q = buf; q < buf + n; q += strlen(q) + 1)
+      if (!strcmp(q, "daemon") && q + strlen(q) + 1 < buf + n && !strcmp(q + strlen(q) + 1, name)) found = pid;
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+/* The command that starts a daemon in the background waits for its verdict;
+ * a daemon stopped before it gives one (SIGSTOP, a debugger) held that
+ * command without bound. It now says so within a few seconds, exit 1. */
+static void test_daemonise_stopped_before_ready(void **st) {
+  (void)st;
+  const char *name = tu_name("dstopstart");
+  /* a creator that stays alive mid-creation: the daemon's adopt waits for it
+   * (up to its attach timeout, 10 s), long enough to stop the daemon there */
+  char *hargv[] = {(char *)tu_helper("pool_helper"), "create-stall", (char *)name, NULL};
+  int hfd;
+  pid_t creator = tu_spawn(hargv, &hfd);
+  char line[256];
+  if (tu_readline(hfd, line, sizeof line) < 0) line[0] = 0;
+  close(hfd);
+  assert_string_equal(line, "prefault");
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  pid_t starter = fork();
+  if (starter == 0) {
+    alarm(60); /* the old behaviour: it never returned */
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    execl(dtu_tool(), dtu_tool(), "daemon", name, (char *)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  pid_t d = -1;
+  for (int i = 0; i < 500 && d < 0; i++) {
+    d = find_daemon_proc(name, starter);
+    if (d > 0) { /* the intermediate child, about to exit, may come first */
+      char path[64];
+      snprintf(path, sizeof path, "/proc/%d/stat", (int)d);
+      FILE *f = fopen(path, "r");
+      int ppid = -1;
+      if (f) {
+        if (fscanf(f, "%*d (%*[^)]) %*c %d", &ppid) != 1) ppid = -1;
+        fclose(f);
+      }
+      if (ppid == starter) d = -1;
+    }
+    if (d < 0) dtu_sleep_ms(10);
+  }
+  assert_true(d > 0);
+  dtu_track(d);
+  assert_int_equal(kill(d, SIGSTOP), 0);
+  uint64_t t0 = umbp_now_ns();
+  size_t l = 0;
+  for (;;) {
+    ssize_t r = read(fds[0], out + l, sizeof out - 1 - l);
+    if (r <= 0) break;
+    l += (size_t)r;
+  }
+  out[l] = 0;
+  close(fds[0]);
+  int rc = tu_wait(starter);
+  if (rc != 1) fprintf(stderr, "# rc %d: %s", rc, out);
+  assert_int_equal(rc, 1);
+  assert_true(umbp_now_ns() - t0 < 10000000000ull);
+  char want[128];
+  snprintf(want, sizeof want, "its process (pid %d) is stopped", (int)d);
+  if (!strstr(out, want)) fprintf(stderr, "# got: %s", out);
+  assert_non_null(strstr(out, want));
+  snprintf(want, sizeof want, "kill -CONT %d", (int)d);
+  assert_non_null(strstr(out, want));
+  kill(d, SIGKILL);
+  kill(creator, SIGKILL);
+  tu_wait(creator);
+  umbp_pool_destroy(name);
 }
 
 /* background mode: double fork, the first parent returns the daemon's pid */
@@ -1416,6 +1512,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_daemon_kill9_keeps_blocks, dtu_kill_daemons), cmocka_unit_test_teardown(test_second_daemon_refused, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_stopped_holder_named, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_daemonise_stopped_before_ready, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemonise, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_sighup_quotas, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_inspect_text_json, dtu_kill_daemons),         cmocka_unit_test_teardown(test_check_corrupted, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_bad_input, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_other_uid_refused, dtu_kill_daemons),
