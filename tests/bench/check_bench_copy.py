@@ -52,6 +52,18 @@ def _():
             "--cases %r: exit %d, stdout %r, stderr %r" % (bad, r.returncode, r.stdout, r.stderr)
 
 
+@check("--cpus naming a CPU this process may not run on is a usage error naming the option and the CPUs allowed")
+def _():
+    allowed = sorted(os.sched_getaffinity(0))
+    for bad in ("999", "%d,65535" % allowed[0]):
+        r = run(["bench", "copy", "--cpus", bad, "--bytes", "1MiB", "--cases", "64KiBx2", "--reps", "1"])
+        cpu = bad.split(",")[-1]
+        # it was exit 1 from the engine: "cannot bind copy thread 0 to cpu 999", naming no option
+        assert r.returncode == 2 and "--cpus '%s': CPU %s is not one this process may run on" % (bad, cpu) in \
+            r.stderr and "use CPUs from %d" % allowed[0] in r.stderr and not r.stdout, "%s: exit %d, %s" % (
+            bad, r.returncode, r.stderr)
+
+
 def pool_files(pid):
     """The files of bench copy's pool of process pid: /dev/shm/umbp.bench-copy-PID and its
     index on huge pages, umbp-index.bench-copy-PID in a hugetlbfs mount."""

@@ -18,6 +18,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -971,7 +973,23 @@ int bench_copy_main(int argc, char **argv) {
     case 'c': {
       int n = cli_parse_int_list(optarg, cpus_i, 256);
       if (n <= 0) return cli_usage_error("bench copy", "--cpus '%s': a list like 0,1,2", optarg);
-      for (int i = 0; i < n; i++) cpus[i] = (unsigned)cpus_i[i];
+      /* a CPU this process may not run on failed later, in the engine, as
+       * "cannot bind copy thread 0 to cpu 999" (exit 1), naming no option */
+      cpu_set_t allowed;
+      CPU_ZERO(&allowed);
+      bool known = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
+      for (int i = 0; i < n; i++) {
+        if (known && (cpus_i[i] >= CPU_SETSIZE || !CPU_ISSET(cpus_i[i], &allowed))) {
+          char list[256] = "";
+          size_t l = 0;
+          for (int c = 0; c < CPU_SETSIZE && l + 8 < sizeof list; c++)
+            if (CPU_ISSET(c, &allowed)) l += (size_t)snprintf(list + l, sizeof list - l, "%s%d", l ? "," : "", c);
+          return cli_usage_error("bench copy", "--cpus '%s': CPU %d is not one this process may run on: use CPUs "
+                                               "from %s",
+                                 optarg, cpus_i[i], list);
+        }
+        cpus[i] = (unsigned)cpus_i[i];
+      }
       ncpus = (unsigned)n;
       break;
     }
