@@ -1619,8 +1619,22 @@ UMBP_API int umbp_pool_destroy(const char *name) {
     return 0;
   }
   if (e == ENOENT) return umbp_fail(-ENOENT, "no pool named '%s' (see 'umbp pool ls')", name);
-  if (e == EACCES || e == EPERM)
+  if (e == EACCES || e == EPERM) {
+    /* name the owner and what to do: /dev/shm (sticky) lets only a file's
+     * owner, or root, remove it */
+    struct stat st;
+    snprintf(path, sizeof path, "%s/umbp.%s", SHM_DIR, name);
+    int sr = stat(path, &st);
+    if (sr != 0 && hdir) {
+      snprintf(path, sizeof path, "%s/umbp.%s", dir, name);
+      sr = stat(path, &st);
+    }
+    if (sr == 0 && st.st_uid != geteuid())
+      return umbp_fail(-EACCES, "cannot remove pool '%s': its file %s belongs to uid %u, and only its owner (or "
+                                "root) may remove it: run 'umbp pool destroy %s' as that user",
+                       name, path, (unsigned)st.st_uid, name);
     return umbp_fail(-EACCES, "cannot remove pool '%s': it belongs to another user", name);
+  }
   if (e == EISDIR)
     return umbp_fail(-EISDIR, "cannot remove pool '%s': %s/umbp.%s is a directory, not a umbp pool: if no other "
                               "program uses it, remove it with 'rm -r %s/umbp.%s'",

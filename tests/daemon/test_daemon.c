@@ -1451,6 +1451,12 @@ static void test_other_uid_refused(void **st) {
   assert_non_null(strstr(out, "belongs to uid 0"));
   assert_non_null(strstr(out, "run the daemon as that user"));
   assert_null(strstr(out, "group access"));
+  /* nor remove it: the refusal names the owner and the fix, and the pool stays */
+  assert_int_equal(DTU_RUN_AS(NOBODY, out, "pool", "destroy", "--force", name), 1);
+  if (!strstr(out, "belongs to uid 0")) fprintf(stderr, "# got: %s", out);
+  assert_non_null(strstr(out, "belongs to uid 0"));
+  assert_non_null(strstr(out, "as that user"));
+  assert_int_equal(dtu_daemon_pid(name, &(int){0}), 0); /* still there */
   umbp_pool_destroy(name);
 }
 
