@@ -539,6 +539,7 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
   o->reap_ms = REAP_MS_DEFAULT;
   o->low = EVICT_LOW_PCT_DEFAULT;
   o->high = EVICT_HIGH_PCT_DEFAULT;
+  bool low_given = false, high_given = false; /* for the message when low >= high */
   optind = 1;
   opterr = 0;
   int c;
@@ -636,10 +637,12 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
       break;
     case O_LOW:
       if (parse_uint(optarg, 1, 99, &o->low)) return cli_usage_error("daemon", "--evict-low '%s': use 1 to 99", optarg);
+      low_given = true;
       break;
     case O_HIGH:
       if (parse_uint(optarg, 2, 100, &o->high))
         return cli_usage_error("daemon", "--evict-high '%s': use 2 to 100", optarg);
+      high_given = true;
       break;
     case ':': return cli_usage_error("daemon", "option '%s' needs a value", argv[optind - 1]);
     default: return cli_bad_option("daemon", opts, argv[optind - 1]);
@@ -659,8 +662,14 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
                            o->pool);
   if (!o->pool) return cli_usage_error("daemon", "missing pool NAME: 'umbp daemon NAME --capacity SIZE'");
   if (umbp_pool_name_valid(o->pool)) return cli_usage_error("daemon", "%s", umbp_last_error());
+  /* one of the two given: the other is its default, which the user did not
+   * write ("--evict-low 5 must be below --evict-high 5" for --evict-high 5) */
   if (o->low >= o->high)
-    return cli_usage_error("daemon", "--evict-low %u must be below --evict-high %u", o->low, o->high);
+    return cli_usage_error("daemon", "--evict-low %u%s must be below --evict-high %u%s: %s", o->low,
+                           low_given ? "" : " (the default)", o->high, high_given ? "" : " (the default)",
+                           !low_given ? "give a lower --evict-low too"
+                           : !high_given ? "give a higher --evict-high too"
+                                         : "lower --evict-low or raise --evict-high");
   if (o->have_cap && cli_check_slots("daemon", o->pp.capacity, o->pp.slot_size) != CLI_OK) return CLI_USAGE;
   if (o->log && o->foreground) return cli_usage_error("daemon", "--log is for the background mode; with --foreground the log goes to stderr");
   return CLI_OK;

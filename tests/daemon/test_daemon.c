@@ -1345,6 +1345,13 @@ static void test_bad_input(void **st) {
   assert_non_null(strstr(out, "--log '/nonexistent/b' after --log '/nonexistent/a'"));
   assert_int_equal(DTU_RUN(out, "daemon", "x", "--capacity", "lots"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--evict-low", "50", "--evict-high", "40"), 2);
+  /* one given: the other is named as the default, not as if it had been written */
+  assert_int_equal(DTU_RUN(out, "daemon", "x", "--evict-high", "5"), 2);
+  if (!strstr(out, "--evict-low 5 (the default) must be below --evict-high 5: give a lower --evict-low"))
+    fprintf(stderr, "# got: %s", out);
+  assert_non_null(strstr(out, "--evict-low 5 (the default) must be below --evict-high 5: give a lower --evict-low"));
+  assert_int_equal(DTU_RUN(out, "daemon", "x", "--evict-low", "10"), 2);
+  assert_non_null(strstr(out, "--evict-high 10 (the default): give a higher --evict-high"));
   assert_int_equal(DTU_RUN(out, "daemon", "x", "--bogus"), 2);
   assert_int_equal(DTU_RUN(out, "daemon", "--pool", "x", "--capacity", "1MiB", "--slot-size", "4097"), 2);
   assert_non_null(strstr(out, "--slot-size '4097'"));
