@@ -73,6 +73,23 @@ int main(int argc, char **argv) {
   }
   bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help");
   if (help || !strcmp(argv[1], "--version")) {
+    /* 'umbp help pool' (as 'git help pull'): that command's help, as 'umbp pool
+     * --help' and 'umbp pool help' give it; it was a usage error naming no fix */
+    if (help && argc == 3)
+      for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[2], commands[i].name)) {
+          char *hargv[] = {argv[2], "--help", NULL};
+          int rc = commands[i].fn(2, hargv);
+          if (rc == CLI_OK) rc = cli_stdout_check(commands[i].name);
+          return rc;
+        }
+    if (argc > 2 && help) {
+      char names[128] = "";
+      for (size_t i = 0, l = 0; i < sizeof commands / sizeof commands[0] && l < sizeof names; i++)
+        l += (size_t)snprintf(names + l, sizeof names - l, "%s%s", i ? ", " : "", commands[i].name);
+      if (argc > 3) return cli_usage_error(NULL, "%s takes one command, not more ('%s' after '%s')", argv[1], argv[3], argv[2]);
+      return cli_usage_error(NULL, "%s takes a command: '%s' is none of %s", argv[1], argv[2], names);
+    }
     if (argc > 2) return cli_usage_error(NULL, "%s takes no arguments ('%s' given)", argv[1], argv[2]);
     if (help) usage(stdout);
     else printf("umbp %s\n", umbp_version());

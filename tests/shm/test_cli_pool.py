@@ -153,6 +153,13 @@ try:
     umbp("pool", "create", name, "--capacity", "64MiB", "--slot-size", "64KiB", "--no-prefault", "-q")
     rc, _, err = umbp("--version", "extra")
     check("umbp --version takes no arguments", rc == 2 and "'extra'" in err, err)
+    # 'umbp help pool' (as 'git help pull') is that command's help; it was a usage error naming no fix
+    for args in (["help", "pool"], ["--help", "daemon"], ["-h", "inspect"]):
+        rc, out, err = umbp(*args)
+        check(f"umbp {' '.join(args)} prints that command's help", rc == 0 and out.startswith(f"Usage: umbp {args[1]}")
+              and not err, (rc, err))
+    rc, out, err = umbp("help", "bogus")
+    check("umbp help bogus: usage error listing the commands", rc == 2 and "'bogus' is none of pool, topo" in err, err)
     # a live process keeps destroy from removing the pool
     holder = subprocess.Popen([HELPER, "hold", name], stdout=subprocess.PIPE, text=True)
     line = holder.stdout.readline()
