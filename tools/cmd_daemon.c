@@ -85,7 +85,9 @@ static const char *daemon_usage =
     "  --index-pages MODE    when creating: try (default), huge or small; where the\n"
     "                        bucket array and slot metadata live (see 'umbp pool\n"
     "                        create --help').\n"
-    "  --foreground          stay in the foreground, log to stderr (tests, systemd).\n"
+    "  --foreground          stay in the foreground, log to stderr (tests, systemd);\n"
+    "                        on a pipe or socket, lines it has no room for are\n"
+    "                        dropped, not waited for.\n"
     "  --log FILE            without --foreground: append the log to FILE (default\n"
     "                        /dev/null). A FIFO needs its reader running first;\n"
     "                        lines it has no room for are dropped, not waited for.\n"
@@ -1163,6 +1165,17 @@ int cmd_daemon(int argc, char **argv) {
     }
   }
   if (!o.foreground) daemonise(o.pool, log_fd);
+  /* --foreground logs to stderr. A pipe or socket whose reader stopped
+   * reading (a stopped 'less' or 'tee', a stuck journal) filled up and held
+   * the daemon in write() without bound: no reaping, no eviction, SIGTERM not
+   * acted on. As for a --log FIFO, a line it has no room for is dropped, not
+   * waited for. A terminal or a file is left blocking (a terminal's open file
+   * description is the shell's too). */
+  struct stat efd;
+  if (o.foreground && fstat(2, &efd) == 0 && (S_ISFIFO(efd.st_mode) || S_ISSOCK(efd.st_mode))) {
+    int fl = fcntl(2, F_GETFL);
+    if (fl >= 0) fcntl(2, F_SETFL, fl | O_NONBLOCK);
+  }
 
   /* Signals are taken synchronously by the main loop; block them before any
    * library thread (the evictor) starts so that it inherits the mask. */

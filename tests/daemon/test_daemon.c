@@ -319,6 +319,58 @@ static void test_daemonise_stopped_before_ready(void **st) {
   umbp_pool_destroy(name);
 }
 
+/* A --foreground daemon logs to stderr; when that is a pipe whose reader
+ * stopped reading, a full pipe held the daemon in write() without bound:
+ * SIGTERM was not acted on (nor any reaping done) until the reader went on. */
+static void test_foreground_log_reader_stopped(void **st) {
+  (void)st;
+  const char *name = tu_name("dstuck");
+  char fifo[128];
+  snprintf(fifo, sizeof fifo, "/tmp/umbp-test-%s.fifo", name);
+  unlink(fifo);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  int rd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* opened, never read: a stopped reader */
+  assert_true(rd >= 0);
+  pid_t d = fork();
+  if (d == 0) {
+    int w = open(fifo, O_WRONLY);
+    int nul = open("/dev/null", O_RDWR);
+    if (w < 0 || nul < 0) _exit(126);
+    fcntl(w, F_SETPIPE_SZ, 4096); /* one page: full after a few dozen lines */
+    dup2(w, 2);
+    dup2(nul, 0);
+    dup2(nul, 1);
+    execl(dtu_tool(), dtu_tool(), "daemon", name, "--foreground", "--capacity", "1MiB", "--slot-size", "4KiB",
+          "--no-prefault", "--index-pages", "small", "--reap-interval", "20", (char *)NULL);
+    _exit(127);
+  }
+  dtu_track(d);
+  int dp = -1;
+  for (int i = 0; i < 1000 && !(dtu_daemon_pid(name, &dp) == 1 && dp == d); i++) dtu_sleep_ms(10);
+  assert_int_equal(dp, d);
+  /* each SIGHUP logs a line: far more than the pipe holds */
+  for (int i = 0; i < 300; i++) {
+    kill(d, SIGHUP);
+    dtu_sleep_ms(2);
+  }
+  kill(d, SIGTERM);
+  int status = -1;
+  for (int i = 0; i < 500; i++) {
+    if (waitpid(d, &status, WNOHANG) == d) break;
+    status = -1;
+    dtu_sleep_ms(10);
+  }
+  if (status == -1) {
+    fprintf(stderr, "# the daemon did not stop on SIGTERM within 5 s with its log pipe full\n");
+    kill(d, SIGKILL);
+    tu_wait(d);
+  }
+  assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(rd);
+  unlink(fifo);
+  umbp_pool_destroy(name);
+}
+
 /* background mode: double fork, the first parent returns the daemon's pid */
 static void test_daemonise(void **st) {
   (void)st;
@@ -1526,6 +1578,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_daemon_kill9_keeps_blocks, dtu_kill_daemons), cmocka_unit_test_teardown(test_second_daemon_refused, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_stopped_holder_named, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemonise_stopped_before_ready, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_foreground_log_reader_stopped, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemonise, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_sighup_quotas, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_inspect_text_json, dtu_kill_daemons),         cmocka_unit_test_teardown(test_check_corrupted, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_bad_input, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_other_uid_refused, dtu_kill_daemons),
