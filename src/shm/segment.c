@@ -501,6 +501,8 @@ static int take_over_half_made(const char *name, const char *path) {
   return fd;
 }
 
+static int not_a_pool_file(const char *name, const char *path, int fd); /* below, beside attach */
+
 /* Create the pool file exclusively, with the creation lock held: its fd
  * (path set), or a negative errno with a message. */
 static int create_pool_file(const char *name, mode_t mode, bool hugepages, const char *hdir, char *path,
@@ -513,6 +515,11 @@ static int create_pool_file(const char *name, mode_t mode, bool hugepages, const
       close(fd); /* taken over in the instant before the lock: the file is the other creator's now */
       fd = -EEXIST;
     } else if (fd == -EEXIST) {
+      /* A directory, FIFO or link there is no pool: "already exists ...
+       * 'umbp pool destroy'" (which does not remove a directory), or for a
+       * FIFO "cannot reset the half-made pool file" (its size is 0). Say what
+       * it is and how to remove it, as attach does. */
+      if (not_a_pool_file(name, path, -1)) return -EEXIST;
       fd = take_over_half_made(name, path);
       told = fd < 0 && fd != -EEXIST && fd != -EAGAIN;
     }

@@ -312,8 +312,13 @@ try:
               r.returncode == 0 and all(f"is {odd[k]}, not a umbp pool" in rows.get(f"{name}-{k}", "")
                                         for k in odd), r.stdout + r.stderr)
         for kind in odd:
-            for sub in ["info", "reap"]:
-                r = subprocess.run([TOOL, "pool", sub, f"{name}-{kind}"], capture_output=True, text=True, timeout=20)
+            # create: "a pool named ... already exists ... 'umbp pool destroy NAME'" (which fails on a
+            # directory), or for a FIFO "cannot reset the half-made pool file": now as info says it
+            for sub in ["info", "reap", "create"]:
+                extra = ["--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--index-pages", "small",
+                         "-q"] if sub == "create" else []
+                r = subprocess.run([TOOL, "pool", sub, f"{name}-{kind}", *extra], capture_output=True, text=True,
+                                   timeout=20)
                 check(f"pool {sub} of {odd[kind]} named umbp.NAME: exit 1 naming it and how to remove it",
                       r.returncode == 1 and f"is {odd[kind]}, not a umbp pool" in r.stderr
                       and ("'rm -r /dev/shm/umbp." if kind == "dir" else "'rm /dev/shm/umbp.") in r.stderr, r.stderr)
