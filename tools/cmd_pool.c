@@ -4,6 +4,9 @@
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,6 +234,28 @@ static void progress_cb(void *arg, const char *what, uint64_t done, uint64_t tot
   fflush(stderr);
 }
 
+/* Ctrl-C, SIGTERM or SIGHUP during 'pool create' (pre-faulting a large pool
+ * takes a while) left the half-made file, its reserved memory and its index
+ * file in place until someone ran create or destroy again. The file is this
+ * process's once pre-faulting has begun (the first progress report: the
+ * library made it with O_EXCL, or took over a dead creator's), and only then
+ * is it removed: before, the name may be another process's pool. */
+static const char *g_creating;   /* the pool being created; NULL once create returned */
+static _Atomic bool g_create_ours;
+static bool g_create_tty;        /* progress lines drawn */
+
+static void create_progress(void *arg, const char *what, uint64_t done, uint64_t total) {
+  atomic_store(&g_create_ours, true);
+  if (g_create_tty) progress_cb(arg, what, done, total);
+}
+
+static void create_cleanup(int sig) { /* on cli_fatal_signals()' thread, under its lock */
+  if (!g_creating || !atomic_load(&g_create_ours)) return;
+  umbp_pool_destroy(g_creating);
+  fprintf(stderr, "%sumbp: pool create stopped by %s: the half-made pool '%s' was removed\n", g_create_tty ? "\n" : "",
+          strsignal(sig), g_creating);
+}
+
 static void log_cb(void *arg, int level, const char *msg) {
   (void)arg;
   fprintf(stderr, "umbp: %s: %s\n", level == UMBP_LOG_ERROR ? "error" : level == UMBP_LOG_WARN ? "warning" : "note",
@@ -414,13 +439,17 @@ static int pool_create(int argc, char **argv) {
     int rc = plan_numa_nodes(&pp, ranks, quiet);
     if (rc != CLI_OK) return rc;
   }
-  if (!quiet && cli_stderr_tty()) {
-    pp.progress = progress_cb;
-  }
+  g_create_tty = !quiet && cli_stderr_tty();
+  pp.progress = create_progress;
   /* notes too: where the index went, and why when "try" fell back */
   umbp_log_set(log_cb, NULL, quiet ? UMBP_LOG_WARN : UMBP_LOG_INFO);
+  g_creating = name;
+  if (cli_fatal_signals(create_cleanup) != 0) g_creating = NULL; /* no signal thread: the default action, as before */
   umbp_pool *p;
   int rc = umbp_pool_create(name, &pp, &p);
+  cli_fatal_lock(); /* a signal from here on keeps the pool: it is made */
+  g_creating = NULL;
+  cli_fatal_unlock();
   if (rc) return fail_rc(rc);
   umbp_pool_info info;
   umbp_pool_get_info(p, &info);

@@ -901,6 +901,10 @@ static int prefault(struct umbp_pool *p, const umbp_pool_params *pp) {
   if (nt == 0) nt = 1;
   pthread_t th[PREFAULT_THREADS_MAX];
   if (nt > PREFAULT_THREADS_MAX) nt = PREFAULT_THREADS_MAX;
+  /* a first report of 0 as the work starts: the first chunk's took a while
+   * to come, and 'umbp pool create' learns from it that the file is its own
+   * (to remove on Ctrl-C) */
+  if (c.progress) c.progress(c.arg, "prefault", 0, c.len);
   unsigned started = 0;
   for (unsigned i = 0; i < nt; i++)
     if (pthread_create(&th[i], NULL, prefault_thread, &c) == 0) started++;
