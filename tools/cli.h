@@ -133,6 +133,10 @@ const char *cli_safe(const char *s);
 /* True when stderr is a terminal (progress lines are drawn only then). */
 bool cli_stderr_tty(void);
 
+/* The state letter of process pid from /proc/PID/stat (R, S, D, T, t, Z,
+ * ...), 0 when it is gone or cannot be seen (another PID namespace). */
+char cli_proc_state(int pid);
+
 /* True when process pid is stopped (state T or t in /proc/PID/stat: SIGSTOP,
  * a debugger); false when it runs, is gone or cannot be seen. */
 bool cli_pid_stopped(int pid);

@@ -249,19 +249,24 @@ int cli_usage_error(const char *sub, const char *fmt, ...) {
 
 bool cli_stderr_tty(void) { return isatty(2); }
 
-bool cli_pid_stopped(int pid) {
+char cli_proc_state(int pid) {
   char path[64], line[512];
-  bool stopped = false;
+  char st = 0;
   snprintf(path, sizeof path, "/proc/%d/stat", pid);
   FILE *f = pid > 0 ? fopen(path, "re") : NULL;
   if (f) {
     if (fgets(line, sizeof line, f)) {
       const char *rp = strrchr(line, ')'); /* comm may hold ')' */
-      stopped = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+      if (rp && rp[1] == ' ') st = rp[2];
     }
     fclose(f);
   }
-  return stopped;
+  return st;
+}
+
+bool cli_pid_stopped(int pid) {
+  char st = cli_proc_state(pid);
+  return st == 'T' || st == 't';
 }
 
 const char *cli_stop_advice(int pid, char *buf, size_t n) {

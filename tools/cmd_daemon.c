@@ -1074,17 +1074,7 @@ static void watch_stopped(umbp_pool *p, struct stopped_seen *seen) {
   for (int k = 0; k < np; k++) {
     const umbp_proc_info *q = &pr[k];
     if (!q->alive || q->pid <= 0 || q->slot >= UMBP_MAX_PROCS) continue;
-    char path[64], line[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", q->pid);
-    FILE *f = fopen(path, "re");
-    if (!f) continue;
-    bool st = false;
-    if (fgets(line, sizeof line, f)) {
-      const char *rp = strrchr(line, ')');
-      st = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
-    }
-    fclose(f);
-    if (!st) continue;
+    if (!cli_pid_stopped(q->pid)) continue;
     now_stopped[q->slot] = true;
     struct stopped_seen *e = &seen[q->slot];
     if (!e->since_ns || e->incarnation != q->incarnation) {

@@ -2,6 +2,8 @@
 /* A read-only snapshot of a pool and its Prometheus form (see snapshot.h). */
 #include "snapshot.h"
 
+#include "cli.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,18 +61,10 @@ static unsigned peek_events(umbp_pool *p, struct snap *s, unsigned max) {
 static void stopped(struct snap *s) {
   for (int k = 0; k < s->nprocs; k++) {
     if (!s->procs[k].alive || s->procs[k].pid <= 0) continue;
-    char path[64], line[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", s->procs[k].pid);
-    FILE *f = fopen(path, "re");
-    if (!f) continue;
-    if (fgets(line, sizeof line, f)) {
-      const char *rp = strrchr(line, ')');
-      if (rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't')) {
-        s->stopped[k] = true;
-        s->procs_stopped++;
-      }
+    if (cli_pid_stopped(s->procs[k].pid)) {
+      s->stopped[k] = true;
+      s->procs_stopped++;
     }
-    fclose(f);
   }
 }
 

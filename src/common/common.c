@@ -104,19 +104,24 @@ uint64_t umbp_proc_start_time(int pid) {
   return p ? strtoull(p, NULL, 10) : 0;
 }
 
-bool umbp_proc_stopped(int pid) {
+char umbp_proc_state(int pid) {
   char path[64], line[512];
-  if (pid <= 0) return false;
+  if (pid <= 0) return 0;
   snprintf(path, sizeof path, "/proc/%d/stat", pid);
   FILE *f = fopen(path, "re");
-  if (!f) return false;
-  bool st = false;
+  if (!f) return 0;
+  char st = 0;
   if (fgets(line, sizeof line, f)) {
     const char *rp = strrchr(line, ')'); /* comm may hold ')' */
-    st = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+    if (rp && rp[1] == ' ') st = rp[2];
   }
   fclose(f);
   return st;
+}
+
+bool umbp_proc_stopped(int pid) {
+  char st = umbp_proc_state(pid);
+  return st == 'T' || st == 't';
 }
 
 uint64_t umbp_fnv1a(const void *p, size_t n, uint64_t seed) {

@@ -25,6 +25,9 @@ uint64_t umbp_now_ns(void);      /* CLOCK_MONOTONIC */
 uint64_t umbp_realtime_ns(void); /* CLOCK_REALTIME */
 /* Process start time in clock ticks since boot (field 22 of /proc/PID/stat), 0 if unknown. */
 uint64_t umbp_proc_start_time(int pid);
+/* The state letter of process pid from /proc/PID/stat (R, S, D, T, t, Z,
+ * ...), 0 when it is gone or cannot be seen (another PID namespace). */
+char umbp_proc_state(int pid);
 /* true when process pid is stopped (state T or t in /proc/PID/stat: SIGSTOP,
  * a debugger); false when it runs, is gone or cannot be seen. For messages:
  * a stopped process acts on no signal but SIGCONT and SIGKILL. */

@@ -29,18 +29,8 @@
 void umbp_ix_proc_describe(umbp_pool *p, unsigned q, char *buf, size_t n) {
   const struct umbp_proc_slot *ps = &p->procs[q];
   int pid = ps->pid;
-  char st = '?';
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = pid > 0 ? fopen(path, "re") : NULL;
-  if (f) {
-    char line[512];
-    if (fgets(line, sizeof line, f)) {
-      const char *rp = strrchr(line, ')');
-      if (rp && rp[1] == ' ') st = rp[2];
-    }
-    fclose(f);
-  }
+  char st = umbp_proc_state(pid);
+  if (!st) st = '?';
   const char *what = st == 'T' || st == 't' ? "stopped: SIGSTOP or a debugger; send SIGCONT"
                      : st == 'D'            ? "in uninterruptible sleep"
                      : st == 'R' || st == 'S' ? "running or sleeping (a frozen cgroup looks so too)"

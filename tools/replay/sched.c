@@ -155,14 +155,8 @@ static uint64_t mono_ns(void) {
 
 /* The state letter and its meaning from /proc/PID/stat ("T (stopped)"). */
 static void proc_state(pid_t pid, char *out, size_t n) {
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "r");
-  size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-  if (f) fclose(f);
-  buf[got] = 0;
-  const char *rp = strrchr(buf, ')'); /* the command may contain spaces and ')' */
-  char c = rp && rp[1] == ' ' ? rp[2] : '?';
+  char c = cli_proc_state((int)pid);
+  if (!c) c = '?';
   const char *what = c == 'T' ? "stopped (SIGSTOP or a job-control stop)" : c == 't' ? "stopped by a tracer"
                      : c == 'D' ? "in uninterruptible sleep" : c == 'R' ? "running" : c == 'S' ? "sleeping"
                      : c == 'Z' ? "a zombie" : "in an unknown state";
