@@ -483,10 +483,14 @@ def test_real_scheduler_async_loads(tmp_path, pool_name):
         ids_b = list(so.kv_connector_metadata.loads[0].block_ids)
         assert e.s.requests["B"].status in (RequestStatus.WAITING_FOR_REMOTE_KVS,
                                             RequestStatus.WAITING)
-        for _ in range(4):
+        # the load ends when the workers' copy threads get a core: steps until
+        # then schedule nothing (a loaded machine takes more than a few)
+        end = time.monotonic() + 60
+        while True:
             so, eco = e.step()
-            if so.num_scheduled_tokens:
+            if so.num_scheduled_tokens or time.monotonic() > end:
                 break
+            time.sleep(0.01)
         assert so.num_scheduled_tokens == {"B": 2}, "B resumes after the load with 64 tokens cached"
         e.assert_kv_equal(ids_b, a_bytes)
         e.drain()
