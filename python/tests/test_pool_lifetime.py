@@ -9,6 +9,7 @@ SIGKILL is a worker process killed with SIGKILL; the umbp CLI and daemon are
 the built ones."""
 from __future__ import annotations
 
+import ctypes as C
 import json
 import logging
 import os
@@ -23,10 +24,14 @@ import pytest
 from conftest import make_kv_cache_config, make_vllm_config, sched_output, stop_daemon
 from test_connector import Worker, _umbp_cli
 
+from vllm.distributed.kv_events import BlockRemoved
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
+import umbp.vllm as U
+from umbp import _lib as L
 from umbp import pool_notes
+from umbp import tier as T
 
 # make_vllm_config has no model: the label of its derived namespace
 LABEL = "unknown tp1 float16 block16"
@@ -245,6 +250,73 @@ def test_a_file_that_is_not_a_pool_is_refused_and_leaves_no_notes(pool_name):
         assert os.path.getsize(f"/dev/shm/umbp.{pool_name}") == 4096
     finally:
         os.unlink(f"/dev/shm/umbp.{pool_name}")
+
+
+def _publish_and_remove(s, hashes, removed):
+    """Publish blocks `hashes` in scheduler connector s's namespace (rank 0,
+    group 0) through its pool handle, then remove the first `removed`."""
+    lib = L.lib()
+    lib.umbp_reserve.argtypes = [C.c_void_p, C.c_int, C.c_uint32, C.POINTER(C.c_uint32)]
+    lib.umbp_publish.argtypes = [C.c_void_p, C.c_uint32, C.POINTER(L.Key)]
+    keys = U._keys(s._tmpl(0, 0), hashes)
+    for i in range(len(hashes)):
+        slot = C.c_uint32()
+        assert lib.umbp_reserve(s.pool.h, -1, s.ns_id, C.byref(slot)) == 0
+        assert lib.umbp_publish(s.pool.h, slot, keys[i]) == 0
+    for i in range(removed):
+        assert lib.umbp_remove(s.pool.h, keys[i]) == 0
+
+
+def _removed(s):
+    return sorted(h for e in s.take_events() if isinstance(e, BlockRemoved) for h in e.block_hashes)
+
+
+def test_engines_sharing_a_pool_each_get_every_removal(pool_name):
+    """Two engines of one model on one pool (the second joined the first's
+    embedded pool): a block removed from the pool is a BlockRemoved event of
+    each engine, where the pool's event ring gave each removal to whichever
+    engine drained it first (one got 3 of 3, the other none). Each scheduler
+    reads the pool's broadcast feed at its own cursor."""
+    a, b = sched(pool_name, "eng-a"), sched(pool_name, "eng-b")
+    try:
+        hashes = [bytes([i + 1]) * 32 for i in range(4)]
+        _publish_and_remove(a, hashes, 3)
+        assert _removed(a) == hashes[:3]
+        assert _removed(b) == hashes[:3]
+        assert _removed(a) == [] and _removed(b) == []   # each once
+    finally:
+        b.shutdown()
+        a.shutdown()
+    assert not exists(pool_name)
+
+
+def test_without_the_feed_removals_come_from_the_event_ring(pool_name):
+    """A pool whose feed has no room for another consumer (16 live ones): the
+    engine says that its BlockRemoved events are incomplete beside other
+    engines, and still reports the removals it drains from the event ring."""
+    cli("pool", "create", pool_name, "--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quiet")
+    pool = C.c_void_p()
+    assert L.lib().umbp_pool_attach(pool_name.encode(), None, C.byref(pool)) == 0
+    held = []
+    try:
+        for i in range(16):
+            f = C.c_void_p()
+            assert T.lib().umbp_feed_open(pool, f"hold.{i}".encode(), None, C.byref(f)) == 0
+            held.append(f)
+        with umbp_log() as log:
+            s = sched(pool_name, "eng-a")
+        try:
+            assert any("event ring" in x and "16 consumers" in x and "not complete" in x for x in log), log
+            hashes = [bytes([i + 1]) * 32 for i in range(3)]
+            _publish_and_remove(s, hashes, 2)
+            assert _removed(s) == hashes[:2]
+        finally:
+            s.shutdown()
+    finally:
+        for f in held:
+            T.lib().umbp_feed_close(f)
+        L.lib().umbp_pool_detach(pool)
+        cli("pool", "destroy", pool_name)
 
 
 def test_derived_namespaces_have_a_label_in_inspect_and_pool_info(pool_name):

@@ -208,6 +208,9 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
         self.lib = L.lib()
         self.namespace: str | None = None
         self.ns_id: int | None = None
+        self._is_scheduler = sched
+        self._feed = None             # the scheduler's cursor in the pool's feed (_open_removals)
+        self._feed_lost, self._feed_lost_said = 0, 0.0
         if self.cfg.key_namespace:
             self._bind_namespace(self.cfg.key_namespace)
         # scheduler state
@@ -218,7 +221,6 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
         self._next_event = itertools.count(1)
         self._delayed: list[str] = []
         self._cancelled: list[str] = []
-        self._is_scheduler = sched
         self._tier = None
         if sched and self.cfg.tier:
             from .tier import ReadThrough
@@ -251,10 +253,10 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
     def _bind_namespace(self, name: str) -> None:
         self.namespace = name
         self.ns_id = self.pool.ns(name)
-        # the scheduler turns BlockRemoved events out of the pool's event
-        # ring (take_events): a first drain turns recording on, so that every
-        # removal from here on is recorded (a read-only handle records none)
-        self.lib.umbp_events_drain(self.pool.h, None, 0)
+        # the scheduler turns the pool's removals into BlockRemoved events
+        # (take_events), read from here on
+        if self._is_scheduler and self._feed is None:
+            self._open_removals()
 
     def _tmpl(self, tp_rank: int, group: int) -> L.Key:
         k = L.Key()
@@ -306,4 +308,5 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
         if self._tier is not None:
             self._tier.close()
             self._tier = None
+        self._close_removals()   # before the pool handle goes
         self.pool.close()
