@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include <jansson.h>
 
@@ -132,6 +133,12 @@ const char *cli_safe(const char *s);
 
 /* True when stderr is a terminal (progress lines are drawn only then). */
 bool cli_stderr_tty(void);
+
+/* --group GROUP of command `sub` (pool create, daemon): a group name, or a
+ * gid of digits alone, 0 to (gid_t)-2 ((gid_t)-1 means "no group" to
+ * chown(2)); a name made of digits is looked up when the number is out of
+ * range. CLI_OK and *ret, or the usage error's code after its message. */
+int cli_parse_group(const char *sub, const char *arg, gid_t *ret);
 
 /* The state letter of process pid from /proc/PID/stat (R, S, D, T, t, Z,
  * ...), 0 when it is gone or cannot be seen (another PID namespace). */

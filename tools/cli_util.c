@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -248,6 +249,29 @@ int cli_usage_error(const char *sub, const char *fmt, ...) {
 }
 
 bool cli_stderr_tty(void) { return isatty(2); }
+
+int cli_parse_group(const char *sub, const char *arg, gid_t *ret) {
+  /* digits alone: strtoull() also takes a sign and leading spaces ("-5" as
+   * 2^64 - 5, "+5" and " 5" as 5), which no other number here accepts */
+  bool numeric = arg[0] && strspn(arg, "0123456789") == strlen(arg);
+  errno = 0;
+  unsigned long long g = numeric ? strtoull(arg, NULL, 10) : 0;
+  if (numeric && !errno && g < (unsigned long long)(gid_t)-1) {
+    *ret = (gid_t)g;
+    return CLI_OK;
+  }
+  struct group *gr = getgrnam(arg);
+  if (gr) {
+    *ret = gr->gr_gid;
+    return CLI_OK;
+  }
+  const char *d = arg + strspn(arg, " \t");
+  d += *d == '+' || *d == '-';
+  if (*d && strspn(d, "0123456789") == strlen(d)) /* a number, signed or out of range */
+    return cli_usage_error(sub, "--group '%s' is not a group id: use 0 to %u, or a group name", arg,
+                           (unsigned)((gid_t)-1 - 1));
+  return cli_usage_error(sub, "--group '%s': no such group: give a group name (see getent group) or a gid", arg);
+}
 
 char cli_proc_state(int pid) {
   char path[64], line[512];

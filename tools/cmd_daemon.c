@@ -330,7 +330,8 @@ static int read_quota_file(const char *path, struct quota *q, unsigned *n, char 
   }
   FILE *f = e ? NULL : fdopen(fd, "r");
   if (!f) {
-    snprintf(err, errn, "cannot read quota file %s: %s", path, strerror(e ? e : errno));
+    snprintf(err, errn, "cannot read quota file %s: %s%s", path, strerror(e ? e : errno),
+             e == EISDIR ? ": name the file of quotas (one 'NAMESPACE SIZE' a line) in it, not the directory" : "");
     close(fd);
     return -1;
   }
@@ -571,29 +572,10 @@ static int parse_opts(int argc, char **argv, struct dopts *o) {
     case O_NODES:
       if (cli_parse_numa_nodes("daemon", optarg, &o->pp, &o->auto_nodes) != CLI_OK) return CLI_USAGE;
       break;
-    case O_GROUP: {
-      /* A gid is 0 to (gid_t)-2: (gid_t)-1 means "no group" to chown(2),
-       * and a larger number used to be truncated silently (99999999999 ->
-       * 1215752191). Digits out of range may still name a group. */
+    case O_GROUP:
       o->pp.group_access = true;
-      char *end;
-      errno = 0;
-      unsigned long long g = strtoull(optarg, &end, 10);
-      bool numeric = end != optarg && *end == 0; /* strtoull() takes "-5" too, as 2^64 - 5 */
-      bool in_range = numeric && !errno && optarg[strspn(optarg, " \t")] != '-' && g < (unsigned long long)(gid_t)-1;
-      struct group *gr;
-      if (in_range) {
-        o->pp.group = (gid_t)g;
-      } else if ((gr = getgrnam(optarg))) {
-        o->pp.group = gr->gr_gid;
-      } else if (numeric) {
-        return cli_usage_error("daemon", "--group '%s': a numeric gid must be 0 to %u", optarg,
-                               (unsigned)((gid_t)-1 - 1));
-      } else {
-        return cli_usage_error("daemon", "--group '%s': no such group", optarg);
-      }
+      if (cli_parse_group("daemon", optarg, &o->pp.group) != CLI_OK) return CLI_USAGE;
       break;
-    }
     case O_NOPF: o->pp.no_prefault = true; break;
     case O_FG: o->foreground = true; break;
     /* --log and --quota-file name one file each: a second one used to
@@ -938,6 +920,8 @@ static const char *log_open_error(int e, char *buf, size_t n) {
   if (e == ENXIO)
     snprintf(buf, n, "it is a FIFO that no process has open for reading: start its reader first, or log to a "
                      "regular file");
+  else if (e == EISDIR)
+    snprintf(buf, n, "%s: name a file (in that directory, e.g. umbp-daemon.log) to append the log to", strerror(e));
   else
     snprintf(buf, n, "%s", strerror(e));
   return buf;

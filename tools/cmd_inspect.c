@@ -183,7 +183,12 @@ static void print_text(umbp_pool *p, const struct snap *s, const struct snap *pr
          (unsigned)(s->st.st_mode & 07777), i->hugepages ? ", huge pages" : "");
   char ib[256];
   printf("  index on %s\n", cli_fmt_index_pages(i, ib, sizeof ib));
-  if (s->daemon_running == 1)
+  if (s->daemon_running == 1 && cli_pid_stopped(s->daemon_pid))
+    /* alive but not reaping or evicting until resumed: "running" misled */
+    printf("daemon: stopped (SIGSTOP or a debugger), pid %d: it reaps and evicts nothing until resumed "
+           "(kill -CONT %d)\n",
+           s->daemon_pid, s->daemon_pid);
+  else if (s->daemon_running == 1)
     printf("daemon: running, pid %d\n", s->daemon_pid);
   else if (s->daemon_last_pid > 0)
     printf("daemon: none (the last one, pid %d, is gone)\n", s->daemon_last_pid);
@@ -425,6 +430,7 @@ static void print_json(const struct snap *s, const umbp_check_report *ck) {
   jb_bool(&j, "running", s->daemon_running == 1);
   if (s->daemon_running == 1 && s->daemon_pid > 0) jb_i64(&j, "pid", s->daemon_pid);
   else jb_null(&j, "pid");
+  jb_bool(&j, "stopped", s->daemon_running == 1 && cli_pid_stopped(s->daemon_pid));
   if (s->daemon_last_pid > 0) jb_i64(&j, "last_pid", s->daemon_last_pid);
   else jb_null(&j, "last_pid");
   jb_end_obj(&j);

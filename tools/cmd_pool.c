@@ -270,25 +270,6 @@ static int fail_rc(int rc) {
 
 /* --group NAME|GID into pp (group access on). CLI_OK or CLI_USAGE with the
  * message printed. */
-static int parse_group(const char *arg, umbp_pool_params *pp) {
-  pp->group_access = true;
-  char *end;
-  errno = 0;
-  long long g = strtoll(arg, &end, 10);
-  if (*end == 0 && end != arg) {
-    /* (gid_t)-1 means "no change" to fchown() */
-    if (errno || g < 0 || g >= (long long)(gid_t)-1)
-      return cli_usage_error("pool create", "--group '%s' is not a group id: use 0 to %u, or a group name", arg,
-                             (unsigned)(gid_t)-1 - 1);
-    pp->group = (gid_t)g;
-  } else {
-    struct group *gr = getgrnam(arg);
-    if (!gr) return cli_usage_error("pool create", "--group '%s': no such group", arg);
-    pp->group = gr->gr_gid;
-  }
-  return CLI_OK;
-}
-
 /* --numa-nodes auto: the nodes of this machine's topology plan for ranks
  * ranks (0: one per GPU) into pp, printed unless quiet. CLI_OK or the
  * runtime error's exit code. */
@@ -367,7 +348,8 @@ static int pool_create(int argc, char **argv) {
                                                  "called default)", optarg);
       break;
     case O_GROUP:
-      if (parse_group(optarg, &pp) != CLI_OK) return CLI_USAGE;
+      pp.group_access = true;
+      if (cli_parse_group("pool create", optarg, &pp.group) != CLI_OK) return CLI_USAGE;
       break;
     case O_HUGE: pp.hugepages = true; break;
     case O_HDIR:

@@ -195,6 +195,15 @@ static void test_stopped_holder_named(void **st) {
   rc = DTU_RUN(out, "daemon", name); /* the first parent reports the daemon's verdict */
   assert_int_equal(rc, 1);
   assert_non_null(strstr(out, want));
+  /* inspect says stopped, not running: a stopped daemon reaps and evicts nothing */
+  assert_int_equal(DTU_RUN(out, "inspect", name), 0);
+  char dline[160];
+  snprintf(dline, sizeof dline, "daemon: stopped (SIGSTOP or a debugger), pid %d", (int)d);
+  if (!strstr(out, dline)) fprintf(stderr, "# inspect: %s", out);
+  assert_non_null(strstr(out, dline));
+  assert_non_null(strstr(out, want));
+  assert_int_equal(DTU_RUN(out, "inspect", name, "--json"), 0);
+  assert_non_null(strstr(out, "\"stopped\":true"));
   /* the advice works: TERM, then CONT, and the daemon stops cleanly */
   kill(d, SIGTERM);
   kill(d, SIGCONT);
@@ -726,7 +735,7 @@ static void test_sighup_quotas(void **st) {
   fprintf(f, "chat lots\n");
   fclose(f);
   kill(d, SIGHUP);
-  char want[400];
+  char want[600];
   snprintf(want, sizeof want, "error: SIGHUP: %s:1: expected 'NAMESPACE SIZE'", qf);
   assert_true(log_has_within(log, want));
   assert_int_equal(kill(d, 0), 0);
@@ -738,14 +747,15 @@ static void test_sighup_quotas(void **st) {
   assert_int_equal(unlink(qf), 0);
   assert_int_equal(mkdir(qf, 0755), 0);
   kill(d, SIGHUP);
-  snprintf(want, sizeof want, "error: SIGHUP: cannot read quota file %s: Is a directory; quotas unchanged", qf);
+  snprintf(want, sizeof want, "error: SIGHUP: cannot read quota file %s: Is a directory: name the file of quotas (one "
+           "'NAMESPACE SIZE' a line) in it, not the directory; quotas unchanged", qf);
   assert_true(log_has_within(log, want));
   assert_null(strstr(out, "(0 entries)"));
   assert_int_equal(quota_of(name, "chat"), 2 << 20);
   assert_int_equal(quota_of(name, "search"), 128 << 10);
   /* ... and at start: refused, naming the file and the cause */
   assert_int_equal(DTU_RUN(out, "daemon", tu_name("dqdir"), "--capacity", "1MiB", "--foreground", "--quota-file", qf), 1);
-  snprintf(want, sizeof want, "cannot read quota file %s: Is a directory", qf);
+  snprintf(want, sizeof want, "cannot read quota file %s: Is a directory: name the file of quotas", qf);
   assert_non_null(strstr(out, want));
   assert_int_equal(rmdir(qf), 0);
   /* a FIFO in its place: refused without waiting for a writer (open() of a
@@ -1017,14 +1027,14 @@ static void test_daemonise_relative_paths(void **st) {
   assert_int_equal(quota_of(name, "chat"), 2 << 20);
   /* a log that cannot be opened again (a directory in its place): the log
    * goes on into the file open before, which says so */
-  char held[310], want[400];
+  char held[310], want[600];
   snprintf(held, sizeof held, "%s.held", logp);
   for (int i = 0; i < 500 && access(logp, F_OK) != 0; i++) dtu_sleep_ms(10);
   assert_int_equal(rename(logp, held), 0);
   assert_int_equal(mkdir(logp, 0755), 0);
   kill(pid, SIGHUP);
-  snprintf(want, sizeof want, "error: SIGHUP: cannot reopen log file %s: Is a directory; logging on to the file "
-           "opened before", logp);
+  snprintf(want, sizeof want, "error: SIGHUP: cannot reopen log file %s: Is a directory: name a file (in that directory, "
+           "e.g. umbp-daemon.log) to append the log to; logging on to the file opened before", logp);
   assert_true(log_has_within(held, want));
   assert_int_equal(rmdir(logp), 0);
   assert_int_equal(rename(held, logp), 0);
@@ -1425,12 +1435,12 @@ static void test_bad_input(void **st) {
   /* a numeric --group out of gid_t's range is refused, not truncated (99999999999
    * used to become gid 1215752191, 4294967295 (gid_t)-1); the bad watermarks
    * after it make sure that nothing is created if it is not */
-  const char *const bad_gids[] = {"99999999999", "4294967295", "18446744073709551617", "-5"};
+  const char *const bad_gids[] = {"99999999999", "4294967295", "18446744073709551617", "-5", "+5", " 5"};
   for (unsigned i = 0; i < sizeof bad_gids / sizeof bad_gids[0]; i++) {
     assert_int_equal(DTU_RUN(out, "daemon", "x", "--capacity", "1MiB", "--group", bad_gids[i], "--evict-low", "50",
                              "--evict-high", "40"), 2);
     char want[100];
-    snprintf(want, sizeof want, "--group '%s': a numeric gid must be 0 to 4294967294", bad_gids[i]);
+    snprintf(want, sizeof want, "--group '%s' is not a group id: use 0 to 4294967294, or a group name", bad_gids[i]);
     if (!strstr(out, want)) fprintf(stderr, "# %s", out);
     assert_non_null(strstr(out, want));
   }
