@@ -290,7 +290,7 @@ static const char *quota_why(const char *key, size_t klen, const char *size, cha
 /* "namespace 'chat'", "namespaces 'vllm-*'" or "namespaces labelled 'Qwen*'": a quota, for the log. */
 static const char *quota_what(const struct quota *q, char *buf, size_t n) {
   snprintf(buf, n, "%s '%s'", q->kind == Q_LABEL ? "namespaces labelled" : q->kind == Q_GLOB ? "namespaces" : "namespace",
-           q->ns);
+           cli_safe(q->ns));
   return buf;
 }
 
@@ -408,10 +408,10 @@ static int apply_quotas(umbp_pool *p, const struct quota *q, unsigned n) {
     if (!rc) rc = umbp_ns_set_quota(p, id, q[i].bytes);
     char b[32];
     if (rc) {
-      dlog("error: quota of namespace '%s' not applied: %s", q[i].ns, umbp_last_error());
+      dlog("error: quota of namespace '%s' not applied: %s", cli_safe(q[i].ns), umbp_last_error());
       bad++;
     } else {
-      dlog("quota of namespace '%s' (id %u): %s", q[i].ns, id, q[i].bytes ? cli_fmt_size(q[i].bytes, b, sizeof b) : "none");
+      dlog("quota of namespace '%s' (id %u): %s", cli_safe(q[i].ns), id, q[i].bytes ? cli_fmt_size(q[i].bytes, b, sizeof b) : "none");
     }
   }
   return bad;

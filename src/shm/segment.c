@@ -112,8 +112,17 @@ UMBP_API int umbp_pool_name_valid(const char *name) {
     char c = name[i];
     if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
           c == '_' || c == '-'))
-      return umbp_fail(-EINVAL, "pool name '%.*s' has '%c' at position %zu: use only [A-Za-z0-9._-]",
-                       (int)n, name, c >= 0x20 && c < 0x7f ? c : '?', i + 1);
+    {
+      /* the name is echoed only when all of it prints: raw bytes of a
+       * mistyped name would reach the terminal or a log as they are */
+      bool printable = true;
+      for (size_t k = 0; k < n; k++) printable = printable && name[k] >= 0x20 && name[k] < 0x7f;
+      if (printable)
+        return umbp_fail(-EINVAL, "pool name '%.*s' has '%c' at position %zu: use only [A-Za-z0-9._-]", (int)n,
+                         name, c, i + 1);
+      return umbp_fail(-EINVAL, "pool name has byte 0x%02x at position %zu: use only [A-Za-z0-9._-]",
+                       (unsigned)(unsigned char)c, i + 1);
+    }
   }
   if (!strcmp(name, ".") || !strcmp(name, ".."))
     return umbp_fail(-EINVAL, "pool name '%s' is reserved: choose another", name);

@@ -710,11 +710,17 @@ static void test_sighup_quotas(void **st) {
   fprintf(f, "# quotas\nchat 1MiB\n\n");
   fclose(f);
   const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--quota-file", qf,
-                        "--quota", "batch=64KiB", NULL};
+                        "--quota", "batch=64KiB", "--quota", "raw\x1b\xff=64KiB", NULL};
   pid_t d = dtu_daemon_start(name, log, args);
   assert_true(d > 0);
   assert_int_equal(quota_of(name, "chat"), 1 << 20);
   assert_int_equal(quota_of(name, "batch"), 64 << 10);
+  /* a name's bytes that do not print reach the log escaped, not as they are */
+  assert_true(log_has_within(log, "quota of namespace 'raw"));
+  const char *lt = read_log(log);
+  if (strchr(lt, '\x1b') || strchr(lt, '\xff')) fprintf(stderr, "# log: %s", lt);
+  assert_null(strchr(lt, '\x1b'));
+  assert_null(strchr(lt, '\xff'));
   f = fopen(qf, "w");
   fprintf(f, "chat lots\n"); /* for the start below */
   fclose(f);

@@ -42,6 +42,12 @@ try:
     check("missing --capacity is a usage error", rc == 2 and "--capacity is required" in err, err)
     rc, _, err = umbp("pool", "create", "bad/name", "--capacity", "1GiB")
     check("bad name is a usage error", rc == 2 and "[A-Za-z0-9._-]" in err, err)
+    # a name with bytes that do not print is refused without echoing them
+    r = subprocess.run([TOOL.encode(), b"pool", b"create", b"a\xff\x1b[2Jb", b"--capacity", b"1MiB"],
+                       capture_output=True, timeout=60)
+    check("a name of raw bytes is refused naming the byte, not echoing it",
+          r.returncode == 2 and b"byte 0xff at position 2" in r.stderr and b"\xff" not in r.stderr
+          and b"\x1b" not in r.stderr, r.stderr)
     rc, _, err = umbp("pool", "create", name, "--capacity", "lots")
     check("bad size is a usage error", rc == 2 and "not a size" in err, err)
     rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--bogus")
