@@ -913,7 +913,7 @@ static int gc_one(const char *name, bool named, bool dry_run, unsigned *removed)
   }
   int rc = pool_users(name, &u);
   if (rc) {
-    if (named) cli_error("pool %s: %s", name, umbp_last_error());
+    if (named) cli_error("pool gc: %s", umbp_last_error()); /* the message names the pool */
     return named ? 1 : 0;
   }
   if (!u.embedded || u.daemon) {
@@ -989,19 +989,33 @@ static int pool_gc(int argc, char **argv) {
       cli_error("cannot list %s: %s", NOTES_DIR, strerror(errno));
       return CLI_RUNTIME;
     }
-    char names[256][UMBP_NAME_MAX + 1];
-    unsigned n = 0;
+    /* every notes file, however many (the names are read first: gc_one()
+     * removes files from the directory being listed) */
+    char (*names)[UMBP_NAME_MAX + 1] = NULL;
+    size_t n = 0, cap = 0;
     struct dirent *e;
-    while ((e = readdir(d)) && n < 256) {
+    while ((e = readdir(d))) {
       const char *name = NULL;
       if (!strncmp(e->d_name, NOTES_PREFIX, strlen(NOTES_PREFIX))) name = e->d_name + strlen(NOTES_PREFIX);
       if (!name || umbp_pool_name_valid(name)) continue; /* only pools with notes can be embedded ones */
+      if (n == cap) {
+        cap = cap ? 2 * cap : 64;
+        void *nn = realloc(names, cap * sizeof *names);
+        if (!nn) {
+          closedir(d);
+          free(names);
+          cli_error("out of memory listing %s", NOTES_DIR);
+          return CLI_RUNTIME;
+        }
+        names = nn;
+      }
       snprintf(names[n++], sizeof names[0], "%s", name);
     }
     closedir(d);
-    for (unsigned k = 0; k < n; k++) failed |= gc_one(names[k], false, dry_run, &removed);
+    for (size_t k = 0; k < n; k++) failed |= gc_one(names[k], false, dry_run, &removed);
+    free(names);
   }
-  if (!removed) printf("nothing to remove\n");
+  if (!removed && !failed) printf("nothing to remove\n");
   return failed ? CLI_RUNTIME : CLI_OK;
 }
 
