@@ -228,10 +228,14 @@ bool cli_decimal(const char *s) {
   return digits > 0 && dots <= 1;
 }
 
+/* errno of a write to stdout that failed before cli_stdout_check() (jb_finish()'s) */
+static int g_stdout_errno;
+
 int cli_stdout_check(const char *what) {
   errno = 0;
   if (fflush(stdout) == 0 && !ferror(stdout)) return CLI_OK;
   /* fflush() sets errno; a write that failed earlier left only the error flag */
+  if (!errno) errno = g_stdout_errno;
   if (errno) cli_error("%s: writing the output failed: %s", what, strerror(errno));
   else cli_error("%s: writing the output failed (standard output is full or closed)", what);
   return CLI_RUNTIME;
@@ -363,6 +367,7 @@ int jb_finish(struct jb *j) {
   } else if (json_dumpf(j->root, j->f, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) ||
              fputc('\n', j->f) == EOF || fflush(j->f)) {
     rc = -EIO; /* f full or closed: the caller, or main()'s check of stdout, says so */
+    if (j->f == stdout) g_stdout_errno = errno;
   }
   json_decref(j->root);
   memset(j, 0, sizeof *j);

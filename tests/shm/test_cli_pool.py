@@ -125,8 +125,9 @@ try:
                  ["inspect", name], ["inspect", name, "--json"], ["--help"], ["--version"]):
         with open("/dev/full", "w") as full:
             r = subprocess.run([TOOL, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
-        check(f"{' '.join(args)} > /dev/full: exit 1 and says so",
-              r.returncode == 1 and "writing the output failed" in r.stderr, (r.returncode, r.stderr))
+        check(f"{' '.join(args)} > /dev/full: exit 1 and says why",
+              r.returncode == 1 and "writing the output failed: No space left on device" in r.stderr,
+              (r.returncode, r.stderr))
     for args in (["inspect", name, "--watch", "0.1"], ["inspect", name, "--stat", "0.1"]):
         with open("/dev/full", "w") as full:
             r = subprocess.run([TOOL, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=20)
