@@ -97,7 +97,8 @@ typedef struct umbp_pool_params {
                              * are still reserved (fallocate), so a later full /dev/shm cannot SIGBUS a
                              * writer */
   uint32_t event_capacity;  /* events kept in the event ring; 0: 65536 */
-  umbp_progress_fn progress;/* pre-fault progress, from 0 (before the first page) to the total; may be NULL */
+  umbp_progress_fn progress;/* pre-fault ("prefault") progress, from 0 (before the first page) to the total, or
+                             * with no_prefault the reservation's ("reserve": 0, then the total); may be NULL */
   void *progress_arg;
   int index_pages;          /* enum umbp_index_pages; ignored with hugepages (all huge) */
   bool no_reserve;          /* with no_prefault: do not reserve the slot bytes either (sparse: a later

@@ -935,9 +935,13 @@ static int prefault(struct umbp_pool *p, const umbp_pool_params *pp) {
  * shmem fault that cannot allocate raises SIGBUS in whoever writes the
  * block, and no one can handle that. Costs the memory at creation, as
  * pre-faulting does, but not the page-table work of every mapping. */
-static int reserve_arena(struct umbp_pool *p) {
+static int reserve_arena(struct umbp_pool *p, const umbp_pool_params *pp) {
   const struct umbp_region_desc *a = &p->hdr->regions[UMBP_REG_ARENA];
+  /* one call, no finer progress: 0 as it starts (so that 'umbp pool create'
+   * knows the file is its own, to remove on Ctrl-C), the total when done */
+  if (pp->progress) pp->progress(pp->progress_arg, "reserve", 0, a->size);
   int e = posix_fallocate(p->fd, (off_t)a->offset, (off_t)a->size);
+  if (e == 0 && pp->progress) pp->progress(pp->progress_arg, "reserve", a->size, a->size);
   if (e == 0) return 0;
   char b[32];
   if (e == EOPNOTSUPP || e == EINVAL) {
@@ -1251,7 +1255,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
     rc = prefault(p, pp);
     if (rc) goto fail_unlink;
   } else if (!pp->no_reserve && !p->hugepages) { /* hugetlbfs: MAP_SHARED reserved the pages at mmap */
-    rc = reserve_arena(p);
+    rc = reserve_arena(p, pp);
     if (rc) goto fail_unlink;
   } else if (!p->hugepages) {
     char a[32];

@@ -287,28 +287,30 @@ try:
     rc, out, err = umbp("topo", "--mempolicy", "none", "--json")
     check("topo --mempolicy none (pool create's word) is default", rc == 0 and '"mempolicy":"default"' in
           out.replace(" ", ""), (rc, err))
-    # SIGTERM (or Ctrl-C) while pre-faulting left the half-made file, its memory and its index file
-    # behind until the next create or destroy; now they are removed and the command dies of the signal
-    w = subprocess.Popen([TOOL, "pool", "create", name, "--capacity", "4GiB", "-q"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    seg = f"/dev/shm/umbp.{name}"
-    for _ in range(3000):  # until pre-faulting is under way (64 MiB in)
-        try:
-            if os.stat(seg).st_blocks * 512 >= 64 << 20:
-                break
-        except FileNotFoundError:
-            pass
-        time.sleep(0.005)
-    w.send_signal(signal.SIGTERM)
-    out, err = w.communicate(timeout=60)
-    if w.returncode == 0:  # finished before the signal: nothing to check on this machine
-        check("pool create stopped by SIGTERM while pre-faulting (finished first: not checked)", True)
-        umbp("pool", "destroy", name)
-    else:
-        check("pool create stopped by SIGTERM while pre-faulting removes the half-made pool",
-              w.returncode == -signal.SIGTERM and not os.path.exists(seg)
-              and f"the half-made pool '{name}' was removed" in err
-              and name not in umbp("pool", "ls")[1], (w.returncode, err))
+    # SIGTERM (or Ctrl-C) while pre-faulting, or with --no-prefault while reserving the slot bytes
+    # (fallocate), left the half-made file, its memory and its index file behind until the next
+    # create or destroy; now they are removed and the command dies of the signal
+    for how, extra in (("pre-faulting", []), ("reserving", ["--no-prefault"])):
+        w = subprocess.Popen([TOOL, "pool", "create", name, "--capacity", "4GiB", "-q", *extra],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seg = f"/dev/shm/umbp.{name}"
+        for _ in range(3000):  # until the work is under way (64 MiB in)
+            try:
+                if os.stat(seg).st_blocks * 512 >= 64 << 20:
+                    break
+            except FileNotFoundError:
+                pass
+            time.sleep(0.005)
+        w.send_signal(signal.SIGTERM)
+        out, err = w.communicate(timeout=60)
+        if w.returncode == 0:  # finished before the signal: nothing to check on this machine
+            check(f"pool create stopped by SIGTERM while {how} (finished first: not checked)", True)
+            umbp("pool", "destroy", name)
+        else:
+            check(f"pool create stopped by SIGTERM while {how} removes the half-made pool",
+                  w.returncode == -signal.SIGTERM and not os.path.exists(seg)
+                  and f"the half-made pool '{name}' was removed" in err
+                  and name not in umbp("pool", "ls")[1], (w.returncode, err))
     # the synopsis's '--prefault-threads N | --no-prefault': together, the threads did nothing, without a word
     rc, _, err = umbp("pool", "create", name, "--capacity", "64MiB", "--no-prefault", "--prefault-threads", "4")
     check("--prefault-threads with --no-prefault is a usage error naming both", rc == 2 and "--prefault-threads" in err
