@@ -174,7 +174,8 @@ exit status:
   tier, a tier already serves it, Mooncake not installed, a --log file that
   cannot be opened, a bad --config file, a --global-segment-size larger than
   this host's memory); 2 usage error (a bad option or value, an empty value,
-  a --master that is neither HOST:PORT nor a URL, a pool name outside
+  a --master that is neither HOST:PORT nor an HA master's etcd://,
+  redis:// or k8s:// URL, a pool name outside
   [A-Za-z0-9._-]{1,64} or starting with '-', --json without --status, a
   request table, --records x --keys-per-record keys of 48 bytes, and a feed,
   --feed-capacity entries of 64, that /dev/shm has no room for).
@@ -251,13 +252,26 @@ def percent(s: str) -> float:
     return v
 
 
+# The URL forms Mooncake's client takes for a master (an HA master found
+# through its backend: Client::ConnectToMaster, ParseHABackendSpec); whether a
+# build has the backend is Mooncake's to say (PyPI's wheel has etcd).
+MASTER_URL_SCHEMES = ("etcd", "redis", "k8s")
+
+
 def master_error(addr: str) -> str | None:
     """Why ADDR cannot be a master's address, or None. HOST:PORT, port 1 to
-    65535 (a URL, scheme://..., passes to Mooncake as it is): a typo such as
-    a missing port otherwise reached Mooncake, whose setup then tried the
-    address for about 85 s and failed, again and again, saying only its code."""
+    65535, or an HA URL, SCHEME://... with a scheme of MASTER_URL_SCHEMES,
+    which passes to Mooncake as it is: a typo such as a missing port, or a
+    URL of another scheme (http://HOST:PORT, which Mooncake calls an
+    'Invalid HA backend entry'), otherwise reached Mooncake, whose setup then
+    failed again and again, for ever, saying only its code."""
     if "://" in addr:
-        return None
+        scheme, _, rest = addr.partition("://")
+        if scheme in MASTER_URL_SCHEMES and rest.strip():
+            return None
+        return (f"'{addr}' is not HOST:PORT, nor a URL of an HA master ("
+                + ", ".join(f"{s}://..." for s in MASTER_URL_SCHEMES) + "): give the master's address and its "
+                "--rpc_port without a scheme, e.g. 10.0.0.5:50051")
     host, colon, port = addr.strip().rpartition(":")
     if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
         return (f"'{addr}' is not HOST:PORT with a port from 1 to 65535: give the master's address and its "

@@ -149,7 +149,7 @@ def _():
 
 
 @check("an empty --master, --metadata, --local-hostname, --config or --log is a usage error, not the default; "
-       "a --master that is not HOST:PORT (or a URL) too")
+       "a --master that is not HOST:PORT (or an HA master's URL) too")
 def _():
     for opt in ("--master", "--metadata", "--local-hostname", "--config", "--log"):
         for val in ("", " "):
@@ -157,7 +157,15 @@ def _():
     # a --master that is not HOST:PORT is refused here, not tried by Mooncake for 85 s at a time
     for val in ("10.0.0.5", "10.0.0.5:", ":50051", "host:port", "host:0", "host:65536", "host:-1"):
         usage([POOL, f"--master={val}"], f"--master '{val}' is not HOST:PORT", "10.0.0.5:50051")
-    for val in ("10.0.0.5:50051", "[::1]:50051", "etcd://10.0.0.5:2379"):
+    # a URL of a scheme Mooncake has no HA backend for: its setup said only 'Invalid HA backend entry' and
+    # failed, again and again, for as long as the tier ran
+    for val in ("http://10.0.0.5:50051", "tcp://10.0.0.5:50051", "://", "etcd://", "etcd:// "):
+        usage([POOL, f"--master={val}"], f"--master '{val}' is not HOST:PORT", "etcd://", "10.0.0.5:50051")
+    p = write("mc-url.json", '{"master_server_address": "http://10.0.0.5:50051"}')
+    rc, out, err = tier(POOL, "--config", p)
+    assert rc == 1 and "master_server_address 'http://10.0.0.5:50051' is not HOST:PORT" in err, (rc, err)
+    for val in ("10.0.0.5:50051", "[::1]:50051", "etcd://10.0.0.5:2379", "redis://10.0.0.5:6379",
+                "k8s://mooncake"):
         r = subprocess.run([TOOL, "tier", POOL, "--master", val], capture_output=True, text=True, timeout=60, env=ENV)
         assert r.returncode == IMPORTED, (val, r.returncode, r.stderr)
     p = write("mc.json", '{"master_server_address": "10.0.0.5"}')
