@@ -316,6 +316,11 @@ class Parser(argparse.ArgumentParser):
     function's refusal) read like the C commands' usage errors, not
     argparse's 'usage: ... error: argument ...'."""
 
+    def print_help(self, file=None):
+        # argparse's own print_help swallows a failed write (OSError), and
+        # `umbp tier --help > /dev/full` exited 0 with nothing written
+        (file or sys.stdout).write(self.format_help())
+
     def error(self, message: str):
         m = re.fullmatch(r"argument ([^:]+): (.*)", message, re.S)
         if m:
@@ -1122,15 +1127,51 @@ def check_args(a) -> None:
         raise UsageError(f"--master {why}")
 
 
+def write_failed(what: str, e: OSError) -> int:
+    """Standard output could not be written (/dev/full, a full disk): said as
+    the C commands' cli_stdout_check says it, exit 1. What is left in the
+    buffer goes to /dev/null, so that Python's own flush at exit neither
+    fails again nor prints a traceback."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except OSError:
+        pass
+    print(f"umbp: {what}: writing the output failed: {e.strerror or e}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    # --help and --status end as the C commands do when their reader goes
+    # away (umbp tier POOL --status --json | head): killed by SIGPIPE, not a
+    # BrokenPipeError traceback. Python's SIG_IGN is put back before the tier
+    # proper starts (its sockets and Mooncake's expect EPIPE, not a signal).
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     p = build_parser()
-    a = p.parse_args(argv)  # argparse's own errors exit 2 (Parser.error)
+    try:
+        a = p.parse_args(argv)  # argparse's own errors exit 2 (Parser.error)
+    except SystemExit as e:
+        if e.code in (0, None):  # --help: part of its text may be in the buffer yet
+            try:
+                sys.stdout.flush()
+            except OSError as err:
+                return write_failed("tier --help", err)
+        raise
+    except OSError as e:  # --help's write (print_help)
+        return write_failed("tier --help", e)
     try:
         check_args(a)
     except UsageError as e:
         return usage_error(p.prog, str(e))
     if a.status:
-        return status(a)
+        try:
+            rc = status(a)
+            sys.stdout.flush()
+        except OSError as e:
+            return write_failed("tier --status", e)
+        return rc
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     why = shm_room_error(a)
     if why:
         return usage_error(p.prog, why)

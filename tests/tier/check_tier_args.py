@@ -286,6 +286,40 @@ def _():
     assert rc == IMPORTED, (rc, err)
 
 
+@check("--help and --status into /dev/full: exit 1 saying so, as the C commands; into a pipe nobody reads: "
+       "ended by SIGPIPE, as the C commands; never a traceback")
+def _():
+    pool = f"fb-args-st-{os.getpid()}"
+    r = subprocess.run([TOOL, "pool", "create", pool, "--capacity", "4MiB", "--slot-size", "64KiB"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    try:
+        # Before: --help exited 0 with nothing written (argparse swallows the error), --status ended in an
+        # OSError traceback, and --status --json | head in a BrokenPipeError traceback
+        for args, what in ((["--help"], "tier --help"), ([pool, "--status"], "tier --status"),
+                           ([pool, "--status", "--json"], "tier --status")):
+            with open("/dev/full", "w") as full:
+                r = subprocess.run([TOOL, "tier", *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                                   timeout=60, env=ENV)
+            assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.returncode, r.stderr)
+            assert r.stderr == f"umbp: {what}: writing the output failed: No space left on device\n", (args, r.stderr)
+            rd, wr = os.pipe()
+            os.close(rd)
+            try:
+                r = subprocess.run([TOOL, "tier", *args], stdout=wr, stderr=subprocess.PIPE, text=True, timeout=60,
+                                   env=ENV)
+            finally:
+                os.close(wr)
+            assert r.returncode == -13 and "Traceback" not in r.stderr, (args, r.returncode, r.stderr)
+        rd, wr = os.pipe()  # what the C commands do in the same place
+        os.close(rd)
+        r = subprocess.run([TOOL, "inspect", pool], stdout=wr, stderr=subprocess.PIPE, timeout=60)
+        os.close(wr)
+        assert r.returncode == -13, r.returncode
+    finally:
+        subprocess.run([TOOL, "pool", "destroy", pool], capture_output=True, timeout=60)
+
+
 def cleanup():
     subprocess.run(["rm", "-rf", TMP])
 
