@@ -400,12 +400,25 @@ class ReadThrough:
         self.client.close()
 
 
+def proc_stopped(pid: int) -> bool:
+    """Whether process PID is stopped (SIGSTOP, a debugger): state T or t in
+    /proc/PID/stat, as umbp inspect reads it (this PID namespace's pids only;
+    False when it cannot tell). A stopped tier keeps its lock on the table,
+    so it reads as alive, while every request to it ends at its deadline."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def tier_info(pool_h) -> dict | None:
     """The tier table's state and counters (None: no tier ever served)."""
     i = TierInfo()
     if lib().umbp_tier_info_get(pool_h, C.byref(i)):
         return None
-    return {"alive": i.alive, "pid": i.pid, "state": STATE_NAMES.get(i.state, "unknown"),
+    return {"alive": i.alive, "stopped": bool(i.alive) and proc_stopped(i.pid), "pid": i.pid,
+            "state": STATE_NAMES.get(i.state, "unknown"),
             "message": i.message.decode(errors="replace"), "state_age_s": i.state_age_ns / 1e9,
             "heartbeat_age_s": i.heartbeat_age_ns / 1e9, "records": i.records,
             "keys_per_record": i.keys_per_record, "default_timeout_ms": i.default_timeout_ms,
@@ -419,7 +432,8 @@ def feed_info(pool_h) -> dict | None:
     if lib().umbp_feed_info_get(pool_h, C.byref(i)):
         return None
     return {"capacity": i.capacity, "generation": i.generation, "head": i.head, "overtaken": i.overtaken,
-            "consumers": [{"name": c.name.decode(), "pid": c.pid, "alive": c.alive, "committed": c.committed,
+            "consumers": [{"name": c.name.decode(), "pid": c.pid, "alive": c.alive,
+                           "stopped": bool(c.alive) and proc_stopped(c.pid), "committed": c.committed,
                            "read": c.read, "behind": max(0, i.head - c.read), "lost": c.lost,
                            "delivered": c.delivered}
                           for c in i.consumers[: i.n_consumers]]}

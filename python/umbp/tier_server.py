@@ -1087,7 +1087,11 @@ def status(a) -> int:
         print(f"pool {a.pool}: no tier has served it (start: umbp tier {a.pool})")
         return 1
     s = ti["stats"]
-    print(f"pool {a.pool}: tier {ti['state']} (pid {ti['pid']}, {'alive' if ti['alive'] else 'not running'}) "
+    # a stopped tier still holds the table and reads as alive and in its last state, while every request
+    # to it ends at its deadline: said, with how to continue it
+    run = (f"stopped (SIGSTOP or a debugger): requests to it end at their deadline until it is continued, "
+           f"kill -CONT {ti['pid']}" if ti["stopped"] else "alive" if ti["alive"] else "not running")
+    print(f"pool {a.pool}: tier {ti['state']} (pid {ti['pid']}, {run}) "
           f"for {ti['state_age_s']:.0f} s: {ti['message']}")
     print(f"  read-through: {s['requests']} requests, {s['blocks_fetched']} blocks "
           f"({s['bytes_fetched'] / 2**20:.1f} MiB) brought in, {s['remote_misses']} remote misses, "
@@ -1097,7 +1101,8 @@ def status(a) -> int:
           f"given up); {s['reconnects']} reconnects")
     if fi:
         for c in fi["consumers"]:
-            print(f"  feed consumer {c['name']}: {'alive' if c['alive'] else 'gone'}, {c['behind']} behind, "
+            live = "stopped" if c["stopped"] else "alive" if c["alive"] else "gone"
+            print(f"  feed consumer {c['name']} (pid {c['pid']}): {live}, {c['behind']} behind, "
                   f"{c['lost']} lost")
     return 0
 

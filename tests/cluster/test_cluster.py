@@ -642,6 +642,20 @@ def test_second_tier_refused(cluster):
             r = subprocess.run([TOOL, "tier", a.pool, "--master", master.addr, "--global-segment-size", "16MiB"],
                                capture_output=True, text=True, timeout=60,
                                env=dict(os.environ, UMBP_PYTHON=sys.executable))
+            # the --status the message points at says the tier is stopped, and how to continue it (it read
+            # 'connected (pid N, alive)', as for a tier that serves)
+            if stop:
+                wait_for(lambda: stopped(a.tier.pid), 10, "the tier to stop")
+            st = subprocess.run([TOOL, "tier", a.pool, "--status"], capture_output=True, text=True, timeout=60,
+                                env=dict(os.environ, UMBP_PYTHON=sys.executable))
+            js = json_status(a)
+            want = f"kill -CONT {a.tier.pid}"
+            if stop:
+                assert "stopped (SIGSTOP" in st.stdout and want in st.stdout and ": stopped," in st.stdout, st.stdout
+                assert js["tier"]["stopped"] and js["feed"]["consumers"][0]["stopped"], js
+            else:
+                assert "alive)" in st.stdout and "stopped" not in st.stdout, st.stdout
+                assert not js["tier"]["stopped"] and not js["feed"]["consumers"][0]["stopped"], js
         finally:
             a.tier.send_signal(signal.SIGCONT)
         assert r.returncode == 1, r.stderr
