@@ -1078,6 +1078,11 @@ def status(a) -> int:
         return 1
     try:
         ti, fi = T.tier_info(h), T.feed_info(h)
+    except OSError as e:
+        fix = (": run --status as the tier's user, or give the pool's files in /dev/shm (umbp." + a.pool +
+               ".tier and .feed) the pool file's mode and group" if e.errno in (errno.EACCES, errno.EPERM) else "")
+        print(f"umbp tier: {e.strerror}{fix}", file=sys.stderr)
+        return 1
     finally:
         lib.umbp_pool_detach(h)
     if a.json:

@@ -662,3 +662,25 @@ def test_second_tier_refused(cluster):
         assert f"pid {a.tier.pid}" in r.stderr and "--status" in r.stderr and "SIGTERM" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr, r.stderr
     a.wait_state("connected")
+
+
+def test_status_of_a_table_another_user_cannot_read(cluster):
+    """--status by a user who may read the pool but not the tier's table
+    (its files keep the mode they were made with when the pool's is changed)
+    names the table and the permission, exit 1; it said 'no tier has served
+    it (start: umbp tier POOL)', and that start is refused: a tier serves."""
+    import shutil
+    import subprocess
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to run --status as another user")
+    master, host, work = cluster
+    a = host("a")
+    a.start_tier(master)
+    a.wait_state("connected")
+    os.chmod(f"/dev/shm/umbp.{a.pool}", 0o644)  # the pool readable by all; its .tier and .feed stay 0600
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", TOOL, "tier", a.pool,
+                        "--status"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, UMBP_PYTHON="/usr/bin/python3"))
+    assert r.returncode == 1 and "no tier has served" not in r.stdout + r.stderr, (r.returncode, r.stdout, r.stderr)
+    assert "cannot open its tier table: Permission denied" in r.stderr and "tier's user" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
