@@ -44,6 +44,7 @@ import argparse
 import collections
 import ctypes as C
 import errno
+import ipaddress
 import json
 import math
 import os
@@ -272,10 +273,25 @@ def master_error(addr: str) -> str | None:
         return (f"'{addr}' is not HOST:PORT, nor a URL of an HA master ("
                 + ", ".join(f"{s}://..." for s in MASTER_URL_SCHEMES) + "): give the master's address and its "
                 "--rpc_port without a scheme, e.g. 10.0.0.5:50051")
-    host, colon, port = addr.strip().rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if any(c.isspace() for c in addr):  # passed to Mooncake as written, blanks and all
+        return (f"'{addr}' has a blank in it: give the master's HOST:PORT without blanks, e.g. 10.0.0.5:50051")
+    host, colon, port = addr.rpartition(":")
+    # ASCII digits only: '²' passes isdigit() and then failed int() with a traceback, and other scripts'
+    # digits reached Mooncake as they were
+    if (not colon or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536):
         return (f"'{addr}' is not HOST:PORT with a port from 1 to 65535: give the master's address and its "
                 "--rpc_port, e.g. 10.0.0.5:50051")
+    # a host with a blank, or a ':' that is not an IPv6 address's ('10.0.0.5:50051:1'), is a typo that
+    # Mooncake's setup tried for about 85 s at a time, for ever, holding the tier (and its SIGTERM) meanwhile
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    v6 = True
+    try:
+        ipaddress.IPv6Address(bare)
+    except ValueError:
+        v6 = False
+    if (":" in bare and not v6) or (bare != host and not v6):
+        return (f"'{addr}' is not HOST:PORT: '{host}' is not a host name or an address (an IPv6 one is written "
+                "in brackets, [::1]:50051): give the master's address and its --rpc_port, e.g. 10.0.0.5:50051")
     return None
 
 

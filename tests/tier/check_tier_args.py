@@ -155,8 +155,14 @@ def _():
         for val in ("", " "):
             usage([POOL, f"{opt}={val}"], f"{opt} '{val}' is empty: give ", f"leave {opt} out")
     # a --master that is not HOST:PORT is refused here, not tried by Mooncake for 85 s at a time
-    for val in ("10.0.0.5", "10.0.0.5:", ":50051", "host:port", "host:0", "host:65536", "host:-1"):
+    for val in ("10.0.0.5", "10.0.0.5:", ":50051", "host:port", "host:0", "host:65536", "host:-1",
+                # a traceback (ValueError from int()), and digits of other scripts that reached Mooncake
+                "10.0.0.5:\u00b2", "10.0.0.5:\u0665\u0660\u0660\u0665\u0661",
+                # a host that is no host: Mooncake's setup tried each for 85 s at a time, for ever
+                "10.0.0.5:50051:1", "[10.0.0.5]:50051", "[::1:50051"):
         usage([POOL, f"--master={val}"], f"--master '{val}' is not HOST:PORT", "10.0.0.5:50051")
+    for val in ("10.0.0.5 :50051", "a b:50051", " 10.0.0.5:50051", "10.0.0.5:50051\t"):  # passed on blanks and all
+        usage([POOL, f"--master={val}"], f"--master '{val}' has a blank", "10.0.0.5:50051")
     # a URL of a scheme Mooncake has no HA backend for: its setup said only 'Invalid HA backend entry' and
     # failed, again and again, for as long as the tier ran
     for val in ("http://10.0.0.5:50051", "tcp://10.0.0.5:50051", "://", "etcd://", "etcd:// "):
@@ -164,8 +170,8 @@ def _():
     p = write("mc-url.json", '{"master_server_address": "http://10.0.0.5:50051"}')
     rc, out, err = tier(POOL, "--config", p)
     assert rc == 1 and "master_server_address 'http://10.0.0.5:50051' is not HOST:PORT" in err, (rc, err)
-    for val in ("10.0.0.5:50051", "[::1]:50051", "etcd://10.0.0.5:2379", "redis://10.0.0.5:6379",
-                "k8s://mooncake"):
+    for val in ("10.0.0.5:50051", "[::1]:50051", "::1:50051", "localhost:50051", "my-host.example:50051",
+                "etcd://10.0.0.5:2379", "redis://10.0.0.5:6379", "k8s://mooncake"):
         r = subprocess.run([TOOL, "tier", POOL, "--master", val], capture_output=True, text=True, timeout=60, env=ENV)
         assert r.returncode == IMPORTED, (val, r.returncode, r.stderr)
     p = write("mc.json", '{"master_server_address": "10.0.0.5"}')
