@@ -395,7 +395,10 @@ def bench_ttft(master: Master, work: Path, model_name: str, length: int, reps: i
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="umbp bench tier", description=__doc__.split("\n\n", 1)[1],
+    # umbp tier's parser: its usage errors read as the C commands' ('umbp: ...' then "Try 'umbp bench tier
+    # --help'."), as umbp bench index's and bench copy's do, not argparse's 'usage: ... error: ...'
+    from .tier_server import Parser
+    p = Parser(prog="umbp bench tier", description=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example:\n  umbp bench tier --json\n  umbp bench tier --sizes 1MiB "
                                        "--prefix 32 --reps 15 --engine off\n\nexit status: 0 success, "
@@ -432,12 +435,17 @@ def on_signal(sig, _frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    from .tier_server import parse_args, usage_error
+    p = build_parser()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # --help | head ends as the C commands do
+    a = parse_args(p, argv)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # Python's, for the run (its children and sockets)
+    if isinstance(a, int):
+        return a
     try:
         sizes = [parse_size(s) for s in a.sizes.split(",") if s]
     except argparse.ArgumentTypeError as e:
-        print(f"umbp bench tier: --sizes: {e}", file=sys.stderr)
-        return 2
+        return usage_error(p.prog, f"--sizes {e}")
     # each bad value named with its option; --engine-tokens and --engine-reps
     # were not checked at all (0 reached the engines, after the transfers)
     bad = []
@@ -452,8 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         bad.append(f"--prefix {a.prefix}: the bench's second pool holds 2 x prefix + 8 blocks, and a pool at most "
                    f"{POOL_MAX_SLOTS}: give at most {(POOL_MAX_SLOTS - 8) // 2}")
     if bad:
-        print(f"umbp bench tier: {bad[0]}", file=sys.stderr)
-        return 2
+        return usage_error(p.prog, bad[0])
     need = max(sizes) * (3 * a.prefix + 16)  # both pools of the largest block size, at once
     st = os.statvfs("/dev/shm")
     if need > st.f_bavail * st.f_frsize:

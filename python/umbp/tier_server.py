@@ -1168,6 +1168,25 @@ def write_failed(what: str, e: OSError) -> int:
     return 1
 
 
+def parse_args(p: argparse.ArgumentParser, argv: list[str] | None):
+    """p.parse_args(argv) (argparse's own errors exit 2: Parser.error), with
+    --help's text written as the C commands write theirs: a write that fails
+    is exit 1 saying so. The namespace, or an exit status. The caller has set
+    SIGPIPE to SIG_DFL, so that --help | head ends as the C commands do."""
+    what = p.prog.removeprefix("umbp ") + " --help"
+    try:
+        return p.parse_args(argv)
+    except SystemExit as e:
+        if e.code in (0, None):  # --help: part of its text may be in the buffer yet
+            try:
+                sys.stdout.flush()
+            except OSError as err:
+                return write_failed(what, err)
+        raise
+    except OSError as e:  # --help's write (print_help)
+        return write_failed(what, e)
+
+
 def main(argv: list[str] | None = None) -> int:
     # --help and --status end as the C commands do when their reader goes
     # away (umbp tier POOL --status --json | head): killed by SIGPIPE, not a
@@ -1175,17 +1194,9 @@ def main(argv: list[str] | None = None) -> int:
     # proper starts (its sockets and Mooncake's expect EPIPE, not a signal).
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     p = build_parser()
-    try:
-        a = p.parse_args(argv)  # argparse's own errors exit 2 (Parser.error)
-    except SystemExit as e:
-        if e.code in (0, None):  # --help: part of its text may be in the buffer yet
-            try:
-                sys.stdout.flush()
-            except OSError as err:
-                return write_failed("tier --help", err)
-        raise
-    except OSError as e:  # --help's write (print_help)
-        return write_failed("tier --help", e)
+    a = parse_args(p, argv)
+    if isinstance(a, int):
+        return a
     try:
         check_args(a)
     except UsageError as e:

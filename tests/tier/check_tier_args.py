@@ -285,6 +285,15 @@ def _():
                         (("--prefix", "100000000"), "--prefix 100000000: the bench's second pool")):
         rc, err = bench(*args)
         assert rc == 2 and words in err and "stand-in" not in err and "--capacity" not in err, (args, rc, err)
+    # every usage error in the C commands' form, as umbp tier's and umbp bench copy's: it was argparse's
+    # 'usage: ... error: ...' for some and 'umbp bench tier: ...' without the help line for others
+    for args, words in ((("--bogus",), "unknown option '--bogus'"), (("--reps", "x"), "'x'"),
+                        (("--engine", "maybe"), "--engine 'maybe'"), (("--reps", "0"), "--reps 0"),
+                        (("--sizes", "100"), "--sizes '100'"), (("--sizes", "1Q"), "--sizes '1Q'")):
+        rc, err = bench(*args)
+        lines = err.rstrip("\n").split("\n")
+        assert rc == 2 and len(lines) == 2 and lines[0].startswith("umbp: ") and words in lines[0], (args, rc, err)
+        assert lines[1] == "Try 'umbp bench tier --help'.", (args, err)
     # pools larger than /dev/shm's free space: refused before anything starts, naming what to lower
     rc, err = bench("--prefix", "8000000", "--sizes", "4MiB")
     assert rc == 1 and "bytes of /dev/shm for its two pools" in err and "lower --prefix" in err, (rc, err)
@@ -302,18 +311,18 @@ def _():
     try:
         # Before: --help exited 0 with nothing written (argparse swallows the error), --status ended in an
         # OSError traceback, and --status --json | head in a BrokenPipeError traceback
-        for args, what in ((["--help"], "tier --help"), ([pool, "--status"], "tier --status"),
-                           ([pool, "--status", "--json"], "tier --status")):
+        for args, what in ((["tier", "--help"], "tier --help"), (["tier", pool, "--status"], "tier --status"),
+                           (["tier", pool, "--status", "--json"], "tier --status"),
+                           (["bench", "tier", "--help"], "bench tier --help")):
             with open("/dev/full", "w") as full:
-                r = subprocess.run([TOOL, "tier", *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                r = subprocess.run([TOOL, *args], stdout=full, stderr=subprocess.PIPE, text=True,
                                    timeout=60, env=ENV)
             assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.returncode, r.stderr)
             assert r.stderr == f"umbp: {what}: writing the output failed: No space left on device\n", (args, r.stderr)
             rd, wr = os.pipe()
             os.close(rd)
             try:
-                r = subprocess.run([TOOL, "tier", *args], stdout=wr, stderr=subprocess.PIPE, text=True, timeout=60,
-                                   env=ENV)
+                r = subprocess.run([TOOL, *args], stdout=wr, stderr=subprocess.PIPE, text=True, timeout=60, env=ENV)
             finally:
                 os.close(wr)
             assert r.returncode == -13 and "Traceback" not in r.stderr, (args, r.returncode, r.stderr)
