@@ -580,8 +580,15 @@ class Log:
             return
         line = time.strftime("%Y-%m-%d %H:%M:%S ") + f"umbp tier[{os.getpid()}]: {msg}\n"
         with self.lock:
-            self.f.write(line)
-            self.f.flush()
+            try:
+                self.f.write(line)
+                self.f.flush()
+            except (OSError, ValueError):
+                # The log cannot take it: stderr a pipe whose reader went away (a log collector restarted),
+                # or --log on a full disk. The line is lost; the thread that wrote it must not be: the
+                # connection thread died on it, and the tier then read 'connected' to a master that was
+                # gone, for good, and never reconnected (SIGHUP opens --log again once there is room)
+                pass
 
 
 class Tier:

@@ -684,3 +684,31 @@ def test_status_of_a_table_another_user_cannot_read(cluster):
     assert r.returncode == 1 and "no tier has served" not in r.stdout + r.stderr, (r.returncode, r.stdout, r.stderr)
     assert "cannot open its tier table: Permission denied" in r.stderr and "tier's user" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_log_reader_gone(cluster):
+    """The tier's stderr a pipe whose reader went away (a log collector
+    restarted; or --log on a full disk): its log lines are lost, nothing else.
+    The connection thread died on the first line it wrote (BrokenPipeError),
+    and the tier read 'connected' to a master that had been killed, and after
+    its restart, for good; SIGTERM then exited 1."""
+    import subprocess
+    import sys
+    master, host, work = cluster
+    a = host("a")
+    a.tier = subprocess.Popen([TOOL, "tier", a.pool, "--master", master.addr, "--global-segment-size", "16MiB"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env=dict(os.environ, UMBP_PYTHON=sys.executable))
+    try:
+        assert b"serving pool" in a.tier.stderr.readline()
+        a.wait_state("connected")
+        a.tier.stderr.close()  # the reader goes away
+        master.kill()
+        a.wait_state("disconnected", 30)
+        master.start()
+        a.wait_state("connected", 60)
+        a.tier.send_signal(signal.SIGTERM)
+        assert a.tier.wait(20) == 0
+    except BaseException:
+        print(dump_logs(work))
+        raise
