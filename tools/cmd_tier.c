@@ -85,17 +85,23 @@ static int run_module(const char *what, const char *module, int argc, char **arg
       setenv("PYTHONPATH", pathbuf, 1);
     }
   }
-  /* a missing package is said in one sentence, not a traceback */
+  /* a missing package is said in one sentence, not a traceback; so is no
+   * Ctrl-C that comes before the command installs its own handlers (Python's
+   * start and the imports): exit 130, as a shell shows a C command's death by
+   * SIGINT, not a KeyboardInterrupt traceback */
   char boot[1024];
   snprintf(boot, sizeof boot,
            "import sys\n"
            "try:\n"
-           "    from %s import main\n"
-           "except ImportError as e:\n"
-           "    sys.exit(f'umbp %s: the umbp Python package is not importable by {sys.executable} ({e}): '\n"
-           "             'pip install umbp (pip install . in its repository), or set UMBP_PYTHON to a Python '\n"
-           "             'that has it')\n"
-           "sys.exit(main(sys.argv[1:]))\n",
+           "    try:\n"
+           "        from %s import main\n"
+           "    except ImportError as e:\n"
+           "        sys.exit(f'umbp %s: the umbp Python package is not importable by {sys.executable} ({e}): '\n"
+           "                 'pip install umbp (pip install . in its repository), or set UMBP_PYTHON to a Python '\n"
+           "                 'that has it')\n"
+           "    sys.exit(main(sys.argv[1:]))\n"
+           "except KeyboardInterrupt:\n"
+           "    sys.exit(130)\n",
            module, what);
   char **args = calloc((size_t)argc + 4, sizeof *args);
   if (!args) {

@@ -1020,7 +1020,9 @@ class Tier:
         return k
 
     # ---- life ----
-    def run(self) -> int:
+    def run(self, early: list[int] | None = None) -> int:
+        """Serve until SIGTERM or SIGINT; EARLY holds those that came before
+        (main() noted them): then it stops at once."""
         # The handler only sets a flag: Event.set() takes a lock, and a second
         # signal arriving inside the first one's set() would deadlock on it
         def on_signal(*_):
@@ -1030,6 +1032,8 @@ class Tier:
             self.reopen_log = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
+        if early:
+            self.signalled = True
         signal.signal(signal.SIGHUP, on_hup)
         self.start_watchdog()
         self.log(f"serving pool {self.a.pool} ({self.slot_count} slots of {self.slot_size} B), master "
@@ -1216,6 +1220,14 @@ def main(argv: list[str] | None = None) -> int:
             return write_failed("tier --status", e)
         return rc
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # SIGTERM and SIGINT stop the tier, exit 0, from here on: one that came
+    # before run() installed its handlers (importing Mooncake and setting up
+    # take a second or so) ended in a KeyboardInterrupt traceback, or, inside
+    # Mooncake's import, as "the Mooncake Store client is not importable"
+    # (exit 1). Until run() they are noted here; run() then stops at once.
+    early: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda n, _f: early.append(n))
     why = shm_room_error(a)
     if why:
         return usage_error(p.prog, why)
@@ -1240,12 +1252,15 @@ def main(argv: list[str] | None = None) -> int:
               "pip install mooncake-transfer-engine-non-cuda (or mooncake-transfer-engine with CUDA), or set "
               "UMBP_PYTHON to a Python that has it", file=sys.stderr)
         return 1
+    if early:
+        log(f"stopped by {signal.Signals(early[0]).name} before serving")
+        return 0
     try:
         tier = Tier(a, log, mc)
     except (RuntimeError, OSError) as e:
         print(f"umbp tier: {e}", file=sys.stderr)
         return 1
-    return tier.run()
+    return tier.run(early)
 
 
 if __name__ == "__main__":

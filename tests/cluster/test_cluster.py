@@ -712,3 +712,31 @@ def test_log_reader_gone(cluster):
     except BaseException:
         print(dump_logs(work))
         raise
+
+
+def test_signal_while_starting(cluster):
+    """SIGINT (Ctrl-C) or SIGTERM at any moment of the tier's start ends it
+    without a traceback: exit 0 from main() on, 130 for a SIGINT before (as a
+    shell shows a C command's death by it), or death by the signal before
+    Python set a handler. It was a KeyboardInterrupt traceback before run() set its
+    handlers, and inside Mooncake's import "the Mooncake Store client is not
+    importable ... pip install" (exit 1)."""
+    import subprocess
+    import sys
+    master, host, work = cluster
+    a = host("a")
+    seen = set()
+    for k in range(14):
+        sig = signal.SIGINT if k % 2 == 0 else signal.SIGTERM
+        p = subprocess.Popen([TOOL, "tier", a.pool, "--master", master.addr, "--global-segment-size", "16MiB"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, UMBP_PYTHON=sys.executable))
+        time.sleep(0.03 * k)
+        p.send_signal(sig)
+        err = p.communicate(timeout=30)[1]
+        # death by the signal itself: it came while the C umbp ran, before it exec'd Python
+        ok = (0, 130, -signal.SIGINT) if sig == signal.SIGINT else (0, -signal.SIGTERM)
+        assert p.returncode in ok and "Traceback" not in err and "not importable" not in err, \
+            (0.03 * k, sig, p.returncode, err[-1500:])
+        seen.add(p.returncode)
+    print(f"exit statuses seen: {sorted(seen)}")
