@@ -837,7 +837,9 @@ UMBP_API int umbp_feed_info_get(umbp_pool *p, umbp_feed_info *ret) {
   if (!gen) return umbp_fail(-ENOENT, "pool '%s' has no published-key feed (no consumer opened one)", p->name);
   char shm[UMBP_NAME_MAX + 16];
   feed_shm_name(p->name, shm, sizeof shm);
-  int fd = shm_open(shm, O_RDONLY | O_CLOEXEC, 0);
+  /* O_NONBLOCK: a FIFO of that name must not hold a read-only open without
+   * bound (as the tier table's, umbp_tier_info_get); the map refuses it */
+  int fd = shm_open(shm, O_RDONLY | O_NONBLOCK | O_CLOEXEC, 0);
   if (fd < 0) {
     int e = errno;
     return umbp_fail(e == ENOENT ? -ENOENT : -e, "pool '%s': its feed /dev/shm%s: %s", p->name, shm, strerror(e));

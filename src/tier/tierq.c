@@ -165,9 +165,13 @@ static bool tq_alive(const umbp_tier *t) {
 static int tq_map(umbp_pool *p, int fd, int prot, umbp_tier *t) {
   struct stat st;
   if (fstat(fd, &st)) return umbp_fail(-errno, "pool '%s': cannot stat its tier table: %s", p->name, strerror(errno));
+  /* the next umbp tier replaces such a file (umbp_tier_serve): said, as the fix */
+  if (!S_ISREG(st.st_mode))
+    return umbp_fail(-EBADMSG, "pool '%s': /dev/shm/umbp.%s.tier is not a tier table (not a regular file): remove "
+                               "it, or start 'umbp tier %s', which replaces it", p->name, p->name, p->name);
   if ((uint64_t)st.st_size < TQ_HDR_BYTES)
-    return umbp_fail(-EBADMSG, "pool '%s': its tier table is %lld bytes, shorter than a header", p->name,
-                     (long long)st.st_size);
+    return umbp_fail(-EBADMSG, "pool '%s': its tier table is %lld bytes, shorter than a header: start 'umbp tier %s', "
+                               "which replaces it", p->name, (long long)st.st_size, p->name);
   void *base = mmap(NULL, (size_t)st.st_size, prot, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return umbp_fail(-errno, "pool '%s': cannot map its tier table: %s", p->name, strerror(errno));
   struct tq_hdr *h = base;
@@ -668,7 +672,10 @@ UMBP_API int umbp_tier_info_get(umbp_pool *p, umbp_tier_info *ret) {
   if (!p || !ret) return umbp_fail(-EINVAL, "umbp_tier_info_get: pool and ret are required");
   char name[UMBP_NAME_MAX + 16];
   tq_name(p->name, name, sizeof name);
-  int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+  /* O_NONBLOCK: a FIFO of that name (anyone may make one in /dev/shm) held a
+   * read-only open, and umbp tier --status, until a writer came, without
+   * bound; tq_map() then refuses what is not a table */
+  int fd = shm_open(name, O_RDONLY | O_NONBLOCK | O_CLOEXEC, 0);
   if (fd < 0) {
     int e = errno;
     return umbp_fail(-e, e == ENOENT ? "no umbp tier has served pool '%s'%s" : "pool '%s': cannot open its tier table: %s",

@@ -335,6 +335,30 @@ def _():
         subprocess.run([TOOL, "pool", "destroy", pool], capture_output=True, timeout=60)
 
 
+@check("--status with a FIFO named as the pool's tier table (anyone may make one in /dev/shm): exit 1 naming it "
+       "and the fix, no wait")
+def _():
+    pool = f"fb-args-ff-{os.getpid()}"
+    r = subprocess.run([TOOL, "pool", "create", pool, "--capacity", "4MiB", "--slot-size", "64KiB"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    fifo = f"/dev/shm/umbp.{pool}.tier"
+    os.mkfifo(fifo)
+    try:
+        for extra in ([], ["--json"]):
+            # it waited for a writer of the FIFO, without bound
+            try:
+                r = subprocess.run([TOOL, "tier", pool, "--status", *extra], capture_output=True, text=True,
+                                   timeout=20, env=ENV)
+            except subprocess.TimeoutExpired:
+                raise AssertionError("umbp tier --status still waiting after 20 s") from None
+            assert r.returncode == 1 and "Traceback" not in r.stderr, (extra, r.returncode, r.stderr)
+            assert "is not a tier table" in r.stderr and f"umbp tier {pool}" in r.stderr, (extra, r.stderr)
+    finally:
+        os.unlink(fifo)
+        subprocess.run([TOOL, "pool", "destroy", pool], capture_output=True, timeout=60)
+
+
 def cleanup():
     subprocess.run(["rm", "-rf", TMP])
 
