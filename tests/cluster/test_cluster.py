@@ -740,3 +740,39 @@ def test_signal_while_starting(cluster):
             (0.03 * k, sig, p.returncode, err[-1500:])
         seen.add(p.returncode)
     print(f"exit statuses seen: {sorted(seen)}")
+
+
+def test_pool_destroyed_while_master_stopped(cluster):
+    """The pool destroyed under a tier whose write-back is inside a call to a
+    stopped master: the tier still stops, exit 1, within its 10 s join of that
+    thread, and never touches the handles it let go of. It waited in
+    Mooncake's close for as long as the master stayed stopped, and once the
+    master went on, the write-back thread unpinned through the detached pool:
+    SIGSEGV."""
+    master, host, work = cluster
+    a = host("a")
+    a.start_tier(master)
+    try:
+        a.wait_state("connected")
+        master.proc.send_signal(signal.SIGSTOP)
+        try:
+            store_on(a, NS, 0, 8)  # write-back asks the stopped master, and waits
+            time.sleep(1.5)
+            a.close_daemon()  # stops the daemon and destroys the pool
+            try:
+                rc = a.tier.wait(30)
+            except Exception:
+                rc = "still running 30 s after the destroy"
+        finally:
+            master.proc.send_signal(signal.SIGCONT)
+        if rc != 1:
+            try:
+                rc = f"{rc}; then {a.tier.wait(30)} once the master went on"
+            except Exception:
+                pass
+        assert rc == 1, rc
+        log = a.tier_log.read_text()
+        assert "was destroyed" in log and "still inside a Mooncake call" in log, log[-2000:]
+    except BaseException:
+        print(dump_logs(work))
+        raise
