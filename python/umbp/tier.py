@@ -413,16 +413,17 @@ def proc_stopped(pid: int) -> bool:
 
 
 def tier_info(pool_h) -> dict | None:
-    """The tier table's state and counters (None: no tier ever served).
-    Raises OSError (errno, the library's message) when the table exists but
-    cannot be read (another user's, mode 0600): that is no answer to whether
-    a tier serves, and was shown as 'no tier has served it'."""
+    """The tier table's state and counters (None: no tier ever served, or a
+    table a starting tier is still making). Raises OSError (errno, the
+    library's message) when the table exists but cannot be read (another
+    user's, mode 0600; not a regular file): that is no answer to whether a
+    tier serves, and was shown as 'no tier has served it'."""
     i = TierInfo()
     rc = lib().umbp_tier_info_get(pool_h, C.byref(i))
-    if rc == -errno.ENOENT:
-        return None
-    if rc:
+    if rc in (-errno.EACCES, -errno.EPERM, -errno.ENODEV):
         raise OSError(-rc, last_error())
+    if rc:
+        return None
     return {"alive": i.alive, "stopped": bool(i.alive) and proc_stopped(i.pid), "pid": i.pid,
             "state": STATE_NAMES.get(i.state, "unknown"),
             "message": i.message.decode(errors="replace"), "state_age_s": i.state_age_ns / 1e9,
@@ -433,15 +434,15 @@ def tier_info(pool_h) -> dict | None:
 
 
 def feed_info(pool_h) -> dict | None:
-    """The published-key feed's head and consumers (None: no feed, or the
-    pool destroyed). Raises OSError, as tier_info, when the feed exists but
-    cannot be read."""
+    """The published-key feed's head and consumers (None: no feed, the pool
+    destroyed, or a feed being made). Raises OSError, as tier_info, when the
+    feed exists but this user may not read it."""
     i = FeedInfo()
     rc = lib().umbp_feed_info_get(pool_h, C.byref(i))
-    if rc in (-errno.ENOENT, -errno.EIDRM):
-        return None
-    if rc:
+    if rc in (-errno.EACCES, -errno.EPERM):
         raise OSError(-rc, last_error())
+    if rc:
+        return None
     return {"capacity": i.capacity, "generation": i.generation, "head": i.head, "overtaken": i.overtaken,
             "consumers": [{"name": c.name.decode(), "pid": c.pid, "alive": c.alive,
                            "stopped": bool(c.alive) and proc_stopped(c.pid), "committed": c.committed,

@@ -165,13 +165,15 @@ static bool tq_alive(const umbp_tier *t) {
 static int tq_map(umbp_pool *p, int fd, int prot, umbp_tier *t) {
   struct stat st;
   if (fstat(fd, &st)) return umbp_fail(-errno, "pool '%s': cannot stat its tier table: %s", p->name, strerror(errno));
-  /* the next umbp tier replaces such a file (umbp_tier_serve): said, as the fix */
+  /* the next umbp tier replaces such a file (umbp_tier_serve): said, as the
+   * fix. -ENODEV (what mmap says of it), not -EBADMSG: a table a starting
+   * tier is still making is -EBADMSG for a moment, and callers wait that out */
   if (!S_ISREG(st.st_mode))
-    return umbp_fail(-EBADMSG, "pool '%s': /dev/shm/umbp.%s.tier is not a tier table (not a regular file): remove "
-                               "it, or start 'umbp tier %s', which replaces it", p->name, p->name, p->name);
+    return umbp_fail(-ENODEV, "pool '%s': /dev/shm/umbp.%s.tier is not a tier table (not a regular file): remove "
+                              "it, or start 'umbp tier %s', which replaces it", p->name, p->name, p->name);
   if ((uint64_t)st.st_size < TQ_HDR_BYTES)
-    return umbp_fail(-EBADMSG, "pool '%s': its tier table is %lld bytes, shorter than a header: start 'umbp tier %s', "
-                               "which replaces it", p->name, (long long)st.st_size, p->name);
+    return umbp_fail(-EBADMSG, "pool '%s': its tier table is %lld bytes, shorter than a header", p->name,
+                     (long long)st.st_size);
   void *base = mmap(NULL, (size_t)st.st_size, prot, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return umbp_fail(-errno, "pool '%s': cannot map its tier table: %s", p->name, strerror(errno));
   struct tq_hdr *h = base;
