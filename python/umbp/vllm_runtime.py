@@ -267,7 +267,12 @@ class UMBPSchedulerHandle:
         # tier_timeout_ms 0 is the running tier's own --timeout-ms (the request
         # table's default), not "give up at once": the backstop waits for that
         from .tier import tier_info
-        ms = self.cfg.tier_timeout_ms or (tier_info(self.pool.h) or {}).get("default_timeout_ms") or 2000
+        ms = self.cfg.tier_timeout_ms
+        if not ms:
+            try:
+                ms = (tier_info(self.pool.h) or {}).get("default_timeout_ms") or 2000
+            except OSError:   # a table this process may not read: the request above went through it, so rare
+                ms = 2000
         end = time.monotonic() + ms / 1000.0 + 0.05
         while True:
             v = self._tier.poll(asked[0])

@@ -1433,8 +1433,9 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
         }
         rc = umbp_fail(-ETIMEDOUT,
                        "pool '%s' is still not initialised after %u ms: its creator (pid %d) is alive and may still "
-                       "be pre-faulting a large pool; retry with a longer timeout",
-                       name, timeout, creator);
+                       "be pre-faulting a large pool: retry once it has finished ('umbp pool info %s' describes it then; "
+                       "a program waits longer with umbp_attach_opts.timeout_ms)",
+                       name, timeout, creator, name);
         goto fail;
       }
     } else if (half_made(fd, &st, &small_creator)) {
