@@ -799,6 +799,26 @@ class Tier:
         name see no tier at all."""
         return self.lib.umbp_feed_info_get(self.pool, C.byref(self.feed_info)) == -errno.EIDRM
 
+    def destroyed_watch(self) -> None:
+        """The main thread checks pool_destroyed() between requests, and a
+        request inside a Mooncake call that a stopped or unreachable master
+        holds held that check too: the tier served a destroyed pool, its
+        memory kept, for as long as the master stayed so. This thread makes
+        the same check twice a second and, when the main thread has not
+        stopped 1 s after the destroy, ends the tier as a killed tier ends
+        (exit 1): the kernel drops the table's and feed's locks, and the
+        reserved slots went with the pool."""
+        info = T.FeedInfo()
+        while not self.stop.wait(0.5):
+            if self.lib.umbp_feed_info_get(self.pool, C.byref(info)) != -errno.EIDRM:
+                continue
+            if self.stop.wait(1.0):   # the main thread saw it and is stopping
+                return
+            self.log(f"pool {self.a.pool} was destroyed (umbp pool destroy) under this tier while a request is "
+                     "inside a Mooncake call that does not return (the master does not answer): exiting without "
+                     "waiting for it; start umbp tier again once the pool is re-created")
+            os._exit(1)
+
     def fetch(self, job) -> tuple[int, str | None]:
         """Bring the missing shards of the request's blocks into the pool; the
         number of leading blocks now in the pool on every rank, and a message
@@ -823,6 +843,22 @@ class Tier:
         names = dict(zip(missing, self.namer(keys, missing)))
         need = [i for i in missing if names[i] is not None]
         slots: dict[int, int] = {}
+        try:
+            return self._fetch_into(job, st, present, names, need, slots)
+        except BaseException:
+            # a Mooncake call that raised (or anything after the reservation):
+            # the slots go back now, not when the tier dies
+            for sl in slots.values():
+                self.lib.umbp_abort(self.pool, sl)
+            raise
+
+    def _fetch_into(self, job, st, present, names, need, slots) -> tuple[int, str | None]:
+        """fetch() from the reservation on; every slot it reserves in `slots`
+        is published or aborted before it returns (fetch() aborts them if it
+        raises)."""
+        nb, nr = job.n_blocks, job.n_ranks
+        n = nb * nr
+        keys = self.keys
         if need and self.free_slots() >= 2 * len(need):
             go = self.reserve(need, slots)
         else:
@@ -1038,7 +1074,9 @@ class Tier:
         self.start_watchdog()
         self.log(f"serving pool {self.a.pool} ({self.slot_count} slots of {self.slot_size} B), master "
                  f"{self.mc['master_server_addr']}, write-back {self.a.writeback}")
-        threads = [threading.Thread(target=self.connect_loop, name="tier-connect", daemon=True)]
+        threads = [threading.Thread(target=self.connect_loop, name="tier-connect", daemon=True),
+                   # joined at the stop, before close() detaches the pool it looks at
+                   threading.Thread(target=self.destroyed_watch, name="tier-watch", daemon=True)]
         if self.feed is not None:
             threads.append(threading.Thread(target=self.writeback_loop, name="tier-writeback", daemon=True))
         for th in threads:

@@ -742,6 +742,42 @@ def test_signal_while_starting(cluster):
     print(f"exit statuses seen: {sorted(seen)}")
 
 
+def test_pool_destroyed_while_a_request_waits_on_a_stopped_master(cluster):
+    """The pool destroyed while the tier's main thread is inside a fetch's
+    call to a stopped master: the tier still stops, exit 1, within seconds.
+    It checked for the destroy only between requests, and stayed (25 s and
+    more, as long as the master stayed stopped) holding the destroyed pool's
+    memory; a second thread now makes the check and ends it."""
+    master, host, work = cluster
+    a = host("a")
+    a.start_tier(master)
+    try:
+        a.wait_state("connected")
+        s = Scheduler(a, timeout_ms=800)
+        master.proc.send_signal(signal.SIGSTOP)  # the request below reaches the master before the tier's
+        try:                                      # once-a-second health check marks it gone
+            try:
+                s.fetch(NS, TP, 0, 4, timeout=10)  # ends at its deadline; the tier's call does not
+            except (RuntimeError, AssertionError):
+                pass
+            s.close()
+            a.close_daemon()  # stops the daemon and destroys the pool
+            t0 = time.monotonic()
+            try:
+                rc = a.tier.wait(30)
+            except Exception:
+                rc = "still running 30 s after the destroy"
+            secs = time.monotonic() - t0
+        finally:
+            master.proc.send_signal(signal.SIGCONT)
+        assert rc == 1, rc
+        assert secs < 10, f"the tier stopped {secs:.1f} s after the destroy"  # 1.5 s nominal
+        assert "was destroyed" in a.tier_log.read_text()
+    except BaseException:
+        print(dump_logs(work))
+        raise
+
+
 def test_pool_destroyed_while_master_stopped(cluster):
     """The pool destroyed under a tier whose write-back is inside a call to a
     stopped master: the tier still stops, exit 1, within its 10 s join of that
