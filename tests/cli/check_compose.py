@@ -3,7 +3,7 @@
 """contrib/docker/docker-compose.yml: the structure that makes a daemon
 container and a vLLM container share one pool. Docker is not available where
 umbp is developed, so the file is never run here; this checks the keys that
-matter (docs/operations.md, "Containers", gives the reasons):
+matter (docs/operations.md, "In containers", gives the reasons):
 the same IPC namespace (ipc: shareable + "service:DAEMON", or both host),
 shm_size on the namespace's owner, cap_add SYS_NICE (mbind under Docker's
 seccomp profile), the same uid or the pool's --group, the daemon's command,
