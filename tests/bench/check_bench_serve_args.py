@@ -37,6 +37,14 @@ def _():
         assert rc == 2 and words in err and "is missing" not in err, (args, rc, err)
 
 
+@check("--help and messages name the script as it is run: there is no 'umbp bench serve'")
+def _():
+    r = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("usage: tools/bench_serve.py "), r.stdout[:200]
+    rc, err = serve("--models", "nope")
+    assert rc == 2 and "umbp bench serve" not in err, err
+
+
 def main():
     return taplib.run(results)
 
