@@ -13,8 +13,8 @@ Lines that cannot run here are listed in NOT_HERE with the reason; the rest
 must pass.
 
 Messages: every `'umbp ...'`, `` `umbp ...` `` and `(umbp ...)` in a string
-of src/, tools/ and the vLLM connector's python/umbp/vllm*.py and pool_notes.py
-(C literals split over lines are joined first) must be in MESSAGES: run in the state whose error suggests it
+of src/, tools/, the vLLM connector's python/umbp/vllm*.py and pool_notes.py and
+the host tier's tier*.py and bench_tier.py (C literals split over lines are joined first) must be in MESSAGES: run in the state whose error suggests it
 (pool missing, pool present), or marked as prose that names a command without
 being one. A new suggestion fails the test until it is added there."""
 import glob
@@ -57,6 +57,7 @@ NOT_HERE = {
     "bash scripts/setup.sh": "installs Debian packages and builds: the build this test runs in",
     "daemon kv-a": "the two pools of docs/cluster.md's two-host trial: suite cluster runs that setup",
     "daemon kv-b": "the two pools of docs/cluster.md's two-host trial: suite cluster runs that setup",
+    "tier kv-": "the tiers of docs/cluster.md's two-host trial need Mooncake: suite cluster runs them",
 }
 
 
@@ -107,7 +108,7 @@ def doc_lines():
             line = raw.strip()
             if line.startswith("$ "):
                 line = line[2:]
-            m = re.search(r"(?:^|&& )((?:\./build/tools/)?umbp (?:pool|daemon|inspect|size|topo|replay|bench)\b.*)",
+            m = re.search(r"(?:^|&& )((?:\./build/tools/)?umbp (?:pool|daemon|inspect|size|topo|replay|bench|tier)\b.*)",
                           line)
             if not m:
                 continue
@@ -244,13 +245,16 @@ def _():
 
 # ---- error messages ---------------------------------------------------------------
 # The vLLM connector's modules (split by concern: the standalone-pool error is in vllm_pool.py)
+# and the host tier's (umbp tier, umbp bench tier)
 CONNECTOR_PY = sorted(glob.glob(os.path.join(SRC, "python", "umbp", "vllm*.py")) +
-                      [os.path.join(SRC, "python", "umbp", "pool_notes.py")])
+                      glob.glob(os.path.join(SRC, "python", "umbp", "tier*.py")) +
+                      [os.path.join(SRC, "python", "umbp", "pool_notes.py"),
+                       os.path.join(SRC, "python", "umbp", "bench_tier.py")])
 
 def suggestions():
     """{normalised template: [file:line]} of the commands quoted in message strings."""
     # a backslash ends a candidate: help texts wrap commands over "\n" escapes
-    pat = re.compile(r"""(?<=['`(])umbp (?:pool|daemon|inspect|topo|size|replay|bench)\b[^'`)\n"\\]*(?=['`)])""")
+    pat = re.compile(r"""(?<=['`(])umbp (?:pool|daemon|inspect|topo|size|replay|bench|tier)\b[^'`)\n"\\]*(?=['`)])""")
     files = (glob.glob(os.path.join(SRC, "src", "**", "*.c"), recursive=True) +
              glob.glob(os.path.join(SRC, "tools", "**", "*.c"), recursive=True) +
              CONNECTOR_PY)
@@ -264,7 +268,7 @@ def suggestions():
             if s.startswith(("/*", "*", "//", "#")) or '"' not in ln:
                 continue
             for m in pat.findall(ln):
-                t = re.sub(r"\{self\.name\}|%s", "NAME", m)
+                t = re.sub(r"\{self\.name\}|\{a\.pool\}|%s", "NAME", m)
                 found.setdefault(t, []).append(f"{os.path.relpath(f, SRC)}:{n}")
     return found
 
@@ -306,6 +310,13 @@ MESSAGES = {
     "umbp replay": ("missing", None, 0),
     "umbp pool create": ("missing", None, 0),  # "made by 'umbp pool create'"
     "umbp topo takes only options": ("missing", None, 0),
+    # the host tier (needs Mooncake and runs until stopped: suite cluster runs it)
+    "umbp tier": ("missing", None, 0),
+    "umbp tier NAME": ("missing", None, 0),  # src/tier/tierq.c: the command that serves the table
+    "umbp tier NAME --status": ("missing", None, 0),  # exits 1 where no tier ever served the pool
+    "umbp bench tier": ("missing", None, 0),
+    "umbp daemon POOL": ("missing", None, 0),  # tier --help: "beside its daemon (umbp daemon POOL)"
+    "umbp pool destroy": ("missing", None, 0),  # "was destroyed (umbp pool destroy) under this tier"
 }
 
 
