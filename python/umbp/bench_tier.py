@@ -398,11 +398,15 @@ def build_parser() -> argparse.ArgumentParser:
     # umbp tier's parser: its usage errors read as the C commands' ('umbp: ...' then "Try 'umbp bench tier
     # --help'."), as umbp bench index's and bench copy's do, not argparse's 'usage: ... error: ...'
     from .tier_server import Parser
-    p = Parser(prog="umbp bench tier", description=__doc__.split("\n\n", 1)[1],
+    # the module's text without its reStructuredText markup, for a terminal
+    text = __doc__.split("\n\n", 1)[1].replace("**", "").replace("``", "")
+    p = Parser(prog="umbp bench tier", description=text,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example:\n  umbp bench tier --json\n  umbp bench tier --sizes 1MiB "
                                        "--prefix 32 --reps 15 --engine off\n\nexit status: 0 success, "
-                                       "1 runtime error, 2 usage error.")
+                                       "1 runtime error, 2 usage error, 128 + N stopped by\nsignal N "
+                                       "(SIGTERM, SIGINT, SIGHUP: what it started is stopped and its\n"
+                                       "pools destroyed first).")
     p.add_argument("--sizes", default=DEFAULT_SIZES, metavar="LIST",
                    help=f"block (slot) sizes, comma-separated (default {DEFAULT_SIZES})")
     p.add_argument("--prefix", type=int, default=32, metavar="N", help="blocks in the remote prefix (default 32)")

@@ -179,7 +179,8 @@ exit status:
   redis:// or k8s:// URL, a pool name outside
   [A-Za-z0-9._-]{1,64} or starting with '-', --json without --status, a
   request table, --records x --keys-per-record keys of 48 bytes, and a feed,
-  --feed-capacity entries of 64, that /dev/shm has no room for).
+  --feed-capacity entries of 64, that /dev/shm has no room for); 130 a
+  Ctrl-C before the tier's Python is running.
 
 sizes:
   whole bytes, or a number with B, KiB, MiB, GiB, TiB (K/KB, M/MB, G/GB, T/TB
