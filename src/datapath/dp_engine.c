@@ -707,7 +707,9 @@ static int job_new_keyed(umbp_dp_engine *eng, const umbp_kv_layout *lay, uint16_
 
 int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group, int part, unsigned n,
                   const uint32_t *block_ids, const umbp_key *keys, unsigned flags, umbp_dp_job **ret_job) {
-  if (!keys) return umbp_fail(-EINVAL, "dp store: keys are required");
+  /* ret_job first: job_new() checks only its own out pointer, and a job
+   * submitted with nowhere to return it could never be released. */
+  if (!keys || !ret_job) return umbp_fail(-EINVAL, "dp store: keys and ret_job are required");
   if (flags & ~(unsigned)(UMBP_DP_STORE_SKIP_PRESENT | UMBP_DP_STORE_DEFER_PUBLISH))
     return umbp_fail(-EINVAL, "dp store: unknown flags 0x%x", flags);
   /* Refuse bad keys here, as umbp_dp_load does: otherwise they would be
@@ -785,7 +787,7 @@ int umbp_dp_store(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t gr
 
 int umbp_dp_load(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group, unsigned n,
                  const umbp_key *keys, const uint32_t *block_ids, umbp_dp_job **ret_job) {
-  if (!keys) return umbp_fail(-EINVAL, "dp load: keys are required");
+  if (!keys || !ret_job) return umbp_fail(-EINVAL, "dp load: keys and ret_job are required");
   struct umbp_dp_job *job = NULL; /* set by job_new_keyed() when it returns 0 */
   int rc = job_new_keyed(eng, layout, group, DP_OP_LOAD, n, block_ids, keys, &job);
   if (rc) return rc;
@@ -813,7 +815,7 @@ int umbp_dp_load(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t gro
 
 int umbp_dp_ipc_pull(umbp_dp_engine *eng, const umbp_kv_layout *layout, uint16_t group, unsigned src_rank,
                      unsigned n, const uint32_t *src_blocks, const uint32_t *dst_blocks, umbp_dp_job **ret_job) {
-  if (!src_blocks) return umbp_fail(-EINVAL, "dp pull: src_blocks are required");
+  if (!src_blocks || !ret_job) return umbp_fail(-EINVAL, "dp pull: src_blocks and ret_job are required");
   const struct dp_group *g = layout_group(layout, group);
   if (g && !g->cuda) return umbp_fail(-EINVAL, "dp pull: group %u of the local layout is not on a CUDA device", group);
   struct umbp_dp_job *job;

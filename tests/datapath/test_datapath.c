@@ -243,6 +243,15 @@ static void test_bad_args(void **st) {
     assert_null(j);
   }
   k.hash_len = 16;
+  /* No ret_job: refused before anything is reserved, pinned or queued (it
+   * crashed writing through NULL after the job was already submitted). */
+  uint64_t jobs0 = umbp_dp_job_count();
+  assert_int_equal(umbp_dp_store(e, lay, 0, -1, 1, &id, &k, 0, NULL), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "ret_job"));
+  assert_int_equal(umbp_dp_load(e, lay, 0, 1, &k, &id, NULL), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "ret_job"));
+  assert_int_equal(umbp_dp_ipc_pull(e, lay, 0, 0, 1, &id, &id, NULL), -EINVAL);
+  assert_int_equal(umbp_dp_job_count(), jobs0);
   umbp_slot_census cs;
   assert_int_equal(umbp_census(f.pool, &cs), 0);
   assert_int_equal(cs.reserved, 0);
