@@ -220,6 +220,15 @@ static void live_unlink(umbp_dp_engine *eng, struct umbp_dp_job *job) {
   job->next_live = job->prev_live = NULL;
 }
 
+/* After umbp_publish failed with code on `slot`: -EEXIST and -ENOSPC gave
+ * the slot back already; any other failure (a namespace not registered, a
+ * handle inherited through fork()) left it reserved by this process, and a
+ * failed key's slot is aborted, never kept: abort it, or it stays reserved
+ * (invisible, unusable) until this process detaches. */
+static void publish_failed(umbp_pool *pool, uint32_t slot, int code) {
+  if (code != 0 && code != -EEXIST && code != -ENOSPC) umbp_abort(pool, slot);
+}
+
 void dp_job_finish(struct umbp_dp_job *job) {
   umbp_dp_engine *eng = job->eng;
   umbp_pool *pool = eng->pool;
@@ -253,6 +262,7 @@ void dp_job_finish(struct umbp_dp_job *job) {
         unsigned i = pi[k];
         if (prc[k] == -EEXIST) job->duplicates++; /* first writer won; the slot is free again */
         else if (prc[k] != 0) dp_job_fail_key(job, i, prc[k], "umbp_publish failed");
+        publish_failed(pool, ps[k], prc[k]);
         job->slots[i] = UMBP_NO_SLOT;
       }
     }
@@ -986,6 +996,7 @@ int umbp_dp_job_publish(umbp_dp_job *job, int *rc, unsigned n) {
     job->slots[i] = UMBP_NO_SLOT; /* published, or given back by publish on -EEXIST */
     if (prc[k] == -EEXIST) job->duplicates++; /* first writer won: success */
     else if (prc[k] != 0) dp_job_fail_key(job, i, prc[k], "umbp_publish failed");
+    publish_failed(job->pool, ps[k], prc[k]);
   }
   job->held = false;
   for (unsigned i = 0; i < job->n; i++) {

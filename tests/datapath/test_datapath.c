@@ -522,6 +522,42 @@ static void test_defer_publish(void **st) {
   fx_close(&f);
 }
 
+/* A key whose publish fails other than by -EEXIST/-ENOSPC (here: a namespace
+ * never registered) fails with that code and its slot is aborted, plain or
+ * deferred: it stayed reserved by this process until detach before. */
+static void test_publish_fail_aborts(void **st) {
+  (void)st;
+  struct fx f;
+  fx_open(&f, "dppubf", 4096, 8);
+  uint64_t b[1] = {4096};
+  struct kvc c;
+  kvc_init(&c, 1, 4, b, 0, 0);
+  umbp_kv_layout *lay;
+  assert_int_equal(umbp_kv_layout_create(f.pool, c.reg, 1, &lay), 0);
+  umbp_dp_engine *e = engine(f.pool, 2);
+  uint32_t ids[2] = {0, 1};
+  umbp_key k[2] = {dp_key(f.ns + 5, 21, 0), dp_key(f.ns + 5, 21, 1)}; /* ns + 5: not registered */
+  for (int defer = 0; defer <= 1; defer++) {
+    umbp_dp_job *j;
+    int rc[2];
+    assert_int_equal(umbp_dp_store(e, lay, 0, -1, 2, ids, k, defer ? UMBP_DP_STORE_DEFER_PUBLISH : 0, &j), 0);
+    assert_int_equal(umbp_dp_job_wait(j, 10000), 0);
+    if (defer) assert_int_equal(umbp_dp_job_publish(j, rc, 2), 2);
+    else assert_int_equal(umbp_dp_job_results(j, rc, 2), 2);
+    assert_int_equal(rc[0], -EINVAL);
+    assert_int_equal(rc[1], -EINVAL);
+    umbp_slot_census cs;
+    assert_int_equal(umbp_census(f.pool, &cs), 0);
+    assert_int_equal(cs.reserved, 0);
+    assert_int_equal(cs.published, 0);
+    umbp_dp_job_release(j);
+  }
+  umbp_dp_engine_destroy(e);
+  umbp_kv_layout_free(lay);
+  kvc_free(&c);
+  fx_close(&f);
+}
+
 /* One slow job occupies the only thread; the queued one is cancelled. */
 static void test_cancel(void **st) {
   (void)st;
@@ -916,6 +952,7 @@ int main(void) {
       cmocka_unit_test(test_backends),     cmocka_unit_test(test_bad_args),
       cmocka_unit_test(test_no_slot),
       cmocka_unit_test(test_defer_publish),
+      cmocka_unit_test(test_publish_fail_aborts),
       cmocka_unit_test(test_defer_release_after_detach),
       cmocka_unit_test(test_fork_child),
       cmocka_unit_test(test_ipc_table),
