@@ -208,7 +208,9 @@ UMBP_API void umbp_dp_opts_init(umbp_dp_opts *o);
  * -EAGAIN (no thread). Any thread. */
 UMBP_API int umbp_dp_engine_create(umbp_pool *pool, const umbp_dp_opts *opts,
                                    umbp_dp_engine **ret_engine);
-/* Wait for every job's copies to stop (queued jobs are cancelled), stop the
+/* Wait for every job's copies to stop (queued jobs are cancelled), and for
+ * other threads inside umbp_dp_job_wait/cancel on its jobs to return (within
+ * a 20 ms wait step once the jobs are done), stop the
  * threads, free jobs the caller already released, unregister the pool
  * mapping when this was its last engine. Jobs not yet released stay valid
  * for poll/results/release. Accepts NULL. Destroy engines before detaching

@@ -422,11 +422,50 @@ unsigned umbp_dp__test_live_jobs(umbp_dp_engine *eng) {
  * running copies happen in the parent (or never), and eng->mu may have been
  * held by a parent thread at the fork. -ECHILD before anything waits or
  * locks there. */
-static int eng_forked_fail(const umbp_dp_engine *eng) {
-  if (eng->pid == getpid()) return 0;
+static int pid_forked_fail(pid_t pid) {
+  if (pid == getpid()) return 0;
   return umbp_fail(-ECHILD, "dp: this engine was created by process %d and inherited through fork(): its copy "
                    "threads run only there; in the child, attach the pool and create an engine of its own",
-                   (int)eng->pid);
+                   (int)pid);
+}
+static int eng_forked_fail(const umbp_dp_engine *eng) { return pid_forked_fail(eng->pid); }
+
+/* A thread in umbp_dp_job_wait/cancel locks eng->mu after it saw its job not
+ * done; the job may end meanwhile and umbp_dp_engine_destroy (which waits
+ * only for jobs) free the engine under it. So such a thread registers in
+ * eng->users, under dp_users_mu, only while its job is not done, and destroy
+ * frees the engine only once users is 0: every job is done by then, so no
+ * thread registers anew, and each registered one leaves within one wait step
+ * (DP_HOST_WAIT_NS). A process-wide lock, since the engine itself may be
+ * gone when a thread comes to look; reset in a fork() child (atfork). */
+static pthread_mutex_t dp_users_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dp_users_cv = PTHREAD_COND_INITIALIZER;
+static pthread_once_t dp_users_once = PTHREAD_ONCE_INIT;
+static void dp_users_lock(void) { pthread_mutex_lock(&dp_users_mu); }
+static void dp_users_unlock(void) { pthread_mutex_unlock(&dp_users_mu); }
+static void dp_users_atfork(void) { pthread_atfork(dp_users_lock, dp_users_unlock, dp_users_unlock); }
+
+/* Register the caller as a user of job's engine: true, or false when the job
+ * is done (its engine may be freed already: touch nothing of it). */
+static bool eng_enter(struct umbp_dp_job *job) {
+  pthread_once(&dp_users_once, dp_users_atfork);
+  dp_users_lock();
+  /* acquire pairs with dp_job_finish's release store of DONE */
+  bool live = atomic_load_explicit(&job->state, memory_order_acquire) != DP_JOB_DONE;
+  if (live) job->eng->users++;
+  dp_users_unlock();
+  return live;
+}
+
+static void eng_leave(umbp_dp_engine *eng) {
+  dp_users_lock();
+  if (--eng->users == 0) pthread_cond_broadcast(&dp_users_cv);
+  dp_users_unlock();
+}
+
+static _Atomic unsigned dp_test_wait_pause_us;
+void umbp_dp__test_set_wait_pause(unsigned us) {
+  atomic_store_explicit(&dp_test_wait_pause_us, us, memory_order_relaxed);
 }
 
 void umbp_dp_opts_init(umbp_dp_opts *o) {
@@ -579,6 +618,11 @@ void umbp_dp_engine_destroy(umbp_dp_engine *eng) {
   pthread_cond_broadcast(&eng->work_cv);
   pthread_mutex_unlock(&eng->mu);
   for (unsigned i = 0; i < eng->nthreads; i++) pthread_join(eng->threads[i], NULL);
+  /* Threads still in wait/cancel of a (now done) job leave within a wait step. */
+  pthread_once(&dp_users_once, dp_users_atfork);
+  dp_users_lock();
+  while (eng->users) pthread_cond_wait(&dp_users_cv, &dp_users_mu);
+  dp_users_unlock();
   dp_cuda_engine_fini(eng);
   pthread_mutex_destroy(&eng->mu);
   pthread_cond_destroy(&eng->work_cv);
@@ -618,6 +662,7 @@ static int job_new(umbp_dp_engine *eng, const umbp_kv_layout *lay, uint16_t grou
   if (!job) return umbp_fail(-ENOMEM, "dp: out of memory");
   atomic_fetch_add_explicit(&dp_jobs_unfreed, 1, memory_order_relaxed); /* job_free counts it down */
   job->eng = eng;
+  job->pid = eng->pid;
   job->lay = lay;
   job->grp = g;
   job->op = op;
@@ -862,16 +907,25 @@ int umbp_dp_job_poll(umbp_dp_job *job) {
 int umbp_dp_job_wait(umbp_dp_job *job, uint32_t timeout_ms) {
   if (!job) return umbp_fail(-EINVAL, "dp: job is NULL");
   if (umbp_dp_job_poll(job) == 0) return 0;
-  int frc = eng_forked_fail(job->eng); /* nothing in this process would finish it */
+  /* job->pid, not the engine's: the job may end and its engine be freed now */
+  int frc = pid_forked_fail(job->pid); /* nothing in this process would finish it */
   if (frc) return frc;
   uint64_t deadline = timeout_ms == UINT32_MAX ? UINT64_MAX : umbp_now_ns() + (uint64_t)timeout_ms * 1000000u;
-  umbp_dp_engine *eng = job->eng; /* valid: the engine owns the job until DONE */
+  umbp_dp_engine *eng = job->eng;
+  if (!eng_enter(job)) return 0; /* done meanwhile */
+  /* From here eng stays allocated until eng_leave (destroy waits for it). */
   for (;;) {
-    if (umbp_dp_job_poll(job) == 0) return 0;
+    int rc = umbp_dp_job_poll(job) == 0 ? 0 : -EINPROGRESS;
     uint64_t now = umbp_now_ns();
-    if (now >= deadline) return -ETIMEDOUT;
+    if (rc == -EINPROGRESS && now >= deadline) rc = -ETIMEDOUT;
+    if (rc != -EINPROGRESS) {
+      eng_leave(eng);
+      return rc;
+    }
     uint64_t step = job->grp->cuda ? DP_CUDA_POLL_NS : DP_HOST_WAIT_NS;
     if (deadline - now < step) step = deadline - now;
+    unsigned pause = atomic_load_explicit(&dp_test_wait_pause_us, memory_order_relaxed);
+    if (pause) usleep(pause);
     pthread_mutex_lock(&eng->mu);
     if (!job->grp->cuda && deadline - now >= DP_HELP_MIN_NS) {
       /* The waiter copies its job's tasks that no copy thread has taken yet:
@@ -901,12 +955,14 @@ int umbp_dp_job_cancel(umbp_dp_job *job) {
   if (!job) return umbp_fail(-EINVAL, "dp: job is NULL");
   umbp_dp_engine *eng = job->eng;
   if (atomic_load_explicit(&job->state, memory_order_acquire) == DP_JOB_DONE) return -EALREADY;
-  int frc = eng_forked_fail(eng);
+  int frc = pid_forked_fail(job->pid); /* job->pid: the engine may be freed by now */
   if (frc) return frc;
+  if (!eng_enter(job)) return -EALREADY; /* done meanwhile; else eng stays until eng_leave */
   pthread_mutex_lock(&eng->mu);
   int st = atomic_load_explicit(&job->state, memory_order_relaxed);
   if (st != DP_JOB_QUEUED || job->grp->cuda) {
     pthread_mutex_unlock(&eng->mu);
+    eng_leave(eng);
     return st == DP_JOB_DONE ? -EALREADY : -EBUSY;
   }
   /* Unlink the job's tasks from the FIFO: no worker can start it now. */
@@ -924,6 +980,7 @@ int umbp_dp_job_cancel(umbp_dp_job *job) {
   for (unsigned i = 0; i < job->n; i++)
     if (job->rc[i] == 0) dp_job_fail_key(job, i, -ECANCELED, "job cancelled before its copies started");
   dp_job_finish(job); /* aborts reserved slots, drops pins */
+  eng_leave(eng);
   return 0;
 }
 

@@ -85,6 +85,7 @@ struct umbp_dp_job {
   struct dp_task *tasks;
   void *cuda;            /* CUDA backend's per-job state */
   struct umbp_dp_job *next_live, *prev_live; /* engine's not-done list (eng->mu) */
+  pid_t pid;             /* eng->pid, readable once the engine is freed (fork() checks) */
 };
 
 struct umbp_dp_engine {
@@ -100,6 +101,10 @@ struct umbp_dp_engine {
   _Atomic unsigned test_delay_us; /* test hook: sleep per block in host copies */
   void *cuda;               /* CUDA backend's engine state */
   pid_t pid;                /* creating process: a fork() child's copy has no copy threads */
+  /* Threads inside umbp_dp_job_wait/cancel on a job of this engine that was
+   * not done when they entered (dp_users_mu in dp_engine.c): destroy frees
+   * the engine only at 0, since they lock eng->mu after the job's end. */
+  unsigned users;
 };
 
 /* Finish a job whose copies have all stopped: publish/abort slots, drop pins,
@@ -110,6 +115,10 @@ void dp_job_fail_key(struct umbp_dp_job *job, unsigned i, int code, const char *
 
 /* Test hook: every host copy of a block sleeps us microseconds first. */
 void umbp_dp__test_set_delay(umbp_dp_engine *eng, unsigned us);
+/* Test hook: umbp_dp_job_wait sleeps us microseconds before each lock of
+ * eng->mu (a waiter preempted there while the job ends and the engine is
+ * destroyed). Process-wide. */
+void umbp_dp__test_set_wait_pause(unsigned us);
 /* Number of jobs the engine still owns (not done). */
 unsigned umbp_dp__test_live_jobs(umbp_dp_engine *eng);
 

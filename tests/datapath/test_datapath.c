@@ -558,6 +558,60 @@ static void test_publish_fail_aborts(void **st) {
   fx_close(&f);
 }
 
+/* A thread in umbp_dp_job_wait while another destroys the engine (the
+ * header allows both: jobs not released stay valid after destroy). The
+ * waiter, preempted between its look at the job and its lock of the
+ * engine's mutex (the wait-pause hook), used to lock and read the engine
+ * after destroy freed it: ASan reported a heap-use-after-free in
+ * take_task_of, and a plain build read whatever reused the memory (the
+ * scribble below). */
+static umbp_dp_job *wd_job;
+static _Atomic int wd_in;
+static void *wd_waiter(void *arg) {
+  atomic_store(&wd_in, 1);
+  *(int *)arg = umbp_dp_job_wait(wd_job, UINT32_MAX);
+  return NULL;
+}
+
+static void test_wait_vs_destroy(void **st) {
+  (void)st;
+  struct fx f;
+  fx_open(&f, "dpwdes", 4096, 8);
+  uint64_t b[1] = {4096};
+  struct kvc c;
+  kvc_init(&c, 1, 4, b, 0, 0);
+  umbp_kv_layout *lay;
+  assert_int_equal(umbp_kv_layout_create(f.pool, c.reg, 1, &lay), 0);
+  umbp_dp_engine *e = engine(f.pool, 1);
+  umbp_dp__test_set_delay(e, 200000); /* the job copies for 0.2 s */
+  uint32_t id = 0;
+  umbp_key k = dp_key(f.ns, 23, 0);
+  assert_int_equal(umbp_dp_store(e, lay, 0, -1, 1, &id, &k, 0, &wd_job), 0);
+  while (atomic_load(&wd_job->state) == DP_JOB_QUEUED) usleep(1000);
+  umbp_dp__test_set_wait_pause(500000); /* the waiter sleeps 0.5 s before each lock */
+  atomic_store(&wd_in, 0);
+  int wrc = 1;
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, wd_waiter, &wrc), 0);
+  while (!atomic_load(&wd_in)) usleep(1000);
+  usleep(20000);
+  umbp_dp_engine_destroy(e); /* the job ends meanwhile; destroy must wait for the waiter */
+  /* Reuse what destroy freed, as the next allocation of its size would. */
+  void *scribble = malloc(sizeof(struct umbp_dp_engine));
+  assert_non_null(scribble);
+  memset(scribble, 0xa5, sizeof(struct umbp_dp_engine));
+  assert_int_equal(pthread_join(t, NULL), 0);
+  umbp_dp__test_set_wait_pause(0);
+  free(scribble);
+  assert_int_equal(wrc, 0);
+  assert_int_equal(umbp_dp_job_status(wd_job), 0);
+  umbp_dp_job_release(wd_job);
+  assert_int_equal(umbp_contains_bulk(f.pool, 1, &k, (uint8_t[1]){0}), 1);
+  umbp_kv_layout_free(lay);
+  kvc_free(&c);
+  fx_close(&f);
+}
+
 /* One slow job occupies the only thread; the queued one is cancelled. */
 static void test_cancel(void **st) {
   (void)st;
@@ -953,6 +1007,7 @@ int main(void) {
       cmocka_unit_test(test_no_slot),
       cmocka_unit_test(test_defer_publish),
       cmocka_unit_test(test_publish_fail_aborts),
+      cmocka_unit_test(test_wait_vs_destroy),
       cmocka_unit_test(test_defer_release_after_detach),
       cmocka_unit_test(test_fork_child),
       cmocka_unit_test(test_ipc_table),
