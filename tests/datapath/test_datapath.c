@@ -997,6 +997,7 @@ int main(void) {
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_waiter_copies),
         cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_wait_vs_destroy),
     };
     return cmocka_run_group_tests(ts, NULL, NULL);
   }
@@ -1007,7 +1008,6 @@ int main(void) {
       cmocka_unit_test(test_no_slot),
       cmocka_unit_test(test_defer_publish),
       cmocka_unit_test(test_publish_fail_aborts),
-      cmocka_unit_test(test_wait_vs_destroy),
       cmocka_unit_test(test_defer_release_after_detach),
       cmocka_unit_test(test_fork_child),
       cmocka_unit_test(test_ipc_table),
