@@ -294,7 +294,8 @@ UMBP_API unsigned umbp_dp_job_duplicates(const umbp_dp_job *job);
  * published first counts as success and its slot goes back). Then per-key
  * results into rc[0..min(n, keys)) as umbp_dp_job_results. Returns the
  * number of failed keys (>= 0), -EINPROGRESS (not done), -EINVAL (NULL, not a
- * deferred store), -ENOMEM. A second call publishes nothing more. The calling
+ * deferred store, or its pool handle was detached: the detach gave its slots
+ * back and nothing is published), -ENOMEM. A second call publishes nothing more. The calling
  * thread's process must still have the pool attached; any thread, but not
  * concurrently with release. Release pairs: the slot bytes copied by the
  * job are visible to every process that finds a key (umbp_publish). */

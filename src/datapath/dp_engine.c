@@ -1030,6 +1030,14 @@ int umbp_dp_job_publish(umbp_dp_job *job, int *rc, unsigned n) {
   if (job->op != DP_OP_STORE || !job->defer_publish)
     return umbp_fail(-EINVAL, "dp publish: not a store submitted with UMBP_DP_STORE_DEFER_PUBLISH");
   if (!job_done(job)) return -EINPROGRESS;
+  /* The handle the job reserved through was detached: its memory is gone (a
+   * later attach may even sit at its address and own these slots again,
+   * reserved for other bytes), and the detach gave the held slots back. */
+  if (job->held && !umbp_pool_attached(job->pool, job->pool_serial)) {
+    job->held = false;
+    return umbp_fail(-EINVAL, "dp publish: the pool handle of this store was detached; its copied slots were "
+                     "given back by umbp_pool_detach() and nothing is published");
+  }
   /* Only the caller touches slots[] after DONE (acquire above pairs with
    * dp_job_finish's release store): no lock needed. */
   unsigned np = 0, failed = 0;

@@ -413,6 +413,13 @@ static void test_defer_release_after_detach(void **st) {
   uint32_t *mine = calloc(total, sizeof *mine);
   int got = umbp_reserve_bulk(f.pool, -1, f.ns, total, mine);
   assert_true(got > 0);
+  /* Publishing now is refused: the job's pool handle is gone (this attach
+   * may even sit at its address and own its slots again, reserved for
+   * other bytes); nothing is published. */
+  int prc[4];
+  assert_int_equal(umbp_dp_job_publish(j, prc, 4), -EINVAL);
+  assert_non_null(strstr(umbp_last_error(), "detached"));
+  assert_int_equal(umbp_contains_bulk(f.pool, 4, k, (uint8_t[4]){0}), 0);
   umbp_dp_job_release(j);
   assert_int_equal(umbp_census(f.pool, &cs), 0);
   assert_int_equal(cs.reserved, got); /* the new attach's reservations stay its own */
