@@ -205,7 +205,8 @@ UMBP_API void umbp_dp_opts_init(umbp_dp_opts *o);
  * registration of the pool mapping (once per process and mapping, shared by
  * engines). Returns 0 and *ret_engine, or -EINVAL (bad opts, read-only pool,
  * a CPU outside the allowed set: pthread_setaffinity_np refused it), -ENOMEM,
- * -EAGAIN (no thread). Any thread. */
+ * -EAGAIN (no thread), -ECHILD (a pool handle inherited through fork()).
+ * Any thread. */
 UMBP_API int umbp_dp_engine_create(umbp_pool *pool, const umbp_dp_opts *opts,
                                    umbp_dp_engine **ret_engine);
 /* Wait for every job's copies to stop (queued jobs are cancelled), and for

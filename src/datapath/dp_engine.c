@@ -489,6 +489,9 @@ int umbp_dp_engine_create(umbp_pool *pool, const umbp_dp_opts *opts, umbp_dp_eng
     opts = &def;
   }
   if (!pool || !ret_engine) return umbp_fail(-EINVAL, "dp engine: pool and ret_engine are required");
+  /* A fork() child's copy of a handle has no registry slot either; say so
+   * rather than call it read-only. */
+  if (pool->forked) return umbp_pool_forked_fail(pool);
   if (umbp_pool_proc_slot(pool) < 0)
     return umbp_fail(-EINVAL, "dp engine: the pool handle is read-only; attach read-write to copy blocks");
   if (opts->threads > DP_THREADS_MAX)

@@ -461,6 +461,11 @@ static void test_fork_child(void **st) {
     umbp_dp_job *j2 = NULL;
     if (umbp_dp_store(e, lay, 0, -1, 1, ids, k, 0, &j2) != -ECHILD || j2) code |= 4;
     if (umbp_dp_job_cancel(j) != -ECHILD) code |= 8;
+    /* An engine on the inherited pool handle: -ECHILD naming fork(), not
+     * "read-only" (the child's copy has no registry slot). */
+    umbp_dp_engine *e2 = NULL;
+    if (umbp_dp_engine_create(f.pool, NULL, &e2) != -ECHILD || e2) code |= 16;
+    if (!strstr(umbp_last_error(), "fork")) code |= 32;
     umbp_dp_engine_destroy(e);
     _exit(code);
   }
