@@ -131,7 +131,8 @@ typedef struct umbp_kv_layout umbp_kv_layout;
 /* Describe a worker's KV cache for pool `pool`. Copies the array. Returns 0
  * and *ret_layout, or -EINVAL: n == 0, a region with NULL base, zero sizes,
  * stride < block_bytes, blocks that run past the end of the address space
- * (base + (block_count - 1) * stride + block_bytes), an unknown device or kind, a group mixing CPU and
+ * (base + (block_count - 1) * stride + block_bytes), a CPU region overlapping
+ * the pool's own mapping, an unknown device or kind, a group mixing CPU and
  * CUDA regions or several CUDA devices, or a group whose block object is
  * larger than umbp_slot_size(pool) (the message names both sizes); -ENOMEM.
  * Any thread. The layout may be shared by threads and engines of this

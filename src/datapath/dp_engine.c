@@ -134,6 +134,21 @@ int umbp_kv_layout_create(umbp_pool *pool, const umbp_kv_region *regions, unsign
                        gid, ob, (unsigned long long)slot, ob);
     }
   }
+  /* After the size checks (their messages say more). A host region that
+   * overlaps the pool's own mapping would have loads write over other
+   * blocks' slots: published data of every process. */
+  for (unsigned i = 0; i < n; i++) {
+    const umbp_kv_region *r = &regions[i];
+    uintptr_t lo = (uintptr_t)r->base;
+    uintptr_t hi = lo + (uintptr_t)((uint64_t)(r->block_count - 1) * r->stride + r->block_bytes);
+    uintptr_t plo = (uintptr_t)pool->base, phi = plo + pool->size;
+    if (r->device == UMBP_DP_CPU && pool->base && lo < phi && plo < hi) {
+      umbp_kv_layout_free(l);
+      return umbp_fail(-EINVAL, "kv layout: region %u [%p, +%llu) overlaps the mapping of pool '%s'; a KV cache "
+                       "must be the caller's own memory, not pool slots", i, r->base,
+                       (unsigned long long)(hi - lo), pool->name);
+    }
+  }
   *ret_layout = l;
   return 0;
 }

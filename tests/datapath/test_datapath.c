@@ -176,6 +176,13 @@ static void test_layout_refused(void **st) {
   assert_int_equal(umbp_kv_layout_create(f.pool, &big, 1, &lay), -EINVAL);
   assert_null(lay);
   assert_non_null(strstr(umbp_last_error(), "address space"));
+  /* A host region inside the pool's mapping (slot 1's bytes): a load there
+   * would overwrite another block's published slot. */
+  umbp_kv_region in_pool = {.base = umbp_slot_ptr(f.pool, 1), .block_bytes = 1024, .stride = 1024, .block_count = 2};
+  assert_non_null(in_pool.base);
+  assert_int_equal(umbp_kv_layout_create(f.pool, &in_pool, 1, &lay), -EINVAL);
+  assert_null(lay);
+  assert_non_null(strstr(umbp_last_error(), "overlaps the mapping"));
   kvc_free(&c);
   fx_close(&f);
 }
