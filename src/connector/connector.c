@@ -316,7 +316,8 @@ unsigned umbp_conn_events_pop_common(umbp_conn_events *ev, umbp_conn_event *out,
   if (!ev || (!out && max)) return 0;
   unsigned k = ev->n < max ? ev->n : max;
   if (k) memcpy(out, ev->v, (size_t)k * sizeof(*out));
-  memmove(ev->v, ev->v + k, (size_t)(ev->n - k) * sizeof(*out));
+  /* ev->v is NULL until the first event: no memmove (of NULL) with nothing left */
+  if (ev->n > k) memmove(ev->v, ev->v + k, (size_t)(ev->n - k) * sizeof(*out));
   ev->n -= k;
   return k;
 }

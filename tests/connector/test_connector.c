@@ -292,6 +292,10 @@ static void test_events(void **state) {
   umbp_conn_events *E;
   assert_int_equal(umbp_conn_events_create(&E), 0);
   assert_int_equal(umbp_conn_events_workers(E), 1);
+  /* Popping a container that never held an event (its array is still NULL):
+   * 0, and no memmove of NULL (UBSan halted here). */
+  umbp_conn_event none[2];
+  assert_int_equal(umbp_conn_events_pop_common(E, none, 2), 0);
   /* two workers report the same store in one step: merged */
   umbp_conn_event w0[2] = {ev(UMBP_CONN_EV_STORED, 1, 0), ev(UMBP_CONN_EV_STORED, 2, 0)};
   umbp_conn_event w1[3] = {ev(UMBP_CONN_EV_STORED, 2, 0), ev(UMBP_CONN_EV_STORED, 1, 0),
