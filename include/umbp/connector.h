@@ -99,7 +99,8 @@ typedef struct umbp_conn_ns_params {
  * key_namespace, or "vllm-" followed by 32 hex digits of a 128-bit hash of a
  * canonical serialisation of every field. Returns its length (> 0), -EINVAL
  * (missing model or block size, an explicit namespace longer than 128 bytes
- * or with a NUL/space, n_groups over 32) or -ENOBUFS. Any thread. */
+ * or with white space or a control character, n_groups over 32) or
+ * -ENOBUFS. Any thread. */
 UMBP_API int umbp_conn_ns_derive(const umbp_conn_ns_params *p, char *buf, size_t n);
 
 /* ---- matched tokens ------------------------------------------------------- */

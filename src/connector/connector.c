@@ -123,8 +123,11 @@ int umbp_conn_ns_derive(const umbp_conn_ns_params *p, char *buf, size_t n) {
     if (len > UMBP_CONN_NS_MAX)
       return umbp_fail(-EINVAL, "key_namespace is %zu bytes; at most %d are allowed", len, UMBP_CONN_NS_MAX);
     for (size_t i = 0; i < len; i++)
-      if (p->key_namespace[i] == ' ' || p->key_namespace[i] == '\t' || p->key_namespace[i] == '\n')
-        return umbp_fail(-EINVAL, "key_namespace '%s' contains white space; use [A-Za-z0-9._:/-]", p->key_namespace);
+      /* every byte up to space and DEL: \r, \v, \f and other control
+       * characters passed before, and end up in names, logs and metrics */
+      if ((unsigned char)p->key_namespace[i] <= ' ' || p->key_namespace[i] == 0x7f)
+        return umbp_fail(-EINVAL, "key_namespace contains white space or a control character (byte %zu); "
+                         "use [A-Za-z0-9._:/-]", i);
     if (n < len + 1) return umbp_fail(-ENOBUFS, "umbp_conn_ns_derive: buffer of %zu bytes too small", n);
     memcpy(buf, p->key_namespace, len + 1);
     return (int)len;

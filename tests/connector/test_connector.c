@@ -189,6 +189,13 @@ static void test_ns_derive(void **state) {
   assert_string_equal(a, "shared-llama");
   p.key_namespace = "has space";
   assert_int_equal(umbp_conn_ns_derive(&p, a, sizeof(a)), -EINVAL);
+  /* other white space and control characters too (\r, \v, \f, ESC, DEL passed) */
+  const char *ctl[] = {"cr\rx", "vt\vx", "ff\fx", "esc\033x", "del\177x"};
+  for (unsigned i = 0; i < sizeof ctl / sizeof *ctl; i++) {
+    p.key_namespace = ctl[i];
+    assert_int_equal(umbp_conn_ns_derive(&p, a, sizeof(a)), -EINVAL);
+    assert_non_null(strstr(umbp_last_error(), "control character"));
+  }
   p.key_namespace = NULL;
   assert_int_equal(umbp_conn_ns_derive(&p, a, 10), -ENOBUFS);
   p.model = NULL;
