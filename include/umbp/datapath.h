@@ -198,7 +198,7 @@ enum umbp_dp_cuda_copy {
 
 /* Fill defaults: 2 host threads not bound, 2 CUDA streams, cuda_register
  * true, UMBP_DP_CUDA_COPY_AUTO, 16 kernel CTAs (0 means 16). Never fails;
- * o must not be NULL. */
+ * a NULL o is ignored. */
 UMBP_API void umbp_dp_opts_init(umbp_dp_opts *o);
 
 /* Start an engine on an attached read-write pool: its host threads and, when

@@ -484,6 +484,7 @@ void umbp_dp__test_set_wait_pause(unsigned us) {
 }
 
 void umbp_dp_opts_init(umbp_dp_opts *o) {
+  if (!o) return; /* nothing to fill; a void call cannot report it, so it must not crash */
   memset(o, 0, sizeof *o);
   o->threads = 2;
   o->cuda_streams = 2;

@@ -271,6 +271,7 @@ static void test_bad_args(void **st) {
   assert_int_equal(umbp_dp_engine_create(f.pool, &o, &e2), -EINVAL);
   assert_null(e2);
   umbp_dp_opts_init(&o);
+  umbp_dp_opts_init(NULL); /* ignored: it crashed writing through NULL */
   assert_int_equal(o.cuda_copy, UMBP_DP_CUDA_COPY_AUTO);
   for (int bad = -1; bad <= 3; bad += 4) {
     o.cuda_copy = bad;
