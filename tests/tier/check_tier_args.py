@@ -34,6 +34,9 @@ ENV = dict(os.environ, PYTHONPATH=TMP + (os.pathsep + os.environ["PYTHONPATH"] i
 checks, check = taplib.registry()
 
 
+SANITIZED = os.environ.get("UMBP_SANITIZE", "none").replace("none", "")  # e.g. "address,undefined"
+
+
 def tier(*args):
     r = subprocess.run([TOOL, "tier", *args], capture_output=True, text=True, timeout=60, env=ENV)
     assert "Traceback" not in r.stderr, (args, r.stderr)
@@ -311,9 +314,12 @@ def _():
     try:
         # Before: --help exited 0 with nothing written (argparse swallows the error), --status ended in an
         # OSError traceback, and --status --json | head in a BrokenPipeError traceback
-        for args, what in ((["tier", "--help"], "tier --help"), (["tier", pool, "--status"], "tier --status"),
-                           (["tier", pool, "--status", "--json"], "tier --status"),
-                           (["bench", "tier", "--help"], "bench tier --help")):
+        cases = [(["tier", "--help"], "tier --help"), (["tier", pool, "--status"], "tier --status"),
+                 (["tier", pool, "--status", "--json"], "tier --status"), (["bench", "tier", "--help"],
+                                                                          "bench tier --help")]
+        if SANITIZED:  # --status loads libumbp into Python
+            cases = [c for c in cases if "--status" not in c[0]]
+        for args, what in cases:
             with open("/dev/full", "w") as full:
                 r = subprocess.run([TOOL, *args], stdout=full, stderr=subprocess.PIPE, text=True,
                                    timeout=60, env=ENV)
@@ -338,6 +344,8 @@ def _():
 @check("--status with a FIFO named as the pool's tier table (anyone may make one in /dev/shm): exit 1 naming it "
        "and the fix, no wait")
 def _():
+    if SANITIZED:
+        return f"SKIP --status loads libumbp into Python, which cannot load it built with -Db_sanitize={SANITIZED}"
     pool = f"fb-args-ff-{os.getpid()}"
     r = subprocess.run([TOOL, "pool", "create", pool, "--capacity", "4MiB", "--slot-size", "64KiB"],
                        capture_output=True, text=True, timeout=60)
