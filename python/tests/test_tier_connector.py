@@ -117,13 +117,11 @@ def test_read_through_deadline(pool_name):
         lib.umbp_tier_close(tier)
 
 
-def test_intree_runtime_read_through(pool_name):
-    """vLLM's in-tree connector on umbp's runtime ("backend": "umbp", "tier":
-    true): a lookup that misses asks the tier for the blocks from the first
-    miss, waits for the answer (the in-tree connector's lookup_async runs it
-    on a thread) and answers with what the tier brought."""
-    import threading
-
+def _intree_runtime(pool_name, tp_size, tier_timeout_ms):
+    """umbp's runtime behind vLLM's in-tree connector ("backend": "umbp", "tier":
+    true) on an embedded pool: a rank-0 worker handle (it makes the pool), a
+    scheduler handle attached to it, and the in-tree key codec of namespace
+    rt-ns."""
     from intree_util import register_plugin
     from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
         BlockIdentityCodec, KVLayoutDescriptor, RankTopology, UMBPNamespace)
@@ -131,13 +129,22 @@ def test_intree_runtime_read_through(pool_name):
         UMBPRuntimeConfig, UMBPRuntimeFactory)
     register_plugin()
     opts = {"backend": "umbp", "pool": pool_name, "capacity_bytes": 4 << 20, "no_prefault": True,
-            "key_namespace": "rt-ns", "tier": True, "tier_timeout_ms": 2000}
+            "key_namespace": "rt-ns", "tier": True, "tier_timeout_ms": tier_timeout_ms}
     rt = UMBPRuntimeFactory.build(UMBPRuntimeConfig(mode="embedded", options=opts))
-    topo = RankTopology(tp_rank=0, tp_size=2)
-    # the pool exists once a worker made it (embedded); the scheduler attaches to it
-    worker = rt.create_worker_handle("rt-ns", RankTopology(tp_rank=0, tp_size=2), KVLayoutDescriptor((), topo))
+    topo = RankTopology(tp_rank=0, tp_size=tp_size)
+    worker = rt.create_worker_handle("rt-ns", topo, KVLayoutDescriptor((), topo))
     sch = rt.create_scheduler_handle("rt-ns", topo, KVLayoutDescriptor((), topo))
-    codec = BlockIdentityCodec(UMBPNamespace("rt-ns"))
+    return worker, sch, BlockIdentityCodec(UMBPNamespace("rt-ns"))
+
+
+def test_intree_runtime_read_through(pool_name):
+    """vLLM's in-tree connector on umbp's runtime ("backend": "umbp", "tier":
+    true): a lookup that misses asks the tier for the blocks from the first
+    miss, waits for the answer (the in-tree connector's lookup_async runs it
+    on a thread) and answers with what the tier brought."""
+    import threading
+
+    worker, sch, codec = _intree_runtime(pool_name, tp_size=2, tier_timeout_ms=2000)
     lib = T.lib()
     tier = C.c_void_p()
     L.check(lib.umbp_tier_serve(sch.pool.h, None, C.byref(tier)), "serve")
@@ -178,19 +185,7 @@ def test_intree_runtime_tier_timeout_0_is_the_tiers_own(pool_name):
     bringing (here it answers after 300 ms, within its 5 s default)."""
     import threading
 
-    from intree_util import register_plugin
-    from vllm.distributed.kv_transfer.kv_connector.v1.umbp.data import (
-        BlockIdentityCodec, KVLayoutDescriptor, RankTopology, UMBPNamespace)
-    from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import (
-        UMBPRuntimeConfig, UMBPRuntimeFactory)
-    register_plugin()
-    opts = {"backend": "umbp", "pool": pool_name, "capacity_bytes": 4 << 20, "no_prefault": True,
-            "key_namespace": "rt-ns", "tier": True, "tier_timeout_ms": 0}
-    rt = UMBPRuntimeFactory.build(UMBPRuntimeConfig(mode="embedded", options=opts))
-    topo = RankTopology(tp_rank=0, tp_size=1)
-    worker = rt.create_worker_handle("rt-ns", topo, KVLayoutDescriptor((), topo))
-    sch = rt.create_scheduler_handle("rt-ns", topo, KVLayoutDescriptor((), topo))
-    codec = BlockIdentityCodec(UMBPNamespace("rt-ns"))
+    worker, sch, codec = _intree_runtime(pool_name, tp_size=1, tier_timeout_ms=0)
     lib = T.lib()
     tier = C.c_void_p()
     params = T.TierParams(0, 0, 5000)
