@@ -156,13 +156,22 @@ def test_per_key_load_failure_and_out_of_order_completion(pool_name):
     try:
         present = rig.keys(5, 1)
         rig.worker.publish(rig.worker.wait(rig.worker.store_blocks(rig.store_batch(present, [200]))))
-        big = rig.keys(4, 192)
-        slow = rig.worker.store_blocks(rig.store_batch(big, list(range(192))))
         missing = rig.keys(6, 1)
-        miss = rig.worker.load_blocks(rig.load_batch(missing, [301]))
-        first = rig.worker.poll(miss)
-        assert first is not None and first.status == TransferJobStatus.FAILED
-        assert rig.worker.poll(slow) is None, "the 24 MiB store should still be copying"
+        # On a loaded machine the test's thread can lose its CPU for longer
+        # than the store's copy takes, so the store may be done by the time
+        # the miss is polled: try again with other keys until the miss was
+        # seen done while the store still copied (a few tries at most).
+        for attempt in range(40):
+            big = rig.keys(100 + attempt, 192)
+            slow = rig.worker.store_blocks(rig.store_batch(big, list(range(192))))
+            miss = rig.worker.load_blocks(rig.load_batch(missing, [301]))
+            first = rig.worker.poll(miss)
+            assert first is not None and first.status == TransferJobStatus.FAILED
+            if rig.worker.poll(slow) is None:
+                break
+            rig.worker.publish(slow)
+        else:
+            raise AssertionError("in 40 tries the 24 MiB store never outlasted a later load's miss")
         mixed = rig.worker.load_blocks(rig.load_batch(present + missing, [300, 301]))
         res = rig.worker.wait(mixed)
         assert res.status == TransferJobStatus.FAILED
