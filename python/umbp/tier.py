@@ -38,7 +38,7 @@ STATE_NAMES = {STOPPED: "stopped", CONNECTING: "connecting", CONNECTED: "connect
 # enum umbp_tier_stat, in order
 STATS = ("requests", "blocks_fetched", "keys_fetched", "bytes_fetched", "remote_misses", "fetch_errors",
          "expired", "wb_queued", "wb_written", "wb_bytes", "wb_skipped", "wb_dropped", "wb_errors",
-         "reconnects", "wb_refused")
+         "reconnects", "wb_refused", "held")
 ST = {name: i for i, name in enumerate(STATS)}
 STAT_COUNT = 16
 

@@ -12,7 +12,9 @@ One process per host, beside the pool's daemon. Three threads:
   prefix that is nowhere), publishes every shard of a block only once all of
   that block's shards arrived whole, and answers with the number of leading
   blocks now in the pool on every rank. A shard that fails or arrives short
-  is never published; its slot goes back to the pool.
+  is never published; its slot goes back to the pool, except one whose
+  transfer Mooncake gave up on and may still land (held until the tier
+  exits: MC_MAY_STILL_RUN).
 - the **write-back thread** reads the pool's published-key feed (feed.h) as
   consumer "tier", queues keys published by other processes (bounded: the
   oldest are dropped and counted) and writes them in batches straight from
@@ -68,6 +70,21 @@ MC_LEASE_EXPIRED = -707
 MC_TRANSFER_FAIL = -800
 MC_RPC_FAIL = -900
 _UNREACHABLE = {MC_RPC_FAIL}
+# A get or put that Mooncake answers TRANSFER_FAIL may still be running, and
+# writing into (get) or reading from (put) the slot it was given: Mooncake
+# stops waiting for a transfer after 60 s, or when it cannot read a task's
+# status (mooncake-store/src/transfer_task.cpp,
+# TransferEngineOperationState::wait_for_completion and check_task_status),
+# and returns while the transfer engine goes on with the batch
+# (Transport::freeBatchID refuses to free a batch whose tasks are not done).
+# The TCP transport only cuts a transfer that makes no progress for 30 s
+# (MC_TCP_PROGRESS_TIMEOUT_SEC; older ones never), so a slow one goes on and
+# moves its bytes after the call returned, at any time while this process
+# lives. Such slots are held (hold()) until the tier exits, never
+# aborted, unpinned or published. Every other result is given only before the
+# transfer was submitted or once it finished (Client::BatchGet and
+# Client::WaitForTransfers wait on every submitted transfer's future).
+MC_MAY_STILL_RUN = MC_TRANSFER_FAIL
 PUT_TRIES = 3  # a put the store refuses is tried again 1 s and 2 s later, then counted in wb_errors
 # Test hook (tests/cluster): after the transfer into reserved slots and before
 # publishing them, create this file and stop, so that a test can kill the tier
@@ -621,6 +638,7 @@ class Tier:
             self.lib.umbp_pool_detach(h)
             raise RuntimeError(err)
         self.t = t
+        self.held: list[int] = []  # slots Mooncake may still write or read (MC_MAY_STILL_RUN); close() reads it
         self.feed = None
         self.store = None  # before anything that can fail: close() reads it
         if a.writeback != "off":
@@ -844,19 +862,46 @@ class Tier:
         names = dict(zip(missing, self.namer(keys, missing)))
         need = [i for i in missing if names[i] is not None]
         slots: dict[int, int] = {}
+        landing: set[int] = set()
         try:
-            return self._fetch_into(job, st, present, names, need, slots)
+            return self._fetch_into(job, st, present, names, need, slots, landing)
         except BaseException:
             # a Mooncake call that raised (or anything after the reservation):
-            # the slots go back now, not when the tier dies
-            for sl in slots.values():
-                self.lib.umbp_abort(self.pool, sl)
+            # the slots go back now, not when the tier dies; those of a
+            # batch_get_into that raised are held (its transfers may run on)
+            self.give_back(slots, list(slots), landing, "a batch_get_into that raised")
             raise
 
-    def _fetch_into(self, job, st, present, names, need, slots) -> tuple[int, str | None]:
+    def give_back(self, slots: dict[int, int], idx: list[int], landing: set[int], why: str) -> None:
+        """Take the reserved slots of shards idx out of `slots` (shard -> slot)
+        and abort them, except those of the shards in `landing`, into which
+        Mooncake may still write: held."""
+        gone = {i: slots.pop(i) for i in idx}
+        self.hold([sl for i, sl in gone.items() if i in landing], why)
+        for i, sl in gone.items():
+            if i not in landing:
+                self.lib.umbp_abort(self.pool, sl)
+
+    def hold(self, held: list[int], why: str) -> None:
+        """Keep these slots (reserved or pinned) until the tier exits: a
+        transfer Mooncake gave up on may still write into or read from them
+        (MC_MAY_STILL_RUN). Aborted, or unpinned, they could be handed to
+        another block whose bytes that transfer would then overwrite (or send
+        to the store). The kernel ends the transfers with the process, and the
+        pool's reaper then frees the slots (close() leaves them to it)."""
+        if not held:
+            return
+        self.held.extend(held)
+        self.stat("held", len(held))
+        self.log(f"Mooncake gave up on {len(held)} transfer(s) ({why}, TRANSFER_FAIL) that may still run: their "
+                 f"slots are held until this tier exits ({len(self.held)} of {self.slot_count} held now; "
+                 "restarting the tier frees them)")
+
+    def _fetch_into(self, job, st, present, names, need, slots, landing) -> tuple[int, str | None]:
         """fetch() from the reservation on; every slot it reserves in `slots`
-        is published or aborted before it returns (fetch() aborts them if it
-        raises)."""
+        is published, aborted or held before it returns (fetch() gives them
+        back if it raises). `landing` holds the shards whose slots Mooncake
+        may still write into."""
         nb, nr = job.n_blocks, job.n_ranks
         n = nb * nr
         keys = self.keys
@@ -877,13 +922,15 @@ class Tier:
             go = self.reserve([i for i in need if i < lead * nr], slots)
         ok: set[int] = set()
         if go:
+            landing.update(go)
             res = st.batch_get_into([names[i] for i in go],
                                     [int(self.lib.umbp_slot_ptr(self.pool, slots[i])) for i in go],
                                     [self.slot_size] * len(go))
+            landing.clear()
+            landing.update(i for i, r in zip(go, res) if r == MC_MAY_STILL_RUN)
             if any(r in _UNREACHABLE for r in res):
                 self.rpc_failed(MC_RPC_FAIL)
-                for sl in slots.values():
-                    self.lib.umbp_abort(self.pool, sl)
+                self.give_back(slots, list(slots), landing, "a batch_get_into")
                 return -errno.ENOTCONN, "the store's master did not answer"
             ok = {i for i, r in zip(go, res) if r == self.slot_size}
             # a shard the store does not hold is a miss; anything else (short,
@@ -897,9 +944,7 @@ class Tier:
         # shard missing publishes none of them
         whole = [all(present[b * nr + r] or (b * nr + r) in ok for r in range(nr)) for b in range(nb)]
         pub = [i for i in sorted(ok) if whole[i // nr]]
-        for i, sl in slots.items():
-            if i not in ok or not whole[i // nr]:
-                self.lib.umbp_abort(self.pool, sl)
+        self.give_back(slots, [i for i in slots if i not in ok or not whole[i // nr]], landing, "a batch_get_into")
         if pub:
             ps = (C.c_uint32 * len(pub))(*[slots[i] for i in pub])
             pk = (L.Key * len(pub))(*[keys[i] for i in pub])
@@ -1018,6 +1063,7 @@ class Tier:
         live = [(i, nm) for i, nm in zip(hit, self.namer(keys, hit)) if nm is not None]
         self.stat("wb_skipped", k - len(live))
         retry, later = [], []
+        putting: list[int] = []  # entries whose slots a batch_put_from may still read
         try:
             if live:
                 ex = st.batch_is_exist([nm for _, nm in live])
@@ -1029,9 +1075,11 @@ class Tier:
                     self.stat("wb_skipped", sum(1 for e in ex if e == 1))
                     live = [x for x, e in zip(live, ex) if e != 1]
             if live:
+                putting = [i for i, _ in live]
                 res = st.batch_put_from([nm for _, nm in live],
                                         [int(self.lib.umbp_slot_ptr(self.pool, slots[i])) for i, _ in live],
                                         [self.slot_size] * len(live))
+                putting = [i for (i, _), r in zip(live, res) if r == MC_MAY_STILL_RUN]
                 for (i, _), r in zip(live, res):
                     if r == 0:
                         self.stat("wb_written")
@@ -1048,6 +1096,10 @@ class Tier:
                 if any(r in _UNREACHABLE for r in res):
                     self.rpc_failed(MC_RPC_FAIL)
         finally:
+            # the pins of puts that may still read their slots stay held
+            self.hold([slots[i] for i in putting], "a batch_put_from")
+            for i in putting:
+                slots[i] = L.UMBP_NO_SLOT
             self.lib.umbp_unpin_bulk(self.pool, k, slots)
         with self.q_lock:
             if retry:  # back at the front, for after the reconnection
@@ -1138,6 +1190,13 @@ class Tier:
                 st.close()
             except Exception as e:
                 self.log(f"closing the Mooncake client: {e!r}")
+        if self.pool is not None and self.held:
+            # a detach would free the held slots while this process, and with
+            # it the transfers that may still use them, lives on a moment: the
+            # pool's reaper frees them once the process is gone
+            self.log(f"leaving {len(self.held)} held slots to the pool's reaper (Mooncake may still use them "
+                     "until this process exits)")
+            self.pool = None
         if self.pool is not None:
             self.lib.umbp_pool_detach(self.pool)
             self.pool = None
@@ -1180,6 +1239,9 @@ def status(a) -> int:
     print(f"  write-back:   {s['wb_written']} written ({s['wb_bytes'] / 2**20:.1f} MiB), {s['wb_skipped']} "
           f"skipped, {s['wb_dropped']} dropped, {s['wb_refused']} refused by the store ({s['wb_errors']} "
           f"given up); {s['reconnects']} reconnects")
+    if s["held"]:
+        print(f"  held:         {s['held']} slots whose transfer Mooncake gave up on (it may still run): kept "
+              f"until the tier exits; restart it to free them")
     if fi:
         for c in fi["consumers"]:
             live = "stopped" if c["stopped"] else "alive" if c["alive"] else "gone"
