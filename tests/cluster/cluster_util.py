@@ -49,8 +49,9 @@ class Master:
     """mooncake_master on 127.0.0.1 (its own RPC and metrics ports, so that
     several tests and engineers can run at once)."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, *extra: str):
         self.bin = master_binary()
+        self.extra = list(extra)  # more mooncake_master flags
         self.port, self.metrics_port = free_port(), free_port()
         self.log = workdir / "mooncake_master.log"
         self.proc = None
@@ -63,7 +64,7 @@ class Master:
     def start(self) -> None:
         self.proc = subprocess.Popen([self.bin, f"--rpc_port={self.port}", "--rpc_address=127.0.0.1",
                                       f"--metrics_port={self.metrics_port}", "--enable_http_metadata_server=false",
-                                      "--rpc_thread_num=2"],
+                                      "--rpc_thread_num=2", *self.extra],
                                      stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
 
         def up():

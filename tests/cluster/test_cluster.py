@@ -8,9 +8,11 @@
   counted), not by its deadline;
 - the master killed and restarted (also while no call of the tier would
   notice: it is reported within seconds), a tier killed in the middle of a
-  transfer, a store that refuses puts: no worker fails, the pools pass
-  `umbp inspect --check`, no block is published half-written, requests are
-  never held past their deadline, the tiers reconnect by themselves;
+  transfer, a transfer Mooncake gave up on (its late bytes land in the slots
+  the tier holds, not in a reused one), a store that refuses puts: no worker
+  fails, the pools pass `umbp inspect --check`, no block is published
+  half-written, requests are never held past their deadline, the tiers
+  reconnect by themselves;
 - the tier's life as an operator meets it: signals (SIGTERM while a Mooncake
   call holds the GIL, SIGHUP), its pool destroyed under it, a second tier,
   a feed name taken, a setup that raises; `umbp bench tier` stopped by a
@@ -291,6 +293,84 @@ def test_master_killed_mid_transfer_reported(cluster):
     finally:
         s.close()
         b.kill_tier()  # paused for ever by the test hook
+
+
+def test_transfer_mooncake_gave_up_on_keeps_its_slots(cluster):
+    """Mooncake's batch_get_into stops waiting for a transfer after 60 s and
+    answers TRANSFER_FAIL while its transfer engine goes on with it, so the
+    bytes can land later (tier_server.py, MC_MAY_STILL_RUN). Here host A's
+    tier, whose segment holds the objects, is stopped while B fetches, and
+    B's TCP transport waits for A longer than Mooncake's 60 s (its deadlines
+    for a status frame and for payload progress, 30 s each by default, at
+    600 s: a transfer that still makes progress is never cut, so a slow one
+    outlives the wait the same way); this test then takes every slot of B's
+    pool it can get, and continues A. The late bytes must land in the slots
+    B's tier holds (counted: held), never in a slot given to anyone else:
+    aborted, they were this test's, and its pattern was overwritten."""
+    import ctypes as C
+    import sys
+
+    from umbp import _lib as L
+    from umbp import tier as T
+    sys.path.insert(0, os.path.dirname(__file__))
+    from worker import block_bytes
+    master, host, work = cluster
+    master.stop()  # A stays stopped past the master's client TTL (10 s): a longer one keeps its segment known
+    master.extra = ["--client_ttl=600"]
+    master.start()
+    a = host("a")
+    a.start_tier(master)
+    a.wait_state("connected")
+    store_on(a, NS, 0, 3)
+    wait_for(lambda: written(a) >= 3 * TP, 30, "write-back")  # B lends no segment yet: all of it in A's
+    b = host("b")
+    b.start_tier(master, env={"MC_TCP_STATUS_TIMEOUT_SEC": "600", "MC_TCP_PROGRESS_TIMEOUT_SEC": "600"})
+    b.wait_state("connected")
+    s = Scheduler(b)
+    lib, h, mine = T.lib(), C.c_void_p(), []
+    try:
+        assert s.fetch(NS, TP, 0, 1)[0] == 1  # B's transport has A's segment from here on
+        a.tier.send_signal(signal.SIGSTOP)
+        wait_for(lambda: stopped(a.tier.pid), 10, "A's tier to stop")
+        assert s.client.request(s.keys(NS, TP, 1, 2), 2, TP) is not None, s.client.last
+        wait_for(lambda: b.status()["stats"]["fetch_errors"] >= 2 * TP, 240,
+                 "Mooncake to give up on B's transfers (after 60 s)")
+        st = b.status()["stats"]
+        assert st["held"] == 2 * TP and st["keys_fetched"] == TP, st
+        assert "held until this tier exits" in b.tier_log.read_text()
+        o = L.AttachOpts()
+        lib.umbp_attach_opts_init(C.byref(o))
+        L.check(lib.umbp_pool_attach(b.pool.encode(), C.byref(o), C.byref(h)), "attach")
+        nsid = C.c_uint32()
+        L.check(lib.umbp_ns_lookup(h, NS.encode(), C.byref(nsid)), "namespace")
+        size, count = int(lib.umbp_slot_size(h)), int(lib.umbp_slot_count(h))
+        buf = (C.c_uint32 * count)()
+        while (got := lib.umbp_reserve_bulk(h, -1, nsid.value, count, buf)) > 0:
+            mine += buf[:got]
+        assert len(mine) == count - 2 * TP, (len(mine), count)
+        for sl in mine:
+            C.memset(lib.umbp_slot_ptr(h, sl), 0x5A, size)
+        a.tier.send_signal(signal.SIGCONT)
+        want = [block_bytes(NS, r, bid, size) for bid in (1, 2) for r in range(TP)]
+
+        def landed():
+            have = {C.string_at(lib.umbp_slot_ptr(h, sl), size) for sl in range(count)}
+            return all(w in have for w in want)
+        wait_for(landed, 60, "the transfers Mooncake gave up on to land once A continues", 0.2)
+        hit = [sl for sl in mine if C.string_at(lib.umbp_slot_ptr(h, sl), size) != b"\x5a" * size]
+        assert not hit, f"late bytes overwrote slots {hit}, given to this test after the tier let them go"
+        b.kill_tier(signal.SIGTERM)
+        assert f"leaving {2 * TP} held slots to the pool's reaper" in b.tier_log.read_text()
+    except BaseException:
+        print(dump_logs(work))
+        raise
+    finally:
+        if a.tier is not None and a.tier.poll() is None:
+            a.tier.send_signal(signal.SIGCONT)
+        s.close()
+        if h.value:
+            lib.umbp_pool_detach(h)  # gives this test's reservations back
+    wait_for(lambda: b.check().returncode == 0, 20, "B's pool to pass its check after the reap")
 
 
 def test_store_refuses_puts(cluster):
