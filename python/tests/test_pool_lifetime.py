@@ -276,9 +276,15 @@ def test_engines_sharing_a_pool_each_get_every_removal(pool_name):
     embedded pool): a block removed from the pool is a BlockRemoved event of
     each engine, where the pool's event ring gave each removal to whichever
     engine drained it first (one got 3 of 3, the other none). Each scheduler
-    reads the pool's broadcast feed at its own cursor."""
+    reads the pool's broadcast feed at its own cursor, also two engines of
+    one pid (here one process; in life, containers of separate pid namespaces
+    sharing /dev/shm), where the second found "vllm.PID" held and drained the
+    event ring instead."""
     a, b = sched(pool_name, "eng-a"), sched(pool_name, "eng-b")
     try:
+        pid = os.getpid()
+        assert {c["name"]: c["alive"] for c in T.feed_info(a.pool.h)["consumers"]} == \
+            {f"vllm.{pid}": True, f"vllm.{pid}.2": True}
         hashes = [bytes([i + 1]) * 32 for i in range(4)]
         _publish_and_remove(a, hashes, 3)
         assert _removed(a) == hashes[:3]

@@ -209,8 +209,7 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
         self.namespace: str | None = None
         self.ns_id: int | None = None
         self._is_scheduler = sched
-        self._feed = None             # the scheduler's cursor in the pool's feed (_open_removals)
-        self._feed_lost, self._feed_lost_said = 0, 0.0
+        self._removals = None         # the scheduler's reader of the pool's removals (_open_removals)
         if self.cfg.key_namespace:
             self._bind_namespace(self.cfg.key_namespace)
         # scheduler state
@@ -255,7 +254,7 @@ class UMBPStoreConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1, Supports
         self.ns_id = self.pool.ns(name)
         # the scheduler turns the pool's removals into BlockRemoved events
         # (take_events), read from here on
-        if self._is_scheduler and self._feed is None:
+        if self._is_scheduler and self._removals is None:
             self._open_removals()
 
     def _tmpl(self, tp_rank: int, group: int) -> L.Key:

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 from . import _lib as L
 from . import pool_notes as N
+from . import tier as T
 from .vllm_config import _INDEX_PAGES, LAYOUT_UNHASHED, UMBPConfig
 
 logger = logging.getLogger("vllm.umbp")
@@ -502,3 +503,117 @@ class _Pool:
             self.owner = False
         finally:
             lock.__exit__(None, None, None)
+
+
+class PoolRemovals:
+    """Where a vLLM connector process learns of the pool's removals (evicted,
+    removed, cleared blocks: its BlockRemoved events), for umbp.vllm's
+    scheduler and for each worker of the in-tree connector's runtime.
+
+    The pool's published-key feed (include/umbp/feed.h), read from now on as
+    a consumer of this process's own, named "vllm.PID" ("vllm.PID.2", ... for
+    a further reader in the same process, or a process of another pid
+    namespace with the same pid): the feed is a broadcast log, so every
+    process sharing the pool reads every removal at its own cursor. The pool's
+    event ring instead hands each event to one drainer, so that engines on one
+    pool split the removals and none had its BlockRemoved events complete.
+
+    The feed keeps UMBP_FEED_MAX_CONSUMERS (16) named places. close() frees
+    this one; a process killed holding it frees it too (the name is an OFD
+    lock the kernel drops at death), and a new consumer takes the place of
+    the least recently active name nobody holds. Without a place (a read-only
+    handle, 16 live consumers, no room in /dev/shm for the feed's file) the
+    event ring is drained instead, with a warning that names the cause.
+
+    One thread at a time (a feed handle carries its cursor); close() before
+    the pool handle is detached."""
+
+    _BATCH = 1024
+
+    def __init__(self, pool: _Pool, who: str):
+        """who: the reader in messages ("this engine", "this worker (tp1 pcp0 dcp0 pp0)")."""
+        self.pool = pool
+        self.who = who
+        self.name: str | None = None   # the feed consumer's name; None: the event ring
+        self._feed: C.c_void_p | None = None
+        self.lost = 0                  # feed entries overwritten before they were read, not yet said
+        self._lost_said = 0.0
+        self._entries = (T.FeedEntry * self._BATCH)()
+        self._events: C.Array | None = None
+        self._open()
+
+    def _open(self) -> None:
+        lib = T.lib()
+        opts = T.FeedOpts()
+        lib.umbp_feed_opts_init(C.byref(opts))
+        opts.start = T.FEED_FROM_NOW
+        base = f"vllm.{os.getpid()}"
+        rc = 0
+        for i in range(1, T.FEED_MAX_CONSUMERS + 1):
+            name = base if i == 1 else f"{base}.{i}"
+            h = C.c_void_p()
+            rc = lib.umbp_feed_open(self.pool.h, name.encode(), C.byref(opts), C.byref(h))
+            if rc == 0:
+                self._feed, self.name = h, name
+                return
+            if rc != -errno.EBUSY:   # -EBUSY: that name is held by a live process (this one, another reader)
+                break
+        why = L.lib().umbp_last_error().decode(errors="replace") or os.strerror(-rc)
+        logger.warning("UMBP: pool %r: %s reads its BlockRemoved events from the pool's event ring, which hands "
+                       "each removal to one of the processes that drain it, because the pool's feed cannot be "
+                       "opened (%s): with other engines on this pool, its BlockRemoved events are not complete; "
+                       "end a process that holds a place in the feed, or give this engine a pool of its own, "
+                       "when a consumer of KV events needs them complete", self.pool.name, self.who, why)
+        self._events = (L.Event * self._BATCH)()
+        # a first drain turns the ring's recording on: every removal from here on is recorded
+        L.lib().umbp_events_drain(self.pool.h, None, 0)
+
+    @property
+    def broadcast(self) -> bool:
+        """Reading the feed, where every reader sees every removal (False:
+        the event ring, where a removal read here reaches no other reader)."""
+        return self._feed is not None
+
+    def removed(self, ns_id: int):
+        """Yield the umbp_key of each removal of namespace ns_id since the last
+        call, oldest first. A yielded key is a view into a buffer that the next
+        batch overwrites: use it before asking for the next one."""
+        if self._feed is None:
+            buf = self._events
+            while True:
+                n = L.lib().umbp_events_drain(self.pool.h, buf, self._BATCH)
+                for i in range(max(0, n)):
+                    if buf[i].type == T.EV_REMOVED and buf[i].key.ns == ns_id:
+                        yield buf[i].key
+                if n < self._BATCH:
+                    return
+        lib, buf, lost = T.lib(), self._entries, C.c_uint64()
+        while True:
+            n = lib.umbp_feed_read(self._feed, buf, self._BATCH, C.byref(lost))
+            if n == -errno.ESTALE:   # the feed was made again (a pool of this name made again): reopen
+                self.close()
+                self._open()
+                break
+            if n < 0:
+                break
+            self.lost += lost.value
+            for i in range(n):
+                if buf[i].type == T.EV_REMOVED and buf[i].key.ns == ns_id:
+                    yield buf[i].key
+            if n < self._BATCH:
+                break
+        now = time.monotonic()
+        if self.lost and now - self._lost_said > 60:
+            logger.warning("UMBP: pool %r: %d pool events were overwritten in its feed before %s read them (it "
+                           "reads once a step: while the engine was idle, the pool stored and removed more "
+                           "blocks than the feed holds), so BlockRemoved events for some removals are missing; "
+                           "give the engine a pool of its own when a consumer of KV events needs them complete",
+                           self.pool.name, self.lost, self.who)
+            self.lost, self._lost_said = 0, now
+
+    def close(self) -> None:
+        """Free this consumer's place in the feed (its name stays, free for
+        another). Idempotent."""
+        if self._feed is not None:
+            T.lib().umbp_feed_close(self._feed)
+            self._feed, self.name = None, None

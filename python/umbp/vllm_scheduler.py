@@ -13,11 +13,8 @@ UMBPStoreConnector.__init__ (umbp.vllm).
 from __future__ import annotations
 
 import ctypes as C
-import errno
 import itertools
 import logging
-import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +25,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from . import _lib as L
-from . import tier as T
 from .vllm_config import _keys
 from .vllm_meta import (
     MEDIUM,
@@ -38,6 +34,7 @@ from .vllm_meta import (
     UMBPConnectorWorkerMetadata,
     UMBPStoreKVEvents,
 )
+from .vllm_pool import PoolRemovals
 
 
 logger = logging.getLogger("vllm.umbp")
@@ -248,35 +245,16 @@ class SchedulerSide:
         return self.request_finished(request, block_ids)
 
     def _open_removals(self) -> None:
-        """Where this scheduler learns of removals: the pool's published-key
-        feed (include/umbp/feed.h) as consumer "vllm.PID", from now on. The
-        feed is a broadcast log: every engine sharing the pool reads every
-        removal at its own cursor, where the event ring hands each event to
-        one drainer, so that engines on one pool split the removals and none
-        had its BlockRemoved events complete. Without a feed (a read-only
-        handle, 16 live consumers, no room in /dev/shm for its file) the ring
-        is drained as before, with a warning."""
-        lib = T.lib()
-        opts = T.FeedOpts()
-        lib.umbp_feed_opts_init(C.byref(opts))
-        opts.start = T.FEED_FROM_NOW
-        h = C.c_void_p()
-        rc = lib.umbp_feed_open(self.pool.h, f"vllm.{os.getpid()}".encode(), C.byref(opts), C.byref(h))
-        if rc == 0:
-            self._feed = h
-            return
-        self._feed = None
-        logger.warning("UMBP: pool %r: this engine reads its BlockRemoved events from the pool's event ring, which "
-                       "hands each removal to one of the processes that drain it, because the pool's feed cannot "
-                       "be opened (%s): with other engines on this pool, its BlockRemoved events are not complete",
-                       self.cfg.pool, L.lib().umbp_last_error().decode(errors="replace") or os.strerror(-rc))
-        # a first drain turns the ring's recording on: every removal from here on is recorded
-        self.lib.umbp_events_drain(self.pool.h, None, 0)
+        """Read the pool's removals from now on (PoolRemovals: the pool's
+        broadcast feed as consumer "vllm.PID", so that every engine sharing
+        the pool sees every removal; the event ring, with a warning, when the
+        feed has no place for it)."""
+        self._removals = PoolRemovals(self.pool, "this engine")
 
     def _close_removals(self) -> None:
-        if getattr(self, "_feed", None) is not None:
-            T.lib().umbp_feed_close(self._feed)
-            self._feed = None
+        if getattr(self, "_removals", None) is not None:
+            self._removals.close()
+            self._removals = None
 
     def _removed(self, h: bytes, group: int, seen: set, out: list) -> None:
         # a block missing on any rank is no longer a hit for the engine:
@@ -288,44 +266,8 @@ class SchedulerSide:
     def _drain_removed(self) -> list[KVCacheEvent]:
         out: list[KVCacheEvent] = []
         seen: set[tuple[bytes, int]] = set()
-        if self._feed is not None:
-            lib, buf, lost = T.lib(), (T.FeedEntry * 1024)(), C.c_uint64()
-            while True:
-                n = lib.umbp_feed_read(self._feed, buf, 1024, C.byref(lost))
-                if n == -errno.ESTALE:   # the feed was made again (a pool of this name made again): reopen
-                    self._close_removals()
-                    self._open_removals()
-                    break
-                if n < 0:
-                    break
-                if lost.value:
-                    self._feed_lost += lost.value
-                for i in range(n):
-                    k = buf[i].key
-                    if buf[i].type == T.EV_REMOVED and k.ns == self.ns_id:
-                        self._removed(bytes(k.hash[:k.hash_len]), k.group, seen, out)
-                if n < 1024:
-                    break
-            now = time.monotonic()
-            if self._feed_lost and now - self._feed_lost_said > 60:
-                logger.warning("UMBP: pool %r: %d pool events were overwritten in its feed before this scheduler "
-                               "read them (it reads once a step: while this engine was idle, the pool stored and "
-                               "removed more blocks than the feed holds), so BlockRemoved events for some "
-                               "removals are missing; give the engine a pool of its own when a consumer of KV "
-                               "events needs them complete", self.cfg.pool, self._feed_lost)
-                self._feed_lost, self._feed_lost_said = 0, now
-            return out
-        buf = (L.Event * 1024)()
-        while True:
-            n = self.lib.umbp_events_drain(self.pool.h, buf, 1024)
-            if n <= 0:
-                break
-            for i in range(n):  # per event (the ring delivers records, not blocks of a request)
-                k = buf[i].key
-                if buf[i].type == T.EV_REMOVED and k.ns == self.ns_id:
-                    self._removed(bytes(k.hash[:k.hash_len]), k.group, seen, out)
-            if n < 1024:
-                break
+        for k in self._removals.removed(self.ns_id):
+            self._removed(bytes(k.hash[:k.hash_len]), k.group, seen, out)
         return out
 
     def take_events(self):
