@@ -13,6 +13,7 @@ first."""
 from __future__ import annotations
 
 import ctypes as C
+import os
 import re
 
 import pytest
@@ -38,6 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import (
 )
 
 from umbp import _lib as L
+from umbp import tier as T
 from umbp import vllm_runtime as R
 
 NS = "contract-ns"
@@ -303,6 +305,102 @@ def test_take_evicted_keys(rig):
     assert rig.sched.clear()
     assert sorted(rig.worker.take_evicted_keys()) == sorted([keys[0], keys[2]])
     assert list(rig.sched.lookup(keys)) == [False] * len(keys)
+
+
+def _publish_and_remove(pool_h, keys):
+    """Publish key strings (any rank) straight into the pool, then remove them."""
+    lib = L.lib()
+    lib.umbp_reserve.argtypes = [C.c_void_p, C.c_int, C.c_uint32, C.POINTER(C.c_uint32)]
+    lib.umbp_publish.argtypes = [C.c_void_p, C.c_uint32, C.POINTER(L.Key)]
+    ns = C.c_uint32()
+    assert lib.umbp_ns_register(pool_h, NS.encode(), C.byref(ns)) == 0
+    for k in keys:
+        arr = R.KeyCodec(lambda _: ns.value).encode([k])
+        slot = C.c_uint32()
+        assert lib.umbp_reserve(pool_h, -1, ns.value, C.byref(slot)) == 0
+        assert lib.umbp_publish(pool_h, slot, arr) == 0
+    for k in keys:
+        assert lib.umbp_remove(pool_h, R.KeyCodec(lambda _: ns.value).encode([k])) == 0
+
+
+def _consumers(pool_h):
+    return {c["name"]: c["alive"] for c in T.feed_info(pool_h)["consumers"]}
+
+
+def test_two_runtimes_on_one_pool_each_get_every_removal(pool_name):
+    """Two in-tree engines of one model on one pool: each worker's
+    take_evicted_keys returns every removal of its blocks, where the pool's
+    event ring gave each removal to whichever worker drained it first (one
+    got 3 of 3, the other none). Each worker reads the pool's feed as a
+    consumer named after its process, and frees its place when it closes."""
+    a = Rig(pool_name)
+    b = Rig(pool_name)
+    try:
+        keys = a.keys(12, 4)
+        a.worker.publish(a.worker.wait(a.worker.store_blocks(a.store_batch(keys, [0, 1, 2, 3]))))
+        for k in keys[:3]:
+            assert L.lib().umbp_remove(a.worker.pool.h, R.KeyCodec(a.worker.pool.ns).encode([k])) == 0
+        assert sorted(a.worker.take_evicted_keys()) == sorted(keys[:3])
+        assert sorted(b.worker.take_evicted_keys()) == sorted(keys[:3])
+        assert list(a.worker.take_evicted_keys()) == [] and list(b.worker.take_evicted_keys()) == []
+        pid = os.getpid()
+        assert _consumers(a.worker.pool.h) == {f"vllm.{pid}": True, f"vllm.{pid}.2": True}
+        b.close()
+        assert _consumers(a.worker.pool.h) == {f"vllm.{pid}": True, f"vllm.{pid}.2": False}, "place kept"
+    finally:
+        b.close()
+        a.close()
+
+
+def test_each_worker_returns_the_removals_of_its_own_ranks(rig):
+    """Every worker of an engine reads every removal from the feed; each
+    returns the keys of its own ranks, so that a removal is reported once by
+    the worker whose key it was, not once by every worker."""
+    t1 = RankTopology(tp_rank=1, tp_size=2)
+    w1 = rig.runtime.create_worker_handle(NS, t1, rig.planner.describe(t1))
+    try:
+        k0 = rig.keys(13, 2)
+        k1 = [BlockIdentityCodec(UMBPNamespace(NS), tp_rank=1).key(bytes([13, i]) * 16, 0) for i in range(2)]
+        _publish_and_remove(rig.worker.pool.h, [k0[0], k1[0], k1[1], k0[1]])
+        assert list(rig.worker.take_evicted_keys()) == k0
+        assert list(w1.take_evicted_keys()) == k1
+    finally:
+        w1.close()
+
+
+def test_without_a_place_in_the_feed_a_worker_drains_the_event_ring(rig):
+    """A worker that finds the feed's 16 places held by live consumers says
+    that its BlockRemoved events are incomplete beside other engines, and
+    still returns what it drains from the event ring: its namespace's
+    removals of every rank, since no other worker sees those."""
+    import logging
+    said: list[str] = []
+    h = logging.Handler()
+    h.emit = lambda r: said.append(f"{r.levelname}: {r.getMessage()}")
+    lg = logging.getLogger("vllm.umbp")
+    lg.addHandler(h)
+    held = []
+    t1 = RankTopology(tp_rank=1, tp_size=2)
+    w1 = None
+    try:
+        for i in range(15):   # the 16th place is rig.worker's
+            f = C.c_void_p()
+            assert T.lib().umbp_feed_open(rig.worker.pool.h, f"hold.{i}".encode(), None, C.byref(f)) == 0
+            held.append(f)
+        w1 = rig.runtime.create_worker_handle(NS, t1, rig.planner.describe(t1))
+        assert any(x.startswith("WARNING") and "this worker (tp1 pcp0 dcp0 pp0)" in x and "event ring" in x
+                   and "16 consumers" in x and "not complete" in x for x in said), said
+        k0 = rig.keys(14, 1)
+        k1 = [BlockIdentityCodec(UMBPNamespace(NS), tp_rank=1).key(bytes([14, 1]) * 16, 0)]
+        _publish_and_remove(rig.worker.pool.h, k0 + k1)
+        assert list(w1.take_evicted_keys()) == k0 + k1
+        assert list(rig.worker.take_evicted_keys()) == k0, "the feed still has every removal"
+    finally:
+        lg.removeHandler(h)
+        if w1 is not None:
+            w1.close()
+        for f in held:
+            T.lib().umbp_feed_close(f)
 
 
 def test_bulk_lookup_parses_key_strings_and_refuses_malformed_ones(rig):

@@ -32,16 +32,17 @@ How the contract maps onto libumbp
     buffers any more. Only a C job whose copies started and still run makes
     it raise TimeoutError (the buffers are in use), as the contract asks.
     cancel: umbp_dp_job_cancel; a job whose copies started is waited for.
-  * take_evicted_keys: the pool's event ring (umbp_events_drain, removed
-    events). The ring has competing consumers: each event goes to exactly one
-    drainer of the whole pool. So this handle returns removed keys of its own
-    namespace whichever rank they belong to (a block gone on any rank is no
-    longer a full hit, which is what the connector's BlockRemoved means), and
-    removed events of other namespaces that it drains are lost to their own
-    consumers (another engine's umbp.vllm scheduler or in-tree worker). Two
-    engines of different models on one standalone pool therefore each see only
-    a share of their own removals; use one pool per model when BlockRemoved
-    events must be complete.
+  * take_evicted_keys: the pool's broadcast feed, read by each worker as a
+    consumer of its own (umbp.vllm_pool.PoolRemovals, as umbp.vllm's
+    scheduler does), so that every engine on a pool sees every removal,
+    whoever removed it. Each worker returns the removed keys of its own
+    namespace and ranks: the union over an engine's workers is every removal
+    of its blocks (a block gone on any rank is no longer a full hit, which is
+    what the connector's BlockRemoved means), and a removal is reported by
+    the one worker whose key it was, not once per worker. Without a place in
+    the feed (16 live consumers) a worker drains the pool's event ring, with
+    a warning: that ring hands each removal to one drainer of the whole pool,
+    so the worker then returns its namespace's removals of every rank.
   * ranges: ``store``/``load`` with materialised plans (``KVRange``s) are
     served by the same block-level C jobs: each plan's block id and group are
     taken from the plan, and its ranges must be the ones the registered
@@ -84,7 +85,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.umbp.runtime.factory import UM
 
 from . import _lib as L
 from .vllm_config import _CONFIG_KEYS, UMBPConfig, layout_and_engine, plan_placement
-from .vllm_pool import EngineId, _Pool
+from .vllm_pool import EngineId, PoolRemovals, _Pool
 
 logger = logging.getLogger("vllm.umbp.runtime")
 
@@ -335,9 +336,11 @@ class UMBPWorkerHandle:
         # the in-tree connector gives no vLLM instance id: see umbp.vllm_pool's limits
         self.pool = _Pool(cfg, slot, 2, topology.tp_rank, nodes, EngineId(None, namespace), block)
         self.ns_id = self.pool.ns(namespace)
-        # take_evicted_keys() drains the event ring: a first drain turns
-        # recording on, so that every removal from here on is recorded
-        self.lib.umbp_events_drain(self.pool.h, None, 0)
+        t = topology
+        self._ranks = (t.tp_rank, t.pcp_rank, t.dcp_rank, t.pp_rank)
+        # take_evicted_keys() reads the pool's removals from here on
+        self._removals = PoolRemovals(self.pool, f"this worker (tp{t.tp_rank} pcp{t.pcp_rank} "
+                                                  f"dcp{t.dcp_rank} pp{t.pp_rank})")
         self.codec = KeyCodec(self.pool.ns)
         self._engine = None
         self._layout = None
@@ -594,18 +597,14 @@ class UMBPWorkerHandle:
 
     # ---- events --------------------------------------------------------------
     def take_evicted_keys(self) -> Sequence[str]:
-        """Keys of this namespace removed (evicted, removed, cleared) since the
-        last call, from the pool's event ring (see the module note: the ring's
-        events go to one drainer each)."""
-        out: list[str] = []
-        buf = (L.Event * 1024)()
-        while True:
-            n = self.lib.umbp_events_drain(self.pool.h, buf, 1024)
-            for i in range(max(0, n)):
-                if buf[i].type == 2 and buf[i].key.ns == self.ns_id:
-                    out.append(self.codec.name(self.namespace, buf[i].key))
-            if n < 1024:
-                return out
+        """Keys of this worker (its namespace and ranks) removed from the pool
+        (evicted, removed, cleared) since the last call, by any process (see
+        the module note)."""
+        # from the event ring, a removal this worker drains reaches no other
+        # worker: then every rank's removals are this worker's to report
+        ranks = self._ranks if self._removals.broadcast else None
+        return [self.codec.name(self.namespace, k) for k in self._removals.removed(self.ns_id)
+                if ranks is None or (k.tp_rank, k.pcp_rank, k.dcp_rank, k.pp_rank) == ranks]
 
     def close(self) -> None:
         with self._lock:
@@ -622,6 +621,7 @@ class UMBPWorkerHandle:
         if self._layout is not None:
             self.lib.umbp_kv_layout_free(self._layout)
             self._layout = None
+        self._removals.close()   # before the pool handle goes
         self.pool.close()
 
 
