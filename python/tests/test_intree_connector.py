@@ -227,6 +227,36 @@ def test_intree_standalone_daemon_pool_across_engines(tmp_path, pool_name):
         stop_daemon(d)
 
 
+def test_intree_engines_sharing_a_daemon_pool_each_get_every_removal(tmp_path, pool_name):
+    """Two in-tree engines (TP 2, four worker processes) on one daemon's pool:
+    a block removed on rank 1 and another on rank 0 are BlockRemoved events of
+    both engines, each once. The workers drained the pool's event ring, which
+    gave each removal to one of the four (the engine that stepped first got
+    both, the other none); each worker now reads the pool's feed."""
+    d, _, _ = start_daemon(pool_name)
+    try:
+        tokens = list(range(700, 700 + 4 * BLOCK + 5))
+        e1 = IntreeEngine(tmp_path, pool_name, mode="standalone")
+        e2 = IntreeEngine(tmp_path, pool_name, mode="standalone")
+        try:
+            a = req("A", tokens)
+            e1.s.add_request(a)
+            e1.step()
+            e1.drain()
+            assert present(pool_name, 0, a.block_hashes[:4]) == [True] * 4
+            assert remove(pool_name, 1, a.block_hashes[2]) == 0
+            assert remove(pool_name, 0, a.block_hashes[3]) == 0
+            want = sorted(maybe_convert_block_hash(h) for h in a.block_hashes[2:4])
+            for e in (e1, e2):
+                e.step()   # the workers read the removals
+                assert sorted(e.removed()) == want, (e is e1, e.removed())
+        finally:
+            e2.close()
+            e1.close()
+    finally:
+        stop_daemon(d)
+
+
 def test_backend_umbp_without_libumbp_names_the_fix(pool_name, monkeypatch):
     """backend 'umbp' with UMBP_LIB pointing at a missing file: the connector's
     construction fails with an error that says how to fix it."""
