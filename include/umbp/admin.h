@@ -46,6 +46,7 @@
 #ifndef UMBP_ADMIN_H
 #define UMBP_ADMIN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -108,6 +109,19 @@ UMBP_API int umbp_admin_pool_stat(umbp_pool *pool, struct stat *ret_st);
  * 0, or -EINVAL (NULL argument). For a SIGBUS handler that names the pool when
  * a fault address lies inside. Any thread. */
 UMBP_API int umbp_admin_pool_mapping(const umbp_pool *pool, void **ret_base, size_t *ret_len);
+
+/* The library's SIGBUS message (docs/operations.md, "SIGBUS on a pool"): the
+ * first attach or create of a process installs a SIGBUS handler (unless
+ * UMBP_NO_SIGBUS_HANDLER=1) that, for a fault inside an attached pool's
+ * mapping, writes one line naming the pool, its file and the cause to stderr,
+ * then passes the signal on to the disposition in place before it (the
+ * process dies of SIGBUS as it would have). A program that reports SIGBUS on
+ * a pool's mapping itself (the umbp commands) marks it quiet (true): the
+ * handler then writes nothing for it and only passes the signal on, so the
+ * program's message is the only one whichever handler was installed last;
+ * false undoes that. Lasts until umbp_pool_detach(). 0, or -EINVAL (NULL
+ * pool). Any thread. */
+UMBP_API int umbp_admin_pool_sigbus_quiet(umbp_pool *pool, bool quiet);
 
 /* The first hugetlbfs mount in /proc/mounts (where --hugepages pools and
  * index files live) into buf: 0; -ENOENT (none, or its path does not fit n

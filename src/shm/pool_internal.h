@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "shm/layout.h"
 #include "umbp/pool.h"
@@ -25,6 +26,9 @@ struct umbp_pool {
   bool created;            /* this handle created the pool (umbp_admin_daemon_lock(): run generation) */
   bool hugepages;
   uint64_t index_huge_bytes; /* umbp-index.NAME mapped over the bucket array and slot metadata; 0: none */
+  char index_path[256];      /* that file, and its identity when mapped (the SIGBUS message: sigbus.c) */
+  dev_t index_dev;
+  ino_t index_ino;
   int proc_slot;           /* registry slot, -1 if read-only */
   uint16_t owner_id;       /* proc_slot + 1: the id this process writes into shared words */
   char name[UMBP_NAME_MAX + 1];

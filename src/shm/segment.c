@@ -65,6 +65,7 @@
 #include "shm/module.h"
 #include "shm/pool_internal.h"
 #include "shm/ring.h"
+#include "shm/sigbus.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -772,11 +773,15 @@ static int index_huge_where(uint64_t len, char *dir, size_t n, gid_t group, bool
   return 0;
 }
 
-/* Map the index file ifd over [base + ioff, + ilen) of a pool mapping. */
-static int map_index(struct umbp_pool *p, int ifd, uint64_t ioff, uint64_t ilen, int prot) {
+/* Map the index file ifd (at ipath) over [base + ioff, + ilen) of a pool
+ * mapping; its path and identity are kept for the SIGBUS message (sigbus.c). */
+static int map_index(struct umbp_pool *p, int ifd, const char *ipath, uint64_t ioff, uint64_t ilen, int prot) {
   void *m = mmap((char *)p->base + ioff, ilen, prot, MAP_SHARED | MAP_FIXED, ifd, 0);
   if (m == MAP_FAILED) return -errno;
   p->index_huge_bytes = ilen;
+  struct stat st;
+  if (fstat(ifd, &st) == 0) p->index_dev = st.st_dev, p->index_ino = st.st_ino;
+  snprintf(p->index_path, sizeof p->index_path, "%s", ipath);
   return 0;
 }
 
@@ -1209,7 +1214,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
                        (unsigned long long)ilen, strerror(errno));
       /* MAP_SHARED of hugetlbfs reserves every page now: too few fails
        * here (ENOMEM), never later as a SIGBUS inside a lookup */
-      else if ((rc = map_index(p, ifd, ioff, ilen, PROT_READ | PROT_WRITE)) != 0)
+      else if ((rc = map_index(p, ifd, ipath, ioff, ilen, PROT_READ | PROT_WRITE)) != 0)
         rc = umbp_fail(rc, "cannot map the index file %s (%llu huge pages of 2 MiB): %s; reserve more "
                            "(sysctl vm.nr_hugepages=N)%s",
                        ipath, (unsigned long long)(ilen / UMBP_PART_ALIGN), strerror(-rc), index_fix_end(fallback));
@@ -1273,6 +1278,7 @@ static int pool_create_once(const char *name, const umbp_pool_params *pp, umbp_p
   atomic_store_explicit(&h->magic, UMBP_MAGIC, memory_order_release);
   create_lock(fd, F_UNLCK); /* after the magic: half_made() reads the lock, then the magic */
   live_add(p);
+  umbp_sigbus_watch(p);
   *ret_pool = p;
   return 0;
 
@@ -1451,8 +1457,9 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
   }
   int prot = opts->read_only ? PROT_READ : PROT_READ | PROT_WRITE;
   int ifd = -1;
+  char ipath[256] = "";
   if (ilen) {
-    char idir[160], ipath[256];
+    char idir[160];
     if (umbp_hugetlbfs_mount(idir, sizeof idir) < 0) {
       rc = umbp_fail(-ENOENT, "pool '%s' keeps its index on huge pages (umbp-index.%s on a hugetlbfs mount) "
                               "but no hugetlbfs mount is in /proc/mounts: mount the one it was created on",
@@ -1492,7 +1499,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
     goto fail;
   }
   if (ifd >= 0) {
-    rc = map_index(p, ifd, ioff, ilen, prot);
+    rc = map_index(p, ifd, ipath, ioff, ilen, prot);
     close(ifd);
     if (rc) {
       rc = umbp_fail(rc, "cannot map the index of pool '%s' (%llu bytes of huge pages): %s", name,
@@ -1526,6 +1533,7 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
     }
   }
   live_add(p);
+  umbp_sigbus_watch(p);
   *ret_pool = p;
   return 0;
 fail:
@@ -1613,6 +1621,7 @@ UMBP_API void umbp_pool_detach(umbp_pool *p) {
     modules_detach_from(p, umbp_shm_n_modules);
     umbp_registry_release(p);
   }
+  umbp_sigbus_forget(p); /* after the detach's writes to the mapping, before the unmap */
   pool_free(p);
 }
 

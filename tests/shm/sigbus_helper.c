@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Exec'd by test_sigbus (its own process, its own mapping of the pool).
+ *   sigbus_helper PREV pool NAME   install PREV, attach NAME, print "ready",
+ *                                  then read and write every slot until a
+ *                                  signal ends it (the test truncates the
+ *                                  pool's file)
+ *   sigbus_helper PREV other NAME  install PREV, attach NAME, then touch a
+ *                                  file of its own mapped and truncated under
+ *                                  the mapping (a SIGBUS outside every pool)
+ *   sigbus_helper PREV kill NAME   install PREV, attach NAME, raise(SIGBUS)
+ * PREV, the SIGBUS disposition before the attach:
+ *   dfl      SIG_DFL
+ *   ign      SIG_IGN
+ *   info     an SA_SIGINFO handler: writes "prev: siginfo code C" and _exit(42)
+ *   plain    a plain handler: writes "prev: plain" and _exit(43)
+ *   cli      as the umbp commands do, but installed before the attach: an
+ *            SA_SIGINFO handler that writes "cli: pool fault" for a fault in
+ *            the pool's mapping and _exit(3), after marking the pool quiet
+ * Before the loop it prints "handler ours|dfl|other": whose SIGBUS handler is
+ * installed after the attach. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "umbp/admin.h"
+#include "umbp/index.h"
+#include "umbp/pool.h"
+
+static void say(const char *s) {
+  ssize_t r = write(2, s, strlen(s));
+  (void)r;
+}
+
+static void on_info(int sig, siginfo_t *si, void *uc) {
+  (void)sig;
+  (void)uc;
+  char m[] = "prev: siginfo code  \n";
+  int c = si ? si->si_code : 0;
+  m[19] = c > 0 && c < 10 ? (char)('0' + c) : c <= 0 ? '-' : '+';
+  say(m);
+  _exit(42);
+}
+
+static void on_plain(int sig) {
+  (void)sig;
+  say("prev: plain\n");
+  _exit(43);
+}
+
+static uintptr_t cli_base;
+static size_t cli_len;
+
+static void on_cli(int sig, siginfo_t *si, void *uc) {
+  (void)sig;
+  (void)uc;
+  uintptr_t a = (uintptr_t)si->si_addr;
+  if (si->si_code > 0 && a >= cli_base && a - cli_base < cli_len) {
+    say("cli: pool fault\n");
+    _exit(3);
+  }
+  say("cli: other\n");
+  _exit(4);
+}
+
+static void install(const char *prev) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sigemptyset(&sa.sa_mask);
+  if (!strcmp(prev, "dfl")) sa.sa_handler = SIG_DFL;
+  else if (!strcmp(prev, "ign")) sa.sa_handler = SIG_IGN;
+  else if (!strcmp(prev, "plain")) sa.sa_handler = on_plain;
+  else if (!strcmp(prev, "info")) sa.sa_sigaction = on_info, sa.sa_flags = SA_SIGINFO;
+  else if (!strcmp(prev, "cli")) sa.sa_sigaction = on_cli, sa.sa_flags = SA_SIGINFO;
+  else {
+    fprintf(stderr, "sigbus_helper: unknown PREV %s\n", prev);
+    exit(2);
+  }
+  sigaction(SIGBUS, &sa, NULL);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: sigbus_helper PREV pool|other|kill NAME\n");
+    return 2;
+  }
+  install(argv[1]);
+  umbp_pool *p;
+  int rc = umbp_pool_attach(argv[3], NULL, &p);
+  if (rc) {
+    printf("attach %d %s\n", rc, umbp_last_error());
+    return 1;
+  }
+  if (!strcmp(argv[1], "cli")) {
+    void *b;
+    umbp_admin_pool_mapping(p, &b, &cli_len);
+    cli_base = (uintptr_t)b;
+    umbp_admin_pool_sigbus_quiet(p, true);
+  }
+  struct sigaction now;
+  sigaction(SIGBUS, NULL, &now);
+  const char *who = (now.sa_flags & SA_SIGINFO) ? (now.sa_sigaction == on_info || now.sa_sigaction == on_cli ? "other" : "ours")
+                    : now.sa_handler == SIG_DFL ? "dfl" : "other";
+  printf("handler %s\n", who);
+  fflush(stdout);
+  if (!strcmp(argv[2], "kill")) {
+    raise(SIGBUS);
+    return 0; /* SIG_IGN */
+  }
+  if (!strcmp(argv[2], "other")) {
+    char path[] = "/tmp/umbp-sigbus-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || ftruncate(fd, 8192) != 0) return 1;
+    unlink(path);
+    volatile char *m = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED || ftruncate(fd, 0) != 0) return 1;
+    m[4096] = 1; /* past the end of the file: SIGBUS */
+    return 0;
+  }
+  umbp_pool_info info;
+  if (umbp_pool_get_info(p, &info)) return 1;
+  printf("ready\n");
+  fflush(stdout);
+  for (unsigned long round = 0;; round++)
+    for (uint32_t s = 0; s < info.slot_count; s++) {
+      volatile unsigned char *b = umbp_slot_ptr(p, s);
+      for (uint64_t o = 0; o < info.slot_size; o += 4096) b[o] = (unsigned char)(b[o] + 1);
+    }
+}
