@@ -178,6 +178,10 @@ int cli_fault_watch(umbp_pool *p, const char *who, bool stamp) {
   }
   /* release: the fields above before the handler can match base */
   atomic_store_explicit(&w->base, (uintptr_t)base, memory_order_release);
+  /* this message, not the library's as well: the library installed its
+   * handler at the first attach, so ours runs first and exits, but a quiet
+   * pool keeps that true in either order */
+  umbp_admin_pool_sigbus_quiet(p, true);
   return 0;
 }
 
@@ -193,8 +197,10 @@ static bool watches_pool(const struct watch *w, const umbp_pool *p) {
 }
 
 void cli_fault_unwatch(umbp_pool *p) {
+  bool had = false;
   for (unsigned i = 0; i < WATCH_MAX; i++)
-    if (watches_pool(&watches[i], p)) unwatch_entry(&watches[i]);
+    if (watches_pool(&watches[i], p)) unwatch_entry(&watches[i]), had = true;
+  if (had) umbp_admin_pool_sigbus_quiet(p, false);
 }
 
 bool cli_pool_file_short(umbp_pool *p) {

@@ -13,6 +13,9 @@
  * its file and the cause (the file's size now against the mapping's, from an
  * fstat(2) in the handler) with write(2) only, and the process exits with
  * CLI_POOL_FAULT. A SIGBUS anywhere else keeps its previous disposition.
+ * A watched pool is marked quiet for the library's own handler
+ * (umbp_admin_pool_sigbus_quiet()), which would otherwise write its message
+ * too: the command's line is the only one.
  *
  * The handler uses async-signal-safe calls only (fstat, clock_gettime,
  * write, _exit) and a table filled before each mapping is used.
@@ -31,9 +34,9 @@
  * pools) or the pool's file cannot be opened (then SIGBUS stays as it was).
  * Call from the main thread before the pool is used by other threads. */
 int cli_fault_watch(umbp_pool *p, const char *who, bool stamp);
-/* Stop watching p. Accepts an unwatched p. After this the process dies of a
- * SIGBUS in p's mapping without a word: cli_pool_detach() is how commands let
- * go of a pool. */
+/* Stop watching p (attached). Accepts an unwatched p. After this a SIGBUS in
+ * p's mapping gets the library's message and kills the process (not status
+ * CLI_POOL_FAULT): cli_pool_detach() is how commands let go of a pool. */
 void cli_fault_unwatch(umbp_pool *p);
 /* Is p's file now shorter than p's mapping (truncated under it)? From an
  * fstat(2) of the handle's file; false when it is whole or cannot be told.
