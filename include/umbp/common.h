@@ -5,8 +5,10 @@
  *
  * Errors: every fallible call returns 0 (or a non-negative count where its
  * comment says so) or a negative errno. Outputs go through trailing ret_
- * pointers that are written only on success. The library never prints and
- * never sets errno for its callers. Two things turn a code into words:
+ * pointers that are written only on success. The library never prints
+ * (except one line on stderr just before a SIGBUS in a pool's mapping kills
+ * the process: umbp_admin_pool_sigbus_quiet() in admin.h) and never sets
+ * errno for its callers. Two things turn a code into words:
  *
  *   umbp_strerror(code)   a fixed sentence for the code;
  *   umbp_last_error()     the detailed message of the last failure of *this

@@ -48,7 +48,8 @@
  *    on. Whichever of the two handlers was installed last, the program's
  *    message is the only one.
  *  - Only async-signal-safe calls in the handler: write, fstat, stat, getpid,
- *    sigaction, raise.
+ *    sigaction, raise. It writes to fd 2 only when that is not a regular file
+ *    on a pool's file system (stderr_ok()).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -116,8 +117,25 @@ static void put_fix(struct buf *b, const struct watch *w) {
   put(b, "') and create it again");
 }
 
+/* Is fd 2 somewhere to write the message? A process started with stderr
+ * closed can have any file there, the pool's own among them (its file offset
+ * is 0: the line would land on the header). A regular file on the file
+ * system of a watched pool (the pool, its index, feed or tier file) is
+ * refused; another file (a log) is written to. */
+static bool stderr_ok(void) {
+  struct stat st;
+  if (fstat(2, &st) != 0) return false;
+  if (!S_ISREG(st.st_mode)) return true;
+  for (unsigned i = 0; i < WATCH_MAX; i++) {
+    if (!atomic_load_explicit(&watches[i].base, memory_order_relaxed)) continue;
+    if (st.st_dev == watches[i].dev || (watches[i].ilen && st.st_dev == watches[i].idev)) return false;
+  }
+  return true;
+}
+
 /* The message for a fault at offset off of w's mapping (w: a copy). */
 static void report(const struct watch *w, uint64_t off) {
+  if (!stderr_ok()) return;
   struct buf b = {.n = 0};
   put(&b, "umbp: SIGBUS in process ");
   put_u64(&b, (uint64_t)getpid(), 10);

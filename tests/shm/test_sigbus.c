@@ -43,6 +43,8 @@ static void run_helper(const char *prev, const char *mode, const char *name, con
   run_argv(argv, mode, name, env, asan_default, r);
 }
 
+static bool close_stderr; /* the next run starts the helper with fd 2 closed */
+
 /* argv (mode: as run_helper's) */
 static void run_argv(char *const *argv, const char *mode, const char *name, const char *const *env,
                      bool asan_default, struct run *r) {
@@ -55,7 +57,8 @@ static void run_argv(char *const *argv, const char *mode, const char *name, cons
   pid_t pid = fork();
   if (pid == 0) {
     dup2(po[1], 1);
-    dup2(efd, 2);
+    if (close_stderr) close(2);
+    else dup2(efd, 2);
     close(po[0]);
     close(po[1]);
     for (const char *const *e = env; e && *e; e++) putenv((char *)*e);
@@ -259,6 +262,27 @@ static void test_env_turns_it_off(void **st) {
   assert_named(&r, name);
 }
 
+/* A process started with stderr closed (2>&-): the pool's file becomes its
+ * fd 2 at the attach, and the line written there would land on the pool's
+ * header (fd offset 0). Nothing is written; the process still dies. */
+static void test_stderr_closed_pool_untouched(void **st) {
+  (void)st;
+  const char *name = new_pool();
+  struct run r;
+  close_stderr = true;
+  run_helper("dfl", "pool", name, NULL, false, &r);
+  close_stderr = false;
+  assert_died_of_sigbus(&r);
+  char path[128], head[4096];
+  snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
+  int fd = open(path, O_RDONLY);
+  assert_true(fd >= 0);
+  ssize_t n = pread(fd, head, sizeof head, 0);
+  close(fd);
+  assert_int_equal(n, (ssize_t)sizeof head);
+  assert_null(memmem(head, sizeof head, "umbp: SIGBUS", 12));
+}
+
 /* Python with faulthandler enabled before the first attach (vLLM engines run
  * so): the message, then faulthandler's "Fatal Python error: Bus error" and
  * traceback, then death by SIGBUS. A sanitizer build's libumbp cannot be
@@ -299,6 +323,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_other_sigbus_passed_on, destroy_made),
       cmocka_unit_test_teardown(test_quiet_pool_left_to_program, destroy_made),
       cmocka_unit_test_teardown(test_env_turns_it_off, destroy_made),
+      cmocka_unit_test_teardown(test_stderr_closed_pool_untouched, destroy_made),
   };
   const struct CMUnitTest python = cmocka_unit_test_teardown(test_python_faulthandler_still_runs, destroy_made);
   const struct CMUnitTest asan_case = cmocka_unit_test_teardown(test_asan_reports_after_ours, destroy_made);
