@@ -29,9 +29,10 @@
  * The pool's mapping and file are exposed (umbp_admin_pool_mapping(),
  * umbp_admin_pool_stat()) so that a long-running program can watch them: a
  * pool file truncated under a process, or a --no-prefault pool whose
- * /dev/shm filled, raises SIGBUS at the next touch of the lost pages, and only
- * the program can turn that into a message (the library never prints); the
- * umbp CLI does (docs/operations.md, "SIGBUS").
+ * /dev/shm filled, raises SIGBUS at the next touch of the lost pages. The
+ * library's own handler writes one line naming the pool and lets the process
+ * die (umbp_admin_pool_sigbus_quiet()); a program that wants more (the umbp
+ * CLI's status 3) handles it itself (docs/operations.md, "SIGBUS on a pool").
  *
  * What such a program also needs is in the other headers: reaping dead
  * processes (umbp_pool_reap), the partitions and their free slots
