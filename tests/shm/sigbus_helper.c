@@ -9,6 +9,7 @@
  *                                  the mapping (a SIGBUS outside every pool)
  *   sigbus_helper PREV kill NAME   install PREV, attach NAME, raise(SIGBUS)
  * PREV, the SIGBUS disposition before the attach:
+ *   keep     what the process started with (a sanitizer's handler)
  *   dfl      SIG_DFL
  *   ign      SIG_IGN
  *   info     an SA_SIGINFO handler: writes "prev: siginfo code C" and _exit(42)
@@ -72,6 +73,7 @@ static void install(const char *prev) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sigemptyset(&sa.sa_mask);
+  if (!strcmp(prev, "keep")) return;
   if (!strcmp(prev, "dfl")) sa.sa_handler = SIG_DFL;
   else if (!strcmp(prev, "ign")) sa.sa_handler = SIG_IGN;
   else if (!strcmp(prev, "plain")) sa.sa_handler = on_plain;

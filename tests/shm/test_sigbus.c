@@ -310,9 +310,10 @@ static void test_asan_reports_after_ours(void **st) {
   (void)st;
   const char *name = new_pool();
   struct run r;
-  run_helper("dfl", "pool", name, NULL, true, &r);
+  run_helper("keep", "pool", name, NULL, true, &r);
   assert_named(&r, name);
   assert_non_null(strstr(r.err, "AddressSanitizer"));
+  assert_true(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0);
   assert_true(strstr(r.err, "umbp: SIGBUS") < strstr(r.err, "AddressSanitizer"));
 }
 
