@@ -283,6 +283,17 @@ static bool install(void) {
   return true;
 }
 
+/* dlclose() of the library (Python's _ctypes.dlclose, a plugin host) would
+ * leave SIGBUS pointing at unmapped code: give back the disposition from
+ * before, if ours is still the installed one (a handler installed after ours
+ * and chaining to it cannot be helped). */
+__attribute__((destructor)) static void uninstall(void) {
+  if (!enabled) return;
+  struct sigaction now;
+  if (sigaction(SIGBUS, NULL, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigbus)
+    sigaction(SIGBUS, &old_bus, NULL);
+}
+
 void umbp_sigbus_watch(const struct umbp_pool *p) {
   pthread_once(&atfork_once, table_atfork);
   table_lock();

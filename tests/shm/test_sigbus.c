@@ -303,6 +303,21 @@ static void test_python_faulthandler_still_runs(void **st) {
   assert_non_null(strstr(fatal, "copy_thread_body"));
 }
 
+/* dlclose() of the library takes its handler along: a later SIGBUS (a file
+ * the Python program maps itself) dies of the default action, not of a jump
+ * into the unmapped handler (SIGSEGV). */
+static void test_dlclose_gives_back(void **st) {
+  (void)st;
+  const char *name = new_pool();
+  char *argv[] = {"/usr/bin/python3", (char *)getenv("UMBP_SIGBUS_DLCLOSE_PY"), (char *)name, NULL};
+  assert_non_null(argv[1]);
+  struct run r;
+  run_argv(argv, "other", name, NULL, false, &r);
+  if (strstr(r.out, "still loaded")) fprintf(stderr, "# dlclose did not unload libumbp: the case proves nothing\n");
+  assert_true(strstr(r.out, "unloaded") || strstr(r.out, "still loaded"));
+  assert_died_of_sigbus(&r);
+}
+
 /* ASan builds with ASan's own SIGBUS handling (its default): it was there
  * before the first attach, so the message comes first, then ASan's report
  * and its exit status. */
@@ -326,19 +341,22 @@ int main(void) {
       cmocka_unit_test_teardown(test_env_turns_it_off, destroy_made),
       cmocka_unit_test_teardown(test_stderr_closed_pool_untouched, destroy_made),
   };
-  const struct CMUnitTest python = cmocka_unit_test_teardown(test_python_faulthandler_still_runs, destroy_made);
+  const struct CMUnitTest python[] = {
+      cmocka_unit_test_teardown(test_python_faulthandler_still_runs, destroy_made),
+      cmocka_unit_test_teardown(test_dlclose_gives_back, destroy_made),
+  };
   const struct CMUnitTest asan_case = cmocka_unit_test_teardown(test_asan_reports_after_ours, destroy_made);
   /* cmocka 1.1.5 prints skip() as "not ok # SKIP", which meson counts as a
    * failure: a case that cannot run in this build is left out, saying why */
-  struct CMUnitTest tests[sizeof all / sizeof all[0] + 2];
+  struct CMUnitTest tests[sizeof all / sizeof all[0] + 3];
   size_t n = 0;
   for (; n < sizeof all / sizeof all[0]; n++) tests[n] = all[n];
   const char *san = getenv("UMBP_SANITIZE");
   if (san && *san && strcmp(san, "none") != 0)
-    printf("# test_python_faulthandler_still_runs not run: a sanitizer build's libumbp cannot be loaded into "
-           "Python\n");
+    printf("# test_python_faulthandler_still_runs, test_dlclose_gives_back not run: a sanitizer build's libumbp "
+           "cannot be loaded into Python\n");
   else
-    tests[n++] = python;
+    for (size_t i = 0; i < sizeof python / sizeof python[0]; i++) tests[n++] = python[i];
   if (asan()) tests[n++] = asan_case;
   else printf("# test_asan_reports_after_ours not run: only a build with ASan has ASan's SIGBUS handler\n");
   return _cmocka_run_group_tests("segment-sigbus", tests, n, NULL, NULL);
