@@ -275,7 +275,10 @@ static bool install(void) {
   struct sigaction sa, old;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_sigbus;
-  sa.sa_flags = SA_SIGINFO | SA_ONSTACK; /* the alternate stack where the program set one up */
+  /* no SA_ONSTACK: a SIGBUS on a pool is no stack overflow, and a program's
+   * small alternate stack (MINSIGSTKSZ) need not hold this frame and the
+   * chained handler's */
+  sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   if (sigaction(SIGBUS, NULL, &old) != 0) return false;
   old_bus = old; /* before the handler can run */
