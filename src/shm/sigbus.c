@@ -235,13 +235,19 @@ static void pass_on(int sig, siginfo_t *si, void *uc) {
   if (!fault) raise(sig);
 }
 
+/* Set by the first report: threads that fault on the lost pages at once (an
+ * engine's copy threads) each get the signal, but the process dies of the
+ * first, and one line says why. */
+static _Atomic bool reported;
+
 static void on_sigbus(int sig, siginfo_t *si, void *uc) {
   int saved = errno;
   if (si && si->si_code > 0) {
     struct watch c;
     for (unsigned i = 0; i < WATCH_MAX; i++)
       if (match(i, (uintptr_t)si->si_addr, &c)) {
-        if (!c.quiet) report(&c, (uintptr_t)si->si_addr - c.base);
+        if (!c.quiet && !atomic_exchange_explicit(&reported, true, memory_order_relaxed))
+          report(&c, (uintptr_t)si->si_addr - c.base);
         break;
       }
   }

@@ -18,9 +18,14 @@
  *            SA_SIGINFO handler that writes "cli: pool fault" for a fault in
  *            the pool's mapping and _exit(3), after marking the pool quiet
  * Before the loop it prints "handler ours|dfl|other": whose SIGBUS handler is
- * installed after the attach. */
+ * installed after the attach. Mode pool, from the environment:
+ *   SIGBUS_HELPER_THREADS=N   N threads (not the main one) touch the slots
+ *   SIGBUS_HELPER_CHURN=NAME2 another thread attaches and detaches NAME2 in a
+ *                             loop meanwhile (the table changes under the
+ *                             handler) */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,6 +72,31 @@ static void on_cli(int sig, siginfo_t *si, void *uc) {
   }
   say("cli: other\n");
   _exit(4);
+}
+
+static umbp_pool *pool;
+static umbp_pool_info info;
+
+static void *toucher(void *arg) {
+  (void)arg;
+  for (;;)
+    for (uint32_t s = 0; s < info.slot_count; s++) {
+      unsigned char *b = umbp_slot_ptr(pool, s);
+      /* atomic: several threads touch the same bytes */
+      for (uint64_t o = 0; o < info.slot_size; o += 4096) __atomic_fetch_add(&b[o], 1, __ATOMIC_RELAXED);
+    }
+  return NULL;
+}
+
+static void *churner(void *arg) {
+  umbp_attach_opts o;
+  umbp_attach_opts_init(&o);
+  o.read_only = true; /* no registry slot: as many attaches as the loop makes */
+  for (;;) {
+    umbp_pool *q;
+    if (umbp_pool_attach(arg, &o, &q) == 0) umbp_pool_detach(q);
+  }
+  return NULL;
 }
 
 static void install(const char *prev) {
@@ -124,13 +154,17 @@ int main(int argc, char **argv) {
     m[4096] = 1; /* past the end of the file: SIGBUS */
     return 0;
   }
-  umbp_pool_info info;
   if (umbp_pool_get_info(p, &info)) return 1;
+  pool = p;
+  const char *churn = getenv("SIGBUS_HELPER_CHURN");
+  pthread_t t;
+  if (churn && *churn && pthread_create(&t, NULL, churner, (void *)churn) != 0) return 1;
+  const char *threads = getenv("SIGBUS_HELPER_THREADS");
+  for (int i = 0; threads && i < atoi(threads); i++)
+    if (pthread_create(&t, NULL, toucher, NULL) != 0) return 1;
   printf("ready\n");
   fflush(stdout);
-  for (unsigned long round = 0;; round++)
-    for (uint32_t s = 0; s < info.slot_count; s++) {
-      volatile unsigned char *b = umbp_slot_ptr(p, s);
-      for (uint64_t o = 0; o < info.slot_size; o += 4096) b[o] = (unsigned char)(b[o] + 1);
-    }
+  if (threads && atoi(threads) > 0)
+    for (;;) pause();
+  toucher(NULL);
 }

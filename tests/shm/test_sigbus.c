@@ -176,6 +176,21 @@ static void test_pool_fault_named(void **st) {
   assert_named(&r, name);
 }
 
+/* Four threads touching the lost pages while another attaches and detaches
+ * a second pool in a loop (the table changes while the handler reads it):
+ * the line names the truncated pool, once, and the process dies of SIGBUS. */
+static void test_threads_one_line(void **st) {
+  (void)st;
+  const char *name = new_pool(), *other = new_pool();
+  char churn[128];
+  snprintf(churn, sizeof churn, "SIGBUS_HELPER_CHURN=%s", other);
+  const char *env[] = {"SIGBUS_HELPER_THREADS=4", churn, NULL};
+  struct run r;
+  run_helper("dfl", "pool", name, env, false, &r);
+  assert_died_of_sigbus(&r);
+  assert_named(&r, name);
+}
+
 /* A handler installed before the first attach (Python's faulthandler, an
  * engine's crash reporter) still runs after the message, with the fault's
  * siginfo (si_code BUS_ADRERR, 2). */
@@ -335,6 +350,7 @@ static void test_asan_reports_after_ours(void **st) {
 int main(void) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_pool_fault_named, destroy_made),
+      cmocka_unit_test_teardown(test_threads_one_line, destroy_made),
       cmocka_unit_test_teardown(test_pool_fault_then_previous, destroy_made),
       cmocka_unit_test_teardown(test_other_sigbus_passed_on, destroy_made),
       cmocka_unit_test_teardown(test_quiet_pool_left_to_program, destroy_made),
