@@ -13,6 +13,7 @@ KV caches (worker_proc.py, command init_intree)."""
 from __future__ import annotations
 
 import ctypes as C
+import time
 
 import pytest
 
@@ -69,12 +70,18 @@ class IntreeEngine(Engine):
         self.agg = KVOutputAggregator.from_connector(self.s.connector, TP)
         self.outputs = []
 
-    def run_until_scheduled(self, rid, limit=6):
+    # The in-tree worker's loads and stores are asynchronous and it only polls
+    # them: how many steps they take depends on the copy threads getting a
+    # CPU, so these wait for a time (60 s), not a number of steps.
+    WAIT_S = 60
+
+    def run_until_scheduled(self, rid):
         """Step until rid gets tokens (asynchronous loads park it first);
         self.loaded[rid]: the block ids its load filled."""
         self.loaded = getattr(self, "loaded", {})
         seen = []
-        for _ in range(limit):
+        end = time.monotonic() + self.WAIT_S
+        while time.monotonic() < end:
             so, eco = self.step()
             batch = so.kv_connector_metadata.load_requests.get(rid)
             if batch:
@@ -83,7 +90,21 @@ class IntreeEngine(Engine):
                 return so, eco
             r = self.s.requests.get(rid)
             seen.append((dict(so.num_scheduled_tokens), r.status if r else "gone"))
-        raise AssertionError(f"{rid} was never scheduled: {seen}")
+            time.sleep(0.005)
+        raise AssertionError(f"{rid} was not scheduled in {self.WAIT_S} s: {seen[:8]} ... {seen[-3:]}")
+
+    def drain(self):
+        """Step while EngineCore would (Scheduler.has_requests) until delayed
+        frees (stores still copying) finish."""
+        n = 0
+        end = time.monotonic() + self.WAIT_S
+        while self.s.has_requests():
+            assert time.monotonic() < end, f"the scheduler was not idle after {n} steps in {self.WAIT_S} s"
+            so, _ = self.step()
+            n += 1
+            if not so.num_scheduled_tokens:
+                time.sleep(0.005)
+        return n
 
     def removed(self):
         return [h for b in self.published for ev in b.events if isinstance(ev, BlockRemoved)
