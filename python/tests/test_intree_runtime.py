@@ -332,7 +332,9 @@ def test_two_runtimes_on_one_pool_each_get_every_removal(pool_name):
     take_evicted_keys returns every removal of its blocks, where the pool's
     event ring gave each removal to whichever worker drained it first (one
     got 3 of 3, the other none). Each worker reads the pool's feed as a
-    consumer named after its process, and frees its place when it closes."""
+    consumer named after its ranks, and frees its place when it closes; a
+    worker of the same ranks started later (a restarted engine) takes that
+    place again instead of another."""
     a = Rig(pool_name)
     b = Rig(pool_name)
     try:
@@ -343,10 +345,12 @@ def test_two_runtimes_on_one_pool_each_get_every_removal(pool_name):
         assert sorted(a.worker.take_evicted_keys()) == sorted(keys[:3])
         assert sorted(b.worker.take_evicted_keys()) == sorted(keys[:3])
         assert list(a.worker.take_evicted_keys()) == [] and list(b.worker.take_evicted_keys()) == []
-        pid = os.getpid()
-        assert _consumers(a.worker.pool.h) == {f"vllm.{pid}": True, f"vllm.{pid}.2": True}
+        w = "vllm-w.t0c0d0p0"
+        assert _consumers(a.worker.pool.h) == {w: True, f"{w}.2": True}
         b.close()
-        assert _consumers(a.worker.pool.h) == {f"vllm.{pid}": True, f"vllm.{pid}.2": False}, "place kept"
+        assert _consumers(a.worker.pool.h) == {w: True, f"{w}.2": False}, "place kept"
+        b = Rig(pool_name)
+        assert _consumers(a.worker.pool.h) == {w: True, f"{w}.2": True}, "the restarted worker's own place"
     finally:
         b.close()
         a.close()

@@ -511,9 +511,10 @@ class PoolRemovals:
     scheduler and for each worker of the in-tree connector's runtime.
 
     The pool's published-key feed (include/umbp/feed.h), read from now on as
-    a consumer of this process's own, named "vllm.PID" ("vllm.PID.2", ... for
-    a further reader in the same process, or a process of another pid
-    namespace with the same pid): the feed is a broadcast log, so every
+    a consumer of this reader's own, named `base` ("vllm.PID" by default;
+    "BASE.2", ... when a live reader holds that name: a further reader in the
+    same process, another engine's worker of the same ranks, a process of
+    another pid namespace with the same pid): the feed is a broadcast log, so every
     process sharing the pool reads every removal at its own cursor. The pool's
     event ring instead hands each event to one drainer, so that engines on one
     pool split the removals and none had its BlockRemoved events complete.
@@ -530,10 +531,17 @@ class PoolRemovals:
 
     _BATCH = 1024
 
-    def __init__(self, pool: _Pool, who: str):
-        """who: the reader in messages ("this engine", "this worker (tp1 pcp0 dcp0 pp0)")."""
+    def __init__(self, pool: _Pool, who: str, base: str | None = None):
+        """who: the reader in messages ("this engine", "this worker (tp1 pcp0
+        dcp0 pp0)"); base: the consumer's name (at most 27 characters of
+        [A-Za-z0-9._-]), "vllm.PID" when None. A name that does not change
+        when the reader's process is restarted takes the place its earlier
+        process had, where one named after each pid takes another place at
+        each restart, pushing out the least recently active names nobody holds
+        (another consumer's that is down for a while, `umbp tier`'s among them)."""
         self.pool = pool
         self.who = who
+        self.base = base or f"vllm.{os.getpid()}"
         self.name: str | None = None   # the feed consumer's name; None: the event ring
         self._feed: C.c_void_p | None = None
         self.lost = 0                  # feed entries overwritten before they were read, not yet said
@@ -547,7 +555,7 @@ class PoolRemovals:
         opts = T.FeedOpts()
         lib.umbp_feed_opts_init(C.byref(opts))
         opts.start = T.FEED_FROM_NOW
-        base = f"vllm.{os.getpid()}"
+        base = self.base
         rc = 0
         for i in range(1, T.FEED_MAX_CONSUMERS + 1):
             name = base if i == 1 else f"{base}.{i}"

@@ -339,8 +339,11 @@ class UMBPWorkerHandle:
         t = topology
         self._ranks = (t.tp_rank, t.pcp_rank, t.dcp_rank, t.pp_rank)
         # take_evicted_keys() reads the pool's removals from here on
+        # named after its ranks, not its pid: a restarted engine's worker
+        # takes the feed place its earlier process had (PoolRemovals)
         self._removals = PoolRemovals(self.pool, f"this worker (tp{t.tp_rank} pcp{t.pcp_rank} "
-                                                  f"dcp{t.dcp_rank} pp{t.pp_rank})")
+                                                  f"dcp{t.dcp_rank} pp{t.pp_rank})",
+                                      f"vllm-w.t{t.tp_rank}c{t.pcp_rank}d{t.dcp_rank}p{t.pp_rank}")
         self.codec = KeyCodec(self.pool.ns)
         self._engine = None
         self._layout = None
