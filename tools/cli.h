@@ -153,7 +153,7 @@ bool cli_pid_stopped(int pid);
  * only once resumed, "kill -TERM PID; kill -CONT PID" with the reason. */
 const char *cli_stop_advice(int pid, char *buf, size_t n);
 
-/* SIGINT, SIGTERM and SIGHUP ending a command whose cleanup needs more than
+/* SIGINT, SIGTERM, SIGHUP and SIGQUIT ending a command whose cleanup needs more than
  * async-signal-safe calls (umbp_pool_destroy() reads /proc/mounts with stdio,
  * which a handler that interrupted malloc could deadlock in). The handler only
  * writes the signal's number to a pipe; a thread of its own reads it, takes

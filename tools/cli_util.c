@@ -426,7 +426,9 @@ int cli_fatal_signals(void (*cleanup)(int sig)) {
   sa.sa_handler = fatal_handler;
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
-  const int sigs[] = {SIGINT, SIGTERM, SIGHUP}; /* SIGHUP: the terminal or the ssh session closed */
+  /* SIGHUP: the terminal or the ssh session closed; SIGQUIT: Ctrl-\ in a terminal, whose default
+   * action (a core dump) would otherwise skip the cleanup */
+  const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   for (unsigned i = 0; i < sizeof sigs / sizeof *sigs; i++) {
     struct sigaction old;
     if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue; /* nohup: stays ignored */

@@ -75,10 +75,10 @@ def pool_files(pid):
     return found
 
 
-@check("SIGINT, SIGTERM or SIGHUP during a run removes its pool (no /dev/shm or huge-page file left)")
+@check("SIGINT, SIGTERM, SIGHUP or SIGQUIT (Ctrl-\\) during a run removes its pool (no /dev/shm or huge-page file left)")
 def _():
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        # SIG_DFL in the child for SIGINT and SIGHUP: a shell's background job would otherwise inherit SIGINT ignored, nohup SIGHUP
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        # SIG_DFL in the child for SIGINT, SIGQUIT and SIGHUP: a shell's background job would otherwise inherit SIGINT ignored, nohup SIGHUP
         p = subprocess.Popen([TOOL, "bench", "copy", "--reps", "1000", "--bytes", "64MiB", "--cases", "64KiBx2"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=taplib.foreground)

@@ -135,7 +135,7 @@ static const char *copy_usage =
     "(host backend), or cudaMemcpy between a pinned host buffer and device memory\n"
     "(--cuda). A block object of OBJ bytes is gathered from R regions (R/2 layers of\n"
     "K and V tensors): the case OBJxR. A private pool, bench-copy-PID (no pre-fault,\n"
-    "destroyed at the end and on SIGINT, SIGTERM or SIGHUP), holds one slot per\n"
+    "destroyed at the end and on SIGINT, SIGTERM, SIGHUP or SIGQUIT), holds one slot per\n"
     "block; the KV regions are host memory (or cuda:0).\n"
     "\n"
     "Options:\n"
@@ -582,7 +582,7 @@ static int copy_rep(struct copy_run *x, unsigned rep) {
 }
 
 /* The private pool of the case being run ("" between cases): removed on
- * SIGINT, SIGTERM or SIGHUP, which otherwise left bench-copy-PID (its slot bytes in
+ * SIGINT, SIGTERM, SIGHUP or SIGQUIT, which otherwise left bench-copy-PID (its slot bytes in
  * /dev/shm, its index on huge pages) behind for good. */
 static char g_copy_pool[64];
 
