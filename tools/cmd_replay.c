@@ -110,7 +110,8 @@ static const char *replay_usage_gen =
     "  --output FILE        write the workload to FILE as JSONL ('-': stdout) and\n"
     "                       exit without replaying it (so --json, --capacity,\n"
     "                       --unbounded, --capacity-sweep, --plot and --csv are\n"
-    "                       refused with it).\n"
+    "                       refused with it). A write that fails or a signal\n"
+    "                       removes FILE rather than leave part of it.\n"
     "\n";
 
 static const char *replay_usage_out =
@@ -205,7 +206,7 @@ static int parse_dbl(const char *s, double lo, double hi, double *ret) {
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
 
-/* A --plot or --csv file, opened before the runs. */
+/* A --plot, --csv or --output file, opened before the runs (or the generation). */
 struct out_file {
   FILE *f;
   const char *path;
@@ -235,25 +236,26 @@ static void out_drop(struct out_file *o) {
   if (o->regular) unlink(o->path);
 }
 
-/* The regular --plot and --csv files to remove when SIGINT, SIGTERM, SIGHUP or SIGQUIT ends
+/* The regular --plot, --csv and --output files to remove when SIGINT, SIGTERM, SIGHUP or SIGQUIT ends
  * the command outside a run (while the trace is read, between the steps of a
  * sweep): rp_run() catches all four during a run, and a run that fails drops the
  * files, so a signal leaves no empty file either. */
-static const char *volatile g_drop[2];
+static const char *volatile g_drop[3];
 
 static void on_fatal_signal(int sig) {
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 3; i++)
     if (g_drop[i]) unlink(g_drop[i]);
   signal(sig, SIG_DFL);
   raise(sig);
 }
 
-/* Catch SIGINT, SIGTERM, SIGHUP and SIGQUIT to remove o's files; a signal the caller ignores
+/* Catch SIGINT, SIGTERM, SIGHUP and SIGQUIT to remove the files; a signal the caller ignores
  * stays ignored. */
-static void drop_on_signal(const struct out_file *plot, const struct out_file *csv) {
+static void drop_on_signal(const struct out_file *plot, const struct out_file *csv, const struct out_file *gen) {
   g_drop[0] = plot->f && plot->regular ? plot->path : NULL;
   g_drop[1] = csv->f && csv->regular ? csv->path : NULL;
-  if (!g_drop[0] && !g_drop[1]) return;
+  g_drop[2] = gen->f && gen->regular ? gen->path : NULL;
+  if (!g_drop[0] && !g_drop[1] && !g_drop[2]) return;
   const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   for (int i = 0; i < 4; i++) {
     struct sigaction sa, old;
@@ -361,16 +363,19 @@ static void print_run(const struct rp_config *cfg, const struct rp_result *r) {
          r->wall_s > 0 ? (double)r->requests / r->wall_s : 0.0);
 }
 
-static int do_write(const char *path, const struct trace *t) {
-  FILE *f = strcmp(path, "-") ? fopen(path, "we") : stdout;
-  if (!f) {
-    cli_error("replay: cannot write '%s': %s", path, strerror(errno));
-    return CLI_RUNTIME;
-  }
+/* Write the generated workload to o (its file, opened by out_open(); standard
+ * output when o->f is NULL): CLI_OK, or CLI_RUNTIME with the message printed
+ * and a regular file removed, so that a write that fails (a full disk) leaves
+ * no half-written trace that a later replay would read as the whole one. */
+static int do_write(struct out_file *o, const struct trace *t) {
+  FILE *f = o->f ? o->f : stdout;
+  const char *path = o->f ? o->path : "-";
   errno = 0;
   int rc = trace_write(f, t), e = rc ? errno : 0; /* stdio leaves the failed write's errno (ENOSPC, EIO, ...) */
   if (f != stdout) {
+    o->f = NULL;
     if (fclose(f) && !e) e = errno ? errno : EIO;
+    if ((rc || e) && o->regular) unlink(o->path);
   } else if (fflush(f) && !e) {
     e = errno ? errno : EIO;
   }
@@ -726,14 +731,16 @@ int cmd_replay(int argc, char **argv) {
              *csv_path = o.csv_path;
   uint64_t block_all = (uint64_t)cfg.block_tokens * cfg.bytes_per_token;
 
-  /* the output files are opened before the replays, so a bad path costs no run */
+  /* the output files are opened before the replays (or the generation), so a bad path costs no run;
+   * --output '-' is standard output */
   struct out_file plot = {.path = plot_path}, csvo = {.path = csv_path};
+  struct out_file gen_out = {.path = output && strcmp(output, "-") ? output : NULL};
   if (out_open(&plot, "--plot")) return CLI_RUNTIME;
-  if (out_open(&csvo, "--csv")) {
+  if (out_open(&csvo, "--csv") || out_open(&gen_out, "--output")) {
     drop_outputs(&plot, &csvo);
     return CLI_RUNTIME;
   }
-  drop_on_signal(&plot, &csvo);
+  drop_on_signal(&plot, &csvo, &gen_out);
 
   /* the workload */
   struct trace t;
@@ -745,10 +752,11 @@ int cmd_replay(int argc, char **argv) {
       cli_error("replay: %s", rc == -ENOMEM ? "out of memory generating the workload" : err);
       trace_free(&t);
       drop_outputs(&plot, &csvo);
+      out_drop(&gen_out);
       return rc == -EINVAL ? CLI_USAGE : CLI_RUNTIME;
     }
     if (output) {
-      int r = do_write(output, &t);
+      int r = do_write(&gen_out, &t);
       trace_free(&t);
       return r;
     }

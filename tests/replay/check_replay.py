@@ -164,6 +164,26 @@ def _():
     assert ts == sorted(ts), "requests in time order"
 
 
+@check("generator: --output that fails half-way (a full disk) leaves no partial trace; a bad path fails before generating")
+def _():
+    import resource
+    path = os.path.join(TMP, "g-partial.jsonl")
+
+    def small_fsize():
+        # the file size limit stands in for a full disk: a write past 16 KiB fails with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+    p = subprocess.run([TOOL, "replay", "--generate", "chat", "--conversations", "60", "--output", path],
+                       capture_output=True, text=True, timeout=300, preexec_fn=small_fsize)
+    assert p.returncode == 1 and "cannot write the workload to '%s'" % path in p.stderr, (p.returncode, p.stderr)
+    # it was left with its first 16 KiB: a trace that replays, silently shorter than the workload
+    assert not os.path.exists(path), "a half-written trace of %d bytes was left" % os.path.getsize(path)
+    # a path that cannot be written is refused before the workload is made, naming the option
+    rc, out, err = run("--generate", "chat", "--conversations", "60", "--output",
+                       os.path.join(TMP, "no-such-dir", "g.jsonl"), timeout=60)
+    assert rc == 1 and "--output %s: cannot write it" % os.path.join(TMP, "no-such-dir", "g.jsonl") in err, (rc, err)
+
+
 @check("generator: a saved workload replays like the direct one, cache ratio > 0")
 def _():
     path = os.path.join(TMP, "g1.jsonl")
