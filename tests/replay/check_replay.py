@@ -785,6 +785,18 @@ def _():
     # the suggested sweep is one that parses (sizes without spaces)
     sweep = err.split("--capacity-sweep ")[1].split()[0]
     assert all(x.endswith(("MiB", "GiB")) and x[:-3].isdigit() for x in sweep.split(",")), sweep
+    # with 32 ranks of 256 MiB shards a pool needs 8 GiB (a slot per rank): the suggested sweep
+    # holds only capacities that the sweep accepts (it suggested 2GiB,4GiB,8GiB, a usage error),
+    # or, when not even 8 GiB fits, says what to lower
+    rc, out, err = run("--generate", "chat", "--conversations", "20", "--bytes-per-token", "16MiB", "--tp", "32")
+    assert rc == 1 and "No --capacity was given" in err, (rc, err)
+    if "--capacity-sweep " in err:
+        sweep = err.split("--capacity-sweep ")[1].split()[0]
+        units = {"MiB": 1 << 20, "GiB": 1 << 30}
+        caps = [int(x[:-3]) * units[x[-3:]] for x in sweep.split(",")]
+        assert caps and all(c >= 32 * (256 << 20) for c in caps), sweep
+    else:
+        assert "lower --bytes-per-token or --tp" in err, err
 
 
 @check("an unbounded pool with more slots than a pool can index names --capacity and --tp, not --slot-size")

@@ -350,19 +350,36 @@ static int open_pool(struct run *r, uint64_t capacity, bool unbounded, struct rp
       char a[32], e[32];
       struct statvfs sv;
       uint64_t shm_free = statvfs("/dev/shm", &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : capacity / 2;
-      /* the largest power-of-two MiB in half of what is free, and its half and quarter */
+      /* the largest power-of-two MiB in half of what is free, and its half and quarter; only
+       * those the sweep accepts: a pool holds at least one slot per rank (and two slots) and at
+       * most CLI_MAX_SLOTS, so large shards (--bytes-per-token, --tp) rule out the small ones */
+      uint64_t min_cap = (uint64_t)(cfg->tp < 2 ? 2 : cfg->tp) * cfg->slot_size;
+      uint64_t max_cap = (uint64_t)CLI_MAX_SLOTS * cfg->slot_size;
       uint64_t top = 4ull << 20;
-      while (top * 2 <= shm_free / 2) top *= 2;
-      char s1[32], s2[32], s3[32];
-      cli_fmt_size_arg(top / 4, s1, sizeof s1);
-      cli_fmt_size_arg(top / 2, s2, sizeof s2);
-      cli_fmt_size_arg(top, s3, sizeof s3);
-      cli_error("replay: the unbounded pool (a slot for every distinct block of the trace on every rank: %s) cannot "
-                "be created: %s\n"
-                "No --capacity was given, so measure the hit-ratio curve in what fits instead: "
-                "--capacity-sweep %s,%s,%s (/dev/shm has %s free), or replay a smaller workload "
-                "(--bytes-per-token, --conversations)",
-                cli_fmt_size(capacity, a, sizeof a), umbp_last_error(), s1, s2, s3, cli_fmt_size(shm_free, e, sizeof e));
+      while (top * 2 <= shm_free / 2 && top * 2 <= max_cap) top *= 2;
+      char list[128] = "", one[32];
+      size_t len = 0;
+      for (uint64_t c = top / 4; c <= top; c *= 2)
+        if (c >= min_cap && c <= max_cap && len + 40 < sizeof list)
+          len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", len ? "," : "", cli_fmt_size_arg(c, one, sizeof one));
+      cli_fmt_size(capacity, a, sizeof a);
+      cli_fmt_size(shm_free, e, sizeof e);
+      if (len) {
+        cli_error("replay: the unbounded pool (a slot for every distinct block of the trace on every rank: %s) "
+                  "cannot be created: %s\n"
+                  "No --capacity was given, so measure the hit-ratio curve in what fits instead: "
+                  "--capacity-sweep %s (/dev/shm has %s free), or replay a smaller workload "
+                  "(--bytes-per-token, --conversations)",
+                  a, umbp_last_error(), list, e);
+      } else {
+        char m[32], sl[32];
+        cli_error("replay: the unbounded pool (a slot for every distinct block of the trace on every rank: %s) "
+                  "cannot be created: %s\n"
+                  "No --capacity was given, and even the smallest pool, one %s slot per rank (%s), is more than "
+                  "half of the %s free in /dev/shm: lower --bytes-per-token or --tp, or enlarge /dev/shm",
+                  a, umbp_last_error(), cli_fmt_size(cfg->slot_size, sl, sizeof sl), cli_fmt_size(min_cap, m, sizeof m),
+                  e);
+      }
     } else {
       cli_error("replay: cannot create pool '%s' of %llu bytes: %s", r->name, (unsigned long long)capacity,
                 umbp_last_error());
