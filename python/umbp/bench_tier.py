@@ -405,8 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="example:\n  umbp bench tier --json\n  umbp bench tier --sizes 1MiB "
                                        "--prefix 32 --reps 15 --engine off\n\nexit status: 0 success, "
                                        "1 runtime error, 2 usage error, 128 + N stopped by\nsignal N "
-                                       "(SIGTERM, SIGINT, SIGHUP: what it started is stopped and its\n"
-                                       "pools destroyed first).")
+                                       "(SIGTERM, SIGINT, SIGHUP, SIGQUIT: what it started is stopped and\n"
+                                       "its pools destroyed first; a signal ignored at the start, as under\n"
+                                       "nohup, stays ignored).")
     p.add_argument("--sizes", default=DEFAULT_SIZES, metavar="LIST",
                    help=f"block (slot) sizes, comma-separated (default {DEFAULT_SIZES})")
     p.add_argument("--prefix", type=int, default=32, metavar="N", help="blocks in the remote prefix (default 32)")
@@ -422,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class Interrupted(Exception):
-    """SIGTERM or SIGHUP, raised in the main thread so that the finally
+    """SIGINT, SIGTERM, SIGHUP or SIGQUIT, raised in the main thread so that the finally
     blocks stop the tiers and the master this run started and destroy its
     pools: with the signals' default action they ran on, and the pools stayed
     in /dev/shm, after the bench was gone."""
@@ -432,9 +433,15 @@ class Interrupted(Exception):
         self.sig = sig
 
 
+# the signals that stop a run with its clean-up: SIGQUIT is Ctrl-\ in a terminal, whose default
+# action (a core dump) left both pools in /dev/shm
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
 def on_signal(sig, _frame):
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the clean-up short
+    for s in STOP_SIGNALS:
+        if signal.getsignal(s) is on_signal:
+            signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the clean-up short
     raise Interrupted(sig)
 
 
@@ -482,10 +489,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="umbp-bench-tier-"))
     out = {"host": os.uname().nodename, "cpus": os.cpu_count(), "transport": "tcp over loopback",
            "transfer": [], "ttft": None}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, on_signal)
+    # a signal the bench was started with ignored stays ignored: under nohup (SIGHUP), or as a
+    # script's background job (SIGINT, SIGQUIT), closing the terminal must not stop the run
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(sig, on_signal)
     try:
         return run(a, sizes, work, out)
     except Interrupted as e:

@@ -600,11 +600,22 @@ def test_setup_raises(cluster):
         raise
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_bench_stopped_by_signal(tmp_path, sig):
-    """`umbp bench tier` stopped by a signal (kill, a closed terminal, Ctrl-C)
-    stops the mooncake_master and the tiers it started and destroys its pools,
-    then exits 128 + the signal with a sentence, not a traceback."""
+def _foreground_but_nohup():
+    """preexec_fn: SIGINT and SIGQUIT at their defaults, as in a shell's foreground, and SIGHUP
+    ignored, as under nohup."""
+    for s in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sig,ignore_hup", [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGINT, False),
+                                            (signal.SIGQUIT, False), (signal.SIGTERM, True)])
+def test_bench_stopped_by_signal(tmp_path, sig, ignore_hup):
+    """`umbp bench tier` stopped by a signal (kill, a closed terminal, Ctrl-C,
+    Ctrl-\\) stops the mooncake_master and the tiers it started and destroys
+    its pools, then exits 128 + the signal with a sentence, not a traceback.
+    Started with SIGHUP ignored (nohup), a SIGHUP does not stop it (it did: the
+    bench installed its handler over the ignored disposition)."""
     import glob
     import subprocess
     import sys
@@ -612,7 +623,8 @@ def test_bench_stopped_by_signal(tmp_path, sig):
                               "--engine", "off"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, UMBP_PYTHON=sys.executable),
                              # as from a shell's foreground, whatever ran this test: SIGINT not ignored
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             preexec_fn=_foreground_but_nohup if ignore_hup else
+                             lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGQUIT)])
 
     def children():
         try:
@@ -624,6 +636,10 @@ def test_bench_stopped_by_signal(tmp_path, sig):
         # the master and both tiers are up, and the repetitions run
         kids = wait_for(lambda: len(children()) >= 3 and children(), 60, "the bench's master and tiers")
         time.sleep(2)
+        if ignore_hup:
+            bench.send_signal(signal.SIGHUP)
+            time.sleep(2)
+            assert bench.poll() is None, "a SIGHUP ignored at the start stopped the bench (exit %r)" % bench.returncode
         bench.send_signal(sig)
         _, err = bench.communicate(timeout=40)
         assert bench.returncode == 128 + sig, (bench.returncode, err[-2000:])
