@@ -206,6 +206,16 @@ static int parse_dbl(const char *s, double lo, double hi, double *ret) {
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
 
+/* Whether paths a and b name one regular file, or one path that does not exist yet
+ * (a device such as /dev/null may well take two outputs). */
+static bool same_regular_file(const char *a, const char *b) {
+  if (!a || !b) return false;
+  struct stat sa, sb;
+  bool ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+  if (ea && eb) return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  return !ea && !eb && errno == ENOENT && !strcmp(a, b);
+}
+
 /* A --plot, --csv or --output file, opened before the runs (or the generation). */
 struct out_file {
   FILE *f;
@@ -541,6 +551,16 @@ static int parse_opts(int argc, char **argv, struct replay_opts *o) {
   if ((o->plot_path || o->csv_path) && !o->sweep_arg)
     return cli_usage_error("replay", "%s draws the curve of a sweep: add --capacity-sweep LIST (e.g. "
                                      "256MiB,1GiB,4GiB,unbounded)", o->plot_path ? "--plot" : "--csv");
+  /* the outputs are opened (truncated) before the trace is read: --csv naming the trace
+   * destroyed it, and --plot and --csv naming one file wrote both into it */
+  if (o->csv_path && same_regular_file(o->csv_path, o->path))
+    return cli_usage_error("replay", "--csv %s is the trace file: writing the curve there would destroy the trace; "
+                                     "give another file name", o->csv_path);
+  if (o->plot_path && same_regular_file(o->plot_path, o->path))
+    return cli_usage_error("replay", "--plot %s is the trace file: writing the curve there would destroy the trace; "
+                                     "give another file name", o->plot_path);
+  if (o->plot_path && o->csv_path && same_regular_file(o->plot_path, o->csv_path))
+    return cli_usage_error("replay", "--plot and --csv name the same file (%s): give each its own", o->csv_path);
 
   return -1;
 }

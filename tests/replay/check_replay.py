@@ -658,6 +658,27 @@ def _():
     assert p.returncode == 0 and json.loads(p.stdout)["requests"] == len(SMALL), (p.returncode, p.stderr)
 
 
+@check("--csv or --plot naming the trace, or both naming one file, is a usage error that leaves the trace intact")
+def _():
+    trace = write("keep.jsonl", SMALL)
+    before = open(trace, "rb").read()
+    link = os.path.join(TMP, "keep-link.jsonl")
+    if not os.path.lexists(link):
+        os.symlink(trace, link)
+    for args, want in ((["--csv", trace], "--csv %s is the trace file" % trace),
+                       (["--plot", link], "--plot %s is the trace file" % link),
+                       (["--csv", os.path.join(TMP, "both.out"), "--plot", os.path.join(TMP, "both.out")],
+                        "--plot and --csv name the same file")):
+        rc, out, err = run(trace, "--capacity-sweep", "4MiB,8MiB", *args)
+        # the outputs were opened (truncated) first: the trace read as empty, and was then removed
+        assert rc == 2 and want in err and "Try 'umbp replay --help'" in err, (args, rc, err)
+        assert os.path.exists(trace) and open(trace, "rb").read() == before, "%s: the trace was changed" % args
+    assert not os.path.exists(os.path.join(TMP, "both.out"))
+    # one device for both is fine
+    rc, out, err = run(trace, "--capacity-sweep", "4MiB,8MiB", "--csv", "/dev/null", "--plot", "/dev/null")
+    assert rc == 0, (rc, err)
+
+
 @check("--plot: a trace path that is not UTF-8, or cut in a character by the title's bound, gives well-formed XML")
 def _():
     import xml.etree.ElementTree as ET
