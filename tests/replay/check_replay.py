@@ -658,6 +658,24 @@ def _():
     assert p.returncode == 0 and json.loads(p.stdout)["requests"] == len(SMALL), (p.returncode, p.stderr)
 
 
+@check("a pool left under the replay's name (an earlier run killed, its PID reused) is kept, and the replay runs")
+def _():
+    # sh creates replay-PID-0 and then execs the replay under the same PID
+    trace = write("small.jsonl", SMALL)
+    p = subprocess.Popen(["sh", "-c", '"$0" pool create replay-$$-0 --capacity 4MiB >/dev/null && '
+                          'exec "$0" replay "$1" --json', TOOL, trace], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=300)
+    left = glob.glob("/dev/shm/umbp.replay-%d-*" % p.pid)
+    try:
+        # it failed: "a pool named 'replay-PID-0' already exists ... pick another name", which replay cannot
+        assert p.returncode == 0, (p.returncode, err)
+        assert json.loads(out)["requests"] == len(SMALL), out
+        assert left == ["/dev/shm/umbp.replay-%d-0" % p.pid], "the other pool is kept, the replay's removed: %s" % left
+    finally:
+        subprocess.run([TOOL, "pool", "destroy", "replay-%d-0" % p.pid], capture_output=True)
+
+
 @check("--csv or --plot naming the trace, or both naming one file, is a usage error that leaves the trace intact")
 def _():
     trace = write("keep.jsonl", SMALL)

@@ -343,6 +343,14 @@ static int open_pool(struct run *r, uint64_t capacity, bool unbounded, struct rp
   pp.no_prefault = true; /* pages fault in as blocks are stored: faster than pre-faulting all */
   pp.event_capacity = 1024;
   int rc = umbp_pool_create(r->name, &pp, &r->pool);
+  /* a pool of this name left by an earlier replay whose processes were all killed (SIGKILL, the
+   * OOM killer) under a PID now reused: it is not ours to remove, and replay has no option for
+   * another name, so take the next free one */
+  size_t base = strlen(r->name);
+  for (unsigned k = 1; rc == -EEXIST && k <= 64; k++) {
+    snprintf(r->name + base, sizeof r->name - base, "-%u", k);
+    rc = umbp_pool_create(r->name, &pp, &r->pool);
+  }
   if (rc != 0) {
     if (unbounded && (rc == -ENOSPC || rc == -ENOMEM || rc == -E2BIG || rc == -EFBIG)) {
       /* no --capacity was given, so the library's "choose a smaller
