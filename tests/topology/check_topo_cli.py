@@ -148,8 +148,15 @@ def _():
     rc, out, _ = run("--help")
     assert rc == 0
     for s in ("Usage: umbp topo", "Options:", "--xml", "--ranks", "--gpus",
-              "--threads-per-rank", "--json", "--explain", "JSON schema", "Exit status:", "Examples:"):
+              "--threads-per-rank", "--json", "--explain", "JSON schema", "Exit status:", "Examples:",
+              "--mempolicy", "--no-cuda", "--help"):
         assert s in out, s
+    # every value --mempolicy takes is in the text, the alias 'none' too (it was only in an error message)
+    opts = out.split("--mempolicy POLICY", 2)[2].split("--no-cuda")[0]
+    for v in ("auto", "bind", "preferred", "interleave", "default", "none"):
+        assert v in opts, v
+        rc, _, err = run("--mempolicy", v, "--json")
+        assert rc == 0, (v, err)
 
 
 @check("live machine: JSON parses and follows the schema")
