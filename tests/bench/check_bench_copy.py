@@ -44,6 +44,13 @@ def _():
             opt, bad, r.returncode, r.stderr)
 
 
+@check("the table's header gives --bytes as a size: 512KiB is '512 KiB per job', not '0 MiB per job'")
+def _():
+    for arg, want in (("512KiB", "512 KiB per job"), ("1536KiB", "1.50 MiB per job")):
+        r = run(["bench", "copy", "--bytes", arg, "--cases", "64KiBx2", "--reps", "1"])
+        assert r.returncode == 0 and want in r.stdout.splitlines()[0], (arg, r.returncode, r.stdout, r.stderr)
+
+
 @check("--cases that names no case is a usage error, not an empty table")
 def _():
     for bad in ("", ",", ",,"):

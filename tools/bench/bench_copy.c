@@ -866,9 +866,10 @@ static void print_copy_json(const struct copy_report *r) {
 }
 
 static void print_copy_table(const struct copy_report *r) {
-  printf("umbp bench copy: %s backend, %u thread%s, median of %u reps, %llu MiB per job, reference %s\n",
+  char per_job[32]; /* --bytes as given: under 1 MiB it read "0 MiB per job" */
+  printf("umbp bench copy: %s backend, %u thread%s, median of %u reps, %s per job, reference %s\n",
          r->cuda ? "CUDA" : "host", r->threads, r->threads > 1 ? "s" : "", r->reps,
-         (unsigned long long)(r->bytes >> 20), r->refname);
+         cli_fmt_size(r->bytes, per_job, sizeof per_job), r->refname);
   printf("%-12s %7s %6s | %10s %10s %6s | %10s %10s %6s%s\n", "case", "regions", "blocks", "store GB/s", "ref GB/s",
          "ratio", "load GB/s", "ref GB/s", "ratio", victim_on ? " | victim ms  store x   load x" : "");
   if (pull_on)
