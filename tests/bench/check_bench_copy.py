@@ -57,6 +57,13 @@ def _():
         r = run(["bench", "copy", "--cases", bad, "--bytes", "1MiB", "--json"])
         assert r.returncode == 2 and "--cases '%s' names no case" % bad in r.stderr and not r.stdout, \
             "--cases %r: exit %d, stdout %r, stderr %r" % (bad, r.returncode, r.stdout, r.stderr)
+    # an empty entry beside real ones, and a list longer than the parser's buffer (it was cut silently)
+    for bad, want in (("64KiBx2,", "has an empty entry"), (",64KiBx2", "has an empty entry"),
+                      ("64KiBx2,,1MiBx80", "has an empty entry"),
+                      (",".join(["64KiBx2"] * 30 + ["%sKiBx80" % ("0" * 300 + "1024")]), "at most 511 characters")):
+        r = run(["bench", "copy", "--cases", bad, "--bytes", "1MiB", "--reps", "1", "--json"])
+        assert r.returncode == 2 and want in r.stderr and not r.stdout, \
+            "--cases %r: exit %d, stdout %r, stderr %r" % (bad[:80], r.returncode, r.stdout, r.stderr)
 
 
 @check("--cpus naming a CPU this process may not run on is a usage error naming the option and the CPUs allowed")

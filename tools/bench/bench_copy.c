@@ -1005,6 +1005,9 @@ int bench_copy_main(int argc, char **argv) {
   struct bcase cases[32];
   unsigned nc = 0;
   char buf[512];
+  /* a longer list was cut silently, its last case perhaps in the middle (1MiBx80 -> 1MiBx8) */
+  if (strlen(cases_s) >= sizeof buf)
+    return cli_usage_error("bench copy", "--cases: a list of at most %zu characters", sizeof buf - 1);
   snprintf(buf, sizeof buf, "%s", cases_s);
   for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
     if (nc == 32) return cli_usage_error("bench copy", "--cases: at most 32");
@@ -1013,6 +1016,11 @@ int bench_copy_main(int argc, char **argv) {
   }
   /* '--cases ""' or ',' would run nothing and print an empty table, exit 0 */
   if (!nc) return cli_usage_error("bench copy", "--cases '%s' names no case: give OBJxR, e.g. 1MiBx80", cases_s);
+  /* an empty entry (64KiBx2,,1MiBx80 or a trailing comma) is most likely a case left out */
+  size_t cl = strlen(cases_s);
+  if (cases_s[0] == ',' || cases_s[cl - 1] == ',' || strstr(cases_s, ",,"))
+    return cli_usage_error("bench copy", "--cases '%s' has an empty entry: give OBJxR between every two commas",
+                           cases_s);
   if (cuda) {
     char why[256];
     if (!(umbp_dp_backends(why, sizeof why) & UMBP_DP_BACKEND_CUDA)) {
