@@ -216,7 +216,7 @@ static bool same_regular_file(const char *a, const char *b) {
   return !ea && !eb && errno == ENOENT && !strcmp(a, b);
 }
 
-/* A --plot, --csv or --output file, opened before the runs (or the generation). */
+/* A --plot, --csv or --output file (--plot and --csv opened before the runs). */
 struct out_file {
   FILE *f;
   const char *path;
@@ -751,12 +751,13 @@ int cmd_replay(int argc, char **argv) {
              *csv_path = o.csv_path;
   uint64_t block_all = (uint64_t)cfg.block_tokens * cfg.bytes_per_token;
 
-  /* the output files are opened before the replays (or the generation), so a bad path costs no run;
-   * --output '-' is standard output */
+  /* the output files are opened before the replays, so a bad path costs no run; --output only once
+   * the workload is made, so that a generation that fails leaves an existing FILE as it was
+   * ('-' is standard output) */
   struct out_file plot = {.path = plot_path}, csvo = {.path = csv_path};
   struct out_file gen_out = {.path = output && strcmp(output, "-") ? output : NULL};
   if (out_open(&plot, "--plot")) return CLI_RUNTIME;
-  if (out_open(&csvo, "--csv") || out_open(&gen_out, "--output")) {
+  if (out_open(&csvo, "--csv")) {
     drop_outputs(&plot, &csvo);
     return CLI_RUNTIME;
   }
@@ -772,10 +773,14 @@ int cmd_replay(int argc, char **argv) {
       cli_error("replay: %s", rc == -ENOMEM ? "out of memory generating the workload" : err);
       trace_free(&t);
       drop_outputs(&plot, &csvo);
-      out_drop(&gen_out);
       return rc == -EINVAL ? CLI_USAGE : CLI_RUNTIME;
     }
     if (output) {
+      if (out_open(&gen_out, "--output")) {
+        trace_free(&t);
+        return CLI_RUNTIME;
+      }
+      drop_on_signal(&plot, &csvo, &gen_out);
       int r = do_write(&gen_out, &t);
       trace_free(&t);
       return r;

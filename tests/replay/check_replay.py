@@ -164,7 +164,7 @@ def _():
     assert ts == sorted(ts), "requests in time order"
 
 
-@check("generator: --output that fails half-way (a full disk) leaves no partial trace; a bad path fails before generating")
+@check("generator: --output that fails half-way (a full disk) leaves no partial trace; a failed generation no change")
 def _():
     import resource
     path = os.path.join(TMP, "g-partial.jsonl")
@@ -178,10 +178,16 @@ def _():
     assert p.returncode == 1 and "cannot write the workload to '%s'" % path in p.stderr, (p.returncode, p.stderr)
     # it was left with its first 16 KiB: a trace that replays, silently shorter than the workload
     assert not os.path.exists(path), "a half-written trace of %d bytes was left" % os.path.getsize(path)
-    # a path that cannot be written is refused before the workload is made, naming the option
+    # a path that cannot be written is named with the option
     rc, out, err = run("--generate", "chat", "--conversations", "60", "--output",
                        os.path.join(TMP, "no-such-dir", "g.jsonl"), timeout=60)
     assert rc == 1 and "--output %s: cannot write it" % os.path.join(TMP, "no-such-dir", "g.jsonl") in err, (rc, err)
+    # a generation that fails leaves an existing file as it was
+    with open(path, "w") as f:
+        f.write("kept\n")
+    rc, out, err = run("--generate", "chat", "--conversations", "1000000", "--turns", "1000", "--output", path,
+                       timeout=120)
+    assert rc == 2 and "more than" in err and open(path).read() == "kept\n", (rc, err)
 
 
 @check("generator: a saved workload replays like the direct one, cache ratio > 0")
