@@ -3,6 +3,7 @@
  * processes (tools/replay/ holds the parser, generator, scheduler, worker). */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
@@ -111,7 +112,7 @@ static const char *replay_usage_gen =
     "                       exit without replaying it (so --json, --capacity,\n"
     "                       --unbounded, --capacity-sweep, --plot and --csv are\n"
     "                       refused with it). A write that fails or a signal\n"
-    "                       removes FILE rather than leave part of it.\n"
+    "                       leaves FILE as it was, never half-written.\n"
     "\n";
 
 static const char *replay_usage_out =
@@ -216,40 +217,97 @@ static bool same_regular_file(const char *a, const char *b) {
   return !ea && !eb && errno == ENOENT && !strcmp(a, b);
 }
 
-/* A --plot, --csv or --output file (--plot and --csv opened before the runs). */
+/* A --plot, --csv or --output file (--plot and --csv opened before the runs).
+ * A regular file (or a path that does not exist yet) is written under a
+ * temporary name beside it and renamed over it once complete, so that a run
+ * that fails, a write that fails or a signal leaves the file as it was (a
+ * curve of an earlier run, a trace) and never half-written; a device or a
+ * pipe (/dev/null, /dev/stdout, >(cmd)) is written in place. */
 struct out_file {
   FILE *f;
   const char *path;
-  bool regular; /* a regular file: removed when the run or the write fails */
+  bool regular; /* written as tmp, renamed over final */
+  char *tmp, *final;
 };
+
+static void out_free(struct out_file *o) {
+  free(o->tmp);
+  free(o->final);
+  o->tmp = o->final = NULL;
+}
 
 /* Open o->path for writing: 0, or CLI_RUNTIME with the message printed. */
 static int out_open(struct out_file *o, const char *opt) {
   if (!o->path) return 0;
-  if (!(o->f = fopen(o->path, "we"))) {
+  struct stat st;
+  bool exists = stat(o->path, &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) { /* a device or a pipe; a directory is refused by fopen */
+    if (!(o->f = fopen(o->path, "we"))) {
+      cli_error("replay: %s %s: cannot write it: %s", opt, o->path, strerror(errno));
+      return CLI_RUNTIME;
+    }
+    o->regular = false;
+    return 0;
+  }
+  if (exists && access(o->path, W_OK)) { /* as fopen would refuse it */
     cli_error("replay: %s %s: cannot write it: %s", opt, o->path, strerror(errno));
     return CLI_RUNTIME;
   }
-  struct stat st;
-  o->regular = fstat(fileno(o->f), &st) == 0 && S_ISREG(st.st_mode);
+  /* through a symbolic link: the file it names is replaced, not the link */
+  o->final = exists ? realpath(o->path, NULL) : strdup(o->path);
+  size_t n = o->final ? strlen(o->final) + 32 : 0;
+  if (!o->final || !(o->tmp = malloc(n))) {
+    out_free(o);
+    cli_error("replay: %s %s: out of memory", opt, o->path);
+    return CLI_RUNTIME;
+  }
+  snprintf(o->tmp, n, "%s.umbp-tmp-%d", o->final, (int)getpid());
+  int fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0 || !(o->f = fdopen(fd, "w"))) {
+    int e = errno;
+    if (fd >= 0) {
+      close(fd);
+      unlink(o->tmp);
+    }
+    out_free(o);
+    cli_error("replay: %s %s: cannot write it: %s", opt, o->path, strerror(e));
+    return CLI_RUNTIME;
+  }
+  o->regular = true;
   return 0;
 }
 
 /* Close o without its content: a run that failed, or a write that failed,
- * leaves no half-written file behind. Only a regular file is removed: the
- * path may name a device (--plot /dev/null, /dev/stdout), and unlinking that
- * as root would delete the device node. */
+ * leaves the file as it was. Only the temporary file is removed: the path
+ * may name a device (--plot /dev/null), and unlinking that as root would
+ * delete the device node. */
 static void out_drop(struct out_file *o) {
   if (!o->f) return;
   fclose(o->f);
   o->f = NULL;
-  if (o->regular) unlink(o->path);
+  if (o->regular) unlink(o->tmp);
+  out_free(o);
 }
 
-/* The regular --plot, --csv and --output files to remove when SIGINT, SIGTERM, SIGHUP or SIGQUIT ends
- * the command outside a run (while the trace is read, between the steps of a
- * sweep): rp_run() catches all four during a run, and a run that fails drops the
- * files, so a signal leaves no empty file either. */
+/* Close o after its content was written and put it in place: 0, or the
+ * errno of what failed (the temporary file removed). */
+static int out_commit(struct out_file *o) {
+  FILE *f = o->f;
+  o->f = NULL;
+  errno = 0;
+  int e = fclose(f) ? (errno ? errno : EIO) : 0;
+  if (o->regular) {
+    if (!e && rename(o->tmp, o->final)) e = errno;
+    if (e) unlink(o->tmp);
+    out_free(o);
+  }
+  return e;
+}
+
+/* The temporary files of --plot, --csv and --output to remove when SIGINT, SIGTERM, SIGHUP or
+ * SIGQUIT ends the command outside a run (while the trace is read, between the steps of a
+ * sweep, while the files are written): rp_run() catches all four during a run, and a run that
+ * fails drops the files, so a signal leaves no temporary file either. */
 static const char *volatile g_drop[3];
 
 static void on_fatal_signal(int sig) {
@@ -262,9 +320,9 @@ static void on_fatal_signal(int sig) {
 /* Catch SIGINT, SIGTERM, SIGHUP and SIGQUIT to remove the files; a signal the caller ignores
  * stays ignored. */
 static void drop_on_signal(const struct out_file *plot, const struct out_file *csv, const struct out_file *gen) {
-  g_drop[0] = plot->f && plot->regular ? plot->path : NULL;
-  g_drop[1] = csv->f && csv->regular ? csv->path : NULL;
-  g_drop[2] = gen->f && gen->regular ? gen->path : NULL;
+  g_drop[0] = plot->f && plot->regular ? plot->tmp : NULL;
+  g_drop[1] = csv->f && csv->regular ? csv->tmp : NULL;
+  g_drop[2] = gen->f && gen->regular ? gen->tmp : NULL;
   if (!g_drop[0] && !g_drop[1] && !g_drop[2]) return;
   const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   for (int i = 0; i < 4; i++) {
@@ -286,12 +344,7 @@ static void drop_outputs(struct out_file *plot, struct out_file *csv) {
 static int out_close(struct out_file *o, int wrc, const char *opt) {
   int e = wrc ? (errno ? errno : EIO) : 0; /* stdio leaves the failed write's errno (ENOSPC, EIO, ...) */
   if (!e) {
-    FILE *f = o->f;
-    o->f = NULL;
-    errno = 0;
-    if (fclose(f) == 0) return 0;
-    e = errno ? errno : EIO;
-    if (o->regular) unlink(o->path);
+    if (!(e = out_commit(o))) return 0;
   } else {
     out_drop(o);
   }
@@ -375,17 +428,20 @@ static void print_run(const struct rp_config *cfg, const struct rp_result *r) {
 
 /* Write the generated workload to o (its file, opened by out_open(); standard
  * output when o->f is NULL): CLI_OK, or CLI_RUNTIME with the message printed
- * and a regular file removed, so that a write that fails (a full disk) leaves
- * no half-written trace that a later replay would read as the whole one. */
+ * and a regular file left as it was, so that a write that fails (a full disk)
+ * leaves no half-written trace that a later replay would read as the whole one. */
 static int do_write(struct out_file *o, const struct trace *t) {
   FILE *f = o->f ? o->f : stdout;
   const char *path = o->f ? o->path : "-";
   errno = 0;
   int rc = trace_write(f, t), e = rc ? errno : 0; /* stdio leaves the failed write's errno (ENOSPC, EIO, ...) */
   if (f != stdout) {
-    o->f = NULL;
-    if (fclose(f) && !e) e = errno ? errno : EIO;
-    if ((rc || e) && o->regular) unlink(o->path);
+    if (rc || e) {
+      out_drop(o);
+      if (!e) e = EIO;
+    } else {
+      e = out_commit(o);
+    }
   } else if (fflush(f) && !e) {
     e = errno ? errno : EIO;
   }
@@ -855,8 +911,6 @@ int cmd_replay(int argc, char **argv) {
     drop_outputs(&plot, &csvo);
     return rc;
   }
-
-  g_drop[0] = g_drop[1] = NULL; /* the files are written now, and then complete */
 
   /* the curve: the capacity reaching 95% of the unbounded ratio, the files */
   struct curve_point pts[SWEEP_MAX + 1];

@@ -341,8 +341,8 @@ def _():
             os.write(wfd, (json.dumps(SMALL[0]) + "\n").encode())
             p = subprocess.Popen([TOOL, "replay", fifo, "--capacity-sweep", "1MiB,2MiB", "--plot", svg,
                                   "--csv", csvp], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(200):
-                if os.path.exists(svg) and os.path.exists(csvp):
+            for _ in range(200):  # the outputs are open (written under temporary names beside them)
+                if glob.glob(svg + ".umbp-tmp-*") and glob.glob(csvp + ".umbp-tmp-*"):
                     break
                 time.sleep(0.05)
             time.sleep(0.3)
@@ -354,6 +354,7 @@ def _():
             os.unlink(fifo)
         assert p.returncode == -sig, (sig, p.returncode)
         assert not os.path.exists(svg) and not os.path.exists(csvp), (sig, "an empty output file is left")
+        assert not glob.glob(os.path.join(TMP, "sig.*.umbp-tmp-*")), (sig, "a temporary file is left")
 
 
 @check("stdout or stderr closed: the pool and the --plot file never become fd 1 or 2")
@@ -752,6 +753,33 @@ def _():
     rc, out, err = run(os.path.join(TMP, "no-such.jsonl"), "--capacity-sweep", "1MiB,2MiB", "--plot", svg)
     assert rc == 1 and not os.path.exists(svg), (rc, err)
     os.unlink(dev)
+
+
+@check("a run or a write that fails, or a signal, leaves an existing --plot, --csv or --output file as it was")
+def _():
+    # the files were opened (truncated) before the run and removed when it failed: a mistyped trace
+    # name cost the curve of the last good run
+    svg, csvp, gen = (os.path.join(TMP, n) for n in ("prev.svg", "prev.csv", "prev.jsonl"))
+    for f in (svg, csvp, gen):
+        with open(f, "w") as fh:
+            fh.write("previous\n")
+    rc, out, err = run(os.path.join(TMP, "no-such.jsonl"), "--capacity-sweep", "1MiB,2MiB", "--plot", svg,
+                       "--csv", csvp)
+    assert rc == 1 and "cannot open trace" in err, (rc, err)
+    import resource
+
+    def small_fsize():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+    p = subprocess.run([TOOL, "replay", "--generate", "chat", "--conversations", "60", "--output", gen],
+                       capture_output=True, text=True, timeout=300, preexec_fn=small_fsize)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    for f in (svg, csvp, gen):
+        assert open(f).read() == "previous\n", f
+    assert not glob.glob(os.path.join(TMP, "prev.*.umbp-tmp-*")), glob.glob(os.path.join(TMP, "prev.*"))
+    # and a run that succeeds replaces them
+    rc, out, err = run(write("small.jsonl", SMALL), "--capacity-sweep", "1MiB,2MiB", "--csv", csvp)
+    assert rc == 0 and open(csvp).read().startswith("capacity_bytes,"), (rc, err)
 
 
 BAD_ARGS = [
