@@ -409,7 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "its pools destroyed first; a signal ignored at the start, as under\n"
                                        "nohup, stays ignored).")
     p.add_argument("--sizes", default=DEFAULT_SIZES, metavar="LIST",
-                   help=f"block (slot) sizes, comma-separated (default {DEFAULT_SIZES})")
+                   help=f"block (slot) sizes, comma-separated, multiples of 64 from 4KiB to 4GiB "
+                        f"(default {DEFAULT_SIZES})")
     p.add_argument("--prefix", type=int, default=32, metavar="N", help="blocks in the remote prefix (default 32)")
     p.add_argument("--reps", type=int, default=9, metavar="N", help="repetitions per size (default 9)")
     p.add_argument("--engine", choices=("auto", "on", "off"), default="auto",
@@ -460,8 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     # each bad value named with its option; --engine-tokens and --engine-reps
     # were not checked at all (0 reached the engines, after the transfers)
     bad = []
-    if not sizes or any(s < 4096 or s % 64 for s in sizes):
-        bad.append(f"--sizes '{a.sizes}': give block sizes, multiples of 64 from 4KiB")
+    # a pool's slot is at most 4 GiB: a larger one failed only at pool creation, after the /dev/shm check
+    if not sizes or any(s < 4096 or s % 64 or s > 4 << 30 for s in sizes):
+        bad.append(f"--sizes '{a.sizes}': give block sizes, multiples of 64 from 4KiB to 4GiB")
     for name in ("prefix", "reps", "engine_tokens", "engine_reps"):
         if getattr(a, name) < 1:
             bad.append(f"--{name.replace('_', '-')} {getattr(a, name)}: give 1 or more")

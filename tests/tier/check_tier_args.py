@@ -284,6 +284,8 @@ def _():
     for args, words in ((("--engine-reps", "0"), "--engine-reps 0"), (("--engine-tokens", "-5"), "--engine-tokens -5"),
                         (("--reps", "0"), "--reps 0"), (("--prefix", "0"), "--prefix 0"),
                         (("--sizes", "100"), "--sizes '100'"),
+                        # a slot over 4 GiB: refused by pool creation only, after the /dev/shm check
+                        (("--sizes", "64KiB,5GiB", "--prefix", "1"), "--sizes '64KiB,5GiB': give block sizes"),
                         # a prefix past a pool's 2^24 - 1 slots: named, not the library's --capacity/--slot-size
                         (("--prefix", "100000000"), "--prefix 100000000: the bench's second pool")):
         rc, err = bench(*args)
