@@ -108,9 +108,11 @@ static const char *create_usage =
     "  -q, --quiet          no progress output.\n"
     "\n"
     "The size is checked against /dev/shm's free space, MemAvailable and the chosen\n"
-    "nodes' memory before anything is allocated.\n"
+    "nodes' memory before anything is allocated. Ctrl-C, SIGTERM, SIGHUP or SIGQUIT\n"
+    "while the pool is being made removes the half-made pool.\n"
     "\n"
-    "Exit status: 0 created; 1 runtime error (exists, does not fit, ...); 2 usage error.\n"
+    "Exit status: 0 created; 1 runtime error (exists, does not fit, ...); 2 usage error;\n"
+    "128 + N stopped by signal N.\n"
     "Example: umbp pool create kv --capacity 8GiB --slot-size 256KiB --numa-nodes 0,1\n";
 
 static const char *destroy_usage =
@@ -234,7 +236,7 @@ static void progress_cb(void *arg, const char *what, uint64_t done, uint64_t tot
   fflush(stderr);
 }
 
-/* Ctrl-C, SIGTERM or SIGHUP during 'pool create' (pre-faulting a large pool
+/* Ctrl-C, SIGTERM, SIGHUP or SIGQUIT during 'pool create' (pre-faulting a large pool
  * takes a while) left the half-made file, its reserved memory and its index
  * file in place until someone ran create or destroy again. The file is this
  * process's once pre-faulting has begun (the first progress report: the

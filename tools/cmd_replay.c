@@ -782,6 +782,9 @@ static void report_sweep(const struct rp_config *cfg, const struct rp_result *re
   if (k->have && k->knee >= 0)
     printf("\n95%% of the unbounded cache ratio (%.2f%%) is reached at %s (%.2f%%)\n", 100 * k->unb_ratio,
            cli_fmt_size(k->pts[k->knee].capacity, a, sizeof a), 100 * k->pts[k->knee].cache_ratio);
+  else if (k->have && k->unb_ratio <= 0)
+    printf("\nno block of the trace is used twice, so no capacity gets a hit (unbounded cache ratio 0.00%%): "
+           "a trace of requests that share prefixes (--synthetic, or a serving trace) shows what a pool buys\n");
   else if (k->have)
     printf("\nno capacity of the sweep reaches 95%% of the unbounded cache ratio (%.2f%%): add larger ones\n",
            100 * k->unb_ratio);

@@ -209,6 +209,17 @@ def _():
     assert d["blocks_total"] > 0 and d["blocks_hit"] == 0, d
 
 
+@check("capacity sweep of a trace with no hits names no capacity as reaching 95% of the unbounded ratio")
+def _():
+    # before: "95% of the unbounded cache ratio (0.00%) is reached at 1 MiB (0.00%)"
+    args = ["--generate", "chat", "--conversations", "30", "--turns", "1", "--system-prompts", "0",
+            "--user-tokens", "2000", "--capacity-sweep", "1MiB,unbounded"]
+    rc, out, err = run(*args)
+    assert rc == 0 and "is reached at" not in out and "no block of the trace is used twice" in out, out + err
+    d = run_json(*args)
+    assert d["unbounded_cache_ratio"] == 0 and d["capacity_for_95pct_bytes"] is None, d
+
+
 @check("capacity sweep: small pools evict, the unbounded step matches a plain run")
 def _():
     args = ["--generate", "chat", "--conversations", "80", "--tp", "2"]

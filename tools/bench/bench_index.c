@@ -1855,7 +1855,7 @@ static const char *usage_text =
     "run none); a wrong answer ends the run with exit status 1.\n"
     "\n"
     "Pools. Each load factor's pool is umbp-bench-index-PID-I, removed at the end\n"
-    "of the run and on SIGINT, SIGTERM or SIGHUP. A run killed otherwise (SIGKILL,\n"
+    "of the run and on SIGINT, SIGTERM, SIGHUP or SIGQUIT. A run killed otherwise (SIGKILL,\n"
     "the OOM killer) leaves it, with its /dev/shm memory and huge pages; the next run\n"
     "removes such pools of processes that no longer exist when no process holds\n"
     "them (a run in another container sharing /dev/shm does), and says so.\n"

@@ -15,7 +15,9 @@ int curve_knee(const struct curve_point *pts, unsigned n, double frac, double *r
   if (u < 0) return -ENOENT;
   double target = frac * pts[u].cache_ratio;
   int knee = -1;
-  for (unsigned i = 0; i < n; i++) {
+  /* a trace with no hit even unbounded: every capacity "reaches" 95% of 0,
+   * which names none of them */
+  for (unsigned i = 0; pts[u].cache_ratio > 0 && i < n; i++) {
     if (pts[i].unbounded || pts[i].cache_ratio < target) continue;
     if (knee < 0 || pts[i].capacity < pts[knee].capacity) knee = (int)i;
   }
