@@ -78,6 +78,15 @@ def _():
             bad, r.returncode, r.stderr)
 
 
+@check("--cpus that is not a list of CPU numbers says what it takes")
+def _():
+    # it said "a list like 0,1,2" for 99999 (a list like that) and for a range
+    for bad in ("99999", "0-1", "1,,2", "x"):
+        r = run(["bench", "copy", "--cpus", bad, "--bytes", "1MiB", "--cases", "64KiBx2", "--reps", "1"])
+        assert r.returncode == 2 and "--cpus '%s': CPU numbers 0 to 65535 separated by commas" % bad in r.stderr \
+            and "no ranges" in r.stderr and not r.stdout, "%s: exit %d, %s" % (bad, r.returncode, r.stderr)
+
+
 def pool_files(pid):
     """The files of bench copy's pool of process pid: /dev/shm/umbp.bench-copy-PID and its
     index on huge pages, umbp-index.bench-copy-PID in a hugetlbfs mount."""

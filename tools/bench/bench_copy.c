@@ -973,7 +973,8 @@ int bench_copy_main(int argc, char **argv) {
       break;
     case 'c': {
       int n = cli_parse_int_list(optarg, cpus_i, 256);
-      if (n <= 0) return cli_usage_error("bench copy", "--cpus '%s': a list like 0,1,2", optarg);
+      if (n <= 0) return cli_usage_error("bench copy", "--cpus '%s': CPU numbers 0 to 65535 separated by commas, "
+                                                "at most 256 (like 0,1,2; no ranges)", optarg);
       /* a CPU this process may not run on failed later, in the engine, as
        * "cannot bind copy thread 0 to cpu 999" (exit 1), naming no option */
       cpu_set_t allowed;
