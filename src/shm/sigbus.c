@@ -39,17 +39,20 @@
  *    truncation (the file is now shorter than this process's mapping) from a
  *    file system that could not supply a page, and writes the message. Then,
  *    and for every other SIGBUS, it passes the signal on: the previous
- *    SA_SIGINFO or plain handler is called (so Python's faulthandler still
- *    prints its traceback), SIG_DFL is restored and the fault re-executes
- *    (the process dies of SIGBUS, dumping core as before), SIG_IGN of a fault
- *    is treated as SIG_DFL as the kernel does for a fault it cannot deliver.
+ *    SA_SIGINFO or plain handler is called as the kernel would have called
+ *    it (its sa_mask, SA_NODEFER, SA_RESETHAND; our handler has SA_ONSTACK
+ *    where it had), so Python's faulthandler still prints its traceback;
+ *    for SIG_DFL it is restored and the fault re-executes (the process dies
+ *    of SIGBUS, dumping core as before); SIG_IGN of a fault is treated as
+ *    SIG_DFL as the kernel does for a fault it cannot deliver.
  *  - Quiet entries: a program that reports SIGBUS on a pool itself (the umbp
  *    commands) marks the pool quiet; the handler then only passes the signal
  *    on. Whichever of the two handlers was installed last, the program's
  *    message is the only one.
  *  - Only async-signal-safe calls in the handler: write, fstat, stat, getpid,
- *    sigaction, raise. It writes to fd 2 only when that is not a regular file
- *    on a pool's file system (stderr_ok()).
+ *    sigaction, sigprocmask, sigismember, sigaddset, sigdelset, raise. It
+ *    writes to fd 2 only when that is not a regular file on a pool's file
+ *    system (stderr_ok()).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -60,6 +63,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -209,19 +213,43 @@ static bool match(unsigned i, uintptr_t a, struct watch *c) {
   return atomic_load_explicit(&w->seq, memory_order_relaxed) == s1;
 }
 
+/* Run the previous handler as the kernel would have delivered SIGBUS to
+ * it: with its own sa_mask added to the interrupted context's mask, SIGBUS
+ * itself blocked unless it asked for SA_NODEFER, and the disposition reset
+ * to SIG_DFL first if it asked for SA_RESETHAND (a one-shot crash reporter
+ * that returns counts on the re-executed fault to kill the process; called
+ * again and again, it would loop). */
+static void call_previous(int sig, siginfo_t *si, void *uc) {
+  sigset_t m;
+  if (uc) m = ((ucontext_t *)uc)->uc_sigmask;
+  else sigprocmask(SIG_BLOCK, NULL, &m);
+  for (int s = 1; s < NSIG; s++)
+    if (sigismember(&old_bus.sa_mask, s) == 1) sigaddset(&m, s);
+  if (old_bus.sa_flags & SA_NODEFER) sigdelset(&m, sig);
+  else sigaddset(&m, sig);
+  if (old_bus.sa_flags & SA_RESETHAND) {
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+  }
+  sigprocmask(SIG_SETMASK, &m, NULL);
+  if (old_bus.sa_flags & SA_SIGINFO) old_bus.sa_sigaction(sig, si, uc);
+  else old_bus.sa_handler(sig);
+  /* returning restores the interrupted context's mask (sigreturn) */
+}
+
 static void pass_on(int sig, siginfo_t *si, void *uc) {
   bool fault = si && si->si_code > 0;
-  if (old_bus.sa_flags & SA_SIGINFO) {
-    if (old_bus.sa_sigaction) {
-      old_bus.sa_sigaction(sig, si, uc);
-      return;
-    }
-  } else if (old_bus.sa_handler == SIG_IGN) {
+  /* SIG_DFL and SIG_IGN first, whatever the flags: SA_SIGINFO set with
+   * SIG_IGN is a valid disposition, and its sa_sigaction is no function */
+  if (old_bus.sa_handler == SIG_IGN) {
     if (!fault) return;
     /* an ignored fault would re-execute forever: the kernel kills such a
      * process (it resets an ignored or blocked fault signal to SIG_DFL) */
   } else if (old_bus.sa_handler != SIG_DFL) {
-    old_bus.sa_handler(sig);
+    call_previous(sig, si, uc);
     return;
   }
   struct sigaction dfl;
@@ -281,12 +309,14 @@ static bool install(void) {
   struct sigaction sa, old;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_sigbus;
-  /* no SA_ONSTACK: a SIGBUS on a pool is no stack overflow, and a program's
-   * small alternate stack (MINSIGSTKSZ) need not hold this frame and the
-   * chained handler's */
-  sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   if (sigaction(SIGBUS, NULL, &old) != 0) return false;
+  /* SA_ONSTACK only where the handler before ours asked for it: that one
+   * runs in our frame and may need the alternate stack (Go's runtime aborts
+   * "handler not on signal stack"; ASan's and faulthandler's expect it),
+   * while for the rest a pool's fault is no stack overflow and a program's
+   * small alternate stack (MINSIGSTKSZ) need not hold this frame */
+  sa.sa_flags = SA_SIGINFO | (old.sa_flags & SA_ONSTACK);
   old_bus = old; /* before the handler can run */
   if (sigaction(SIGBUS, &sa, NULL) != 0) return false;
   return true;

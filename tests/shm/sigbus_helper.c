@@ -14,6 +14,16 @@
  *   ign      SIG_IGN
  *   info     an SA_SIGINFO handler: writes "prev: siginfo code C" and _exit(42)
  *   plain    a plain handler: writes "prev: plain" and _exit(43)
+ *   reset    an SA_SIGINFO|SA_RESETHAND handler that writes "prev: reset" and
+ *            returns (a one-shot crash reporter); a second call writes
+ *            "prev: called again" and _exit(44)
+ *   nodefer  an SA_SIGINFO|SA_NODEFER handler with SIGUSR1 in its sa_mask:
+ *            writes "prev: mask bus=B usr1=U" (1: blocked while it runs) and
+ *            _exit(45)
+ *   onstack  an SA_SIGINFO|SA_ONSTACK handler, with an alternate stack set
+ *            up: writes "prev: onstack 1" if it runs on that stack (0 if
+ *            not) and _exit(46)
+ *   ignsi    SIG_IGN set with SA_SIGINFO in sa_flags
  *   cli      as the umbp commands do, but installed before the attach: an
  *            SA_SIGINFO handler that writes "cli: pool fault" for a fault in
  *            the pool's mapping and _exit(3), after marking the pool quiet
@@ -57,6 +67,44 @@ static void on_plain(int sig) {
   (void)sig;
   say("prev: plain\n");
   _exit(43);
+}
+
+static volatile sig_atomic_t reset_calls;
+
+static void on_reset(int sig, siginfo_t *si, void *uc) {
+  (void)sig;
+  (void)si;
+  (void)uc;
+  if (reset_calls++) {
+    say("prev: called again\n");
+    _exit(44);
+  }
+  say("prev: reset\n");
+}
+
+static void on_nodefer(int sig, siginfo_t *si, void *uc) {
+  (void)sig;
+  (void)si;
+  (void)uc;
+  sigset_t cur;
+  sigprocmask(SIG_BLOCK, NULL, &cur);
+  char m[] = "prev: mask bus=B usr1=U\n";
+  m[15] = sigismember(&cur, SIGBUS) ? '1' : '0';
+  m[22] = sigismember(&cur, SIGUSR1) ? '1' : '0';
+  say(m);
+  _exit(45);
+}
+
+static char *alt_lo;
+static size_t alt_len;
+
+static void on_onstack(int sig, siginfo_t *si, void *uc) {
+  (void)sig;
+  (void)si;
+  (void)uc;
+  char here;
+  say(&here >= alt_lo && &here < alt_lo + alt_len ? "prev: onstack 1\n" : "prev: onstack 0\n");
+  _exit(46);
 }
 
 static uintptr_t cli_base;
@@ -109,6 +157,17 @@ static void install(const char *prev) {
   else if (!strcmp(prev, "plain")) sa.sa_handler = on_plain;
   else if (!strcmp(prev, "info")) sa.sa_sigaction = on_info, sa.sa_flags = SA_SIGINFO;
   else if (!strcmp(prev, "cli")) sa.sa_sigaction = on_cli, sa.sa_flags = SA_SIGINFO;
+  else if (!strcmp(prev, "reset")) sa.sa_sigaction = on_reset, sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+  else if (!strcmp(prev, "nodefer")) {
+    sa.sa_sigaction = on_nodefer, sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigaddset(&sa.sa_mask, SIGUSR1);
+  } else if (!strcmp(prev, "onstack")) {
+    alt_len = 1 << 20;
+    alt_lo = malloc(alt_len);
+    stack_t ss = {.ss_sp = alt_lo, .ss_size = alt_len, .ss_flags = 0};
+    if (!alt_lo || sigaltstack(&ss, NULL) != 0) exit(2);
+    sa.sa_sigaction = on_onstack, sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  } else if (!strcmp(prev, "ignsi")) sa.sa_handler = SIG_IGN, sa.sa_flags = SA_SIGINFO;
   else {
     fprintf(stderr, "sigbus_helper: unknown PREV %s\n", prev);
     exit(2);

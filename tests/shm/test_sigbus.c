@@ -210,6 +210,34 @@ static void test_pool_fault_then_previous(void **st) {
   assert_non_null(strstr(r.err, "prev: plain"));
 }
 
+/* The handler before ours is called as the kernel would have called it:
+ * SA_RESETHAND resets SIGBUS to the default first (a one-shot reporter that
+ * returns is not called again and again by the re-executed fault: the
+ * process dies of it); its sa_mask is blocked and SA_NODEFER leaves SIGBUS
+ * unblocked while it runs; SA_ONSTACK runs it on the thread's alternate
+ * stack. */
+static void test_previous_flags_kept(void **st) {
+  (void)st;
+  const char *name = new_pool();
+  struct run r;
+  run_helper("reset", "pool", name, NULL, false, &r);
+  assert_non_null(strstr(r.out, "handler ours\n"));
+  assert_died_of_sigbus(&r);
+  assert_named(&r, name);
+  assert_int_equal(count(r.err, "prev: reset\n"), 1);
+  assert_null(strstr(r.err, "prev: called again"));
+  name = new_pool();
+  run_helper("nodefer", "pool", name, NULL, false, &r);
+  assert_exited(&r, 45);
+  assert_named(&r, name);
+  assert_non_null(strstr(r.err, "prev: mask bus=0 usr1=1\n"));
+  name = new_pool();
+  run_helper("onstack", "pool", name, NULL, false, &r);
+  assert_exited(&r, 46);
+  assert_named(&r, name);
+  assert_non_null(strstr(r.err, "prev: onstack 1\n"));
+}
+
 /* A SIGBUS outside every pool (a file the helper maps and truncates itself),
  * or one sent by raise(): no message, and whatever was there before gets it:
  * an SA_SIGINFO handler with the fault's code, a plain one, the default
@@ -231,6 +259,9 @@ static void test_other_sigbus_passed_on(void **st) {
   assert_died_of_sigbus(&r);
   assert_null(strstr(r.err, "umbp:"));
   run_helper("ign", "other", name, NULL, false, &r);
+  assert_died_of_sigbus(&r);
+  assert_null(strstr(r.err, "umbp:"));
+  run_helper("ignsi", "other", name, NULL, false, &r); /* SIG_IGN with SA_SIGINFO: no call to address 1 */
   assert_died_of_sigbus(&r);
   assert_null(strstr(r.err, "umbp:"));
   run_helper("info", "kill", name, NULL, false, &r);
@@ -352,6 +383,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_pool_fault_named, destroy_made),
       cmocka_unit_test_teardown(test_threads_one_line, destroy_made),
       cmocka_unit_test_teardown(test_pool_fault_then_previous, destroy_made),
+      cmocka_unit_test_teardown(test_previous_flags_kept, destroy_made),
       cmocka_unit_test_teardown(test_other_sigbus_passed_on, destroy_made),
       cmocka_unit_test_teardown(test_quiet_pool_left_to_program, destroy_made),
       cmocka_unit_test_teardown(test_env_turns_it_off, destroy_made),
