@@ -50,9 +50,10 @@
  *    on. Whichever of the two handlers was installed last, the program's
  *    message is the only one.
  *  - Only async-signal-safe calls in the handler: write, fstat, stat, getpid,
- *    sigaction, sigprocmask, sigismember, sigaddset, sigdelset, raise. It
- *    writes to fd 2 only when that is not a regular file on a pool's file
- *    system (stderr_ok()).
+ *    sigaction, sigprocmask, sigpending, sigismember, sigaddset, sigdelset,
+ *    raise (and sigtimedwait: write_line()). It writes to fd 2 only when
+ *    that is not a regular file on a pool's file system (stderr_ok()), and
+ *    a broken pipe there does not turn the death into one by SIGPIPE.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -63,6 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -137,6 +139,36 @@ static bool stderr_ok(void) {
   return true;
 }
 
+/* Write s to fd 2. fd 2 may be a pipe whose reader is gone (a log collector
+ * that died): the write then raises SIGPIPE, whose default action would end
+ * the process in place of the SIGBUS (no core dump, no chained handler,
+ * another exit status). SIGPIPE is blocked around the write, and the one the
+ * write raised is taken back (sigtimedwait: a bare system call on Linux,
+ * though not on POSIX's async-signal-safe list) unless one was pending
+ * already. */
+static void write_line(const char *s, size_t n) {
+  sigset_t pipe_set, old, pending;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  sigprocmask(SIG_BLOCK, &pipe_set, &old);
+  bool was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+  bool broken = false;
+  for (size_t o = 0; o < n;) {
+    ssize_t r = write(2, s + o, n - o);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      broken = r < 0 && errno == EPIPE;
+      break;
+    }
+    o += (size_t)r;
+  }
+  if (broken && !was_pending) {
+    struct timespec zero = {0, 0};
+    sigtimedwait(&pipe_set, NULL, &zero);
+  }
+  sigprocmask(SIG_SETMASK, &old, NULL);
+}
+
 /* The message for a fault at offset off of w's mapping (w: a copy). */
 static void report(const struct watch *w, uint64_t off) {
   if (!stderr_ok()) return;
@@ -190,11 +222,7 @@ static void report(const struct watch *w, uint64_t off) {
     }
   }
   put(&b, " (docs/operations.md, \"SIGBUS on a pool\")\n");
-  for (size_t o = 0; o < b.n;) {
-    ssize_t r = write(2, b.s + o, b.n - o);
-    if (r <= 0) break;
-    o += (size_t)r;
-  }
+  write_line(b.s, b.n);
 }
 
 /* Copy entry i into *c if it is published, stable and covers address a. */

@@ -32,7 +32,9 @@
  *   SIGBUS_HELPER_THREADS=N   N threads (not the main one) touch the slots
  *   SIGBUS_HELPER_CHURN=NAME2 another thread attaches and detaches NAME2 in a
  *                             loop meanwhile (the table changes under the
- *                             handler) */
+ *                             handler)
+ *   SIGBUS_HELPER_EPIPE=1     fd 2 is a pipe whose read end is closed (a log
+ *                             collector gone) when the fault comes */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -221,6 +223,13 @@ int main(int argc, char **argv) {
   const char *threads = getenv("SIGBUS_HELPER_THREADS");
   for (int i = 0; threads && i < atoi(threads); i++)
     if (pthread_create(&t, NULL, toucher, NULL) != 0) return 1;
+  const char *epipe = getenv("SIGBUS_HELPER_EPIPE");
+  if (epipe && !strcmp(epipe, "1")) {
+    int pp[2];
+    if (pipe(pp) != 0 || dup2(pp[1], 2) != 2) return 1;
+    close(pp[0]);
+    close(pp[1]);
+  }
   printf("ready\n");
   fflush(stdout);
   if (threads && atoi(threads) > 0)

@@ -191,6 +191,19 @@ static void test_threads_one_line(void **st) {
   assert_named(&r, name);
 }
 
+/* stderr a pipe nobody reads any more (the engine's log collector died):
+ * writing the line raises SIGPIPE, which must not end the process in place
+ * of the SIGBUS (no core dump, no faulthandler, another exit status). */
+static void test_stderr_broken_pipe_still_sigbus(void **st) {
+  (void)st;
+  const char *name = new_pool();
+  const char *env[] = {"SIGBUS_HELPER_EPIPE=1", NULL};
+  struct run r;
+  run_helper("dfl", "pool", name, env, false, &r);
+  assert_non_null(strstr(r.out, "handler ours\n"));
+  assert_died_of_sigbus(&r);
+}
+
 /* A handler installed before the first attach (Python's faulthandler, an
  * engine's crash reporter) still runs after the message, with the fault's
  * siginfo (si_code BUS_ADRERR, 2). */
@@ -382,6 +395,7 @@ int main(void) {
   const struct CMUnitTest all[] = {
       cmocka_unit_test_teardown(test_pool_fault_named, destroy_made),
       cmocka_unit_test_teardown(test_threads_one_line, destroy_made),
+      cmocka_unit_test_teardown(test_stderr_broken_pipe_still_sigbus, destroy_made),
       cmocka_unit_test_teardown(test_pool_fault_then_previous, destroy_made),
       cmocka_unit_test_teardown(test_previous_flags_kept, destroy_made),
       cmocka_unit_test_teardown(test_other_sigbus_passed_on, destroy_made),
