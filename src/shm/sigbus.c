@@ -51,11 +51,12 @@
  *    message is the only one.
  *  - Only async-signal-safe calls in the handler: write, fstat, stat, getpid,
  *    sigaction, sigprocmask, sigpending, sigismember, sigaddset, sigdelset,
- *    raise (and sigtimedwait: write_line()). It writes to fd 2 only when
+ *    raise, poll (and sigtimedwait: write_line()). It writes to fd 2 only when
  *    that is not a regular file on a pool's file system (stderr_ok()), and
  *    a broken pipe there does not turn the death into one by SIGPIPE.
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -291,22 +292,39 @@ static void pass_on(int sig, siginfo_t *si, void *uc) {
   if (!fault) raise(sig);
 }
 
-/* Set by the first report: threads that fault on the lost pages at once (an
- * engine's copy threads) each get the signal, but the process dies of the
- * first, and one line says why. */
-static _Atomic bool reported;
+/* The line, once per process: threads that fault on the lost pages at once
+ * (an engine's copy threads) each get the signal, but one line says why.
+ * The first to claim it writes it; the others wait for that write before
+ * they pass the signal on, since passing it on ends the process (the default
+ * action, a chained handler that exits) and would cut the line off. The
+ * wait is bounded (a write to a stderr pipe nobody drains could block for
+ * ever) and uses poll(), which is async-signal-safe. */
+enum { LINE_NONE, LINE_WRITING, LINE_DONE };
+static _Atomic int line_state;
+#define LINE_WAIT_MS 10000
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc) {
   int saved = errno;
+  bool writer = false;
   if (si && si->si_code > 0) {
     struct watch c;
     for (unsigned i = 0; i < WATCH_MAX; i++)
       if (match(i, (uintptr_t)si->si_addr, &c)) {
-        if (!c.quiet && !atomic_exchange_explicit(&reported, true, memory_order_relaxed))
+        int none = LINE_NONE;
+        /* relaxed: the line's bytes go through write(2), not memory others read */
+        if (!c.quiet && atomic_compare_exchange_strong_explicit(&line_state, &none, LINE_WRITING,
+                                                                memory_order_relaxed, memory_order_relaxed)) {
+          writer = true;
           report(&c, (uintptr_t)si->si_addr - c.base);
+          atomic_store_explicit(&line_state, LINE_DONE, memory_order_relaxed);
+        }
         break;
       }
   }
+  for (unsigned ms = 0; !writer && ms < LINE_WAIT_MS &&
+                        atomic_load_explicit(&line_state, memory_order_relaxed) == LINE_WRITING;
+       ms += 10)
+    poll(NULL, 0, 10);
   errno = saved;
   pass_on(sig, si, uc);
 }

@@ -204,6 +204,83 @@ static void test_stderr_broken_pipe_still_sigbus(void **st) {
   assert_died_of_sigbus(&r);
 }
 
+/* Several threads fault on the lost pages while the first of them is still
+ * writing the line (here: stderr is a full pipe that the test drains only a
+ * second later): the others wait for it before they pass the signal on, so
+ * the process does not die of their fault with the line unwritten. */
+static void test_line_written_before_another_thread_dies(void **st) {
+  (void)st;
+  const char *name = new_pool();
+  int po[2], pe[2];
+  assert_int_equal(pipe(po), 0);
+  assert_int_equal(pipe(pe), 0);
+  int fl = fcntl(pe[1], F_GETFL);
+  assert_int_equal(fcntl(pe[1], F_SETFL, fl | O_NONBLOCK), 0);
+  char fill[4096];
+  memset(fill, 'x', sizeof fill);
+  size_t filled = 0;
+  for (ssize_t k; (k = write(pe[1], fill, sizeof fill)) > 0;) filled += (size_t)k;
+  assert_int_equal(fcntl(pe[1], F_SETFL, fl), 0); /* full: the line's write blocks until the test reads */
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(po[1], 1);
+    dup2(pe[1], 2);
+    close(po[0]);
+    close(po[1]);
+    close(pe[0]);
+    close(pe[1]);
+    putenv("SIGBUS_HELPER_THREADS=4");
+    if (asan()) putenv("ASAN_OPTIONS=handle_sigbus=0");
+    char *argv[] = {(char *)tu_helper("sigbus_helper"), "dfl", "pool", (char *)name, NULL};
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  close(po[1]);
+  close(pe[1]);
+  time_t until = time(NULL) + 120; /* a helper alive after that (hung) is killed and the case fails */
+  char out[512] = "";
+  size_t n = 0;
+  while (!strstr(out, "ready\n") && n + 1 < sizeof out && time(NULL) < until) {
+    struct pollfd pf = {.fd = po[0], .events = POLLIN};
+    if (poll(&pf, 1, 1000) <= 0) continue;
+    ssize_t k = read(po[0], out + n, sizeof out - 1 - n);
+    if (k <= 0) break;
+    n += (size_t)k;
+    out[n] = 0;
+  }
+  if (!strstr(out, "ready\n")) kill(pid, SIGKILL);
+  assert_non_null(strstr(out, "ready\n"));
+  char path[128];
+  snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, 4096), 0);
+  close(fd);
+  struct timespec second = {1, 0};
+  nanosleep(&second, NULL); /* the other threads fault meanwhile */
+  static char err[1 << 20];
+  size_t e = 0;
+  while (e + 1 < sizeof err) {
+    struct pollfd pf = {.fd = pe[0], .events = POLLIN};
+    if (time(NULL) > until) kill(pid, SIGKILL);
+    if (poll(&pf, 1, 1000) <= 0) continue;
+    ssize_t k = read(pe[0], err + e, sizeof err - 1 - e);
+    if (k <= 0) break;
+    e += (size_t)k;
+  }
+  err[e] = 0;
+  close(pe[0]);
+  close(po[0]);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  fprintf(stderr, "# status 0x%x, stderr after the filler: %s\n", status, e > filled ? err + filled : "");
+  assert_true(e >= filled);
+  struct run r = {.status = status};
+  snprintf(r.err, sizeof r.err, "%s", err + filled);
+  assert_died_of_sigbus(&r);
+  assert_named(&r, name);
+}
+
 /* A handler installed before the first attach (Python's faulthandler, an
  * engine's crash reporter) still runs after the message, with the fault's
  * siginfo (si_code BUS_ADRERR, 2). */
@@ -396,6 +473,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_pool_fault_named, destroy_made),
       cmocka_unit_test_teardown(test_threads_one_line, destroy_made),
       cmocka_unit_test_teardown(test_stderr_broken_pipe_still_sigbus, destroy_made),
+      cmocka_unit_test_teardown(test_line_written_before_another_thread_dies, destroy_made),
       cmocka_unit_test_teardown(test_pool_fault_then_previous, destroy_made),
       cmocka_unit_test_teardown(test_previous_flags_kept, destroy_made),
       cmocka_unit_test_teardown(test_other_sigbus_passed_on, destroy_made),
