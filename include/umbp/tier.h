@@ -68,8 +68,9 @@ enum umbp_tier_stat {
   UMBP_TIER_ST_WB_ERRORS,        /* keys dropped after the store refused them three times */
   UMBP_TIER_ST_RECONNECTS,
   UMBP_TIER_ST_WB_REFUSED,       /* puts the store refused (no room), tried again or not */
-  UMBP_TIER_ST_HELD,             /* slots kept until the tier exits: Mooncake gave up waiting for a
-                                  * transfer into or out of them (TRANSFER_FAIL) that may still run */
+  UMBP_TIER_ST_HELD,             /* slots the serving tier keeps until it exits: Mooncake gave up waiting
+                                  * for a transfer into or out of them (TRANSFER_FAIL) that may still run;
+                                  * a gauge, zeroed when a tier starts serving (umbp_tier_serve()) */
   UMBP_TIER_ST_COUNT = 16
 };
 

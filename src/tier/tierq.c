@@ -530,6 +530,10 @@ UMBP_API int umbp_tier_serve(umbp_pool *p, const umbp_tier_params *params, umbp_
     }
   }
   struct tq_hdr *h = t->h;
+  /* 'held' counts slots the serving process holds now, not events: those of
+   * the tier before went with its process (the reaper frees them), so an
+   * adopted table's count would name slots nobody holds */
+  atomic_store_explicit(&h->stats[UMBP_TIER_ST_HELD], 0, memory_order_relaxed);
   atomic_store_explicit(&h->pid, (int32_t)getpid(), memory_order_relaxed);
   atomic_store_explicit(&h->default_timeout_ms, tmo, memory_order_relaxed);
   atomic_store_explicit(&h->state, UMBP_TIER_CONNECTING, memory_order_relaxed);

@@ -8,7 +8,9 @@ here on a real pool with a stand-in store that answers as Mooncake does;
 suite 'cluster' provokes the late transfer itself against a real master
 (test_transfer_mooncake_gave_up_on_keeps_its_slots). Each check looks at
 which slots another handle can still take: a held slot is not among them."""
+import contextlib
 import ctypes as C
+import io
 import os
 import subprocess
 import sys
@@ -179,6 +181,44 @@ def close_leaves_held():
         p.tier.close()
         assert p.tier.pool is None and p.takeable() == SLOTS - 1  # still this process's reservation
         p.tier.close = lambda: None
+    finally:
+        p.close()
+
+
+@check("restart: a tier that starts serving holds nothing, whatever the tier before it held")
+def restart_held_zero():
+    p = Pool(Store(get=[S.MC_TRANSFER_FAIL]))
+    try:
+        p.fetch(1)
+        assert p.stat("held") == 1
+        p.tier.close()  # its slot stays reserved by this process, as until a real tier's exit
+        a = S.build_parser().parse_args([p.name, "--writeback", "off", "--records", "4", "--keys-per-record", "16"])
+        t2 = S.Tier(a, S.Log(None, False))  # adopts the table (same geometry), counters and all
+        try:
+            assert p.stat("held") == 0, p.stat("held")
+        finally:
+            t2.close()
+        p.tier.close = lambda: None
+    finally:
+        p.close()
+
+
+@check("--status: a tier that is not running holds no slots, and says none")
+def status_gone_tier_holds_none():
+    p = Pool(Store(get=[S.MC_TRANSFER_FAIL]))
+    try:
+        p.fetch(1)
+        a = S.build_parser().parse_args([p.name, "--status"])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            S.status(a)
+        assert "held:" in out.getvalue(), out.getvalue()  # while it serves
+        p.tier.close()
+        p.tier.close = lambda: None
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            S.status(a)
+        assert "not running" in out.getvalue() and "held:" not in out.getvalue(), out.getvalue()
     finally:
         p.close()
 
