@@ -891,10 +891,13 @@ class Tier:
         pool's reaper then frees the slots (close() leaves them to it)."""
         if not held:
             return
+        # a put refused this way is tried again (write_batch()) from the same
+        # slot, pinned again: self.held keeps every pin, 'held' counts slots
+        fresh = len(set(held) - set(self.held))
         self.held.extend(held)
-        self.stat("held", len(held))
+        self.stat("held", fresh)
         self.log(f"Mooncake gave up on {len(held)} transfer(s) ({why}, TRANSFER_FAIL) that may still run: their "
-                 f"slots are held until this tier exits ({len(self.held)} of {self.slot_count} held now; "
+                 f"slots are held until this tier exits ({len(set(self.held))} of {self.slot_count} held now; "
                  "restarting the tier frees them)")
 
     def _fetch_into(self, job, st, present, names, need, slots, landing) -> tuple[int, str | None]:
@@ -1194,7 +1197,7 @@ class Tier:
             # a detach would free the held slots while this process, and with
             # it the transfers that may still use them, lives on a moment: the
             # pool's reaper frees them once the process is gone
-            self.log(f"leaving {len(self.held)} held slots to the pool's reaper (Mooncake may still use them "
+            self.log(f"leaving {len(set(self.held))} held slots to the pool's reaper (Mooncake may still use them "
                      "until this process exits)")
             self.pool = None
         if self.pool is not None:

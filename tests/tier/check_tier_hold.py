@@ -173,6 +173,22 @@ def put_transfer_fail():
         p.close()
 
 
+@check("write-back: a put tried again and answered TRANSFER_FAIL again holds one slot, counted once")
+def put_transfer_fail_twice():
+    p = Pool(Store(put=[S.MC_TRANSFER_FAIL]), writeback="all")
+    try:
+        p.publish(1)
+        p.tier.q.append((0, p.key(0), 0))
+        assert p.tier.write_batch(8) == 1 and len(p.tier.later) == 1  # tried again later (a refusal)
+        p.tier.q.extend(it for _, it in p.tier.later)
+        p.tier.later = []
+        assert p.tier.write_batch(8) == 1  # the same slot, pinned again, answered TRANSFER_FAIL again
+        assert p.takeable() == SLOTS - 1
+        assert p.stat("held") == 1, p.stat("held")
+    finally:
+        p.close()
+
+
 @check("close: a tier holding slots leaves them to the reaper instead of detaching")
 def close_leaves_held():
     p = Pool(Store(get=[S.MC_TRANSFER_FAIL]))
