@@ -1098,6 +1098,19 @@ class Tier:
                         self.stat("wb_errors")
                 if any(r in _UNREACHABLE for r in res):
                     self.rpc_failed(MC_RPC_FAIL)
+        except Exception as e:
+            # a Mooncake call that raised (the binding's C++ exceptions) would
+            # end the write-back thread and with it every later write-back:
+            # the batch's keys are tried again later, PUT_TRIES times in all,
+            # and its puts' slots stay held (putting), as they may still be read
+            self.log(f"write-back: a Mooncake call raised {e!r}; its {len(live)} keys are tried again later")
+            retry = []
+            for i, _ in live:
+                pos, key, tries = items[i]
+                if tries < PUT_TRIES - 1:
+                    later.append((time.monotonic() + tries + 1.0, (pos, key, tries + 1)))
+                else:
+                    self.stat("wb_errors")
         finally:
             # the pins of puts that may still read their slots stay held
             self.hold([slots[i] for i in putting], "a batch_put_from")

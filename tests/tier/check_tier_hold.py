@@ -39,7 +39,7 @@ class Store:
     raises when the answer is an exception."""
 
     def __init__(self, get=(), put=()):
-        self.get, self.put = get, list(put)
+        self.get, self.put = get, put if isinstance(put, Exception) else list(put)
 
     def close(self):
         pass
@@ -56,6 +56,8 @@ class Store:
         return self.get[:len(names)]
 
     def batch_put_from(self, names, ptrs, sizes):
+        if isinstance(self.put, Exception):
+            raise self.put
         return self.put[:len(names)]
 
 
@@ -185,6 +187,28 @@ def put_transfer_fail_twice():
         assert p.tier.write_batch(8) == 1  # the same slot, pinned again, answered TRANSFER_FAIL again
         assert p.takeable() == SLOTS - 1
         assert p.stat("held") == 1, p.stat("held")
+    finally:
+        p.close()
+
+
+@check("write-back: a batch_put_from that raises keeps its pins, and its keys are tried again, not the thread ended")
+def put_raises():
+    # before: the exception left write_batch() and ended the write-back thread
+    p = Pool(Store(put=RuntimeError("std::bad_alloc")), writeback="all")
+    try:
+        p.publish(2)
+        for i in range(2):
+            p.tier.q.append((i, p.key(i), 0))
+        assert p.tier.write_batch(8) == 2
+        assert [it[2] for _, it in p.tier.later] == [1, 1]  # tried again later, a try counted
+        assert p.takeable() == SLOTS - 2 and p.stat("held") == 2  # may still be read: pinned
+        p.tier.q.extend(it for _, it in p.tier.later)
+        p.tier.later = []
+        p.tier.write_batch(8)
+        p.tier.q.extend(it for _, it in p.tier.later)
+        p.tier.later = []
+        p.tier.write_batch(8)  # the third try: given up and counted
+        assert p.tier.later == [] and p.stat("wb_errors") == 2 and p.stat("held") == 2
     finally:
         p.close()
 
