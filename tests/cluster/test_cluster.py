@@ -622,9 +622,11 @@ def test_bench_stopped_by_signal(tmp_path, sig, ignore_hup):
     bench = subprocess.Popen([TOOL, "bench", "tier", "--sizes", "64KiB", "--prefix", "4", "--reps", "100000000",
                               "--engine", "off"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, UMBP_PYTHON=sys.executable),
-                             # as from a shell's foreground, whatever ran this test: SIGINT not ignored
+                             # as from a shell's foreground, whatever ran this test (CI under nohup):
+                             # SIGINT, SIGQUIT and SIGHUP not ignored unless the case is nohup's
                              preexec_fn=_foreground_but_nohup if ignore_hup else
-                             lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGQUIT)])
+                             lambda: [signal.signal(s, signal.SIG_DFL)
+                                      for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)])
 
     def children():
         try:
