@@ -14,7 +14,7 @@ cat > "$out/umbp_config.h" <<'CFG'
 #define UMBP_HAVE_CUDA 0
 #define UMBP_VERSION "fuzz"
 CFG
-srcs=("$root"/src/common/common.c "$root"/src/modules.c "$root"/src/shm/segment.c "$root"/src/shm/registry.c "$root"/src/shm/ring.c
+srcs=("$root"/src/common/common.c "$root"/src/modules.c "$root"/src/shm/segment.c "$root"/src/shm/registry.c "$root"/src/shm/ring.c "$root"/src/shm/sigbus.c
       "$root"/src/shm/daemon.c "$root"/src/shm/admin.c "$root"/src/index/*.c)
 flags=(-std=gnu11 -D_GNU_SOURCE -DUMBP_BUILDING_LIB -g -O1 -fno-omit-frame-pointer
        -I"$out" -I"$root/include" -I"$root/src" -I"$root" -Wall -Wextra -Wno-unused-parameter)
