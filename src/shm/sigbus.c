@@ -170,6 +170,15 @@ static void write_line(const char *s, size_t n) {
   sigprocmask(SIG_SETMASK, &old, NULL);
 }
 
+/* ") was truncated to SIZE bytes ... (this process maps MAPPED bytes of it)" */
+static void put_truncated(struct buf *b, uint64_t size, uint64_t mapped) {
+  put(b, ") was truncated to ");
+  put_u64(b, size, 10);
+  put(b, " bytes under this process by another process (this process maps ");
+  put_u64(b, mapped, 10);
+  put(b, " bytes of it)");
+}
+
 /* The message for a fault at offset off of w's mapping (w: a copy). */
 static void report(const struct watch *w, uint64_t off) {
   if (!stderr_ok()) return;
@@ -189,11 +198,8 @@ static void report(const struct watch *w, uint64_t off) {
     put(&b, "its index file (");
     put(&b, w->ipath);
     if (same && (uint64_t)st.st_size < w->ilen) {
-      put(&b, ") was truncated to ");
-      put_u64(&b, (uint64_t)st.st_size, 10);
-      put(&b, " bytes under this process by another process (this process maps ");
-      put_u64(&b, w->ilen, 10);
-      put(&b, " bytes of it); ");
+      put_truncated(&b, (uint64_t)st.st_size, w->ilen);
+      put(&b, "; ");
     } else {
       put(&b, ") was truncated under this process by another process, or its hugetlbfs mount could not supply "
               "the page; ");
@@ -204,11 +210,8 @@ static void report(const struct watch *w, uint64_t off) {
     put(&b, "its file (");
     put(&b, w->path);
     if (same && (uint64_t)st.st_size < w->len) {
-      put(&b, ") was truncated to ");
-      put_u64(&b, (uint64_t)st.st_size, 10);
-      put(&b, " bytes under this process by another process (this process maps ");
-      put_u64(&b, w->len, 10);
-      put(&b, " bytes of it), so the pool's memory past that is gone; ");
+      put_truncated(&b, (uint64_t)st.st_size, w->len);
+      put(&b, ", so the pool's memory past that is gone; ");
       put_fix(&b, w);
     } else if (same) {
       put(&b, ") is whole, so its file system could not supply the page: /dev/shm filled up under a pool whose "
