@@ -963,8 +963,9 @@ static void daemonise(const char *pool, int log_fd) {
     close(pfd[1]);
     int st;
     waitpid(pid, &st, 0); /* the intermediate child exits at once */
-    /* The daemon writes "pid N\n" at once, then its verdict, which may take
-     * minutes (pre-faulting a large pool). A daemon stopped before it (SIGSTOP,
+    /* The intermediate child writes the daemon's "pid N\n" before it exits,
+     * the daemon then its verdict, which may take minutes (pre-faulting a
+     * large pool). A daemon stopped before it (SIGSTOP,
      * a debugger) never gives one, and this command waited for it without
      * bound: while it waits it looks every second whether the daemon is
      * stopped, and then says so and gives up. */
@@ -1007,17 +1008,11 @@ static void daemonise(const char *pool, int log_fd) {
     exit(CLI_RUNTIME);
   }
   close(pfd[0]);
-  if (setsid() < 0) _exit(CLI_RUNTIME);
-  pid = fork();
-  if (pid < 0) _exit(CLI_RUNTIME);
-  if (pid > 0) _exit(0);
-  /* our pid first, for the waiting parent (see above); a parent gone (its
-   * user pressed Ctrl-C) is no reason to die of SIGPIPE */
+  /* The caller's stdout and stderr are given up here, before the daemon is
+   * forked: a daemon stopped at any point (SIGSTOP, a debugger) must not hold
+   * the caller's pipe open, or `out=$(umbp daemon P)` waits for it. A parent
+   * gone (its user pressed Ctrl-C) is no reason to die of SIGPIPE. */
   signal(SIGPIPE, SIG_IGN);
-  char hello[32];
-  int hl = snprintf(hello, sizeof hello, "pid %d\n", (int)getpid());
-  if (write(pfd[1], hello, (size_t)hl) < 0) { /* the verdict's write fails the same way, harmlessly */
-  }
   if (chdir("/") != 0) { /* nothing depends on the cwd */
   }
   int nul = open("/dev/null", O_RDWR);
@@ -1028,6 +1023,26 @@ static void daemonise(const char *pool, int log_fd) {
     if (nul > 2) close(nul);
   }
   if (log_fd > 2) close(log_fd);
+  if (setsid() < 0) _exit(CLI_RUNTIME);
+  int order[2]; /* the daemon writes nothing before this process has exited */
+  if (pipe(order) != 0) _exit(CLI_RUNTIME);
+  pid = fork();
+  if (pid < 0) _exit(CLI_RUNTIME);
+  if (pid > 0) {
+    /* the daemon's pid, for the waiting parent (see above), sent from here so
+     * that the parent has it even when the daemon is stopped before its first
+     * step; the verdict's write fails the same way, harmlessly */
+    char hello[32];
+    int hl = snprintf(hello, sizeof hello, "pid %d\n", (int)pid);
+    if (write(pfd[1], hello, (size_t)hl) < 0) {
+    }
+    _exit(0); /* closes order[1]: the daemon's read below returns */
+  }
+  close(order[1]);
+  char b;
+  while (read(order[0], &b, 1) < 0 && errno == EINTR) {
+  }
+  close(order[0]);
   report_fd = pfd[1];
 }
 

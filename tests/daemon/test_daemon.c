@@ -4,6 +4,7 @@
  * SIGHUP, inspect text/JSON/--check (clean and with deliberately corrupted
  * state), bad input, another uid's pool and a read-only user. */
 #include <dirent.h>
+#include <poll.h>
 #include <sys/stat.h>
 
 #include "dtu.h"
@@ -258,15 +259,23 @@ static pid_t find_daemon_proc(const char *name, pid_t not) {
 
 /* The command that starts a daemon in the background waits for its verdict;
  * a daemon stopped before it gives one (SIGSTOP, a debugger) held that
- * command without bound. It now says so within a few seconds, exit 1. */
-static void test_daemonise_stopped_before_ready(void **st) {
-  (void)st;
+ * command without bound. It now says so within a few seconds, exit 1, and
+ * the stopped daemon holds none of the caller's descriptors: a caller that
+ * reads the command's output to its end (`out=$(umbp daemon P)`) gets it.
+ * One round stops the daemon as soon as it exists (before its first step:
+ * it held the caller's stdout and had not yet sent its pid, so the command
+ * could not know whom to look at), the others a little later. */
+static char stopstart_name[64]; /* the round's pool, for the teardown */
+
+static void stopped_before_ready_round(bool at_once) {
   const char *name = tu_name("dstopstart");
+  snprintf(stopstart_name, sizeof stopstart_name, "%s", name);
   /* a creator that stays alive mid-creation: the daemon's adopt waits for it
    * (up to its attach timeout, 10 s), long enough to stop the daemon there */
   char *hargv[] = {(char *)tu_helper("pool_helper"), "create-stall", (char *)name, NULL};
   int hfd;
   pid_t creator = tu_spawn(hargv, &hfd);
+  dtu_track(creator); /* it stalls for good: a failed assertion must not leave it */
   char line[256];
   if (tu_readline(hfd, line, sizeof line) < 0) line[0] = 0;
   close(hfd);
@@ -283,9 +292,11 @@ static void test_daemonise_stopped_before_ready(void **st) {
     execl(dtu_tool(), dtu_tool(), "daemon", name, (char *)NULL);
     _exit(127);
   }
+  dtu_track(starter);
   close(fds[1]);
   pid_t d = -1;
-  for (int i = 0; i < 500 && d < 0; i++) {
+  uint64_t t_find = umbp_now_ns();
+  while (d < 0 && umbp_now_ns() - t_find < 5000000000ull) {
     d = find_daemon_proc(name, starter);
     if (d > 0) { /* the intermediate child, about to exit, may come first */
       char path[64];
@@ -296,24 +307,35 @@ static void test_daemonise_stopped_before_ready(void **st) {
         if (fscanf(f, "%*d (%*[^)]) %*c %d", &ppid) != 1) ppid = -1;
         fclose(f);
       }
-      if (ppid == starter) d = -1;
+      if (ppid < 0 || ppid == starter) d = -1; /* gone (it was the intermediate) or the intermediate */
     }
-    if (d < 0) dtu_sleep_ms(10);
+    if (d < 0 && !at_once) dtu_sleep_ms(10);
   }
   assert_true(d > 0);
   dtu_track(d);
   assert_int_equal(kill(d, SIGSTOP), 0);
   uint64_t t0 = umbp_now_ns();
+  /* read the command's output to its end, for at most 30 s: a stopped daemon
+   * that kept the pipe open would hold this read for good */
   size_t l = 0;
-  for (;;) {
+  bool eof = false;
+  while (!eof && umbp_now_ns() - t0 < 30000000000ull) {
+    struct pollfd pf = {.fd = fds[0], .events = POLLIN};
+    if (poll(&pf, 1, 200) <= 0) continue;
     ssize_t r = read(fds[0], out + l, sizeof out - 1 - l);
-    if (r <= 0) break;
-    l += (size_t)r;
+    if (r <= 0) eof = true;
+    else l += (size_t)r;
   }
   out[l] = 0;
   close(fds[0]);
+  if (!eof) kill(starter, SIGKILL);
   int rc = tu_wait(starter);
-  if (rc != 1) fprintf(stderr, "# rc %d: %s", rc, out);
+  if (rc != 1 || !eof) fprintf(stderr, "# at_once %d, rc %d, eof %d: %s", at_once, rc, eof, out);
+  kill(d, SIGKILL);
+  kill(creator, SIGKILL);
+  tu_wait(creator);
+  umbp_pool_destroy(name);
+  assert_true(eof);
   assert_int_equal(rc, 1);
   assert_true(umbp_now_ns() - t0 < 10000000000ull);
   char want[128];
@@ -322,10 +344,27 @@ static void test_daemonise_stopped_before_ready(void **st) {
   assert_non_null(strstr(out, want));
   snprintf(want, sizeof want, "kill -CONT %d", (int)d);
   assert_non_null(strstr(out, want));
-  kill(d, SIGKILL);
-  kill(creator, SIGKILL);
-  tu_wait(creator);
-  umbp_pool_destroy(name);
+}
+
+static void test_daemonise_stopped_before_ready(void **st) {
+  (void)st;
+  for (int i = 0; i < 3; i++) stopped_before_ready_round(true);
+  stopped_before_ready_round(false);
+}
+
+/* After a failed round: its daemon, whichever pid it has, and its pool. */
+static int teardown_stopstart(void **st) {
+  if (stopstart_name[0]) {
+    pid_t p;
+    for (int i = 0; i < 8 && (p = find_daemon_proc(stopstart_name, -1)) > 0; i++) {
+      kill(p, SIGKILL);
+      dtu_sleep_ms(20);
+    }
+  }
+  dtu_kill_daemons(st);
+  if (stopstart_name[0]) umbp_pool_destroy(stopstart_name);
+  stopstart_name[0] = 0;
+  return 0;
 }
 
 /* A --foreground daemon logs to stderr; when that is a pipe whose reader
@@ -1598,7 +1637,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_daemon_kill9_keeps_blocks, dtu_kill_daemons), cmocka_unit_test_teardown(test_second_daemon_refused, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_stopped_holder_named, dtu_kill_daemons),
-      cmocka_unit_test_teardown(test_daemonise_stopped_before_ready, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_daemonise_stopped_before_ready, teardown_stopstart),
       cmocka_unit_test_teardown(test_foreground_log_reader_stopped, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemonise, dtu_kill_daemons),                 cmocka_unit_test_teardown(test_sighup_quotas, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_inspect_text_json, dtu_kill_daemons),         cmocka_unit_test_teardown(test_check_corrupted, dtu_kill_daemons),
