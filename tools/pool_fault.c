@@ -115,11 +115,12 @@ static void report(const struct watch *w, uint64_t off) {
             "with --no-prefault; destroy the pool and create it again");
   }
   put(&b, " (docs/operations.md, \"SIGBUS on a pool\")\n");
-  for (size_t o = 0; o < b.n;) {
-    ssize_t r = write(2, b.s + o, b.n - o);
-    if (r <= 0) break;
-    o += (size_t)r;
-  }
+  /* fd 2 is stderr as the command was given it, or the daemon's --log:
+   * main() holds fds 0-2 open from its first step (hold_std_fds()), so a
+   * pool's or an output file never takes its number. A stderr pipe whose
+   * reader is gone loses the line, without SIGPIPE ending the process in
+   * place of the exit status below. */
+  umbp_admin_sigbus_write(b.s, b.n);
   _exit(CLI_POOL_FAULT);
 }
 

@@ -18,7 +18,8 @@
  * too: the command's line is the only one.
  *
  * The handler uses async-signal-safe calls only (fstat, clock_gettime,
- * write, _exit) and a table filled before each mapping is used.
+ * umbp_admin_sigbus_write(), _exit) and a table filled before each mapping
+ * is used.
  */
 #ifndef UMBP_TOOLS_POOL_FAULT_H
 #define UMBP_TOOLS_POOL_FAULT_H

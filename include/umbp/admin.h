@@ -123,6 +123,16 @@ UMBP_API int umbp_admin_pool_mapping(const umbp_pool *pool, void **ret_base, siz
  * false undoes that. Lasts until umbp_pool_detach(). 0, or -EINVAL (NULL
  * pool). Any thread. */
 UMBP_API int umbp_admin_pool_sigbus_quiet(umbp_pool *pool, bool quiet);
+/* For such a program's own SIGBUS handler: write the n bytes at s to fd 2
+ * as the library's handler writes its line. Async-signal-safe; retries a
+ * write cut short by a signal. A stderr pipe whose reader is gone loses the
+ * line, and the SIGPIPE that write raises is blocked and taken back, so the
+ * process does not die of SIGPIPE in place of the handler's own ending (a
+ * chained disposition, its exit status). Writes to fd 2 whatever it is: a
+ * caller whose fd 2 may have been closed and reused (a pool's file opened in
+ * its place) decides first whether to write. Nothing when s is NULL. Any
+ * thread, any context. */
+UMBP_API void umbp_admin_sigbus_write(const char *s, size_t n);
 
 /* The first hugetlbfs mount in /proc/mounts (where --hugepages pools and
  * index files live) into buf: 0; -ENOENT (none, or its path does not fit n

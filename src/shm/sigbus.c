@@ -51,9 +51,10 @@
  *    message is the only one.
  *  - Only async-signal-safe calls in the handler: write, fstat, stat, getpid,
  *    sigaction, sigprocmask, sigpending, sigismember, sigaddset, sigdelset,
- *    raise, poll (and sigtimedwait: write_line()). It writes to fd 2 only when
- *    that is not a regular file on a pool's file system (stderr_ok()), and
- *    a broken pipe there does not turn the death into one by SIGPIPE.
+ *    raise, poll (and sigtimedwait: umbp_admin_sigbus_write()). It writes
+ *    to fd 2 only when that is not a regular file on a pool's file system
+ *    (stderr_ok()), and a broken pipe there does not turn the death into one
+ *    by SIGPIPE.
  */
 #include <errno.h>
 #include <poll.h>
@@ -140,14 +141,15 @@ static bool stderr_ok(void) {
   return true;
 }
 
-/* Write s to fd 2. fd 2 may be a pipe whose reader is gone (a log collector
- * that died): the write then raises SIGPIPE, whose default action would end
- * the process in place of the SIGBUS (no core dump, no chained handler,
- * another exit status). SIGPIPE is blocked around the write, and the one the
- * write raised is taken back (sigtimedwait: a bare system call on Linux,
- * though not on POSIX's async-signal-safe list) unless one was pending
- * already. */
-static void write_line(const char *s, size_t n) {
+/* fd 2 may be a pipe whose reader is gone (a log collector that died): the
+ * write then raises SIGPIPE, whose default action would end the process in
+ * place of the SIGBUS (no core dump, no chained handler, another exit
+ * status). SIGPIPE is blocked around the write, and the one the write raised
+ * is taken back (sigtimedwait: a bare system call on Linux, though not on
+ * POSIX's async-signal-safe list) unless one was pending already. Exported
+ * for the programs that write their own line (tools/pool_fault.c). */
+UMBP_API void umbp_admin_sigbus_write(const char *s, size_t n) {
+  if (!s) return;
   sigset_t pipe_set, old, pending;
   sigemptyset(&pipe_set);
   sigaddset(&pipe_set, SIGPIPE);
@@ -226,7 +228,7 @@ static void report(const struct watch *w, uint64_t off) {
     }
   }
   put(&b, " (docs/operations.md, \"SIGBUS on a pool\")\n");
-  write_line(b.s, b.n);
+  umbp_admin_sigbus_write(b.s, b.n);
 }
 
 /* Copy entry i into *c if it is published, stable and covers address a. */

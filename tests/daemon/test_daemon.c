@@ -712,6 +712,55 @@ static void test_sigbus_names_pool(void **st) {
   unlink(ilog);
 }
 
+/* umbp inspect --watch whose stderr is a pipe nobody reads any more (a log
+ * collector that died): a truncation of the pool still ends it with status 3.
+ * Its handler's write of the message to that pipe raises SIGPIPE, which ended
+ * the process (status 128 + 13) before the handler blocked it. */
+static void test_sigbus_broken_stderr_pipe(void **st) {
+  (void)st;
+  const char *name = tu_name("dbpipe");
+  char log[256], olog[300], path[128];
+  snprintf(log, sizeof log, "%s", log_path(name));
+  snprintf(olog, sizeof olog, "%s.inspect", log);
+  snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
+  unlink(log);
+  unlink(olog);
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--reap-interval", "600000", NULL};
+  pid_t d = dtu_daemon_start(name, log, args);
+  assert_true(d > 0);
+  int pfd[2];
+  assert_int_equal(pipe(pfd), 0);
+  pid_t ins = fork();
+  if (ins == 0) {
+    /* SIGPIPE at its default action, whatever the test runner left */
+    signal(SIGPIPE, SIG_DFL);
+    int fd = open(olog, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, 1); /* its drawing: a file, so only stderr is the pipe */
+    dup2(pfd[1], 2);
+    close(pfd[0]);
+    close(pfd[1]);
+    execl(dtu_tool(), dtu_tool(), "inspect", name, "--watch", "0.1", (char *)NULL);
+    _exit(127);
+  }
+  dtu_track(ins);
+  close(pfd[1]);
+  close(pfd[0]); /* the reader is gone: a write to its stderr raises SIGPIPE */
+  struct stat sb;
+  for (int i = 0; i < 3000 && (stat(olog, &sb) != 0 || sb.st_size == 0); i++) dtu_sleep_ms(10); /* it drew once */
+  assert_true(stat(olog, &sb) == 0 && sb.st_size > 0);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, 4096), 0);
+  close(fd);
+  int irc = wait_exit(ins, 30000), drc = wait_exit(d, 30000);
+  if (drc != 3) dtu_dump_log(log);
+  assert_int_equal(irc, 3); /* not 128 + SIGPIPE */
+  assert_int_equal(drc, 3);
+  umbp_pool_destroy(name);
+  unlink(log);
+  unlink(olog);
+}
+
 static uint64_t quota_of(const char *name, const char *ns) {
   umbp_attach_opts o;
   umbp_attach_opts_init(&o);
@@ -1650,6 +1699,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_daemon_notices_pool_gone, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_daemon_pool_truncated_deep, dtu_kill_daemons),
       cmocka_unit_test_teardown(test_sigbus_names_pool, dtu_kill_daemons),
+      cmocka_unit_test_teardown(test_sigbus_broken_stderr_pipe, dtu_kill_daemons),
   };
   return cmocka_run_group_tests_name("daemon", tests, NULL, NULL);
 }
