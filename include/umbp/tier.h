@@ -70,7 +70,8 @@ enum umbp_tier_stat {
   UMBP_TIER_ST_WB_REFUSED,       /* puts the store refused (no room), tried again or not */
   UMBP_TIER_ST_HELD,             /* slots the serving tier keeps until it exits: Mooncake gave up waiting
                                   * for a transfer into or out of them (TRANSFER_FAIL) that may still run;
-                                  * a gauge, zeroed when a tier starts serving (umbp_tier_serve()) */
+                                  * a gauge, zeroed when a tier starts serving (umbp_tier_serve()), and
+                                  * read as 0 by umbp_tier_info_get() when no tier is alive */
   UMBP_TIER_ST_COUNT = 16
 };
 
@@ -196,7 +197,7 @@ typedef struct umbp_tier_info {
   uint64_t heartbeat_age_ns;
   uint32_t records, keys_per_record, default_timeout_ms;
   uint32_t free_, ready, working, done; /* records by state */
-  uint64_t stats[UMBP_TIER_ST_COUNT];
+  uint64_t stats[UMBP_TIER_ST_COUNT]; /* the last tier's counters; HELD 0 when not alive */
 } umbp_tier_info;
 
 /* Describe the pool's tier table: 0 and *ret; -ENOENT (no tier ever served

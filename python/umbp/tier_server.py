@@ -1255,7 +1255,7 @@ def status(a) -> int:
     print(f"  write-back:   {s['wb_written']} written ({s['wb_bytes'] / 2**20:.1f} MiB), {s['wb_skipped']} "
           f"skipped, {s['wb_dropped']} dropped, {s['wb_refused']} refused by the store ({s['wb_errors']} "
           f"given up); {s['reconnects']} reconnects")
-    if s["held"] and ti["alive"]:  # a tier that exited holds none: the pool's reaper freed them
+    if s["held"]:  # 0 for a tier that exited (umbp_tier_info_get): the pool's reaper frees what it held
         print(f"  held:         {s['held']} slots whose transfer Mooncake gave up on (it may still run): kept "
               f"until the tier exits; restart it to free them")
     if fi:

@@ -716,6 +716,10 @@ UMBP_API int umbp_tier_info_get(umbp_pool *p, umbp_tier_info *ret) {
     else i.done++;
   }
   for (unsigned s = 0; s < UMBP_TIER_ST_COUNT; s++) i.stats[s] = atomic_load_explicit(&h->stats[s], memory_order_relaxed);
+  /* 'held' is a gauge of what the serving process holds: the last count of a
+   * tier that exited names slots that went with it (the pool's reaper frees
+   * them), not slots held now */
+  if (!i.alive) i.stats[UMBP_TIER_ST_HELD] = 0;
   munmap(t.h, t.len);
   close(fd);
   *ret = i;

@@ -11,6 +11,7 @@ which slots another handle can still take: a held slot is not among them."""
 import contextlib
 import ctypes as C
 import io
+import json
 import os
 import subprocess
 import sys
@@ -61,16 +62,22 @@ class Store:
         return self.put[:len(names)]
 
 
+def create_pool() -> str:
+    name = f"hold-{os.getpid()}-{next(_n)}"
+    r = subprocess.run([TOOL, "pool", "create", name, "--capacity", str(SLOTS * SLOT), "--slot-size",
+                        str(SLOT), "--no-prefault", "--index-pages", "small", "--quiet"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return name
+
+
 class Pool:
     """A fresh pool, a Tier serving it with a stand-in store, and a second
     handle that plays another process of the host."""
 
-    def __init__(self, store, writeback="off"):
-        self.name = f"hold-{os.getpid()}-{next(_n)}"
-        r = subprocess.run([TOOL, "pool", "create", self.name, "--capacity", str(SLOTS * SLOT), "--slot-size",
-                            str(SLOT), "--no-prefault", "--index-pages", "small", "--quiet"],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
+    def __init__(self, store, writeback="off", name=None):
+        """name: serve that existing pool (made by create_pool()) instead of a fresh one."""
+        self.name = name or create_pool()
         a = S.build_parser().parse_args([self.name, "--writeback", writeback, "--records", "4",
                                          "--keys-per-record", "16", "--feed-capacity", "64"])
         self.lib = T.lib()
@@ -263,5 +270,36 @@ def status_gone_tier_holds_none():
         p.close()
 
 
+def hold_and_exit(name: str) -> None:
+    """The tier process of status_json_exited_tier: serves pool name, holds one
+    slot (a get answered TRANSFER_FAIL) and exits without a word, as a killed
+    or crashed tier does."""
+    p = Pool(Store(get=[S.MC_TRANSFER_FAIL]), name=name)
+    p.fetch(1)
+    print(p.stat("held"), flush=True)
+    os._exit(0)
+
+
+@check("--status --json: a tier process that exited reads as not running and holding no slots")
+def status_json_exited_tier():
+    # before: its last 'held' count stayed in the table and read as slots held now
+    name = create_pool()
+    try:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--hold-and-exit", name],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == "1", (r.returncode, r.stdout, r.stderr)
+        r = subprocess.run([TOOL, "tier", name, "--status", "--json"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        ti = json.loads(r.stdout)["tier"]
+        assert not ti["alive"] and ti["state"] == "stopped", ti
+        assert ti["stats"]["held"] == 0, ti["stats"]
+        r = subprocess.run([TOOL, "tier", name, "--status"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "not running" in r.stdout and "held:" not in r.stdout, (r.stdout, r.stderr)
+    finally:
+        subprocess.run([TOOL, "pool", "destroy", name, "--force"], capture_output=True, timeout=60)
+
+
+if sys.argv[1:2] == ["--hold-and-exit"]:
+    hold_and_exit(sys.argv[2])
 rc = taplib.run(checks)
 sys.exit(rc)
