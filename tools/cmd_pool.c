@@ -109,7 +109,8 @@ static const char *create_usage =
     "\n"
     "The size is checked against /dev/shm's free space, MemAvailable and the chosen\n"
     "nodes' memory before anything is allocated. Ctrl-C, SIGTERM, SIGHUP or SIGQUIT\n"
-    "while the pool is being made removes the half-made pool.\n"
+    "while the pool is being made removes the half-made pool; one that comes after it\n"
+    "was made keeps it, and says so.\n"
     "\n"
     "Exit status: 0 created; 1 runtime error (exists, does not fit, ...); 2 usage error;\n"
     "128 + N stopped by signal N.\n"
@@ -243,6 +244,7 @@ static void progress_cb(void *arg, const char *what, uint64_t done, uint64_t tot
  * library made it with O_EXCL, or took over a dead creator's), and only then
  * is it removed: before, the name may be another process's pool. */
 static const char *g_creating;   /* the pool being created; NULL once create returned */
+static const char *g_made;       /* the pool, once create made it */
 static _Atomic bool g_create_ours;
 static bool g_create_tty;        /* progress lines drawn */
 
@@ -252,6 +254,12 @@ static void create_progress(void *arg, const char *what, uint64_t done, uint64_t
 }
 
 static void create_cleanup(int sig) { /* on cli_fatal_signals()' thread, under its lock */
+  if (g_made) { /* a signal just after the work was done: said, or the pool looks half-made to its user */
+    fprintf(stderr, "%sumbp: pool create ended by %s after pool '%s' was made: the pool is kept ('umbp pool destroy %s' "
+                    "removes it)\n",
+            g_create_tty ? "\n" : "", strsignal(sig), g_made, g_made);
+    return;
+  }
   if (!g_creating || !atomic_load(&g_create_ours)) return;
   umbp_pool_destroy(g_creating);
   fprintf(stderr, "%sumbp: pool create stopped by %s: the half-made pool '%s' was removed\n", g_create_tty ? "\n" : "",
@@ -433,6 +441,7 @@ static int pool_create(int argc, char **argv) {
   int rc = umbp_pool_create(name, &pp, &p);
   cli_fatal_lock(); /* a signal from here on keeps the pool: it is made */
   g_creating = NULL;
+  if (rc == 0) g_made = name;
   cli_fatal_unlock();
   if (rc) return fail_rc(rc);
   umbp_pool_info info;

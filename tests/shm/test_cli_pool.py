@@ -306,6 +306,11 @@ try:
         if w.returncode == 0:  # finished before the signal: nothing to check on this machine
             check(f"pool create stopped by SIGTERM while {how} (finished first: not checked)", True)
             umbp("pool", "destroy", name)
+        elif f"after pool '{name}' was made: the pool is kept" in err:
+            # the signal came after the pool was made (a fast machine): it is whole, and said so
+            check(f"pool create ended by SIGTERM after the pool was made while {how}: kept, whole and said so",
+                  w.returncode == -signal.SIGTERM and umbp("pool", "info", name)[0] == 0, (w.returncode, err))
+            umbp("pool", "destroy", name)
         else:
             check(f"pool create stopped by SIGTERM while {how} removes the half-made pool",
                   w.returncode == -signal.SIGTERM and not os.path.exists(seg)
