@@ -1398,9 +1398,13 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
       goto fail;
     }
     if ((uint64_t)st.st_size >= UMBP_HEADER_BYTES) {
-      /* wait_magic: the acquire load pairs with the creator's release store */
-      const struct umbp_shm_header *h0 =
-          mmap(NULL, UMBP_HEADER_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+      /* wait_magic: the acquire load pairs with the creator's release store.
+       * The mapping is a whole page of the file's page size (st_blksize: 2 MiB
+       * on hugetlbfs, where munmap() of a shorter length fails with EINVAL and
+       * would leave the mapping, and the huge page, until the process ends) */
+      size_t hlen = UMBP_HEADER_BYTES;
+      if (st.st_blksize > 0 && (size_t)st.st_blksize > hlen) hlen = (size_t)st.st_blksize;
+      const struct umbp_shm_header *h0 = mmap(NULL, hlen, PROT_READ, MAP_SHARED, fd, 0);
       if (h0 == MAP_FAILED) {
         rc = umbp_fail(-errno, "cannot map pool '%s': %s", name, strerror(errno));
         goto fail;
@@ -1411,11 +1415,11 @@ UMBP_API int umbp_pool_attach(const char *name, const umbp_attach_opts *opts, um
         rc = umbp_header_validate(h0, (uint64_t)st.st_size);
         if (rc == 0 && (h0->incompat_features & UMBP_FEAT_INCOMPAT_INDEX_HUGE))
           umbp_index_huge_range(h0, &ioff, &ilen);
-        munmap((void *)h0, UMBP_HEADER_BYTES);
+        munmap((void *)h0, hlen);
         if (rc) goto fail;
         break;
       }
-      munmap((void *)h0, UMBP_HEADER_BYTES);
+      munmap((void *)h0, hlen);
       if (magic == 0 && half_made(fd, &st, &creator)) {
         rc = half_made_fail(name, creator);
         goto fail;
