@@ -60,16 +60,38 @@ static inline int dtu_run_as(int uid, char *out, size_t n, const char *const *ar
     _exit(127);
   }
   close(fds[1]);
+  /* read to the end, within a bound: a process that keeps the pipe open
+   * (a daemon that did not give up its caller's stdout, a command that hangs)
+   * fails the test with the command named instead of blocking it */
   size_t l = 0;
+  long end = tu_now_ms() + 2 * TU_WAIT_S * 1000L;
+  bool timed_out = false;
   for (;;) {
+    long left = end - tu_now_ms();
+    struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
+    int pr = left > 0 ? poll(&pfd, 1, (int)left) : 0;
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr == 0) timed_out = true;
+    if (pr <= 0) break;
     char buf[4096];
     ssize_t r = read(fds[0], buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
     for (ssize_t i = 0; i < r; i++)
       if (l + 1 < n) out[l++] = buf[i];
   }
   if (n) out[l] = 0;
   close(fds[0]);
+  if (timed_out) {
+    fprintf(stderr, "# %s", dtu_tool());
+    for (int i = 0; args[i]; i++) fprintf(stderr, " %s", args[i]);
+    fprintf(stderr, ": its output did not end within %d s (it hung, or a process it started holds its stdout); "
+                    "output so far: %s\n",
+            2 * TU_WAIT_S, n ? out : "");
+    kill(pid, SIGKILL);
+    tu_wait(pid);
+    return -1;
+  }
   return tu_wait(pid);
 }
 

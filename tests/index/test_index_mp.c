@@ -111,7 +111,7 @@ static void test_stress(void **state) {
   unsigned long total_ops = 0;
   for (int i = 0; i < NP; i++) {
     char line[128];
-    assert_true(tu_readline(fds[i], line, sizeof line) > 0);
+    assert_true(tu_readline_within(fds[i], line, sizeof line, secs + TU_WAIT_S) > 0); /* it works secs first */
     close(fds[i]);
     unsigned long ops, torn;
     assert_int_equal(sscanf(line, "ops %lu torn %lu", &ops, &torn), 2);
@@ -309,11 +309,20 @@ static void test_die_evicting_pinned(void **s) { (void)s; exact_point_pin("evict
  * must not stop anyone else: nothing on the data path waits for another
  * process. */
 
-/* Wait until child pid is stopped. */
+/* Wait until child pid is stopped, at most TU_WAIT_S seconds (a helper that
+ * never reaches its stop point fails the case, naming it, and is killed). */
 static void wait_stopped(pid_t pid) {
-  int st;
-  assert_int_equal(waitpid(pid, &st, WUNTRACED), pid);
-  assert_true(WIFSTOPPED(st));
+  int st = 0;
+  pid_t r = 0;
+  long end = tu_now_ms() + TU_WAIT_S * 1000L;
+  while ((r = waitpid(pid, &st, WUNTRACED | WNOHANG)) == 0 && tu_now_ms() < end) usleep(2000);
+  if (r == 0) {
+    kill(pid, SIGKILL);
+    tu_wait(pid);
+    fail_msg("helper %d did not stop within %d s", (int)pid, TU_WAIT_S);
+  }
+  assert_int_equal(r, pid);
+  if (!WIFSTOPPED(st)) fail_msg("helper %d ended (status 0x%x) instead of stopping", (int)pid, st);
 }
 
 /* While a helper is stopped at `point` (index_helper.c, stop_at()), this
