@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "datapath/dp_internal.h"
@@ -51,6 +53,7 @@ static int gpu_engine(umbp_pool *pool, const umbp_kv_region *reg, unsigned n, in
 #endif
 
 int main(int argc, char **argv) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a test that failed before killing us */
   if (argc < 4) return 2;
   umbp_attach_opts ao;
   umbp_attach_opts_init(&ao);

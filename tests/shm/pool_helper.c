@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "umbp/index.h"
@@ -25,6 +27,7 @@ static void stall_progress(void *arg, const char *what, uint64_t done, uint64_t 
 }
 
 int main(int argc, char **argv) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a test that failed before killing us */
   if (argc >= 3 && !strcmp(argv[1], "create-stall")) {
     umbp_pool_params pp;
     umbp_pool_params_init(&pp);
