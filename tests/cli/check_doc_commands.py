@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shlex
+import select
 import signal
 import subprocess
 import sys
@@ -186,7 +187,9 @@ def run_daemon(args):
 def run_until_interrupted(args):
     """--watch / --stat run until Ctrl-C, which exits 0 (docs/operations.md)."""
     p = subprocess.Popen([TOOL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TMP)
-    time.sleep(1.5)
+    # Ctrl-C once it has drawn: its handler is in place before the first draw (a fixed sleep was too short on
+    # a loaded machine, where SIGINT's default action ended it); no draw in 60 s: interrupted all the same
+    select.select([p.stdout], [], [], 60)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
     return p.returncode, err if p.returncode else ""
