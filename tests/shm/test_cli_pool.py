@@ -32,6 +32,20 @@ def check(what, cond, detail=""):
         failures.append(what)
 
 
+def wait_mapped(pid, pool, secs=60):
+    """Whether process pid maps pool's segment within secs (its attach is done)."""
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if f"/dev/shm/umbp.{pool}" in f.read():
+                    return True
+        except OSError:  # it ended
+            return False
+        time.sleep(0.01)
+    return False
+
+
 try:
     for sub in ["create", "destroy", "ls", "info", "reap", "gc"]:
         rc, out, _ = umbp("pool", sub, "--help")
@@ -138,7 +152,9 @@ try:
     for args, recreate in ((["--watch", "0.1"], False), (["--stat", "0.1"], False), (["--watch", "0.1", "--json"], True)):
         w = subprocess.Popen([TOOL, "inspect", name, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True)
-        time.sleep(0.5)
+        # destroy once inspect has attached (a fixed sleep was too short on a loaded machine: the destroy came
+        # first, and inspect failed to attach, or, stopped, attached to the new pool and never ended)
+        check(f"inspect {' '.join(args)} attached within 60 s", wait_mapped(w.pid, name), w.poll())
         if recreate:  # stopped meanwhile, so that inspect sees only the new pool
             w.send_signal(signal.SIGSTOP)
         umbp("pool", "destroy", name)
