@@ -648,13 +648,21 @@ def t_stat():
                 lines.append((time.time(), line.rstrip("\n")))
         th = threading.Thread(target=reader, daemon=True)
         th.start()
+        deadline = time.time() + 60
         while len(lines) < 5:
             assert st.poll() is None, "inspect --stat exited"
+            assert time.time() < deadline, f"inspect --stat printed {len(lines)} lines in 60 s"
             time.sleep(0.02)
         t0 = time.time()
         assert helper("lookup", POOL, "chat", "0", "100") == "hits 40 misses 60"
         t1 = time.time()
-        time.sleep(6)  # > 20 lines: the header repeats
+        # past 21 lines the header repeats: wait for the second one (a fixed 6 s gave fewer lines on a loaded
+        # machine, where each interval lasts longer than 0.25 s)
+        deadline = time.time() + 60
+        while len(lines) < 23:
+            assert st.poll() is None, "inspect --stat exited"
+            assert time.time() < deadline, f"inspect --stat printed {len(lines)} lines in 60 s"
+            time.sleep(0.05)
         st.send_signal(signal.SIGINT)
         assert st.wait(timeout=10) == 0
         th.join(timeout=5)
