@@ -62,3 +62,16 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def readline(p, secs=60):
+    """The next line of Popen p's stdout (a text pipe), waiting at most secs:
+    "" when the time is up (p is then killed, so that it cannot outlive the
+    check) or at its end. A helper that hangs fails the check that waits for
+    its line, with that line in the message, instead of holding the script
+    until meson's timeout."""
+    import select
+    if not select.select([p.stdout], [], [], secs)[0]:
+        p.kill()
+        return ""
+    return p.stdout.readline()

@@ -207,7 +207,7 @@ def t_stopped():
     h = None
     try:
         h = subprocess.Popen([HELPER, "hold-pins", POOL, "chat", "5"], stdout=subprocess.PIPE, text=True)
-        assert h.stdout.readline().strip() == "pinned 5"
+        assert taplib.readline(h).strip() == "pinned 5"
         assert get(d.scrape(), "umbp_processes_stopped") == 0
         h.send_signal(signal.SIGSTOP)
         deadline = time.time() + 10
@@ -281,7 +281,7 @@ def t_scrape():
 
         # a process attached to the pool, killed
         h = subprocess.Popen([HELPER, "hold", POOL], stdout=subprocess.PIPE, text=True)
-        assert h.stdout.readline().strip() == "attached"
+        assert taplib.readline(h).strip() == "attached"
         m = d.scrape()
         assert get(m, "umbp_processes", state="alive") == 2 and get(m, "umbp_processes", state="dead") == 0
         h.send_signal(signal.SIGKILL)
@@ -518,7 +518,7 @@ def t_abuse_signals():
             threads.append(threading.Thread(target=flood, args=(f"127.0.2.{i}",), daemon=True))
             threads[-1].start()
         h = subprocess.Popen([HELPER, "hold", POOL], stdout=subprocess.PIPE, text=True)
-        assert h.stdout.readline().strip() == "attached"
+        assert taplib.readline(h).strip() == "attached"
         h.send_signal(signal.SIGKILL)
         h.wait()
         t0 = time.time()
@@ -579,7 +579,9 @@ def t_drained_monotonic():
     try:
         churn = subprocess.Popen([HELPER, "churn", POOL, "chat", "8000"], stdout=subprocess.PIPE, text=True)
         last, scrapes, downs = 0, 0, []
+        deadline = time.time() + 8 + 60  # its 8 s run, and a bound for a hang
         while churn.poll() is None:
+            assert time.time() < deadline, "the churn helper still runs 60 s after its 8 s run"
             v = get(d.scrape(), "umbp_events_drained_total")
             if v < last:
                 downs.append((last, v))

@@ -8,6 +8,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import taplib  # noqa: E402
+
 TOOL = os.environ["UMBP_TOOL"]
 HELPER = os.path.join(os.environ["UMBP_TEST_HELPER_DIR"], "shm", "pool_helper")
 name = f"t-cli-{os.getpid()}"
@@ -185,7 +188,7 @@ try:
     check("umbp help bogus: usage error listing the commands", rc == 2 and "'bogus' is none of pool, topo" in err, err)
     # a live process keeps destroy from removing the pool
     holder = subprocess.Popen([HELPER, "hold", name], stdout=subprocess.PIPE, text=True)
-    line = holder.stdout.readline()
+    line = taplib.readline(holder)
     check("holder attached", line.startswith("ready"), line)
     rc, _, err = umbp("pool", "destroy", name)
     check("destroy refuses while a process is attached", rc == 1 and "live process" in err and str(holder.pid) in err, err)
@@ -339,7 +342,7 @@ try:
           and not os.path.exists(f"/dev/shm/umbp.{name}"), err)
     # a creator killed while pre-faulting (issue 32, item 7): info fails at once naming the cause, create replaces it
     stall = subprocess.Popen([HELPER, "create-stall", name], stdout=subprocess.PIPE, text=True)
-    line = stall.stdout.readline()
+    line = taplib.readline(stall)
     stall.kill()
     stall.wait()
     t0 = time.monotonic()
