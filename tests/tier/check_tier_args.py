@@ -10,6 +10,7 @@ A stand-in `mooncake` package on PYTHONPATH exits 7 when imported, so a test
 sees whether the tier got as far as importing Mooncake (valid arguments do),
 whether or not the real Mooncake is installed."""
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,15 +38,15 @@ checks, check = taplib.registry()
 SANITIZED = os.environ.get("UMBP_SANITIZE", "none").replace("none", "")  # e.g. "address,undefined"
 
 
-def tier(*args):
-    r = subprocess.run([TOOL, "tier", *args], capture_output=True, text=True, timeout=60, env=ENV)
+def tier(*args, pre=()):
+    r = subprocess.run([*pre, TOOL, "tier", *args], capture_output=True, text=True, timeout=60, env=ENV)
     assert "Traceback" not in r.stderr, (args, r.stderr)
     return r.returncode, r.stdout, r.stderr
 
 
-def usage(args, *words):
+def usage(args, *words, pre=()):
     """ARGS are a usage error in the C form, naming WORDS, before Mooncake."""
-    rc, out, err = tier(*args)
+    rc, out, err = tier(*args, pre=pre)
     assert rc == 2, (args, rc, err)
     lines = err.rstrip("\n").split("\n")
     assert len(lines) == 2 and lines[0].startswith("umbp: ") and lines[1] == TRY, (args, err)
@@ -216,6 +217,19 @@ def _():
     usage([POOL, "--status=1"], "--status takes no value")
 
 
+def private_shm(size):
+    """(argv prefix, free bytes): commands run behind the prefix see a new, empty tmpfs of size bytes as
+    /dev/shm (a mount namespace of their own; root only), whose room no other process (a parallel test, the
+    CI) changes; None where that cannot be made."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return None
+    pre = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+           f'mount -t tmpfs -o size={size} umbp-test /dev/shm && exec "$@"', "sh"]
+    r = subprocess.run([*pre, sys.executable, "-c", "import os; s = os.statvfs('/dev/shm'); "
+                        "print(s.f_bavail * s.f_frsize)"], capture_output=True, text=True, timeout=60)
+    return (pre, int(r.stdout)) if r.returncode == 0 and r.stdout.strip().isdigit() else None
+
+
 @check("a request table or feed larger than /dev/shm's free room: a usage error naming the options, the size "
        "and the room, before anything is created or Mooncake imported")
 def _():
@@ -231,18 +245,25 @@ def _():
     usage([POOL, "--records", "65535", "--keys-per-record", "65535"], "--records 65535 x --keys-per-record 65535",
           f"takes {T.table_bytes(65535, 65535)} bytes", "/dev/shm has ", " free", "lower --records or --keys-per-record")
     assert not os.path.exists(table), table
-    # a table that fits, with a 1 GiB feed that then does not: the feed's option is named
-    # (512 MiB either side, for what other processes do in /dev/shm meanwhile)
+    # a table that fits, with a 1 GiB feed that then does not: the feed's option is named. In a /dev/shm of
+    # its own where root: beside other processes (tests making GiB pools in parallel, the CI) the free room
+    # moved by more than the 512 MiB either side allowed here between its measure and the command
+    margin = 512 << 20
+    pre = ()
+    private = private_shm(1536 << 20)  # more than the 1 GiB feed alone: the table and it together do not fit
+    if private:
+        pre, room = private
+        margin = 16 << 20
     record = T.table_bytes(1, 65535) - T.table_bytes(0, 65535)
-    records = (room - (512 << 20) - T.table_bytes(0, 65535)) // record
+    records = (room - margin - T.table_bytes(0, 65535)) // record
     if not 1 <= records <= 65535 or T.feed_bytes(1 << 24) <= 1 << 30:
         print(f"# /dev/shm has {room} bytes free: the feed's share is not tried")
         return
     args = [POOL, "--records", str(records), "--keys-per-record", "65535", "--feed-capacity", str(1 << 24)]
     usage(args, "--feed-capacity 16777216", f"--records {records} x --keys-per-record 65535", "/dev/shm has ",
-          "lower --feed-capacity")
+          "lower --feed-capacity", pre=pre)
     # with write-back off there is no feed: the table alone fits, and the tier goes on
-    rc, out, err = tier(*args, "--writeback", "off")
+    rc, out, err = tier(*args, "--writeback", "off", pre=pre)
     assert rc == IMPORTED, (rc, err)
 
 
