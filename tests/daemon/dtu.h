@@ -12,6 +12,7 @@
 #include "test_util.h"
 
 #include "umbp/admin.h"
+#include "common/common.h"
 #include "shm/pool_internal.h"
 #include "umbp/check.h"
 #include "umbp/index.h"
@@ -190,6 +191,22 @@ static inline pid_t dtu_daemon_start(const char *name, const char *log, const ch
   kill(pid, SIGKILL);
   tu_wait(pid);
   return -1;
+}
+
+/* Wait until pid is stopped: kill(SIGSTOP) returns before the target has
+ * stopped (on a loaded machine it may not run for a while), and a command
+ * run at once can still see it running. At most TU_WAIT_S seconds; false,
+ * with a line, when it did not stop. */
+static inline bool dtu_wait_stopped(pid_t pid) {
+  long end = tu_now_ms() + TU_WAIT_S * 1000L;
+  while (!umbp_proc_stopped(pid)) {
+    if (tu_now_ms() >= end) {
+      fprintf(stderr, "# pid %d not stopped %d s after SIGSTOP\n", (int)pid, TU_WAIT_S);
+      return false;
+    }
+    dtu_sleep_ms(2);
+  }
+  return true;
 }
 
 static inline void dtu_dump_log(const char *log) {

@@ -186,6 +186,7 @@ static void test_stopped_holder_named(void **st) {
   pid_t d = dtu_daemon_start(name, log, args);
   assert_true(d > 0);
   assert_int_equal(kill(d, SIGSTOP), 0);
+  assert_true(dtu_wait_stopped(d));
   char want[96];
   snprintf(want, sizeof want, "kill -CONT %d", (int)d);
   int rc = DTU_RUN(out, "daemon", name, "--foreground");
@@ -220,6 +221,7 @@ static void test_stopped_holder_named(void **st) {
   close(fd);
   assert_string_equal(line, "prefault");
   assert_int_equal(kill(c, SIGSTOP), 0);
+  assert_true(dtu_wait_stopped(c));
   rc = DTU_RUN(out, "pool", "info", name);
   snprintf(want, sizeof want, "creator (pid %d) is stopped", (int)c);
   if (!strstr(out, want)) fprintf(stderr, "# got: %s", out);
