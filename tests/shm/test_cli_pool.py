@@ -49,6 +49,20 @@ def wait_mapped(pid, pool, secs=60):
     return False
 
 
+def wait_stopped(pid, secs=60):
+    """Whether pid is stopped within secs: kill() returns before the target stops."""
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                    return True
+        except OSError:  # it ended
+            return False
+        time.sleep(0.005)
+    return False
+
+
 try:
     for sub in ["create", "destroy", "ls", "info", "reap", "gc"]:
         rc, out, _ = umbp("pool", sub, "--help")
@@ -160,6 +174,7 @@ try:
         check(f"inspect {' '.join(args)} attached within 60 s", wait_mapped(w.pid, name), w.poll())
         if recreate:  # stopped meanwhile, so that inspect sees only the new pool
             w.send_signal(signal.SIGSTOP)
+            check("inspect stopped within 60 s", wait_stopped(w.pid), w.pid)
         umbp("pool", "destroy", name)
         if recreate:
             umbp("pool", "create", name, "--capacity", "32MiB", "--slot-size", "128KiB", "--no-prefault", "-q")
