@@ -243,8 +243,10 @@ try:
     with open("/proc/mounts") as f:
         hdirs = [ln.split()[1] for ln in f if ln.split()[2] == "hugetlbfs"]
     meminfo = {ln.split(":")[0]: int(ln.split()[1]) for ln in open("/proc/meminfo") if ln.split()[1].isdigit()}
-    free_pages = meminfo.get("HugePages_Free", 0) - meminfo.get("HugePages_Rsvd", 0)
-    slots = free_pages * 2 * 1024 * 1024 // 72 + 65536  # 72 B of index a slot: more than the free pages hold
+    # more index than all the huge pages hold (72 B a slot), not only the free ones: other processes give
+    # pages back meanwhile, and an index sized to the free count then fitted
+    all_pages = meminfo.get("HugePages_Total", 0)
+    slots = all_pages * 2 * 1024 * 1024 // 72 + 65536
     if slots * 4096 < meminfo.get("MemAvailable", 0) * 1024 // 2:
         rc, out, err = umbp("pool", "create", name, "--capacity", str(slots * 4096), "--slot-size", "4KiB",
                             "--no-prefault", "--no-reserve")
