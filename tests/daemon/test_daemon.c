@@ -652,6 +652,20 @@ static void test_daemon_pool_truncated_deep(void **st) {
   unlink(log);
 }
 
+/* For the truncation tests: names for pool NAME-tag, its daemon log, a
+ * second log beside it and the pool file; a daemon serving the pool with a
+ * long reap period, so that its own look at the file cannot come first. */
+static pid_t start_truncation_daemon(const char *tag, char log[256], char log2[300], char path[128]) {
+  const char *name = tu_name(tag);
+  snprintf(log, 256, "%s", log_path(name));
+  snprintf(log2, 300, "%s.inspect", log);
+  snprintf(path, 128, "/dev/shm/umbp.%s", name);
+  unlink(log);
+  unlink(log2);
+  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--reap-interval", "600000", NULL};
+  return dtu_daemon_start(name, log, args);
+}
+
 /* A pool file truncated under a running daemon and a running `inspect
  * --watch`: each says SIGBUS, the pool, its file and the cause, and exits 3,
  * instead of dying of the signal without a word (issue 32 item 12). The
@@ -660,15 +674,9 @@ static void test_daemon_pool_truncated_deep(void **st) {
  * touches the lost pages within a period. */
 static void test_sigbus_names_pool(void **st) {
   (void)st;
-  const char *name = tu_name("dbus");
   char log[256], ilog[300], path[128];
-  snprintf(log, sizeof log, "%s", log_path(name));
-  snprintf(ilog, sizeof ilog, "%s.inspect", log);
-  snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
-  unlink(log);
-  unlink(ilog);
-  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--reap-interval", "600000", NULL};
-  pid_t d = dtu_daemon_start(name, log, args);
+  pid_t d = start_truncation_daemon("dbus", log, ilog, path);
+  const char *name = path + strlen("/dev/shm/umbp.");
   assert_true(d > 0);
   pid_t ins = fork();
   if (ins == 0) {
@@ -695,7 +703,7 @@ static void test_sigbus_names_pool(void **st) {
   const char *const files[] = {log, ilog};
   for (int k = 0; k < 2; k++) {
     read_log(files[k]);
-    char want[200];
+    char want[400];
     snprintf(want, sizeof want, "of pool '%s' (%s, mapped ", name, path);
     if (!strstr(out, want) || !strstr(out, "its file was truncated to 4096 bytes")) fprintf(stderr, "# %s: %s", files[k], out);
     assert_non_null(strstr(out, k ? "umbp inspect: SIGBUS at offset 0x" : "umbp-daemon["));
@@ -720,15 +728,9 @@ static void test_sigbus_names_pool(void **st) {
  * the process (status 128 + 13) before the handler blocked it. */
 static void test_sigbus_broken_stderr_pipe(void **st) {
   (void)st;
-  const char *name = tu_name("dbpipe");
   char log[256], olog[300], path[128];
-  snprintf(log, sizeof log, "%s", log_path(name));
-  snprintf(olog, sizeof olog, "%s.inspect", log);
-  snprintf(path, sizeof path, "/dev/shm/umbp.%s", name);
-  unlink(log);
-  unlink(olog);
-  const char *args[] = {"--capacity", "1MiB", "--slot-size", "4KiB", "--no-prefault", "--reap-interval", "600000", NULL};
-  pid_t d = dtu_daemon_start(name, log, args);
+  pid_t d = start_truncation_daemon("dbpipe", log, olog, path);
+  const char *name = path + strlen("/dev/shm/umbp.");
   assert_true(d > 0);
   int pfd[2];
   assert_int_equal(pipe(pfd), 0);
