@@ -7,8 +7,10 @@ over the pool's header: the pool was refused ("not a umbp pool", the magic
 now log text) and the daemon died of SIGSEGV. Every command now opens a
 closed fd among 0-2 on /dev/null first (tools/umbp.c)."""
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -41,8 +43,15 @@ def closed(*fds):
 def t_daemon():
     name = f"t-stdfd-{os.getpid()}"
     tool("pool", "destroy", name, "--force")
+    # the daemon tells systemd it is ready (sd_notify) right after it logged
+    # 'ready' to fd 2: that message says when the log line has been written
+    tmp = tempfile.mkdtemp(prefix="umbp-stdfd-")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(os.path.join(tmp, "notify"))
+    sock.settimeout(60)
+    env = dict(os.environ, NOTIFY_SOCKET=os.path.join(tmp, "notify"))
     p = subprocess.Popen([TOOL, "daemon", name, "--capacity", "64MiB", "--foreground"], stdin=subprocess.DEVNULL,
-                         preexec_fn=closed(1, 2))
+                         preexec_fn=closed(1, 2), env=env)
     try:
         for _ in range(200):
             r = tool("inspect", name, "--json")
@@ -53,7 +62,11 @@ def t_daemon():
         for fd in (1, 2):
             t = fd_target(p.pid, fd)
             assert t == "/dev/null", f"the daemon's fd {fd} is {t}"
-        time.sleep(0.5)  # the daemon has logged 'ready' (to fd 2) by now
+        try:
+            msg = sock.recv(4096).decode()
+        except socket.timeout:
+            raise AssertionError("the daemon did not say it was ready within 60 s") from None
+        assert "READY=1" in msg, f"the daemon's notify message: {msg!r}"
         r = tool("inspect", name, "--json")
         assert r.returncode == 0, f"inspect after the daemon logged: {r.stdout}{r.stderr}"
         p.terminate()
@@ -66,6 +79,9 @@ def t_daemon():
             p.kill()
             p.wait()
         tool("pool", "destroy", name, "--force")
+        sock.close()
+        os.unlink(os.path.join(tmp, "notify"))
+        os.rmdir(tmp)
 
 
 sys.exit(taplib.run(checks))
