@@ -3,6 +3,7 @@
 #include "pool_fault.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -124,13 +125,25 @@ static void report(const struct watch *w, uint64_t off) {
   _exit(CLI_POOL_FAULT);
 }
 
+/* Set by the first thread that reports: threads that fault on the lost pages
+ * at once (the daemon's reaper and its metrics threads, bench's workers) each
+ * get the signal, but one line says why. The others wait for the reporter's
+ * _exit(), bounded (its write to a stderr pipe nobody drains could block),
+ * then exit with the same status themselves. */
+static _Atomic bool reporting;
+#define REPORT_WAIT_MS 10000
+
 static void on_sigbus(int sig, siginfo_t *si, void *uc) {
   if (si && si->si_code > 0) { /* raised by the kernel for a fault (kill(2) gives SI_USER, <= 0) */
     uintptr_t a = (uintptr_t)si->si_addr;
     for (unsigned i = 0; i < WATCH_MAX; i++) {
       /* acquire: pairs with cli_fault_watch()'s release store of base */
       uintptr_t b = atomic_load_explicit(&watches[i].base, memory_order_acquire);
-      if (b && a >= b && a - b < watches[i].len) report(&watches[i], a - b);
+      if (b && a >= b && a - b < watches[i].len) {
+        if (!atomic_exchange_explicit(&reporting, true, memory_order_relaxed)) report(&watches[i], a - b);
+        for (unsigned ms = 0; ms < REPORT_WAIT_MS; ms += 10) poll(NULL, 0, 10);
+        _exit(CLI_POOL_FAULT);
+      }
     }
   }
   /* not a pool's: what SIGBUS did before */

@@ -628,6 +628,7 @@ def t_truncated():
         assert d.p.returncode == 3, f"exit {d.p.returncode}: {err}"
         assert re.search(rf"umbp-daemon\[{d.p.pid}\]: error: SIGBUS at offset 0x[0-9a-f]+ of pool '{POOL}' "
                          rf"\(/dev/shm/umbp\.{POOL}, .*its file was truncated to {cut} bytes", err), err
+        assert err.count("SIGBUS at offset") == 1, f"not one SIGBUS line: {err}"
     finally:
         if d.p.poll() is None:
             d.p.kill()
