@@ -387,10 +387,11 @@ def _():
             assert seg, "pool never appeared"
             target = os.readlink(f"/proc/{p.pid}/fd/{fd}")
             assert target == "/dev/null", f"fd {fd} of the scheduler is {target}"
-            with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
-                for w in f.read().split():
-                    target = os.readlink(f"/proc/{w}/fd/{fd}")
-                    assert target == "/dev/null", f"fd {fd} of worker {w} is {target}"
+            # both workers exec'd (a child between fork and exec, or one not yet
+            # started, is not what this checks), then their fd as they run
+            for w in wait_workers(p, 600):
+                target = os.readlink(f"/proc/{w}/fd/{fd}")
+                assert target == "/dev/null", f"fd {fd} of worker {w} is {target}"
             p.send_signal(signal.SIGTERM)
             assert p.wait(timeout=30) == 143, p.returncode
             assert not segments(p.pid), segments(p.pid)
