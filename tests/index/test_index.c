@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Block index: every operation and every error, single process. */
+#include <sys/prctl.h>
 #include <pthread.h>
 #include <time.h>
 
@@ -2372,7 +2373,11 @@ static void test_slot_cache_given_back(void **state) {
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
-    alarm(60); /* never outlive a parent that failed before its kill */
+    /* never outlive a parent that failed before its kill: exits with it, and
+     * at most 60 s while a failed parent runs its other tests */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) _exit(3);
+    alarm(60);
     umbp_pool *cq;
     char ok = 0;
     if (umbp_pool_attach(f->name, NULL, &cq) == 0) {
