@@ -14,7 +14,9 @@ One process per host, beside the pool's daemon. Three threads:
   blocks now in the pool on every rank. A shard that fails or arrives short
   is never published; its slot goes back to the pool, except one whose
   transfer Mooncake gave up on and may still land (held until the tier
-  exits: MC_MAY_STILL_RUN).
+  exits: MC_MAY_STILL_RUN; past HELD_MAX_FRACTION of the pool's slots held,
+  the tier stops, so that the kernel ends those transfers and the pool's
+  reaper frees the slots).
 - the **write-back thread** reads the pool's published-key feed (feed.h) as
   consumer "tier", queues keys published by other processes (bounded: the
   oldest are dropped and counted) and writes them in batches straight from
@@ -85,6 +87,10 @@ _UNREACHABLE = {MC_RPC_FAIL}
 # transfer was submitted or once it finished (Client::BatchGet and
 # Client::WaitForTransfers wait on every submitted transfer's future).
 MC_MAY_STILL_RUN = MC_TRANSFER_FAIL
+# A tier holding more than this share of the pool's slots stops (exit 1): held
+# slots are capacity no engine can use until the tier exits, and a peer that
+# keeps stalling would otherwise take the pool a batch at a time.
+HELD_MAX_FRACTION = 0.25
 PUT_TRIES = 3  # a put the store refuses is tried again 1 s and 2 s later, then counted in wb_errors
 # Test hook (tests/cluster): after the transfer into reserved slots and before
 # publishing them, create this file and stop, so that a test can kill the tier
@@ -189,7 +195,8 @@ exit status:
   call then, held by an unreachable or stopped master, is ended with SIGKILL
   and says so in its log: 137 in a shell, the pool's reaper frees what it
   held); 1 runtime error (no such pool, the pool destroyed under the running
-  tier, a tier already serves it, Mooncake not installed, a --log file that
+  tier, more than a quarter of the pool's slots held for transfers Mooncake
+  gave up on, a tier already serves it, Mooncake not installed, a --log file that
   cannot be opened, a bad --config file, a --global-segment-size larger than
   this host's memory); 2 usage error (a bad option or value, an empty value,
   a --master that is neither HOST:PORT nor an HA master's etcd://,
@@ -896,9 +903,17 @@ class Tier:
         fresh = len(set(held) - set(self.held))
         self.held.extend(held)
         self.stat("held", fresh)
+        n = len(set(self.held))
         self.log(f"Mooncake gave up on {len(held)} transfer(s) ({why}, TRANSFER_FAIL) that may still run: their "
-                 f"slots are held until this tier exits ({len(set(self.held))} of {self.slot_count} held now; "
+                 f"slots are held until this tier exits ({n} of {self.slot_count} held now; "
                  "restarting the tier frees them)")
+        if n > max(1, int(self.slot_count * HELD_MAX_FRACTION)) and not self.signalled:
+            self.log(f"error: this tier holds {n} of the pool's {self.slot_count} slots (over "
+                     f"{HELD_MAX_FRACTION:.0%}) for transfers Mooncake gave up on: stopping, so that the kernel "
+                     "ends those transfers and the pool's reaper frees the slots; look at the store's peers "
+                     "(a slow or stalled one), then start umbp tier again (systemd's Restart= does)")
+            self.exit_code = 1
+            self.signalled = True  # serve_loop() ends as on SIGTERM
 
     def _fetch_into(self, job, st, present, names, need, slots, landing) -> tuple[int, str | None]:
         """fetch() from the reservation on; every slot it reserves in `slots`

@@ -168,6 +168,24 @@ def fetch_raises():
         p.close()
 
 
+@check("a tier holding more than a quarter of the pool's slots stops (exit 1), saying why")
+def held_over_quarter_stops():
+    p = Pool(Store(get=[S.MC_TRANSFER_FAIL] * 8))
+    lines = []
+    p.tier.log = lambda msg, debug=False: lines.append(msg)
+    try:
+        p.fetch(4)  # 4 of 16 held: a quarter, still serving
+        assert p.stat("held") == 4 and not p.tier.signalled and p.tier.exit_code == 0, lines
+        p.fetch(1)  # one more slot reserved and answered TRANSFER_FAIL: 5 of 16 held
+        assert p.stat("held") == 5, p.stat("held")
+        assert p.tier.signalled and p.tier.exit_code == 1, lines
+        assert any("holds 5 of the pool's 16 slots" in m and "stopping" in m for m in lines), lines
+        p.tier.serve_loop()  # returns at once, as after SIGTERM
+        assert p.takeable() == SLOTS - 5  # the held slots stay held until the process ends
+    finally:
+        p.close()
+
+
 @check("write-back: a put answered TRANSFER_FAIL keeps its pin, the others are unpinned")
 def put_transfer_fail():
     p = Pool(Store(put=[0, S.MC_TRANSFER_FAIL, S.MC_NO_AVAILABLE_HANDLE]), writeback="all")
