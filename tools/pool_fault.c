@@ -126,8 +126,8 @@ static void report(const struct watch *w, uint64_t off) {
 }
 
 /* Set by the first thread that reports: threads that fault on the lost pages
- * at once (the daemon's reaper and its metrics threads, bench's workers) each
- * get the signal, but one line says why. The others wait for the reporter's
+ * at once (the daemon's main loop and its metrics thread) each get the
+ * signal, but one line says why. The others wait for the reporter's
  * _exit(), bounded (its write to a stderr pipe nobody drains could block),
  * then exit with the same status themselves. */
 static _Atomic bool reporting;
