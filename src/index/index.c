@@ -76,7 +76,12 @@ __attribute__((cold, noinline)) void umbp_ix_stop_here(void) {
  * that place keys differently refuse each other's pools at attach. The
  * inputs exercise every key word, the high bits (the signature) and a table
  * size that is not a power of two. */
-static uint64_t abi_key_hash(const uint64_t w[6]) { return umbp_key_hash_w(w); }
+static uint64_t abi_key_hash(const uint64_t w[6]) {
+  /* on a CPU without AES-NI, the same results computed in software
+   * (test_index): the fingerprint is checked before the hooks below refuse
+   * such a CPU with their message */
+  return umbp_ix_aes_ok() ? umbp_key_hash_w(w) : umbp_key_hash_soft(w);
+}
 
 uint64_t umbp_index_abi_part(void) { return umbp_index_abi_part_with(abi_key_hash); }
 
@@ -122,6 +127,8 @@ static uint64_t ix_region_bytes(const struct umbp_shm_header *h, int r) {
 }
 
 static int ix_layout(const umbp_pool_params *pp, struct umbp_shm_header *h) {
+  int rc = umbp_ix_cpu_check();
+  if (rc) return rc;
   uint64_t slots = pp->capacity / pp->slot_size; /* h->slot_count saturates at UINT32_MAX */
   if (slots > UMBP_MAX_SLOTS) /* a way holds slot + 1 in 24 bits */
     return umbp_fail(-EINVAL,
@@ -142,6 +149,8 @@ static int ix_layout(const umbp_pool_params *pp, struct umbp_shm_header *h) {
 }
 
 static int ix_validate(const struct umbp_shm_header *h) {
+  int rc = umbp_ix_cpu_check();
+  if (rc) return rc;
   if (h->slot_count > UMBP_MAX_SLOTS || h->n_buckets < UMBP_MAX_PROBE || h->n_buckets < UMBP_BUCKETS_FOR(h->slot_count) ||
       h->event_capacity < 2 ||
       (h->event_capacity & (h->event_capacity - 1)))

@@ -129,8 +129,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "key words are little-
  * starts. So the copy is one masked 16-byte store and the 32-byte block
  * hash; what lies past hash_len is cleared. Stored as 16-byte vectors, the
  * width key_eq() loads the copy with, so that store forwarding can serve
- * those loads. The hash reloads the words as 8-byte loads, which forwarding
- * serves from the wider stores. The copy is written directly, not through a
+ * those loads, and the hash reads it as the same three 16-byte words. The copy is written directly, not through a
  * second array (fewer instructions a key; docs/bench-index.md). */
 static inline uint64_t ld64(const void *p, unsigned i) {
   uint64_t v;
@@ -171,7 +170,7 @@ static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t
   unsigned char *o = (unsigned char *)out;
   key_copy(k, out);
   if (UMBP_UNLIKELY(len < UMBP_KEY_HASH_MAX)) key_clear_past(out, len);
-  *h = umbp_key_hash6(ld64(o, 0), ld64(o, 1), ld64(o, 2), ld64(o, 3), ld64(o, 4), ld64(o, 5));
+  *h = umbp_key_hash_mem(o);
   return 0;
 }
 
@@ -183,8 +182,15 @@ static inline int key_load(const umbp_key *k, struct umbp_key_shm *out, uint64_t
 static inline uint64_t key_hash_full(const umbp_key *k) {
   const unsigned char *b = (const unsigned char *)k;
   const unsigned char *x = b + offsetof(umbp_key, hash);
+#if UMBP_KEY_HASH_AESNI
+  return umbp_key_hash_v(_mm_and_si128(_mm_loadu_si128((const __m128i *)(const void *)b),
+                                       _mm_set_epi64x(0x00ffffffffffffffll, -1)),
+                         _mm_loadu_si128((const __m128i *)(const void *)x),
+                         _mm_loadu_si128((const __m128i *)(const void *)(x + 16)));
+#else
   return umbp_key_hash6(ld64(b, 0), ld64(b, 1) & 0x00ffffffffffffffull, ld64(x, 0), ld64(x, 1), ld64(x, 2),
                         ld64(x, 3));
+#endif
 }
 
 /* Word-wise, with one branch on the result instead of one per 16 bytes (a

@@ -99,19 +99,78 @@ struct umbp_index {
   pthread_mutex_t feed_open_mu;
 };
 
-/* 64-bit key hash (not cryptographic: the block hash is already one). */
-/* Three independent multiplies fold the six key words (so they run in
- * parallel), then one more mixes the halves: low bits pick the bucket, high
- * bits are the signature. Sequential block ids (a trace's 8-byte hashes) still
- * spread, because each word's product is rotated into the other half before
- * the last multiply. Two multiplies deep is the least that spreads structured
- * keys: an XOR fold of the words into one multiply collides whole keys (a
- * namespace id in word 0 cancels a block id in word 2) and a sum of per-word
- * products keeps lattice patterns (block ids with a 4096 stride overfill
- * neighbourhoods); each left keys with no way in their neighbourhood (the
- * Mooncake trace's ids, 16 namespaces x sequential ids, or 1M ids with a 4096
- * stride) where this hash places every key. Part of the segment ABI: every process must hash alike. */
+/* 64-bit key hash (not cryptographic: the block hash is already one). Part
+ * of the segment ABI: every process must hash alike. Its results on fixed
+ * keys are in the ABI fingerprint (index.c), so builds that hash
+ * differently refuse each other's pools.
+ * AES-NI builds (x86-64, meson option `aes`): four AES encryption rounds
+ * (AESENC: SubBytes, ShiftRows, MixColumns, then XOR of a round key) over
+ * the key's three 16-byte words a, b, c: round 1 on a (XORed with a
+ * constant), which takes b as its round key, round 2 takes c, rounds 3 and
+ * 4 constants. Each word goes through at least two rounds after it enters,
+ * and two rounds make every output byte depend on every input byte, so
+ * sequential block ids, a 4096 stride, namespaces or ranks in the first
+ * word spread as random keys do (test_structured_keys). Words are absorbed
+ * one after another, not each mixed on its own and XORed: after one round
+ * two words could cancel (a difference in one column of a against the same
+ * column of b). The low 64 bits of the result are the hash: low bits pick
+ * the bucket, high bits are the signature.
+ * Why AES rounds: they run in vector registers, seven instructions against
+ * the 37 integer instructions of the multiply-and-rotate mix below; each
+ * integer result holds an integer rename register until its lookup retires,
+ * and those registers, not the instruction count, bound how many single
+ * lookups wait on memory at once (docs/bench-index.md, "The twenty-fourth
+ * session"). Other builds keep the mix: AES rounds in software cost about
+ * 100 ns a key. */
+#define UMBP_KH_K0_LO 0x13198a2e03707344ull
+#define UMBP_KH_K0_HI 0x243f6a8885a308d3ull
+#define UMBP_KH_K1_LO 0x082efa98ec4e6c89ull
+#define UMBP_KH_K1_HI 0xa4093822299f31d0ull
+#define UMBP_KH_K2_LO 0xbe5466cf34e90c6cull
+#define UMBP_KH_K2_HI 0x452821e638d01377ull
 static inline uint64_t umbp_rotl64(uint64_t x, unsigned r) { return (x << r) | (x >> (64 - r)); }
+/* keyhash.c: the AES rounds computed without AES instructions (what the ABI
+ * fingerprint uses on a CPU without AES-NI, so that such a CPU gets the
+ * message of umbp_ix_cpu_check() rather than a fault or a fingerprint
+ * mismatch), and one round alone. */
+uint64_t umbp_key_hash_soft(const uint64_t w[6]);
+void umbp_aesenc_soft(uint8_t x[16], const uint8_t k[16]);
+/* Whether this CPU runs the build's hash (false only in an AES-NI build on
+ * a CPU without AES-NI), and the error (a message) when not: the index
+ * module's layout and validate hooks refuse such a CPU. */
+bool umbp_ix_aes_ok(void);
+int umbp_ix_cpu_check(void);
+#if defined(__x86_64__) && defined(__AES__)
+#define UMBP_KEY_HASH_AESNI 1
+#include <wmmintrin.h>
+/* The hash of the key whose three 16-byte words are a, b, c. */
+static inline uint64_t umbp_key_hash_v(__m128i a, __m128i b, __m128i c) {
+  __m128i x = _mm_aesenc_si128(_mm_xor_si128(a, _mm_set_epi64x((long long)UMBP_KH_K0_HI, (long long)UMBP_KH_K0_LO)), b);
+  x = _mm_aesenc_si128(x, c);
+  x = _mm_aesenc_si128(x, _mm_set_epi64x((long long)UMBP_KH_K1_HI, (long long)UMBP_KH_K1_LO));
+  x = _mm_aesenc_si128(x, _mm_set_epi64x((long long)UMBP_KH_K2_HI, (long long)UMBP_KH_K2_LO));
+  return (uint64_t)_mm_cvtsi128_si64(x);
+}
+/* The hash of the 48 bytes at p (the layout of struct umbp_key_shm). */
+static inline uint64_t umbp_key_hash_mem(const void *p) {
+  const __m128i *v = (const __m128i *)p;
+  return umbp_key_hash_v(_mm_loadu_si128(v), _mm_loadu_si128(v + 1), _mm_loadu_si128(v + 2));
+}
+static inline uint64_t umbp_key_hash6(uint64_t w0, uint64_t w1, uint64_t w2, uint64_t w3, uint64_t w4,
+                                      uint64_t w5) {
+  return umbp_key_hash_v(_mm_set_epi64x((long long)w1, (long long)w0), _mm_set_epi64x((long long)w3, (long long)w2),
+                         _mm_set_epi64x((long long)w5, (long long)w4));
+}
+#else
+#define UMBP_KEY_HASH_AESNI 0
+/* The mix: three independent multiplies fold the six key words (so they
+ * run in parallel), then one more mixes the halves. Sequential block ids
+ * still spread, because each word's product is rotated into the other half
+ * before the last multiply. Two multiplies deep is the least that spreads
+ * structured keys: an XOR fold of the words into one multiply collides
+ * whole keys (a namespace id in word 0 cancels a block id in word 2) and a
+ * sum of per-word products keeps lattice patterns (block ids with a 4096
+ * stride overfill neighbourhoods). */
 static inline uint64_t umbp_key_hash6(uint64_t w0, uint64_t w1, uint64_t w2, uint64_t w3, uint64_t w4,
                                       uint64_t w5) {
   uint64_t a = (w0 ^ 0x9e3779b97f4a7c15ull) * (w3 | 1) + w3;
@@ -120,6 +179,12 @@ static inline uint64_t umbp_key_hash6(uint64_t w0, uint64_t w1, uint64_t w2, uin
   uint64_t h = (a ^ umbp_rotl64(b, 21) ^ umbp_rotl64(c, 43)) * 0xff51afd7ed558ccdull;
   return h ^ (h >> 29) ^ (h >> 47);
 }
+static inline uint64_t umbp_key_hash_mem(const void *p) {
+  uint64_t w[6];
+  memcpy(w, p, sizeof w);
+  return umbp_key_hash6(w[0], w[1], w[2], w[3], w[4], w[5]);
+}
+#endif
 static inline uint64_t umbp_key_hash_w(const uint64_t w[6]) {
   return umbp_key_hash6(w[0], w[1], w[2], w[3], w[4], w[5]);
 }

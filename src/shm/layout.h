@@ -49,7 +49,7 @@
 #include "umbp/pool.h"
 
 #define UMBP_MAGIC 0x4c4f4f5050424d55ull /* "UMBPPOOL" little-endian */
-#define UMBP_LAYOUT_MAJOR 8
+#define UMBP_LAYOUT_MAJOR 9
 #define UMBP_LAYOUT_MINOR 0
 #define UMBP_HEADER_BYTES 4096u
 #define UMBP_PART_ALIGN (2u << 20) /* 2 MiB: hugepage size, partition start alignment */

@@ -57,7 +57,8 @@ struct umbp_shm_module {
    * a message. NULL: none. */
   int (*layout)(const umbp_pool_params *params, struct umbp_shm_header *h);
   /* Check this module's header fields of a segment being attached, before
-   * any region is read: 0, or -EBADMSG with a message. Loads of h only.
+   * any region is read: 0, or -EBADMSG with a message (the index: -ENOTSUP
+   * for a CPU it cannot hash keys on). Loads of h only.
    * NULL: nothing to check. */
   int (*validate)(const struct umbp_shm_header *h);
   /* This module's part of the ABI fingerprint (layout.h). Pure. */

@@ -278,7 +278,7 @@ int umbp_header_validate(const struct umbp_shm_header *h, uint64_t file_size) {
   if (h->abi_fingerprint != umbp_abi_fingerprint())
     return umbp_fail(-EPROTO,
                      "pool ABI fingerprint 0x%016llx differs from this build's 0x%016llx (same layout "
-                     "version %u.%u, different struct sizes or cache-line size): rebuild umbp alike "
+                     "version %u.%u, different struct sizes, cache-line size or key hash, meson option aes): rebuild umbp alike "
                      "on both sides, or re-create the pool",
                      (unsigned long long)h->abi_fingerprint, (unsigned long long)umbp_abi_fingerprint(),
                      h->layout_major, h->layout_minor);

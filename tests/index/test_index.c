@@ -1327,6 +1327,49 @@ static void test_check_header_counts(void **state) {
   }
 }
 
+/* The key hash is part of the segment ABI: fixed answers for fixed keys, in
+ * this build's form (AES rounds in an AES-NI build, the multiply-and-rotate
+ * mix in others); the AES rounds in software (what the ABI fingerprint uses
+ * on a CPU without AES-NI) agree with the instructions on every key; and
+ * the software round is AES's (FIPS-197 appendix B: the state entering
+ * round 2 of its example is round 1 applied to the state after the first
+ * AddRoundKey, with round key 1). */
+static void test_key_hash_fixed(void **state) {
+  (void)state;
+  static const uint64_t keys[][6] = {
+      {0, 0, 0, 0, 0, 0},
+      {1, 2, 3, 4, 5, 6},
+      {0x0123456789abcdefull, 0xfedcba9876543210ull, 0xdeadbeefcafebabeull, 0x8badf00d0ddba11ull,
+       0xffffffffffffffffull, 0x5555aaaa5555aaaaull},
+      {7, 0x0020000000000000ull, 41, 0, 0, 0},
+  };
+  static const uint64_t aes[] = {0xbecb3de1bcf10c02ull, 0x41bb6fd751ab9728ull, 0xc05e983503113007ull,
+                                 0xe1a71ecd4db39dfaull};
+  static const uint64_t mix[] = {0xf2c20111a3f13930ull, 0x871bd47f9c0ad796ull, 0x85b27514da966294ull,
+                                 0xdf93188d858a6382ull};
+  const uint64_t *want = UMBP_KEY_HASH_AESNI ? aes : mix;
+  for (unsigned i = 0; i < 4; i++) {
+    assert_int_equal(umbp_key_hash_w(keys[i]), want[i]);
+    assert_int_equal(umbp_key_hash_mem(keys[i]), want[i]);
+    assert_int_equal(umbp_key_hash_soft(keys[i]), aes[i]);
+  }
+  uint8_t x[16] = {0x19, 0x3d, 0xe3, 0xbe, 0xa0, 0xf4, 0xe2, 0x2b, 0x9a, 0xc6, 0x8d, 0x2a, 0xe9, 0xf8, 0x48, 0x08};
+  static const uint8_t k1[16] = {0xa0, 0xfa, 0xfe, 0x17, 0x88, 0x54, 0x2c, 0xb1,
+                                 0x23, 0xa3, 0x39, 0x39, 0x2a, 0x6c, 0x76, 0x05};
+  static const uint8_t r2[16] = {0xa4, 0x9c, 0x7f, 0xf2, 0x68, 0x9f, 0x35, 0x2b,
+                                 0x6b, 0x5b, 0xea, 0x43, 0x02, 0x6a, 0x50, 0x49};
+  umbp_aesenc_soft(x, k1);
+  assert_memory_equal(x, r2, 16);
+  uint64_t r = 0x2545f4914f6cdd1dull, w[6];
+  for (unsigned n = 0; n < 100000; n++) {
+    for (unsigned i = 0; i < 6; i++) r ^= r << 13, r ^= r >> 7, r ^= r << 17, w[i] = r >> (n % 61);
+    uint64_t h = umbp_key_hash_w(w);
+    if (h != umbp_key_hash_mem(w) || (UMBP_KEY_HASH_AESNI && h != umbp_key_hash_soft(w)))
+      fail_msg("key %u: hash 0x%016llx, from memory 0x%016llx, AES in software 0x%016llx", n, (unsigned long long)h,
+               (unsigned long long)umbp_key_hash_mem(w), (unsigned long long)umbp_key_hash_soft(w));
+  }
+}
+
 /* The key hash and bucket placement are in the ABI fingerprint (issue 32,
  * smaller defects): a build that hashed a fixed key differently gets another
  * fingerprint, and the pool's recorded fingerprint includes this build's. */
@@ -2472,6 +2515,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_eviction_clock_and_pins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_full_pool_churn, setup_awkward, teardown),
       cmocka_unit_test_setup_teardown(test_structured_keys, setup_awkward, teardown),
+      cmocka_unit_test(test_key_hash_fixed),
       cmocka_unit_test_setup_teardown(test_event_ring_drops_oldest, setup_ev16, teardown),
       cmocka_unit_test_setup_teardown(test_event_ring_stopped_drainer, setup_ev16, teardown),
       cmocka_unit_test_setup_teardown(test_events_recorded_after_first_drain, setup_ev16, teardown),

@@ -12,7 +12,7 @@
  *    that an exec'd child process regenerates them without being sent any.
  *    Ours: umbp_key{ns from umbp_ns_register, ranks 0, hash_len 32}; the
  *    references get the same 32 bytes as their key. cds_lfht hashes them with
- *    a copy of umbp_key_hash()'s mixing (over 4 words instead of 6) and
+ *    a multiply-and-xorshift mix of their 4 words and
  *    compares with memcmp; rte_hash uses its default hash (CRC32 on x86).
  *  - Access order: uniform random over the key set, precomputed as a stream
  *    of STREAM_LEN keys in access order (so no RNG and no gather is timed);
@@ -188,7 +188,7 @@ static inline void make_ukey(uint32_t ns, const uint8_t b[KEYLEN], umbp_key *k) 
   memcpy(k->hash, b, KEYLEN);
 }
 
-/* cds_lfht's hash: umbp_key_hash()'s mixing over the 4 words of the key. */
+/* cds_lfht's hash: a multiply-and-xorshift mix of the key's 4 words. */
 static inline uint64_t hash32(const void *key) {
   uint64_t w[4];
   memcpy(w, key, sizeof w);
