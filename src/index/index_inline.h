@@ -39,10 +39,12 @@ static inline _Atomic uint8_t *pin_at(_Atomic uint8_t *pins, uint64_t stride, un
 
 /* ---- thread slots (threads.c) -------------------------------------------------- */
 /* This thread's slot for ix: reader line and ledger index. NULL: all 64 taken.
- * The fast path is the thread cache (threads.c): the thread pointer, a
- * multiply and one load of a line only this process writes. */
+ * The fast paths (threads.c): the handle's first entry (the thread pointer
+ * compared with one word), then the thread cache (a multiply and one load of
+ * a line only this process writes). */
 static inline struct tl_slot *thread_slot(struct umbp_index *ix) {
   uintptr_t self = umbp_ix_self();
+  if (UMBP_LIKELY(atomic_load_explicit(&ix->first_self, memory_order_relaxed) == self)) return ix->first_tl;
   unsigned h = umbp_ix_tc_hash(self);
   uint64_t e = atomic_load_explicit(&ix->tcache[h], memory_order_relaxed);
   if (UMBP_LIKELY(e >> 8 == self)) return &ix->tl[e & 63];

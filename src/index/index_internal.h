@@ -50,6 +50,10 @@ struct umbp_index {
    * thread slots (UMBP_MAX_THREADS), one allocation made at attach */
   _Atomic uint64_t *tcache;
   struct tl_slot *tl;
+  /* the first thread to take a line of this handle, checked before the
+   * cache (thread_slot()): 0 when none */
+  _Atomic uintptr_t first_self;
+  struct tl_slot *first_tl;
   _Atomic bool pin_bit; /* our bit in ih->pin_procs is set */
   struct umbp_reader_shm *readers; /* this process's row of UMBP_MAX_THREADS */
   struct umbp_reader_shm *lines;   /* every process's rows (the READERS region) */

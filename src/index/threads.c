@@ -12,13 +12,18 @@
  * process's row on its first call on a pool, by setting a bit in the
  * process's thread_bits; its thread-exit destructor flushes its counts and
  * gives the line back. Its slot (struct tl_slot: pending counts) is process
- * memory, ix->tl[tid], named by the thread's pointer (umbp_ix_self()); every
- * call finds it through the thread cache, a small table from thread pointer
- * to tid, not through a thread-local variable: in a shared library a
+ * memory, ix->tl[tid], named by the thread's pointer (umbp_ix_self()). The
+ * first thread to take a line of a handle finds its slot through the
+ * handle's first entry (one compare: in the usual single scheduler thread
+ * or worker thread, a lookup then writes three integer registers for it, not
+ * fourteen; docs/bench-index.md, "The twenty-fourth session"); every other
+ * thread through the thread cache, a small table from thread pointer to
+ * tid. Neither is a thread-local variable: in a shared library a
  * dynamic-TLS read is a call (__tls_get_addr) on every lookup, and
  * initial-exec TLS fails to load into a full static TLS block (Python
  * after torch). A thread pointer is reused only after its thread exited,
- * and exit takes the thread's entries out of every cache first.
+ * and exit takes the thread's entries out of every cache and first entry
+ * first.
  *
  * Lookups keep no reader state: slots are type-stable (a slot's metadata is
  * always a slot's metadata, in a fixed array) and a lookup validates what it
@@ -43,6 +48,8 @@ static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
 
 /* Take the cache entry ent off the thread cache of ix, wherever it is. */
 static void tc_drop(struct umbp_index *ix, uint64_t ent) {
+  uintptr_t first = (uintptr_t)(ent >> 8);
+  atomic_compare_exchange_strong_explicit(&ix->first_self, &first, 0, memory_order_release, memory_order_relaxed);
   unsigned h = umbp_ix_tc_hash((uintptr_t)(ent >> 8));
   for (unsigned w = 0; w < 2; w++) {
     uint64_t e = ent;
@@ -93,6 +100,16 @@ struct tl_slot *umbp_ix_thread_slot_find(struct umbp_index *ix) {
  * again on its next call, by the slow path). */
 static void tc_put(struct umbp_index *ix, uintptr_t self, unsigned tid) {
   if ((uint64_t)self >> 56) return; /* not representable: this thread always takes the slow path */
+  /* The first thread to get here takes the first entry (thread_slot()
+   * checks it before the cache): only that thread reads first_tl, so it
+   * stores first_tl after its claim. Ordered with the previous holder's
+   * tc_drop() (release there, acquire here). */
+  uintptr_t none = 0;
+  if (atomic_load_explicit(&ix->first_self, memory_order_relaxed) == 0 &&
+      atomic_compare_exchange_strong_explicit(&ix->first_self, &none, self, memory_order_acq_rel, memory_order_relaxed)) {
+    ix->first_tl = &ix->tl[tid];
+    return;
+  }
   unsigned h = umbp_ix_tc_hash(self);
   unsigned w = atomic_load_explicit(&ix->tcache[h], memory_order_relaxed) == 0 ? 0 : 1;
   atomic_store_explicit(&ix->tcache[h + w], umbp_ix_tc_entry(self, tid), memory_order_relaxed);

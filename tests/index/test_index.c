@@ -2077,11 +2077,13 @@ static void test_thread_lines(void **state) {
   struct fx *f = *state;
   umbp_key k = itu_key(f->ns, 70, 0), miss = itu_key(f->ns, 71, 0);
   put(f->p, &k); /* this thread holds a line from here on */
-  /* this thread is in the thread cache: calls take the fast path */
+  /* this thread is in the first entry or the thread cache: calls take the fast path */
   unsigned h = umbp_ix_tc_hash(umbp_ix_self());
   struct umbp_index *ix = f->p->index;
-  assert_true(atomic_load(&ix->tcache[h]) == umbp_ix_tc_entry(umbp_ix_self(), umbp_ix_thread_slot_find(ix)->tid) ||
-              atomic_load(&ix->tcache[h + 1]) == umbp_ix_tc_entry(umbp_ix_self(), umbp_ix_thread_slot_find(ix)->tid));
+  struct tl_slot *mine = umbp_ix_thread_slot_find(ix);
+  assert_true((atomic_load(&ix->first_self) == umbp_ix_self() && ix->first_tl == mine) ||
+              atomic_load(&ix->tcache[h]) == umbp_ix_tc_entry(umbp_ix_self(), mine->tid) ||
+              atomic_load(&ix->tcache[h + 1]) == umbp_ix_tc_entry(umbp_ix_self(), mine->tid));
   umbp_counters c0, c;
   umbp_counters_flush(f->p);
   assert_int_equal(umbp_counters_ns(f->p, f->ns, &c0), 0);
@@ -2148,6 +2150,60 @@ static void test_thread_lines(void **state) {
     umbp_pool_detach(ps[i]);
     umbp_pool_destroy(names[i]);
   }
+}
+
+/* The first entry of the thread lookup (thread_slot()) belongs to the first
+ * thread that took a line of the handle. When that thread exits the entry is
+ * cleared, so a later thread with the same thread pointer (glibc reuses a
+ * joined thread's stack and TCB) claims a line of its own instead of
+ * finding the exited thread's, which it does not hold. */
+struct first_arg {
+  umbp_pool *p;
+  umbp_key miss;
+  uintptr_t self;
+  int ok; /* the call answered, and the first entry named this thread and its own line */
+};
+
+static void *first_entry_thread(void *arg) {
+  struct first_arg *a = arg;
+  struct umbp_index *ix = a->p->index;
+  a->self = umbp_ix_self();
+  int rc = umbp_contains(a->p, &a->miss);
+  struct tl_slot *t = umbp_ix_thread_slot_find(ix);
+  a->ok = rc == 0 && t && atomic_load(&t->owner) == a->self && atomic_load(&ix->first_self) == a->self &&
+          ix->first_tl == t;
+  return NULL;
+}
+
+static void test_first_entry_cleared(void **state) {
+  (void)state;
+  char name[64];
+  umbp_pool *p;
+  small_pool(name, sizeof name, "ixf", &p);
+  uint32_t ns;
+  assert_int_equal(umbp_ns_register(p, "m", &ns), 0);
+  struct umbp_index *ix = p->index;
+  assert_true(atomic_load(&ix->first_self) == 0); /* no thread has taken a line yet */
+  uintptr_t seen[8];
+  int reused = 0;
+  for (int i = 0; i < 8; i++) {
+    struct first_arg a = {.p = p, .miss = itu_key(ns, 900 + (unsigned)i, 0)};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, first_entry_thread, &a), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_true(a.ok);
+    /* its exit gave its line back and emptied the first entry */
+    assert_true(atomic_load(&ix->first_self) == 0);
+    seen[i] = a.self;
+    for (int j = 0; j < i; j++)
+      if (seen[j] == a.self) {
+        reused++;
+        break;
+      }
+  }
+  fprintf(stderr, "# %d of 7 later threads had an earlier thread's pointer\n", reused);
+  umbp_pool_detach(p);
+  umbp_pool_destroy(name);
 }
 
 /* A process's read-write handles are listed for the thread-exit destructor
@@ -2528,6 +2584,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_background_evictor, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_thread_lines, setup, teardown),
+      cmocka_unit_test(test_first_entry_cleared),
       cmocka_unit_test_setup_teardown(test_handle_limit, setup, teardown),
       cmocka_unit_test_setup_teardown(test_admin_bucket_region, setup, teardown),
       cmocka_unit_test_setup_teardown(test_error_messages_belong_to_the_call, setup, teardown),
