@@ -131,8 +131,9 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "key words are little-
  * starts. So the copy is one masked 16-byte store and the 32-byte block
  * hash; what lies past hash_len is cleared. Stored as 16-byte vectors, the
  * width key_eq() loads the copy with, so that store forwarding can serve
- * those loads, and the hash reads it as the same three 16-byte words. The copy is written directly, not through a
- * second array (fewer instructions a key; docs/bench-index.md). */
+ * those loads, and the hash reads it as the same three 16-byte words. The
+ * copy is written directly, not through a second array (fewer instructions
+ * a key; docs/bench-index.md). */
 static inline uint64_t ld64(const void *p, unsigned i) {
   uint64_t v;
   memcpy(&v, (const char *)p + 8 * i, 8);
@@ -142,12 +143,18 @@ static inline uint64_t ld64(const void *p, unsigned i) {
 /* The copy of key_load() for any valid k: its first 15 bytes and the 32
  * bytes from its block hash on; key_load() clears what lies past a shorter
  * hash_len. */
+#if defined(__SSE2__)
+/* The copy's first 16 bytes: the caller's first 15 and a zero byte. */
+static inline __m128i key_word0(const umbp_key *k) {
+  return _mm_and_si128(_mm_loadu_si128((const __m128i *)(const void *)k), _mm_set_epi64x(0x00ffffffffffffffll, -1));
+}
+#endif
+
 static inline void key_copy(const umbp_key *k, struct umbp_key_shm *out) {
   const unsigned char *b = (const unsigned char *)k;
   unsigned char *o = (unsigned char *)out;
 #if defined(__SSE2__)
-  _mm_storeu_si128((__m128i *)(void *)o, _mm_and_si128(_mm_loadu_si128((const __m128i *)(const void *)b),
-                                                       _mm_set_epi64x(0x00ffffffffffffffll, -1)));
+  _mm_storeu_si128((__m128i *)(void *)o, key_word0(k));
 #else
   uint64_t w[2];
   memcpy(w, b, 16);
@@ -185,9 +192,7 @@ static inline uint64_t key_hash_full(const umbp_key *k) {
   const unsigned char *b = (const unsigned char *)k;
   const unsigned char *x = b + offsetof(umbp_key, hash);
 #if UMBP_KEY_HASH_AESNI
-  return umbp_key_hash_v(_mm_and_si128(_mm_loadu_si128((const __m128i *)(const void *)b),
-                                       _mm_set_epi64x(0x00ffffffffffffffll, -1)),
-                         _mm_loadu_si128((const __m128i *)(const void *)x),
+  return umbp_key_hash_v(key_word0(k), _mm_loadu_si128((const __m128i *)(const void *)x),
                          _mm_loadu_si128((const __m128i *)(const void *)(x + 16)));
 #else
   return umbp_key_hash6(ld64(b, 0), ld64(b, 1) & 0x00ffffffffffffffull, ld64(x, 0), ld64(x, 1), ld64(x, 2),

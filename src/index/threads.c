@@ -46,11 +46,12 @@ static pthread_key_t tl_key;
 static int tl_key_err = -1; /* pthread_key_create()'s result, once */
 static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
 
-/* Take the cache entry ent off the thread cache of ix, wherever it is. */
+/* Take the cache entry ent off the thread cache of ix, wherever it is, and
+ * its thread off the first entry. */
 static void tc_drop(struct umbp_index *ix, uint64_t ent) {
-  uintptr_t first = (uintptr_t)(ent >> 8);
+  uintptr_t self = (uintptr_t)(ent >> 8), first = self;
   atomic_compare_exchange_strong_explicit(&ix->first_self, &first, 0, memory_order_release, memory_order_relaxed);
-  unsigned h = umbp_ix_tc_hash((uintptr_t)(ent >> 8));
+  unsigned h = umbp_ix_tc_hash(self);
   for (unsigned w = 0; w < 2; w++) {
     uint64_t e = ent;
     atomic_compare_exchange_strong_explicit(&ix->tcache[h + w], &e, 0, memory_order_relaxed, memory_order_relaxed);
